@@ -1,0 +1,88 @@
+"""What one forward pass computes: the contract between the scheduler and the model.
+
+A batch is either EXTEND (prefill of each sequence's uncached suffix, attending to its cached
+prefix) or DECODE (one new token per sequence). Tokens of all sequences are flattened into one
+dimension of length T = sum(extend_lens).
+
+Invariants:
+- `prefix_lens[i] + extend_lens[i] == seq_lens[i]`; in DECODE mode every `extend_lens[i] == 1`.
+- `kv_slots[i]` lists the pool slots of all `seq_lens[i]` tokens of sequence i in order; its last
+  `extend_lens[i]` entries are where this pass writes the new tokens' K/V (`out_slots`).
+- `logit_rows` indexes rows of the flattened T tokens whose logits are returned, in order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+import torch
+
+
+class ForwardMode(Enum):
+    """EXTEND: several new tokens per sequence; DECODE: exactly one."""
+
+    EXTEND = "extend"
+    DECODE = "decode"
+
+
+@dataclass
+class ForwardBatch:
+    """Inputs of one batched forward over the paged KV pool (see module docstring)."""
+
+    mode: ForwardMode
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64, position of each token in its sequence
+    out_slots: torch.Tensor  # [T] int64, pool slot receiving each token's K/V
+    prefix_lens: list[int]
+    extend_lens: list[int]
+    seq_lens: list[int]
+    kv_slots: list[torch.Tensor]  # per sequence, [seq_len] int64 slots (prefix + new)
+    logit_rows: torch.Tensor  # [R] int64 rows of T whose logits are wanted
+    # DECODE only: padded [B, max_len] slot table (pad = slot 0) and [B, max_len] bool validity.
+    padded_slots: torch.Tensor | None = None
+    padded_mask: torch.Tensor | None = None
+
+    @property
+    def batch_size(self) -> int:
+        """Number of sequences in the batch."""
+        return len(self.seq_lens)
+
+    @classmethod
+    def build(
+        cls,
+        mode: ForwardMode,
+        token_ids: list[list[int]],
+        prefix_lens: list[int],
+        kv_slots: list[list[int]],
+        logit_rows: list[int],
+        device: torch.device | str = "cpu",
+    ) -> ForwardBatch:
+        """Assemble a batch from python lists: `token_ids[i]` are sequence i's new tokens."""
+        extend_lens = [len(t) for t in token_ids]
+        seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
+        flat_ids = [t for seq in token_ids for t in seq]
+        positions = [p for pre, e in zip(prefix_lens, extend_lens) for p in range(pre, pre + e)]
+        out_slots = [s for slots, e in zip(kv_slots, extend_lens) for s in slots[len(slots) - e :]]
+        as_long = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
+        batch = cls(
+            mode=mode,
+            input_ids=as_long(flat_ids),
+            positions=as_long(positions),
+            out_slots=as_long(out_slots),
+            prefix_lens=list(prefix_lens),
+            extend_lens=extend_lens,
+            seq_lens=seq_lens,
+            kv_slots=[as_long(s) for s in kv_slots],
+            logit_rows=as_long(logit_rows),
+        )
+        if mode is ForwardMode.DECODE:
+            max_len = max(seq_lens)
+            padded = torch.zeros((len(seq_lens), max_len), dtype=torch.long)
+            mask = torch.zeros((len(seq_lens), max_len), dtype=torch.bool)
+            for i, slots in enumerate(kv_slots):
+                padded[i, : len(slots)] = torch.tensor(slots, dtype=torch.long)
+                mask[i, : len(slots)] = True
+            batch.padded_slots = padded.to(device)
+            batch.padded_mask = mask.to(device)
+        return batch

@@ -1,0 +1,86 @@
+"""Messages between the client side (Engine / HTTP server) and the scheduler process.
+
+They travel pickled over ZeroMQ. The client tokenizes and sends `GenerateInput`; the scheduler
+answers with `BatchOutput`s, one per forward step, each carrying the increments of every request
+that advanced in that step. Control requests (`ControlInput`) are answered by `ControlOutput`
+with the same `token`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class GenerateInput:
+    """One generation request, already tokenized and validated on the client side."""
+
+    rid: str
+    input_ids: list[int]
+    sampling_params: dict[str, Any]
+    return_logprob: bool = False
+    logprob_start_len: int = -1  # -1 = output logprobs only
+    top_logprobs_num: int = 0
+    arrival_time: float = 0.0
+
+
+@dataclass
+class AbortInput:
+    """Stop a request (client disconnected or cancelled); its KV slots are freed."""
+
+    rid: str
+    message: str = "aborted by the client"
+
+
+@dataclass
+class ControlInput:
+    """A request for the scheduler itself: flush_cache, get_info, check_invariants, shutdown."""
+
+    kind: str
+    token: int
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ControlOutput:
+    """The answer to a ControlInput with the same token."""
+
+    token: int
+    ok: bool
+    value: Any = None
+    error: str | None = None
+
+
+@dataclass
+class RequestOutput:
+    """What one request gained in one step. Logprob lists hold only the new entries."""
+
+    rid: str
+    new_token_ids: list[int]
+    new_text: str
+    finish_reason: dict[str, Any] | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    # [(logprob | None, token_id)] entries; text is attached on the client side when asked.
+    input_token_logprobs: list[tuple[float | None, int]] | None = None
+    input_top_logprobs: list[list[tuple[float, int]] | None] | None = None
+    output_token_logprobs: list[tuple[float, int]] | None = None
+    output_top_logprobs: list[list[tuple[float, int]]] | None = None
+
+
+@dataclass
+class BatchOutput:
+    """All request increments produced by one scheduler step."""
+
+    outputs: list[RequestOutput]
+
+
+@dataclass
+class ReadyMessage:
+    """Sent once by the scheduler process when the model is loaded (or loading failed)."""
+
+    ok: bool
+    info: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None

@@ -1,0 +1,161 @@
+"""Entry point of the scheduler process: load the model, then loop receive -> step -> send.
+
+Started by `SchedulerClient` as `python -m sglite.runtime.scheduler.process <json-args>` (a fresh
+interpreter, so user scripts need no `if __name__ == "__main__"` guard). It never outlives its
+parent: the kernel kills it when the parent dies (PR_SET_PDEATHSIG) and a watchdog thread exits
+when the parent pid changes, for platforms without prctl.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+import zmq
+
+from sglite.runtime.scheduler.io import (
+    AbortInput,
+    BatchOutput,
+    ControlInput,
+    ControlOutput,
+    GenerateInput,
+    ReadyMessage,
+)
+from sglite.runtime.server_args import ServerArgs
+
+logger = logging.getLogger("sglite.scheduler")
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+    def watchdog() -> None:
+        while True:
+            if os.getppid() != parent_pid:
+                os._exit(1)
+            time.sleep(0.5)
+
+    threading.Thread(target=watchdog, daemon=True, name="parent-watchdog").start()
+
+
+def _handle_control(scheduler: Any, msg: ControlInput) -> ControlOutput:
+    try:
+        if msg.kind == "flush_cache":
+            scheduler.flush_cache()
+            value = True
+        elif msg.kind == "get_info":
+            value = scheduler.info()
+        elif msg.kind == "check_invariants":
+            value = scheduler.check_invariants()
+        else:
+            raise ValueError(f"unknown control request {msg.kind!r}")
+        return ControlOutput(token=msg.token, ok=True, value=value)
+    except Exception as exc:  # reported to the caller, the loop keeps serving
+        return ControlOutput(token=msg.token, ok=False, error=f"{type(exc).__name__}: {exc}")
+
+
+def run_scheduler(args: ServerArgs, in_addr: str, out_addr: str, parent_pid: int) -> None:
+    """Load the model and serve requests until a shutdown control message arrives."""
+    _die_with_parent(parent_pid)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    ctx = zmq.Context()
+    recv = ctx.socket(zmq.PULL)
+    recv.connect(in_addr)
+    send = ctx.socket(zmq.PUSH)
+    send.connect(out_addr)
+    try:
+        import torch
+
+        from sglite.runtime.model.loader import load_model
+        from sglite.runtime.scheduler.scheduler import Scheduler
+
+        torch.set_num_threads(args.resolved_num_threads())
+        torch.manual_seed(args.random_seed)
+        loaded = load_model(args.model_path, args.dtype, args.device, args.tokenizer_path)
+        scheduler = Scheduler(args, loaded)
+    except Exception as exc:
+        send.send_pyobj(ReadyMessage(ok=False, error=f"{type(exc).__name__}: {exc}"))
+        time.sleep(0.2)
+        return
+    cfg = loaded.config
+    send.send_pyobj(
+        ReadyMessage(
+            ok=True,
+            info={
+                "model_path": loaded.model_path,
+                "dtype": str(loaded.dtype).replace("torch.", ""),
+                "device": str(loaded.device),
+                "context_length": scheduler.context_len,
+                "max_total_num_tokens": scheduler.pool.capacity,
+                "vocab_size": cfg.vocab_size,
+                "architecture": cfg.arch,
+            },
+        )
+    )
+    _loop(scheduler, recv, send)
+
+
+def _loop(scheduler: Any, recv: zmq.Socket, send: zmq.Socket) -> None:
+    poller = zmq.Poller()
+    poller.register(recv, zmq.POLLIN)
+    while True:
+        timeout = 0 if scheduler.has_work else 1000
+        while poller.poll(timeout):
+            msg = recv.recv_pyobj()
+            timeout = 0
+            if isinstance(msg, GenerateInput):
+                try:
+                    scheduler.add_request(msg)
+                except Exception as exc:  # a bad request must not take the scheduler down
+                    send.send_pyobj(_error_output(msg.rid, exc))
+            elif isinstance(msg, AbortInput):
+                scheduler.abort(msg.rid, msg.message)
+            elif isinstance(msg, ControlInput):
+                if msg.kind == "shutdown":
+                    for req in list(scheduler.waiting) + list(scheduler.running):
+                        scheduler.abort(req.rid, "the server is shutting down")
+                    send.send_pyobj(BatchOutput(scheduler.collect_outputs()))
+                    send.send_pyobj(ControlOutput(token=msg.token, ok=True))
+                    return
+                send.send_pyobj(_handle_control(scheduler, msg))
+        if not scheduler.has_work:
+            outs = scheduler.collect_outputs()  # e.g. requests rejected at admission
+            if outs:
+                send.send_pyobj(BatchOutput(outs))
+            continue
+        try:
+            outs = scheduler.step()
+        except Exception:
+            logger.error("scheduler step failed:\n%s", traceback.format_exc())
+            outs = scheduler.fail_all("internal error in the scheduler step")
+        if outs:
+            send.send_pyobj(BatchOutput(outs))
+
+
+def _error_output(rid: str, exc: Exception) -> BatchOutput:
+    from sglite.runtime.scheduler.io import RequestOutput
+
+    reason = {"type": "abort", "message": f"{type(exc).__name__}: {exc}"}
+    return BatchOutput([RequestOutput(rid=rid, new_token_ids=[], new_text="", finish_reason=reason)])
+
+
+def main() -> None:
+    """`python -m sglite.runtime.scheduler.process ARGS_JSON IN_ADDR OUT_ADDR PARENT_PID`."""
+    args = ServerArgs(**json.loads(sys.argv[1]))
+    run_scheduler(args, sys.argv[2], sys.argv[3], int(sys.argv[4]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""A request as the scheduler tracks it: tokens, KV slots, cache lock, sampling and stop state.
+
+Invariants:
+- `fill_ids = prompt_ids + output_ids`; the first `len(kv_slots)` of them have K/V in the pool.
+- `kv_slots[:cached_len]` belong to the radix cache (locked through `last_node`); the rest
+  belong to this request and must be freed or handed to the cache when it leaves.
+- While decoding, exactly one token (the last sampled) lacks K/V: `len(kv_slots) == len(fill) - 1`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sglite.runtime.cache.radix_cache import TreeNode
+from sglite.runtime.detokenizer import IncrementalDetokenizer, StopChecker
+from sglite.runtime.sampling.params import SamplingParams
+from sglite.runtime.sampling.sampler import SamplingInfo
+
+
+@dataclass
+class Req:
+    """One generation request inside the scheduler process (see module invariants)."""
+
+    rid: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    sampling: SamplingInfo
+    detokenizer: IncrementalDetokenizer
+    stop_checker: StopChecker
+    arrival_time: float
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+
+    output_ids: list[int] = field(default_factory=list)
+    kv_slots: list[int] = field(default_factory=list)
+    cached_len: int = 0
+    last_node: TreeNode | None = None
+    cached_tokens: int = 0  # reported: prompt tokens served from the cache at first admission
+    admitted_once: bool = False
+    finish_reason: dict[str, Any] | None = None
+    output_text: str = ""  # detokenized output after stop trimming
+    sent_text_len: int = 0
+    sent_token_len: int = 0
+
+    # Logprobs not yet sent to the client.
+    input_logprobs_pending: list[tuple[float | None, int]] = field(default_factory=list)
+    input_top_pending: list[list[tuple[float, int]] | None] = field(default_factory=list)
+    input_logprobs_done: bool = False
+    output_logprobs_pending: list[tuple[float, int]] = field(default_factory=list)
+    output_top_pending: list[list[tuple[float, int]]] = field(default_factory=list)
+
+    @property
+    def fill_ids(self) -> list[int]:
+        """Every token whose K/V the request needs: prompt then generated output."""
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_fill(self) -> int:
+        """len(fill_ids) without building the list."""
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def remaining_new_tokens(self) -> int:
+        """Output tokens this request may still generate (for memory reservation)."""
+        return max(0, self.params.max_new_tokens - len(self.output_ids))
+
+    @property
+    def wants_input_logprobs(self) -> bool:
+        """True while the prompt's logprobs (from logprob_start_len) still need computing."""
+        return self.return_logprob and self.logprob_start_len >= 0 and not self.input_logprobs_done
+
+    @property
+    def finished(self) -> bool:
+        """True once a finish reason is set."""
+        return self.finish_reason is not None

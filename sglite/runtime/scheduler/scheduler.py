@@ -1,0 +1,547 @@
+"""The scheduler: continuous batching over the paged KV pool with the radix cache.
+
+Each `step()` runs one forward pass: a prefill (EXTEND) of newly admitted requests' uncached
+suffixes when there is anything to admit, else a DECODE of every running request. Requests join
+and leave at every step.
+
+Invariants (checked by `check_invariants`):
+- pool free slots + slots owned by the radix cache + slots owned by requests == pool capacity;
+- a request's `kv_slots[:cached_len]` are in the cache and locked through `last_node`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+
+from sglite.runtime.cache.kv_pool import KVPool
+from sglite.runtime.cache.radix_cache import RadixCache
+from sglite.runtime.detokenizer import IncrementalDetokenizer, StopChecker
+from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
+from sglite.runtime.model.loader import LoadedModel
+from sglite.runtime.sampling.params import SamplingParams
+from sglite.runtime.sampling.sampler import Sampler, SamplingInfo
+from sglite.runtime.scheduler.io import GenerateInput, RequestOutput
+from sglite.runtime.scheduler.policy import order_waiting
+from sglite.runtime.scheduler.request import Req
+from sglite.runtime.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+# Requests sharing at least this many uncached tokens with one admitted in the same step wait one
+# step, so they hit the cache instead of computing the shared part again.
+IN_BATCH_SHARING_MIN_TOKENS = 32
+
+
+def default_pool_capacity(loaded: LoadedModel, context_len: int) -> int:
+    """KV pool size in tokens: 15% of RAM (or of GPU memory), at most 128k, at least one context."""
+    cfg = loaded.config
+    per_token = KVPool.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, loaded.dtype)
+    if torch.device(loaded.device).type == "cuda":
+        total = torch.cuda.get_device_properties(torch.device(loaded.device)).total_memory
+        budget = int(total * 0.3)
+    else:
+        import os
+
+        budget = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 0.15)
+    return max(min(budget // per_token, 131072), min(context_len, 131072))
+
+
+class Scheduler:
+    """Owns the model, KV pool, radix cache and queues; `step()` advances every request."""
+
+    def __init__(self, args: ServerArgs, loaded: LoadedModel) -> None:
+        self.args = args
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.config = loaded.config
+        self.device = torch.device(loaded.device)
+        self.context_len = args.context_length or self.config.max_position_embeddings
+        capacity = args.max_total_tokens or default_pool_capacity(loaded, self.context_len)
+        self.pool = KVPool(
+            capacity,
+            self.config.num_layers,
+            self.config.num_kv_heads,
+            self.config.head_dim,
+            loaded.dtype,
+            self.device,
+        )
+        self.cache = RadixCache(self.pool)
+        self.cache_enabled = not args.disable_radix_cache
+        self.sampler = Sampler(self.config.vocab_size, self.device)
+        self.eos_token_ids = list(self.tokenizer.eos_token_ids)
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.chunked: Req | None = None  # the one request whose prompt is partly prefilled
+        self.new_token_ratio = args.init_new_token_ratio
+        self.outbox: dict[str, Req] = {}
+        self.counters: dict[str, int] = {
+            "forward_passes": 0,
+            "prefill_passes": 0,
+            "decode_passes": 0,
+            "retractions": 0,
+            "prompt_tokens": 0,
+            "generated_tokens": 0,
+            "finished_requests": 0,
+            "aborted_requests": 0,
+        }
+
+    # ------------------------------------------------------------------ intake
+    def add_request(self, inp: GenerateInput) -> None:
+        """Queue a request; invalid ones finish at once with an abort reason naming the problem."""
+        params = SamplingParams.from_dict(inp.sampling_params)
+        req = Req(
+            rid=inp.rid,
+            prompt_ids=list(inp.input_ids),
+            params=params,
+            sampling=SamplingInfo.create(params, list(inp.input_ids), self.device),
+            detokenizer=IncrementalDetokenizer(
+                self.tokenizer,
+                skip_special_tokens=params.skip_special_tokens,
+                spaces_between_special_tokens=params.spaces_between_special_tokens,
+            ),
+            stop_checker=StopChecker(params.stop, params.stop_regex),
+            arrival_time=inp.arrival_time or time.monotonic(),
+            return_logprob=inp.return_logprob,
+            logprob_start_len=inp.logprob_start_len,
+            top_logprobs_num=inp.top_logprobs_num,
+        )
+        problem = self._admission_problem(req)
+        if problem:
+            self._finish(req, {"type": "abort", "message": problem})
+            return
+        if req.return_logprob and req.logprob_start_len >= 0:
+            req.logprob_start_len = min(req.logprob_start_len, len(req.prompt_ids) - 1)
+        self.counters["prompt_tokens"] += len(req.prompt_ids)
+        self.waiting.append(req)
+
+    def _admission_problem(self, req: Req) -> str | None:
+        total = len(req.prompt_ids) + req.params.max_new_tokens
+        if not req.prompt_ids:
+            return "the prompt is empty"
+        if len(req.prompt_ids) >= self.context_len:
+            return (
+                f"the prompt has {len(req.prompt_ids)} tokens, more than the context length "
+                f"({self.context_len}) allows"
+            )
+        if total > self.pool.capacity:
+            return (
+                f"prompt ({len(req.prompt_ids)} tokens) + max_new_tokens "
+                f"({req.params.max_new_tokens}) exceeds the KV pool ({self.pool.capacity} tokens)"
+            )
+        return None
+
+    def abort(self, rid: str, message: str) -> None:
+        """Finish a request wherever it is; its slots go back to the pool or the cache."""
+        for queue in (self.waiting, self.running):
+            for req in queue:
+                if req.rid == rid:
+                    queue.remove(req)
+                    self._finish(req, {"type": "abort", "message": message})
+                    return
+        if self.chunked is not None and self.chunked.rid == rid:
+            req, self.chunked = self.chunked, None
+            self._finish(req, {"type": "abort", "message": message})
+
+    @property
+    def has_work(self) -> bool:
+        """True when a step would do something."""
+        return bool(self.waiting or self.running or self.chunked)
+
+    # ------------------------------------------------------------------ stepping
+    def step(self) -> list[RequestOutput]:
+        """Run one forward pass (prefill if anything can be admitted, else decode)."""
+        prefill = self._schedule_prefill()
+        if prefill:
+            self._run_prefill(prefill)
+        elif self.running:
+            self._run_decode()
+        return self.collect_outputs()
+
+    def _schedule_prefill(self) -> list[tuple[Req, int]]:
+        budget = self.args.chunked_prefill_size
+        batch: list[tuple[Req, int]] = []
+        if self.chunked is not None:
+            req = self.chunked
+            n = min(budget, req.num_fill - len(req.kv_slots))
+            if not self._can_fit(n, self._reserved_tokens()):
+                self._retract(req)
+                self.chunked = None
+            else:
+                req.kv_slots.extend(self._alloc(n))
+                batch.append((req, n))
+                budget -= n
+        if not self.waiting:
+            return batch
+        now = time.monotonic()
+        cache = self.cache if self.cache_enabled else None
+        ordered = order_waiting(
+            self.waiting, self.args.schedule_policy, cache, now, self.args.starvation_timeout
+        )
+        reserved = self._reserved_tokens()
+        for req in ordered:
+            if budget <= 0 or len(self.running) + len(batch) >= self.args.max_running_requests:
+                break
+            matched = self._match_and_lock(req)
+            if self._shares_with_batch(req, matched, batch):
+                self._unlock(req)
+                continue
+            extend = req.num_fill - matched
+            n = min(extend, budget)
+            if n < extend and self.chunked is not None:
+                self._unlock(req)
+                break
+            own_reserve = int(req.remaining_new_tokens * self.new_token_ratio)
+            if not self._can_fit(n, reserved + own_reserve):
+                self._unlock(req)
+                break
+            reserved += own_reserve
+            req.kv_slots.extend(self._alloc(n))
+            self.waiting.remove(req)
+            if not req.admitted_once:
+                req.cached_tokens = matched
+                req.admitted_once = True
+                self.cache.record_query(len(req.prompt_ids), matched)
+            if n < extend:
+                self.chunked = req
+            batch.append((req, n))
+            budget -= n
+        return batch
+
+    def _match_and_lock(self, req: Req) -> int:
+        """Attach the longest usable cached prefix to `req` and lock it. Returns its length."""
+        req.kv_slots, req.cached_len, req.last_node = [], 0, None
+        if not self.cache_enabled:
+            return 0
+        limit = req.num_fill - 1  # the last token is always computed: its logits are needed
+        if req.wants_input_logprobs:
+            limit = min(limit, req.logprob_start_len)
+        match = self.cache.match_prefix(req.fill_ids[:limit])
+        self.cache.lock(match.node)
+        req.kv_slots = list(match.slots)
+        req.cached_len = len(match.slots)
+        req.last_node = match.node
+        return req.cached_len
+
+    def _unlock(self, req: Req) -> None:
+        if req.last_node is not None:
+            self.cache.unlock(req.last_node)
+        req.kv_slots, req.cached_len, req.last_node = [], 0, None
+
+    @staticmethod
+    def _shares_with_batch(req: Req, matched: int, batch: list[tuple[Req, int]]) -> bool:
+        span = IN_BATCH_SHARING_MIN_TOKENS
+        if req.num_fill - matched <= span:
+            return False
+        window = req.fill_ids[matched : matched + span]
+        for other, _ in batch:
+            if other.cached_len <= matched and other.fill_ids[matched : matched + span] == window:
+                return True
+        return False
+
+    def _reserved_tokens(self) -> int:
+        """Slots kept free for the expected output of running requests."""
+        pending = sum(r.remaining_new_tokens for r in self.running)
+        return int(pending * self.new_token_ratio)
+
+    def _can_fit(self, need_now: int, reserve: int) -> bool:
+        return self.pool.num_free + self.cache.evictable_size() >= need_now + reserve
+
+    def _alloc(self, n: int) -> list[int]:
+        if self.pool.num_free < n:
+            self.cache.evict(n - self.pool.num_free)
+        return self.pool.alloc(n)
+
+    # ------------------------------------------------------------------ prefill
+    def _run_prefill(self, batch: list[tuple[Req, int]]) -> None:
+        token_ids, prefix_lens, logit_rows = [], [], []
+        row_plan: list[tuple[int, int, int]] = []  # per request: (first row, first position, n)
+        offset = 0
+        for req, n in batch:
+            start = len(req.kv_slots) - n
+            token_ids.append(req.fill_ids[start : start + n])
+            prefix_lens.append(start)
+            row_plan.append((len(logit_rows), start, n))
+            logit_rows.extend(offset + i for i in self._logit_positions(req, start, n))
+            offset += n
+        fb = ForwardBatch.build(
+            ForwardMode.EXTEND,
+            token_ids,
+            prefix_lens,
+            [req.kv_slots for req, _ in batch],
+            logit_rows,
+            self.device,
+        )
+        logits = self._forward(fb)
+        self.counters["prefill_passes"] += 1
+        to_sample: list[tuple[Req, int]] = []
+        for (req, n), (first_row, start, _) in zip(batch, row_plan):
+            rows = self._logit_positions(req, start, n)
+            if req.wants_input_logprobs:
+                self._collect_input_logprobs(req, start, n, logits, first_row, rows)
+            done = len(req.kv_slots) == req.num_fill
+            if not done:
+                self._cache_unfinished(req)
+                continue
+            if self.chunked is req:
+                self.chunked = None
+            req.input_logprobs_done = True
+            if req.params.max_new_tokens == 0:
+                self._finish(req, {"type": "length", "length": 0})
+                continue
+            self._cache_unfinished(req)
+            to_sample.append((req, first_row + len(rows) - 1))
+        if to_sample:
+            rows_t = torch.tensor([row for _, row in to_sample], device=logits.device)
+            self._sample_and_append([req for req, _ in to_sample], logits.index_select(0, rows_t))
+            for req, _ in to_sample:
+                if not req.finished:
+                    self.running.append(req)
+
+    def _logit_positions(self, req: Req, start: int, n: int) -> list[int]:
+        """Offsets (within this chunk) whose logits are needed: input logprobs and the last."""
+        rows: list[int] = []
+        if req.wants_input_logprobs:
+            lo = max(start, req.logprob_start_len)
+            hi = min(start + n, len(req.prompt_ids) - 1)
+            rows.extend(p - start for p in range(lo, hi))
+        end = start + n
+        if end == req.num_fill and req.params.max_new_tokens > 0:
+            rows.append(n - 1)
+        return rows
+
+    def _collect_input_logprobs(
+        self, req: Req, start: int, n: int, logits: torch.Tensor, first_row: int, rows: list[int]
+    ) -> None:
+        prompt = req.prompt_ids
+        s = req.logprob_start_len
+        if start <= s < start + n:
+            req.input_logprobs_pending.append((None, prompt[s]))
+            req.input_top_pending.append(None)
+        positions = [start + r for r in rows if start + r < len(prompt) - 1]
+        if not positions:
+            return
+        sub = logits[first_row : first_row + len(positions)]
+        targets = torch.tensor([prompt[p + 1] for p in positions], device=sub.device)
+        values, tops = self.sampler.logprobs_of(sub, targets, req.top_logprobs_num)
+        for i, p in enumerate(positions):
+            req.input_logprobs_pending.append((values[i], prompt[p + 1]))
+            req.input_top_pending.append(tops[i] if tops is not None else None)
+
+    # ------------------------------------------------------------------ decode
+    def _run_decode(self) -> None:
+        self._make_room_for_decode()
+        if not self.running:
+            return
+        reqs = list(self.running)
+        for req in reqs:
+            req.kv_slots.extend(self._alloc(1))
+        fb = ForwardBatch.build(
+            ForwardMode.DECODE,
+            [[req.output_ids[-1]] for req in reqs],
+            [len(req.kv_slots) - 1 for req in reqs],
+            [req.kv_slots for req in reqs],
+            list(range(len(reqs))),
+            self.device,
+        )
+        logits = self._forward(fb)
+        self.counters["decode_passes"] += 1
+        self._sample_and_append(reqs, logits)
+        self.running = [r for r in self.running if not r.finished]
+        self.new_token_ratio = max(
+            self.args.min_new_token_ratio, self.new_token_ratio - self.args.new_token_ratio_decay
+        )
+
+    def _make_room_for_decode(self) -> None:
+        """Retract the least advanced requests until every running one gets a new slot."""
+        while self.pool.num_free + self.cache.evictable_size() < len(self.running):
+            if self.chunked is not None:
+                req, self.chunked = self.chunked, None
+            elif len(self.running) > 1:
+                req = min(self.running, key=lambda r: (len(r.output_ids), -r.arrival_time))
+                self.running.remove(req)
+            else:
+                raise RuntimeError("KV pool exhausted by a single request (capacity check failed)")
+            self._retract(req)
+            self.new_token_ratio = min(1.0, self.new_token_ratio + 0.1)
+
+    def _retract(self, req: Req) -> None:
+        """Send a request back to the queue; its computed tokens stay in the cache."""
+        self.counters["retractions"] += 1
+        if not req.input_logprobs_done:  # recomputed from logprob_start_len on re-admission
+            req.input_logprobs_pending, req.input_top_pending = [], []
+        self._release(req)
+        self.waiting.insert(0, req)
+
+    # ------------------------------------------------------------------ sampling & finishing
+    def _forward(self, fb: ForwardBatch) -> torch.Tensor:
+        self.counters["forward_passes"] += 1
+        with torch.inference_mode():
+            return self.model(fb, self.pool)
+
+    def _sample_and_append(self, reqs: list[Req], logits: torch.Tensor) -> None:
+        result = self.sampler.sample(
+            logits,
+            [r.sampling for r in reqs],
+            self.eos_token_ids,
+            [r.top_logprobs_num if r.return_logprob else 0 for r in reqs],
+        )
+        for i, req in enumerate(reqs):
+            tok = result.next_token_ids[i]
+            top = result.top_logprobs[i] if result.top_logprobs else None
+            self._append_token(req, tok, result.logprobs[i], top)
+
+    def _append_token(self, req: Req, tok: int, logprob: float, top: Any) -> None:
+        req.output_ids.append(tok)
+        req.sampling.on_token(tok)
+        self.counters["generated_tokens"] += 1
+        self.outbox[req.rid] = req
+        if req.return_logprob:
+            req.output_logprobs_pending.append((logprob, tok))
+            req.output_top_pending.append(top or [])
+        params = req.params
+        if (tok in self.eos_token_ids and not params.ignore_eos) or tok in params.stop_token_ids:
+            if params.no_stop_trim:
+                self._push_text(req, tok)
+            self._finish(req, {"type": "stop", "matched": tok})
+        elif self._push_text(req, tok):
+            pass  # a stop string matched and finished the request
+        elif len(req.output_ids) >= params.max_new_tokens:
+            self._finish(req, {"type": "length", "length": params.max_new_tokens})
+        elif req.num_fill >= self.context_len:
+            self._finish(req, {"type": "length", "length": len(req.output_ids)})
+
+    def _push_text(self, req: Req, tok: int) -> bool:
+        """Detokenize `tok`; finish on a stop string. Returns True when a stop matched."""
+        before = len(req.output_text)
+        req.output_text += req.detokenizer.push([tok])
+        match = req.stop_checker.check(req.output_text, before)
+        if match is None:
+            return False
+        if not req.params.no_stop_trim:
+            req.output_text = req.output_text[: match.cut]
+        self._finish(req, {"type": "stop", "matched": match.matched})
+        return True
+
+    def _finish(self, req: Req, reason: dict[str, Any]) -> None:
+        if req.finished:
+            return
+        req.finish_reason = reason
+        if reason["type"] == "length":  # emit bytes held back waiting for a UTF-8 continuation
+            req.output_text += req.detokenizer.flush()
+        if reason["type"] == "abort":
+            self.counters["aborted_requests"] += 1
+        else:
+            self.counters["finished_requests"] += 1
+        self._release(req)
+        req.sampling.release()
+        self.outbox[req.rid] = req
+
+    def _release(self, req: Req) -> None:
+        """Give the request's slots to the cache (or the pool) and unlock its prefix."""
+        computed = len(req.kv_slots)
+        if computed and self.cache_enabled:
+            already = self.cache.insert(req.fill_ids[:computed], req.kv_slots)
+            self.pool.free(req.kv_slots[req.cached_len : already])
+        elif computed:
+            self.pool.free(req.kv_slots[req.cached_len :])
+        self._unlock(req)
+
+    def _cache_unfinished(self, req: Req) -> None:
+        """Insert a request's computed tokens into the cache now, so others can share them."""
+        if not self.cache_enabled:
+            return
+        computed = len(req.kv_slots)
+        fill = req.fill_ids[:computed]
+        already = self.cache.insert(fill, req.kv_slots)
+        self.pool.free(req.kv_slots[req.cached_len : already])
+        match = self.cache.match_prefix(fill)
+        self.cache.lock(match.node)
+        self.cache.unlock(req.last_node)
+        req.kv_slots, req.cached_len, req.last_node = list(match.slots), computed, match.node
+
+    # ------------------------------------------------------------------ outputs
+    def collect_outputs(self) -> list[RequestOutput]:
+        """The increments of every request that changed since the last call."""
+        outs = [self._make_output(req) for req in self.outbox.values()]
+        self.outbox.clear()
+        return outs
+
+    def _make_output(self, req: Req) -> RequestOutput:
+        text = req.output_text
+        safe = len(text) if req.finished else len(text) - req.stop_checker.partial_suffix_len(text)
+        safe = max(safe, req.sent_text_len)
+        out = RequestOutput(
+            rid=req.rid,
+            new_token_ids=req.output_ids[req.sent_token_len :],
+            new_text=text[req.sent_text_len : safe],
+            finish_reason=req.finish_reason,
+            prompt_tokens=len(req.prompt_ids),
+            cached_tokens=req.cached_tokens,
+            completion_tokens=len(req.output_ids),
+        )
+        req.sent_text_len, req.sent_token_len = safe, len(req.output_ids)
+        if req.return_logprob:
+            if req.input_logprobs_pending:
+                out.input_token_logprobs = req.input_logprobs_pending
+                out.input_top_logprobs = req.input_top_pending
+                req.input_logprobs_pending, req.input_top_pending = [], []
+            out.output_token_logprobs = req.output_logprobs_pending
+            out.output_top_logprobs = req.output_top_pending
+            req.output_logprobs_pending, req.output_top_pending = [], []
+        return out
+
+    def fail_all(self, message: str) -> list[RequestOutput]:
+        """End every request with an abort after an internal error; the loop keeps serving."""
+        reqs = list(self.waiting) + list(self.running) + ([self.chunked] if self.chunked else [])
+        self.waiting, self.running, self.chunked = [], [], None
+        for req in reqs:
+            try:
+                self._finish(req, {"type": "abort", "message": message})
+            except Exception:  # state may be inconsistent after the failure; still answer
+                req.finish_reason = {"type": "abort", "message": message}
+                self.outbox[req.rid] = req
+        return self.collect_outputs()
+
+    # ------------------------------------------------------------------ control
+    def flush_cache(self) -> None:
+        """Empty the radix cache; refused while requests are in flight."""
+        if self.has_work:
+            raise RuntimeError("cannot flush the cache while requests are running or queued")
+        self.cache.flush()
+
+    def check_invariants(self) -> dict[str, int]:
+        """Verify slot accounting; raises AssertionError naming the broken invariant."""
+        self.cache.check_invariants()
+        held = [r for r in self.running] + ([self.chunked] if self.chunked else [])
+        own = sum(len(r.kv_slots) - r.cached_len for r in held)
+        cached = self.cache.total_size()
+        free = self.pool.num_free
+        if free + cached + own != self.pool.capacity:
+            raise AssertionError(
+                f"slot leak: free {free} + cached {cached} + requests {own} "
+                f"!= capacity {self.pool.capacity}"
+            )
+        return {"free": free, "cached": cached, "held_by_requests": own}
+
+    def info(self) -> dict[str, Any]:
+        """Live statistics for get_server_info."""
+        stats = self.cache.stats
+        queried = max(1, stats.queried_tokens)
+        used = self.pool.capacity - self.pool.num_free
+        return {
+            "num_running_reqs": len(self.running) + (1 if self.chunked else 0),
+            "num_queued_reqs": len(self.waiting),
+            "max_total_num_tokens": self.pool.capacity,
+            "num_free_slots": self.pool.num_free,
+            "cache_size_tokens": self.cache.total_size(),
+            "pool_usage": used / self.pool.capacity,
+            "cache_hit_rate": stats.matched_tokens / queried,
+            "cached_prompt_tokens": stats.matched_tokens,
+            "queried_prompt_tokens": stats.queried_tokens,
+            "new_token_ratio": self.new_token_ratio,
+            **self.counters,
+        }

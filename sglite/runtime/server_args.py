@@ -1,0 +1,80 @@
+"""One dataclass of arguments shared by the CLI (`sglite serve`) and `sglite.Engine(**kwargs)`.
+
+Every server flag `--foo-bar` is the keyword `foo_bar=` of the Engine, so a setting means the same
+thing on both paths.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+
+SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass
+class ServerArgs:
+    """Arguments of one engine/server. Invariant: `validate()` has passed before use."""
+
+    model_path: str | None = None  # None = the default model (SmolLM2-135M-Instruct GGUF)
+    tokenizer_path: str | None = None
+    dtype: str = "auto"  # auto = bfloat16 where the CPU has native bf16, else float32
+    device: str = "cpu"
+    context_length: int | None = None  # None = the model's own max positions
+    # Memory: the KV token pool holds this many tokens (all layers). None = sized from the model.
+    max_total_tokens: int | None = None
+    max_running_requests: int = 64
+    max_queued_requests: int = 1024
+    chunked_prefill_size: int = 1024
+    max_prefill_tokens: int = 4096
+    schedule_policy: str = "lpm"
+    # A request that has waited this long (seconds) is admitted next whatever the policy says.
+    starvation_timeout: float = 10.0
+    disable_radix_cache: bool = False
+    init_new_token_ratio: float = 0.7
+    min_new_token_ratio: float = 0.1
+    new_token_ratio_decay: float = 0.002
+    random_seed: int = 0
+    num_threads: int | None = None  # torch threads in the scheduler process; None = all cores
+    log_level: str = "warning"
+    # Server-only settings (ignored by the in-process Engine).
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_key: str | None = None
+    served_model_name: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad argument."""
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+        if self.schedule_policy not in SCHEDULE_POLICIES:
+            raise ValueError(
+                f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}"
+            )
+        for name in ("max_running_requests", "chunked_prefill_size", "max_prefill_tokens"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.max_total_tokens is not None and self.max_total_tokens < 16:
+            raise ValueError(f"max_total_tokens must be >= 16, got {self.max_total_tokens}")
+        if self.context_length is not None and self.context_length <= 1:
+            raise ValueError(f"context_length must be > 1, got {self.context_length}")
+
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> ServerArgs:
+        """Build from keyword arguments, rejecting unknown names with a clear error."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise TypeError(f"unknown engine option(s): {', '.join(unknown)}")
+        args = cls(**kwargs)
+        args.validate()
+        return args
+
+    def resolved_num_threads(self) -> int:
+        """Torch intra-op threads for the scheduler process (all cores unless set)."""
+        return self.num_threads or max(1, os.cpu_count() or 1)

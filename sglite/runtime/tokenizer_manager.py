@@ -1,0 +1,315 @@
+"""Request front end shared by the Engine and the HTTP server.
+
+Tokenizes and validates requests, expands batches and `n > 1`, sends them to the scheduler and
+turns its increments into SGLang-shaped results: `{"text", "output_ids", "meta_info"}`.
+All methods are coroutines on one asyncio loop; results from the scheduler's receiver thread
+enter the loop through `call_soon_threadsafe`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from sglite.runtime.sampling.params import SamplingParams
+from sglite.runtime.scheduler.io import GenerateInput, RequestOutput
+from sglite.runtime.scheduler_client import SchedulerClient
+from sglite.runtime.server_args import ServerArgs
+from sglite.runtime.tokenizer import Tokenizer
+
+
+@dataclass
+class GenerateRequest:
+    """One prompt's generation as the user asked for it (before `n` expansion)."""
+
+    input_ids: list[int]
+    sampling_params: dict[str, Any]
+    rid: str
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    return_text_in_logprobs: bool = False
+
+
+@dataclass
+class _RequestState:
+    """Accumulated result of one scheduler request."""
+
+    req: GenerateRequest
+    queue: asyncio.Queue
+    start: float
+    text: str = ""
+    output_ids: list[int] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+    input_logprobs: list[list[Any]] = field(default_factory=list)
+    input_top: list[Any] = field(default_factory=list)
+    output_logprobs: list[list[Any]] = field(default_factory=list)
+    output_top: list[Any] = field(default_factory=list)
+    finished: bool = False
+
+
+class TokenizerManager:
+    """Validates, tokenizes and tracks requests; one instance per engine or server."""
+
+    def __init__(self, args: ServerArgs, tokenizer: Tokenizer, client: SchedulerClient) -> None:
+        self.args = args
+        self.tokenizer = tokenizer
+        self.client = client
+        self.context_len: int = client.info["context_length"]
+        self.max_total_tokens: int = client.info["max_total_num_tokens"]
+        self.vocab_size: int = client.info["vocab_size"]
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ------------------------------------------------------------------ normalisation
+    def normalize(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict | list[dict] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        return_logprob: bool | list[bool] = False,
+        logprob_start_len: int | list[int] | None = None,
+        top_logprobs_num: int | list[int] | None = None,
+        return_text_in_logprobs: bool = False,
+        rid: str | list[str] | None = None,
+    ) -> tuple[list[GenerateRequest], bool]:
+        """Turn user arguments into validated requests. Returns (requests, is_batch).
+
+        Raises ValueError naming the problem (empty prompt, bad sampling parameter, a prompt too
+        long for the context or the KV pool, token ids outside the vocabulary).
+        """
+        if (prompt is None) == (input_ids is None):
+            raise ValueError("give exactly one of prompt (text) and input_ids")
+        if prompt is not None:
+            is_batch = isinstance(prompt, list)
+            texts = prompt if is_batch else [prompt]
+            if is_batch and not texts:
+                raise ValueError("the prompt list is empty")
+            for text in texts:
+                if not isinstance(text, str):
+                    raise ValueError(f"text must be a string or a list of strings, got {text!r}")
+            ids_list = [self.tokenizer.encode(t) for t in texts]
+        else:
+            is_batch = bool(input_ids) and isinstance(input_ids[0], list)
+            ids_list = input_ids if is_batch else [input_ids]
+        n = len(ids_list)
+        reqs = []
+        for i, ids in enumerate(ids_list):
+            params = _pick(sampling_params, i, n) or {}
+            if not isinstance(params, dict):
+                raise ValueError("sampling_params must be an object")
+            reqs.append(
+                self._make_request(
+                    ids,
+                    params,
+                    rid=_pick(rid, i, n) or uuid.uuid4().hex,
+                    return_logprob=bool(_pick(return_logprob, i, n)),
+                    logprob_start_len=_pick(logprob_start_len, i, n),
+                    top_logprobs_num=_pick(top_logprobs_num, i, n),
+                    return_text_in_logprobs=return_text_in_logprobs,
+                )
+            )
+        return reqs, is_batch
+
+    def _make_request(
+        self,
+        ids: Any,
+        params: dict[str, Any],
+        rid: str,
+        return_logprob: bool,
+        logprob_start_len: Any,
+        top_logprobs_num: Any,
+        return_text_in_logprobs: bool,
+    ) -> GenerateRequest:
+        if not isinstance(ids, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in ids
+        ):
+            raise ValueError("input_ids must be a list of integers (or a list of such lists)")
+        if not ids:
+            raise ValueError("the prompt is empty: it has no tokens")
+        bad = [t for t in ids if t < 0 or t >= self.vocab_size]
+        if bad:
+            raise ValueError(f"input_ids holds {bad[0]}, outside the vocabulary [0, {self.vocab_size})")
+        parsed = SamplingParams.from_dict(params)
+        if len(ids) >= self.context_len:
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens; the context length is {self.context_len}"
+            )
+        if len(ids) + parsed.max_new_tokens > self.context_len:
+            raise ValueError(
+                f"prompt ({len(ids)} tokens) + max_new_tokens ({parsed.max_new_tokens}) exceeds "
+                f"the context length ({self.context_len})"
+            )
+        if len(ids) + parsed.max_new_tokens > self.max_total_tokens:
+            raise ValueError(
+                f"prompt ({len(ids)} tokens) + max_new_tokens ({parsed.max_new_tokens}) exceeds "
+                f"the KV cache pool ({self.max_total_tokens} tokens)"
+            )
+        start = -1 if logprob_start_len is None else logprob_start_len
+        if not isinstance(start, int) or start < -1:
+            raise ValueError(f"logprob_start_len must be an integer >= -1, got {start!r}")
+        top = 0 if top_logprobs_num is None else top_logprobs_num
+        if not isinstance(top, int) or not 0 <= top <= 20:
+            raise ValueError(f"top_logprobs_num must be an integer in [0, 20], got {top!r}")
+        return GenerateRequest(
+            input_ids=ids,
+            sampling_params=parsed.to_dict(),
+            rid=str(rid),
+            return_logprob=return_logprob,
+            logprob_start_len=start,
+            top_logprobs_num=top,
+            return_text_in_logprobs=return_text_in_logprobs,
+        )
+
+    @staticmethod
+    def expand_n(reqs: list[GenerateRequest]) -> list[GenerateRequest]:
+        """Replace each request with n > 1 by n requests (prompt-major order, distinct seeds)."""
+        out: list[GenerateRequest] = []
+        for req in reqs:
+            n = req.sampling_params.get("n", 1)
+            if n == 1:
+                out.append(req)
+                continue
+            for j in range(n):
+                params = dict(req.sampling_params, n=1)
+                if params.get("seed") is not None:
+                    params["seed"] = params["seed"] + j
+                out.append(
+                    GenerateRequest(
+                        req.input_ids,
+                        params,
+                        f"{req.rid}-{j}",
+                        req.return_logprob,
+                        req.logprob_start_len,
+                        req.top_logprobs_num,
+                        req.return_text_in_logprobs,
+                    )
+                )
+        return out
+
+    # ------------------------------------------------------------------ running
+    def _submit(self, req: GenerateRequest) -> _RequestState:
+        loop = asyncio.get_running_loop()
+        state = _RequestState(req=req, queue=asyncio.Queue(), start=time.perf_counter())
+
+        def on_output(out: RequestOutput) -> None:
+            loop.call_soon_threadsafe(state.queue.put_nowait, out)
+
+        inp = GenerateInput(
+            rid=req.rid,
+            input_ids=req.input_ids,
+            sampling_params=req.sampling_params,
+            return_logprob=req.return_logprob,
+            logprob_start_len=req.logprob_start_len,
+            top_logprobs_num=req.top_logprobs_num,
+            arrival_time=time.monotonic(),
+        )
+        self.client.submit(inp, on_output)
+        return state
+
+    async def stream(self, req: GenerateRequest) -> AsyncIterator[dict[str, Any]]:
+        """Yield one result per scheduler increment (cumulative text, new logprobs only).
+
+        If the consumer stops early (client disconnect, cancellation), the request is aborted so
+        its KV slots are freed.
+        """
+        state = self._submit(req)
+        try:
+            while True:
+                out: RequestOutput = await state.queue.get()
+                chunk = self._apply(state, out, incremental=True)
+                yield chunk
+                if state.finished:
+                    return
+        finally:
+            if not state.finished:
+                self.client.abort(req.rid, "the client went away")
+
+    async def generate_one(self, req: GenerateRequest) -> dict[str, Any]:
+        """Run one request to completion and return its whole result."""
+        state = self._submit(req)
+        try:
+            while not state.finished:
+                out: RequestOutput = await state.queue.get()
+                self._apply(state, out, incremental=False)
+        finally:
+            if not state.finished:
+                self.client.abort(req.rid, "the client went away")
+        return self._result(state, incremental=False)
+
+    async def generate(self, reqs: list[GenerateRequest]) -> list[dict[str, Any]]:
+        """Run several requests concurrently; results in the same order."""
+        return list(await asyncio.gather(*(self.generate_one(r) for r in reqs)))
+
+    # ------------------------------------------------------------------ shaping results
+    def _apply(self, state: _RequestState, out: RequestOutput, incremental: bool) -> dict:
+        state.text += out.new_text
+        state.output_ids.extend(out.new_token_ids)
+        state.meta.update(
+            prompt_tokens=out.prompt_tokens,
+            completion_tokens=out.completion_tokens,
+            cached_tokens=out.cached_tokens,
+            finish_reason=out.finish_reason,
+        )
+        req = state.req
+        new_in, new_out, new_in_top, new_out_top = [], [], [], []
+        if req.return_logprob:
+            new_in = [self._lp(v, t, req) for v, t in out.input_token_logprobs or []]
+            new_out = [self._lp(v, t, req) for v, t in out.output_token_logprobs or []]
+            if req.top_logprobs_num:
+                new_in_top = [self._top(x, req) for x in out.input_top_logprobs or []]
+                new_out_top = [self._top(x, req) for x in out.output_top_logprobs or []]
+            state.input_logprobs += new_in
+            state.output_logprobs += new_out
+            state.input_top += new_in_top
+            state.output_top += new_out_top
+        if out.finish_reason is not None:
+            state.finished = True
+        if not incremental:
+            return {}
+        result = self._result(state, incremental=True)
+        if req.return_logprob:
+            result["meta_info"]["output_token_logprobs"] = new_out
+            if req.top_logprobs_num:
+                result["meta_info"]["output_top_logprobs"] = new_out_top
+        return result
+
+    def _result(self, state: _RequestState, incremental: bool) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "id": state.req.rid,
+            "finish_reason": state.meta.get("finish_reason"),
+            "prompt_tokens": state.meta.get("prompt_tokens", len(state.req.input_ids)),
+            "completion_tokens": state.meta.get("completion_tokens", 0),
+            "cached_tokens": state.meta.get("cached_tokens", 0),
+            "e2e_latency": time.perf_counter() - state.start,
+        }
+        if state.req.return_logprob:
+            meta["input_token_logprobs"] = state.input_logprobs
+            meta["output_token_logprobs"] = state.output_logprobs
+            if state.req.top_logprobs_num:
+                meta["input_top_logprobs"] = state.input_top
+                meta["output_top_logprobs"] = state.output_top
+        return {"text": state.text, "output_ids": list(state.output_ids), "meta_info": meta}
+
+    def _token_text(self, token_id: int, req: GenerateRequest) -> str | None:
+        if not req.return_text_in_logprobs:
+            return None
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def _lp(self, value: float | None, token_id: int, req: GenerateRequest) -> list[Any]:
+        return [value, token_id, self._token_text(token_id, req)]
+
+    def _top(self, entries: Any, req: GenerateRequest) -> Any:
+        if entries is None:
+            return None
+        return [self._lp(v, t, req) for v, t in entries]
+
+
+def _pick(value: Any, i: int, n: int) -> Any:
+    """Per-item value of an argument given either once for all items or as a list of n."""
+    if isinstance(value, list) and len(value) == n:
+        return value[i]
+    return value

@@ -1,0 +1,54 @@
+"""Shared fixtures: real engines on the default model, started once per session.
+
+Every test that uses an engine fixture gets the KV slot accounting checked afterwards
+(free + cached + held by requests == pool capacity).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _start_engine(**kwargs):
+    import sglite
+
+    return sglite.Engine(dtype="float32", log_level="error", **kwargs)
+
+
+@pytest.fixture(scope="session")
+def engine():
+    """The default model in float32 (exact comparisons), radix cache on, a roomy pool."""
+    eng = _start_engine(max_total_tokens=16384)
+    yield eng
+    eng.shutdown()
+
+
+@pytest.fixture(scope="session")
+def engine_no_cache():
+    """The same model with the radix cache disabled (ablation / reference)."""
+    eng = _start_engine(max_total_tokens=16384, disable_radix_cache=True)
+    yield eng
+    eng.shutdown()
+
+
+@pytest.fixture(scope="session")
+def engine_small_pool():
+    """A pool far smaller than the workload: forces eviction, retraction and chunking."""
+    eng = _start_engine(max_total_tokens=400, chunked_prefill_size=64, max_running_requests=16)
+    yield eng
+    eng.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def _check_kv_invariants(request):
+    """After each test, every engine it used must account for every KV slot."""
+    yield
+    for name in ("engine", "engine_no_cache", "engine_small_pool"):
+        if name in request.fixturenames:
+            eng = request.getfixturevalue(name)
+            info = eng.check_invariants()
+            assert info["held_by_requests"] == 0, f"{name}: requests still hold slots: {info}"
