@@ -52,3 +52,8 @@ def _check_kv_invariants(request):
             eng = request.getfixturevalue(name)
             info = eng.check_invariants()
             assert info["held_by_requests"] == 0, f"{name}: requests still hold slots: {info}"
+
+
+# The HTTP server fixture (sglite_server) for tests/test_server_*.py lives in server_fixtures.py;
+# importing it here registers it once, so the whole session shares one server process.
+from server_fixtures import sglite_server  # noqa: E402, F401

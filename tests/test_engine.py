@@ -127,7 +127,7 @@ def test_async_generate(engine):
 
 
 def test_chunked_prefill_matches_unchunked(engine, engine_small_pool):
-    prompt = SHARED * 2 + "Summarise the above:"
+    prompt = SHARED * 3 + "Summarise the above:"
     big = engine.generate(prompt, GREEDY)
     small = engine_small_pool.generate(prompt, GREEDY)  # chunks of 64 tokens
     assert len(engine.tokenizer.encode(prompt)) > 64 * 2

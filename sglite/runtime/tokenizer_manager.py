@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +20,11 @@ from sglite.runtime.scheduler.io import GenerateInput, RequestOutput
 from sglite.runtime.scheduler_client import SchedulerClient
 from sglite.runtime.server_args import ServerArgs
 from sglite.runtime.tokenizer import Tokenizer
+
+# Called on the event loop for every scheduler increment: (increment, seconds since the request was
+# submitted, seconds since its previous token-bearing increment or None for the first one). The
+# HTTP server derives its time-to-first-token and inter-token latency metrics from it.
+OutputHook = Callable[[RequestOutput, float, "float | None"], None]
 
 
 @dataclass
@@ -50,6 +55,7 @@ class _RequestState:
     output_logprobs: list[list[Any]] = field(default_factory=list)
     output_top: list[Any] = field(default_factory=list)
     finished: bool = False
+    last_token_time: float | None = None
 
 
 class TokenizerManager:
@@ -63,6 +69,19 @@ class TokenizerManager:
         self.max_total_tokens: int = client.info["max_total_num_tokens"]
         self.vocab_size: int = client.info["vocab_size"]
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Requests submitted to the scheduler whose consumer has not finished with them yet.
+        self.in_flight: dict[str, _RequestState] = {}
+        self.output_hooks: list[OutputHook] = []
+
+    @property
+    def num_in_flight(self) -> int:
+        """Scheduler requests (after `n` expansion) currently being served."""
+        return len(self.in_flight)
+
+    def abort_all(self, message: str) -> None:
+        """Abort every request in flight (server shutdown); each ends with an abort reason."""
+        for rid in list(self.in_flight):
+            self.client.abort(rid, message)
 
     # ------------------------------------------------------------------ normalisation
     def normalize(
@@ -208,7 +227,14 @@ class TokenizerManager:
             arrival_time=time.monotonic(),
         )
         self.client.submit(inp, on_output)
+        self.in_flight[req.rid] = state
         return state
+
+    def _done(self, state: _RequestState) -> None:
+        # The consumer is finished with the request; abort it if the scheduler still runs it.
+        self.in_flight.pop(state.req.rid, None)
+        if not state.finished:
+            self.client.abort(state.req.rid, "the client went away")
 
     async def stream(self, req: GenerateRequest) -> AsyncIterator[dict[str, Any]]:
         """Yield one result per scheduler increment (cumulative text, new logprobs only).
@@ -225,8 +251,7 @@ class TokenizerManager:
                 if state.finished:
                     return
         finally:
-            if not state.finished:
-                self.client.abort(req.rid, "the client went away")
+            self._done(state)
 
     async def generate_one(self, req: GenerateRequest) -> dict[str, Any]:
         """Run one request to completion and return its whole result."""
@@ -236,8 +261,7 @@ class TokenizerManager:
                 out: RequestOutput = await state.queue.get()
                 self._apply(state, out, incremental=False)
         finally:
-            if not state.finished:
-                self.client.abort(req.rid, "the client went away")
+            self._done(state)
         return self._result(state, incremental=False)
 
     async def generate(self, reqs: list[GenerateRequest]) -> list[dict[str, Any]]:
@@ -246,6 +270,8 @@ class TokenizerManager:
 
     # ------------------------------------------------------------------ shaping results
     def _apply(self, state: _RequestState, out: RequestOutput, incremental: bool) -> dict:
+        if self.output_hooks:
+            self._run_hooks(state, out)
         state.text += out.new_text
         state.output_ids.extend(out.new_token_ids)
         state.meta.update(
@@ -276,6 +302,14 @@ class TokenizerManager:
             if req.top_logprobs_num:
                 result["meta_info"]["output_top_logprobs"] = new_out_top
         return result
+
+    def _run_hooks(self, state: _RequestState, out: RequestOutput) -> None:
+        now = time.perf_counter()
+        gap = None if state.last_token_time is None else now - state.last_token_time
+        if out.new_token_ids:
+            state.last_token_time = now
+        for hook in self.output_hooks:
+            hook(out, now - state.start, gap)
 
     def _result(self, state: _RequestState, incremental: bool) -> dict[str, Any]:
         meta: dict[str, Any] = {

@@ -1,0 +1,256 @@
+"""GGUF files (llama.cpp format): config from metadata, dequantized weights, tokenizer.
+
+Weights are yielded under Hugging Face names so `CausalLM.load_weights` serves both formats.
+llama.cpp stores the Q and K rows of llama-architecture models permuted for its interleaved RoPE;
+they are permuted back here so the model can use the rotate-half layout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from sglite.runtime.model.config import ModelConfig
+from sglite.runtime.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+# GGUF `general.architecture` -> the Hugging Face architecture implementing it.
+GGUF_ARCHS: dict[str, str] = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+
+# Archs whose converter permuted Q/K rows for llama.cpp's interleaved RoPE.
+_PERMUTED_QK_ARCHS = {"llama"}
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_BLOCK_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_BLOCK_TENSOR = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
+# Tensors that carry no weights of their own (their content goes into the config).
+_SKIPPED = {"rope_freqs.weight"}
+
+
+def read_gguf(path: str) -> Any:
+    """Open a GGUF file; raises ValueError when it is not a valid (complete) GGUF file."""
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as exc:  # the reader raises many types on garbage input
+        raise ValueError(f"{path} is not a valid GGUF file: {exc}") from exc
+    for tensor in reader.tensors:
+        # A truncated file maps shorter arrays instead of failing at open time.
+        if tensor.data.nbytes != tensor.n_bytes:
+            raise ValueError(
+                f"{path} is not a valid GGUF file: tensor {tensor.name} is truncated "
+                f"({tensor.data.nbytes} of {tensor.n_bytes} bytes)"
+            )
+    return reader
+
+
+def _field(reader: Any, key: str, default: Any = None) -> Any:
+    """A metadata value as a python scalar, str or list (default when absent)."""
+    import gguf
+
+    field = reader.fields.get(key)
+    if field is None or not field.types:
+        return default
+    as_str = lambda part: bytes(part).decode("utf-8")  # noqa: E731
+    kind = field.types[0]
+    if kind == gguf.GGUFValueType.ARRAY:
+        if field.types[-1] == gguf.GGUFValueType.STRING:
+            return [as_str(field.parts[i]) for i in field.data]
+        return [v for i in field.data for v in field.parts[i].tolist()]
+    if kind == gguf.GGUFValueType.STRING:
+        return as_str(field.parts[-1])
+    return field.parts[-1].tolist()[0]
+
+
+def gguf_config(reader: Any, path: str = "<gguf>") -> ModelConfig:
+    """Build the ModelConfig from GGUF metadata (`{arch}.*` and `tokenizer.ggml.*` keys)."""
+    arch = _field(reader, "general.architecture")
+    if arch not in GGUF_ARCHS:
+        raise ValueError(
+            f"{path}: unsupported GGUF architecture {arch!r}; supported: {', '.join(GGUF_ARCHS)}"
+        )
+    hidden = int(_field(reader, f"{arch}.embedding_length"))
+    heads = int(_field(reader, f"{arch}.attention.head_count"))
+    kv_heads = int(_field(reader, f"{arch}.attention.head_count_kv", heads))
+    head_dim = int(_field(reader, f"{arch}.attention.key_length", hidden // heads))
+    rope_dim = _field(reader, f"{arch}.rope.dimension_count", head_dim)
+    if int(rope_dim) != head_dim:
+        raise ValueError(f"{path}: partial rotary embeddings ({rope_dim}/{head_dim}) unsupported")
+    tensor_names = {t.name for t in reader.tensors}
+    vocab = _field(reader, f"{arch}.vocab_size")
+    if vocab is None:
+        embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
+        vocab = int(embd.shape[-1])  # ggml order: [hidden, vocab]
+    eos = [_field(reader, f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
+    return ModelConfig(
+        arch=GGUF_ARCHS[arch],
+        vocab_size=int(vocab),
+        hidden_size=hidden,
+        intermediate_size=int(_field(reader, f"{arch}.feed_forward_length")),
+        num_layers=int(_field(reader, f"{arch}.block_count")),
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        rms_norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
+        rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        rope_scaling=_gguf_rope_scaling(reader, arch),
+        max_position_embeddings=int(_field(reader, f"{arch}.context_length", 2048)),
+        tie_word_embeddings="output.weight" not in tensor_names,
+        attention_bias="blk.0.attn_q.bias" in tensor_names,
+        o_proj_bias="blk.0.attn_output.bias" in tensor_names,
+        mlp_bias="blk.0.ffn_down.bias" in tensor_names,
+        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_ids=[int(e) for e in dict.fromkeys(eos) if e is not None],
+    )
+
+
+def _gguf_rope_scaling(reader: Any, arch: str) -> dict[str, Any] | None:
+    freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    if freqs is not None:
+        # Llama 3.1 style: the converter baked the per-frequency divisors into a tensor.
+        return {"rope_type": "freq_factors", "factors": np.asarray(freqs.data).tolist()}
+    kind = _field(reader, f"{arch}.rope.scaling.type")
+    if kind in (None, "none"):
+        return None
+    if kind == "linear":
+        return {
+            "rope_type": "linear",
+            "factor": float(_field(reader, f"{arch}.rope.scaling.factor")),
+        }
+    raise ValueError(f"unsupported GGUF rope scaling type {kind!r}; supported: linear")
+
+
+def _hf_name(name: str) -> str | None:
+    if name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[name]
+    m = _BLOCK_TENSOR.match(name)
+    if m is None or m.group(2) not in _BLOCK_NAMES:
+        return None
+    layer, part, kind = m.groups()
+    return f"model.layers.{layer}.{_BLOCK_NAMES[part]}.{kind}"
+
+
+def _unpermute_rows(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    # llama.cpp interleaves each head's two rotary halves row by row; de-interleave them.
+    shape = w.shape
+    return w.reshape(n_head, shape[0] // n_head // 2, 2, *shape[1:]).transpose(1, 2).reshape(shape)
+
+
+def iter_gguf_weights(
+    reader: Any, config: ModelConfig, progress: bool = True
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield `(hf_name, float32 tensor)` for every weight, dequantizing one tensor at a time."""
+    import gguf
+    from tqdm.auto import tqdm
+
+    arch = _field(reader, "general.architecture")
+    unpermute = arch in _PERMUTED_QK_ARCHS
+    for tensor in tqdm(reader.tensors, desc="loading GGUF", unit="tensor", disable=not progress):
+        if tensor.name in _SKIPPED:
+            continue
+        name = _hf_name(tensor.name)
+        if name is None:
+            logger.warning("ignoring unknown GGUF tensor %s", tensor.name)
+            continue
+        try:
+            array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        except NotImplementedError as exc:
+            raise ValueError(f"cannot dequantize {tensor.name}: {exc}") from exc
+        shape = tuple(int(d) for d in reversed(tensor.shape))  # ggml lists the fastest dim first
+        array = np.ascontiguousarray(array, dtype=np.float32).reshape(shape)
+        if not array.flags.writeable:
+            array = array.copy()  # F32 tensors are views of the read-only file map
+        weight = torch.from_numpy(array)
+        if unpermute and ".self_attn.q_proj." in name:
+            weight = _unpermute_rows(weight, config.num_heads)
+        elif unpermute and ".self_attn.k_proj." in name:
+            weight = _unpermute_rows(weight, config.num_kv_heads)
+        yield name, weight
+
+
+# ---------------------------------------------------------------------------------- tokenizer
+
+
+def _cache_root() -> Path:
+    root = os.environ.get("SGLITE_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "sglite"
+    )
+    return Path(root) / "tokenizers"
+
+
+def _cache_key(path: str) -> str:
+    import transformers
+
+    st = os.stat(path)
+    ident = f"{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}|{transformers.__version__}"
+    return hashlib.sha256(ident.encode()).hexdigest()[:20]
+
+
+def load_gguf_tokenizer(path: str, reader: Any | None = None) -> Tokenizer:
+    """The tokenizer (and chat template) embedded in a GGUF file.
+
+    Converting it takes transformers several seconds, so the converted tokenizer is cached on disk
+    (under `$SGLITE_CACHE_DIR`, default `~/.cache/sglite`), keyed by file identity.
+    """
+    from transformers import AutoTokenizer
+
+    cache_dir = _cache_root() / _cache_key(path)
+    meta_file = cache_dir / "sglite_meta.json"
+    if meta_file.is_file():
+        try:
+            meta = json.loads(meta_file.read_text())
+            hf = AutoTokenizer.from_pretrained(str(cache_dir))
+            return Tokenizer(hf, meta["eos_token_ids"])
+        except Exception as exc:  # a damaged cache entry: rebuild it
+            logger.warning("rebuilding unreadable tokenizer cache %s: %s", cache_dir, exc)
+            shutil.rmtree(cache_dir, ignore_errors=True)
+    if reader is None:
+        reader = read_gguf(path)
+    eos = [_field(reader, f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
+    eos_ids = [int(e) for e in dict.fromkeys(eos) if e is not None]
+    hf = AutoTokenizer.from_pretrained(
+        os.path.dirname(path) or ".", gguf_file=os.path.basename(path)
+    )
+    _store_cache(cache_dir, hf, {"eos_token_ids": eos_ids, "source": os.path.realpath(path)})
+    return Tokenizer(hf, eos_ids)
+
+
+def _store_cache(cache_dir: Path, hf: Any, meta: dict[str, Any]) -> None:
+    try:
+        cache_dir.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=cache_dir.parent, prefix=".tmp-"))
+        hf.save_pretrained(str(tmp))
+        (tmp / "sglite_meta.json").write_text(json.dumps(meta))
+        try:
+            os.replace(tmp, cache_dir)  # atomic: readers never see a half-written entry
+        except OSError:  # another process stored it first
+            shutil.rmtree(tmp, ignore_errors=True)
+    except OSError as exc:  # a read-only home is not an error, just slower start-ups
+        logger.debug("not caching tokenizer: %s", exc)

