@@ -77,8 +77,10 @@ def test_cache_on_and_off_give_same_outputs(engine, engine_no_cache):
 def test_multi_turn_reuses_previous_answer(engine):
     turn1 = SHARED + "User: Name a gas giant.\nAssistant:"
     out1 = engine.generate(turn1, {"temperature": 0, "max_new_tokens": 12})
-    turn2_ids = engine.tokenizer.encode(turn1) + out1["output_ids"] + engine.tokenizer.encode(
-        "\nUser: And an ice giant?\nAssistant:"
+    turn2_ids = (
+        engine.tokenizer.encode(turn1)
+        + out1["output_ids"]
+        + engine.tokenizer.encode("\nUser: And an ice giant?\nAssistant:")
     )
     out2 = engine.generate(input_ids=turn2_ids, sampling_params=GREEDY)
     # Everything up to the first answer's last token (whose K/V was never computed) is reused.
@@ -135,7 +137,9 @@ def test_chunked_prefill_matches_unchunked(engine, engine_small_pool):
 
 
 def test_eviction_and_retraction_under_small_pool(engine, engine_small_pool):
-    prompts = [f"Story {i}: once upon a time, in the land of {w}," for i, w in enumerate("ABCDEFGH")]
+    prompts = [
+        f"Story {i}: once upon a time, in the land of {w}," for i, w in enumerate("ABCDEFGH")
+    ]
     params = {"temperature": 0, "max_new_tokens": 60, "ignore_eos": True}
     expected = engine.generate(prompts, params)
     before = engine_small_pool.get_server_info()["retractions"]
@@ -146,7 +150,9 @@ def test_eviction_and_retraction_under_small_pool(engine, engine_small_pool):
 
 def test_64_concurrent_mixed_lengths(engine):
     prompts = [("word " * (1 + (i * 7) % 40)) + f"item {i}:" for i in range(64)]
-    params = [{"temperature": 0, "max_new_tokens": 1 + i % 8, "ignore_eos": True} for i in range(64)]
+    params = [
+        {"temperature": 0, "max_new_tokens": 1 + i % 8, "ignore_eos": True} for i in range(64)
+    ]
     outs = engine.generate(prompts, params)
     assert len(outs) == 64
     for i, out in enumerate(outs):
@@ -191,7 +197,9 @@ def test_bad_input_raises_clear_error(engine, kwargs, message):
     args.update(kwargs)
     with pytest.raises(ValueError, match=message):
         engine.generate(**args)
-    assert engine.generate("Still serving?", {"max_new_tokens": 2})["meta_info"]["completion_tokens"]
+    assert engine.generate("Still serving?", {"max_new_tokens": 2})["meta_info"][
+        "completion_tokens"
+    ]
 
 
 def test_engine_process_dies_with_crashing_script(tmp_path):
