@@ -190,8 +190,10 @@ def main() -> None:
     bench_sglite(args, rows)
     bench_transformers(args, rows, torch.float32)
     bench_transformers(args, rows, torch.bfloat16)
-    print(f"\nmachine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"torch {torch.__version__}")
+    print(
+        f"\nmachine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"torch {torch.__version__}"
+    )
     print_table(rows)
 
 

@@ -151,7 +151,9 @@ class TokenizerManager:
             raise ValueError("the prompt is empty: it has no tokens")
         bad = [t for t in ids if t < 0 or t >= self.vocab_size]
         if bad:
-            raise ValueError(f"input_ids holds {bad[0]}, outside the vocabulary [0, {self.vocab_size})")
+            raise ValueError(
+                f"input_ids holds {bad[0]}, outside the vocabulary [0, {self.vocab_size})"
+            )
         parsed = SamplingParams.from_dict(params)
         if len(ids) >= self.context_len:
             raise ValueError(

@@ -148,7 +148,9 @@ def _error_output(rid: str, exc: Exception) -> BatchOutput:
     from sglite.runtime.scheduler.io import RequestOutput
 
     reason = {"type": "abort", "message": f"{type(exc).__name__}: {exc}"}
-    return BatchOutput([RequestOutput(rid=rid, new_token_ids=[], new_text="", finish_reason=reason)])
+    return BatchOutput(
+        [RequestOutput(rid=rid, new_token_ids=[], new_text="", finish_reason=reason)]
+    )
 
 
 def main() -> None:
