@@ -155,6 +155,10 @@ class TokenizerManager:
                 f"input_ids holds {bad[0]}, outside the vocabulary [0, {self.vocab_size})"
             )
         parsed = SamplingParams.from_dict(params)
+        for kind in ("regex", "json_schema", "ebnf"):
+            if getattr(parsed, kind) is not None:
+                # Never ignore a constraint silently: refuse until constrained decoding exists.
+                raise ValueError(f"{kind}: constrained decoding is not supported yet")
         if len(ids) >= self.context_len:
             raise ValueError(
                 f"the prompt has {len(ids)} tokens; the context length is {self.context_len}"
