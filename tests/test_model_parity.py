@@ -305,7 +305,12 @@ def smollm2():
         assert not result.unexpected_keys and set(result.missing_keys) <= {"lm_head.weight"}
         hf.tie_weights()
         assert hf.lm_head.weight.data_ptr() == hf.model.embed_tokens.weight.data_ptr()
-    return ours, hf.eval()
+    # One thread: on this 2-core machine two OpenMP threads slow down by 5-10x whenever another
+    # process is busy (each op waits for a descheduled worker); one thread is predictable.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield ours, hf.eval()
+    torch.set_num_threads(threads)
 
 
 def _chat_ids(loaded: LoadedModel, messages: list[dict]) -> list[int]:

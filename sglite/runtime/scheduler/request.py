@@ -16,6 +16,7 @@ from sglite.runtime.cache.radix_cache import TreeNode
 from sglite.runtime.detokenizer import IncrementalDetokenizer, StopChecker
 from sglite.runtime.sampling.params import SamplingParams
 from sglite.runtime.sampling.sampler import SamplingInfo
+from sglite.runtime.scheduler.io import RequestOutput
 
 
 @dataclass
@@ -75,3 +76,43 @@ class Req:
     def finished(self) -> bool:
         """True once a finish reason is set."""
         return self.finish_reason is not None
+
+    def take_output(self) -> RequestOutput:
+        """What changed since the last call; text that may still become a stop string is held
+        back until the request finishes."""
+        text = self.output_text
+        safe = (
+            len(text) if self.finished else len(text) - self.stop_checker.partial_suffix_len(text)
+        )
+        safe = max(safe, self.sent_text_len)
+        out = RequestOutput(
+            rid=self.rid,
+            new_token_ids=self.output_ids[self.sent_token_len :],
+            new_text=text[self.sent_text_len : safe],
+            finish_reason=self.finish_reason,
+            prompt_tokens=len(self.prompt_ids),
+            cached_tokens=self.cached_tokens,
+            completion_tokens=len(self.output_ids),
+        )
+        self.sent_text_len, self.sent_token_len = safe, len(self.output_ids)
+        if self.return_logprob:
+            if self.input_logprobs_pending:
+                out.input_token_logprobs = self.input_logprobs_pending
+                out.input_top_logprobs = self.input_top_pending
+                self.input_logprobs_pending, self.input_top_pending = [], []
+            out.output_token_logprobs = self.output_logprobs_pending
+            out.output_top_logprobs = self.output_top_pending
+            self.output_logprobs_pending, self.output_top_pending = [], []
+        return out
+
+    def fail_all(self, message: str) -> list[RequestOutput]:
+        """End every request with an abort after an internal error; the loop keeps serving."""
+        reqs = list(self.waiting) + list(self.running) + ([self.chunked] if self.chunked else [])
+        self.waiting, self.running, self.chunked = [], [], None
+        for req in reqs:
+            try:
+                self._finish(req, {"type": "abort", "message": message})
+            except Exception:  # state may be inconsistent after the failure; still answer
+                self.finish_reason = {"type": "abort", "message": message}
+                self.outbox[self.rid] = req
+        return self.collect_outputs()

@@ -25,6 +25,7 @@ from sglite.runtime.model.loader import LoadedModel
 from sglite.runtime.sampling.params import SamplingParams
 from sglite.runtime.sampling.sampler import Sampler, SamplingInfo
 from sglite.runtime.scheduler.io import GenerateInput, RequestOutput
+from sglite.runtime.scheduler.kv_manager import RequestKVManager
 from sglite.runtime.scheduler.policy import order_waiting
 from sglite.runtime.scheduler.request import Req
 from sglite.runtime.server_args import ServerArgs
@@ -71,6 +72,7 @@ class Scheduler:
         )
         self.cache = RadixCache(self.pool)
         self.cache_enabled = not args.disable_radix_cache
+        self.kv = RequestKVManager(self.pool, self.cache, self.cache_enabled)
         self.sampler = Sampler(self.config.vocab_size, self.device)
         self.eos_token_ids = list(self.tokenizer.eos_token_ids)
         self.waiting: list[Req] = []
@@ -167,11 +169,11 @@ class Scheduler:
         if self.chunked is not None:
             req = self.chunked
             n = min(budget, req.num_fill - len(req.kv_slots))
-            if not self._can_fit(n, self._reserved_tokens()):
+            if not self.kv.can_fit(n, self._reserved_tokens()):
                 self._retract(req)
                 self.chunked = None
             else:
-                req.kv_slots.extend(self._alloc(n))
+                req.kv_slots.extend(self.kv.alloc(n))
                 batch.append((req, n))
                 budget -= n
         if not self.waiting:
@@ -185,21 +187,21 @@ class Scheduler:
         for req in ordered:
             if budget <= 0 or len(self.running) + len(batch) >= self.args.max_running_requests:
                 break
-            matched = self._match_and_lock(req)
+            matched = self.kv.match_and_lock(req)
             if self._shares_with_batch(req, matched, batch):
-                self._unlock(req)
+                self.kv.unlock(req)
                 continue
             extend = req.num_fill - matched
             n = min(extend, budget)
             if n < extend and self.chunked is not None:
-                self._unlock(req)
+                self.kv.unlock(req)
                 break
             own_reserve = int(req.remaining_new_tokens * self.new_token_ratio)
-            if not self._can_fit(n, reserved + own_reserve):
-                self._unlock(req)
+            if not self.kv.can_fit(n, reserved + own_reserve):
+                self.kv.unlock(req)
                 break
             reserved += own_reserve
-            req.kv_slots.extend(self._alloc(n))
+            req.kv_slots.extend(self.kv.alloc(n))
             self.waiting.remove(req)
             if not req.admitted_once:
                 req.cached_tokens = matched
@@ -210,26 +212,6 @@ class Scheduler:
             batch.append((req, n))
             budget -= n
         return batch
-
-    def _match_and_lock(self, req: Req) -> int:
-        """Attach the longest usable cached prefix to `req` and lock it. Returns its length."""
-        req.kv_slots, req.cached_len, req.last_node = [], 0, None
-        if not self.cache_enabled:
-            return 0
-        limit = req.num_fill - 1  # the last token is always computed: its logits are needed
-        if req.wants_input_logprobs:
-            limit = min(limit, req.logprob_start_len)
-        match = self.cache.match_prefix(req.fill_ids[:limit])
-        self.cache.lock(match.node)
-        req.kv_slots = list(match.slots)
-        req.cached_len = len(match.slots)
-        req.last_node = match.node
-        return req.cached_len
-
-    def _unlock(self, req: Req) -> None:
-        if req.last_node is not None:
-            self.cache.unlock(req.last_node)
-        req.kv_slots, req.cached_len, req.last_node = [], 0, None
 
     @staticmethod
     def _shares_with_batch(req: Req, matched: int, batch: list[tuple[Req, int]]) -> bool:
@@ -246,14 +228,6 @@ class Scheduler:
         """Slots kept free for the expected output of running requests."""
         pending = sum(r.remaining_new_tokens for r in self.running)
         return int(pending * self.new_token_ratio)
-
-    def _can_fit(self, need_now: int, reserve: int) -> bool:
-        return self.pool.num_free + self.cache.evictable_size() >= need_now + reserve
-
-    def _alloc(self, n: int) -> list[int]:
-        if self.pool.num_free < n:
-            self.cache.evict(n - self.pool.num_free)
-        return self.pool.alloc(n)
 
     # ------------------------------------------------------------------ prefill
     def _run_prefill(self, batch: list[tuple[Req, int]]) -> None:
@@ -284,7 +258,7 @@ class Scheduler:
                 self._collect_input_logprobs(req, start, n, logits, first_row, rows)
             done = len(req.kv_slots) == req.num_fill
             if not done:
-                self._cache_unfinished(req)
+                self.kv.cache_unfinished(req)
                 continue
             if self.chunked is req:
                 self.chunked = None
@@ -292,7 +266,7 @@ class Scheduler:
             if req.params.max_new_tokens == 0:
                 self._finish(req, {"type": "length", "length": 0})
                 continue
-            self._cache_unfinished(req)
+            self.kv.cache_unfinished(req)
             to_sample.append((req, first_row + len(rows) - 1))
         if to_sample:
             rows_t = torch.tensor([row for _, row in to_sample], device=logits.device)
@@ -338,7 +312,7 @@ class Scheduler:
             return
         reqs = list(self.running)
         for req in reqs:
-            req.kv_slots.extend(self._alloc(1))
+            req.kv_slots.extend(self.kv.alloc(1))
         fb = ForwardBatch.build(
             ForwardMode.DECODE,
             [[req.output_ids[-1]] for req in reqs],
@@ -373,7 +347,7 @@ class Scheduler:
         self.counters["retractions"] += 1
         if not req.input_logprobs_done:  # recomputed from logprob_start_len on re-admission
             req.input_logprobs_pending, req.input_top_pending = [], []
-        self._release(req)
+        self.kv.release(req)
         self.waiting.insert(0, req)
 
     # ------------------------------------------------------------------ sampling & finishing
@@ -436,75 +410,16 @@ class Scheduler:
             self.counters["aborted_requests"] += 1
         else:
             self.counters["finished_requests"] += 1
-        self._release(req)
+        self.kv.release(req)
         req.sampling.release()
         self.outbox[req.rid] = req
-
-    def _release(self, req: Req) -> None:
-        """Give the request's slots to the cache (or the pool) and unlock its prefix."""
-        computed = len(req.kv_slots)
-        if computed and self.cache_enabled:
-            already = self.cache.insert(req.fill_ids[:computed], req.kv_slots)
-            self.pool.free(req.kv_slots[req.cached_len : already])
-        elif computed:
-            self.pool.free(req.kv_slots[req.cached_len :])
-        self._unlock(req)
-
-    def _cache_unfinished(self, req: Req) -> None:
-        """Insert a request's computed tokens into the cache now, so others can share them."""
-        if not self.cache_enabled:
-            return
-        computed = len(req.kv_slots)
-        fill = req.fill_ids[:computed]
-        already = self.cache.insert(fill, req.kv_slots)
-        self.pool.free(req.kv_slots[req.cached_len : already])
-        match = self.cache.match_prefix(fill)
-        self.cache.lock(match.node)
-        self.cache.unlock(req.last_node)
-        req.kv_slots, req.cached_len, req.last_node = list(match.slots), computed, match.node
 
     # ------------------------------------------------------------------ outputs
     def collect_outputs(self) -> list[RequestOutput]:
         """The increments of every request that changed since the last call."""
-        outs = [self._make_output(req) for req in self.outbox.values()]
+        outs = [req.take_output() for req in self.outbox.values()]
         self.outbox.clear()
         return outs
-
-    def _make_output(self, req: Req) -> RequestOutput:
-        text = req.output_text
-        safe = len(text) if req.finished else len(text) - req.stop_checker.partial_suffix_len(text)
-        safe = max(safe, req.sent_text_len)
-        out = RequestOutput(
-            rid=req.rid,
-            new_token_ids=req.output_ids[req.sent_token_len :],
-            new_text=text[req.sent_text_len : safe],
-            finish_reason=req.finish_reason,
-            prompt_tokens=len(req.prompt_ids),
-            cached_tokens=req.cached_tokens,
-            completion_tokens=len(req.output_ids),
-        )
-        req.sent_text_len, req.sent_token_len = safe, len(req.output_ids)
-        if req.return_logprob:
-            if req.input_logprobs_pending:
-                out.input_token_logprobs = req.input_logprobs_pending
-                out.input_top_logprobs = req.input_top_pending
-                req.input_logprobs_pending, req.input_top_pending = [], []
-            out.output_token_logprobs = req.output_logprobs_pending
-            out.output_top_logprobs = req.output_top_pending
-            req.output_logprobs_pending, req.output_top_pending = [], []
-        return out
-
-    def fail_all(self, message: str) -> list[RequestOutput]:
-        """End every request with an abort after an internal error; the loop keeps serving."""
-        reqs = list(self.waiting) + list(self.running) + ([self.chunked] if self.chunked else [])
-        self.waiting, self.running, self.chunked = [], [], None
-        for req in reqs:
-            try:
-                self._finish(req, {"type": "abort", "message": message})
-            except Exception:  # state may be inconsistent after the failure; still answer
-                req.finish_reason = {"type": "abort", "message": message}
-                self.outbox[req.rid] = req
-        return self.collect_outputs()
 
     # ------------------------------------------------------------------ control
     def flush_cache(self) -> None:
@@ -515,17 +430,8 @@ class Scheduler:
 
     def check_invariants(self) -> dict[str, int]:
         """Verify slot accounting; raises AssertionError naming the broken invariant."""
-        self.cache.check_invariants()
-        held = [r for r in self.running] + ([self.chunked] if self.chunked else [])
-        own = sum(len(r.kv_slots) - r.cached_len for r in held)
-        cached = self.cache.total_size()
-        free = self.pool.num_free
-        if free + cached + own != self.pool.capacity:
-            raise AssertionError(
-                f"slot leak: free {free} + cached {cached} + requests {own} "
-                f"!= capacity {self.pool.capacity}"
-            )
-        return {"free": free, "cached": cached, "held_by_requests": own}
+        holders = list(self.running) + ([self.chunked] if self.chunked else [])
+        return self.kv.check_invariants(holders)
 
     def info(self) -> dict[str, Any]:
         """Live statistics for get_server_info."""
