@@ -246,6 +246,16 @@ def test_min_p_drops_tokens_below_min_p_times_max():
     assert set(draw(logits, 2000, min_p=0.2).tolist()) == {0, 1}  # cut at 0.12
 
 
+def test_rows_keep_their_own_filters_in_one_batch():
+    logits = from_probs([0.6, 0.3, 0.07, 0.03])
+    n = 1500
+    infos = [info(min_p=0.1) for _ in range(n)] + [info(min_p=0.2) for _ in range(n)]
+    infos += [info(top_p=0.8) for _ in range(n)] + [info(top_k=3) for _ in range(n)]
+    out = Sampler(50).sample(logits.expand(4 * n, 50), infos, [EOS], None, [False] * 4 * n)
+    tokens = torch.tensor(out.next_token_ids).view(4, n)
+    assert [set(row.tolist()) for row in tokens] == [{0, 1, 2}, {0, 1}, {0, 1}, {0, 1, 2}]
+
+
 @pytest.mark.parametrize(
     "params",
     [
@@ -269,8 +279,8 @@ def test_filtered_distribution_matches_the_reference(params):
     [
         {"top_p": 0.9},  # a nucleus of thousands: the bucketed path
         {"top_p": 0.5, "temperature": 0.5},  # within the first 64 candidates
-        {"top_p": 0.7, "temperature": 0.6},  # within the wide (1024) candidates
-        {"top_k": 600},  # top-k within the wide candidates
+        {"top_p": 0.7, "temperature": 0.6},  # a retry with more candidates
+        {"top_k": 600},  # top-k past the first candidates
         {"top_k": 5000, "top_p": 0.95},  # top-k and top-p through the bucketed path
     ],
 )
@@ -470,3 +480,18 @@ def test_prompt_ids_beyond_the_logits_are_ignored_by_penalties():
     r = info(prompt=[1, 500], output=[3, 700], repetition_penalty=1.3, frequency_penalty=0.5)
     out = Sampler(10).sample(torch.ones(1, 10), [r], [EOS], [0])
     assert 0 <= out.next_token_ids[0] < 10
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{}, {"top_p": 0.9}, {"top_k": 2000}, {"top_k": 40, "min_p": 0.01}, {"temperature": 0}],
+)
+def test_masked_tokens_are_never_drawn(params):
+    # A grammar mask leaves a handful of allowed tokens; everything else is -inf.
+    logits = torch.full((5000,), float("-inf"))
+    allowed = [7, 1234, 4999]
+    logits[allowed] = torch.tensor([0.5, 0.0, -0.5])
+    tokens = draw(logits, 300, **params)
+    assert set(tokens.tolist()) <= set(allowed)
+    if params.get("temperature", 1) != 0:
+        assert set(tokens.tolist()) == set(allowed)

@@ -35,6 +35,7 @@ Rows must have at least one finite logit (a grammar mask always leaves one).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -43,9 +44,9 @@ from sglite.runtime.sampling.params import SamplingParams
 
 _SEED_MASK = (1 << 64) - 1
 # Truncated rows are first served from `topk` candidates: num_candidates (64), or the row's
-# top_k up to MAX_CANDIDATES; a row whose cut lies deeper is retried with WIDE_CANDIDATES, then
-# through the bucketed path (measured per row on this CPU: topk(64) ~75 us, topk(1024) ~200 us,
-# bucketed ~500 us, a full sort ~2.5 ms).
+# top_k up to MAX_CANDIDATES; a row whose cut lies deeper is retried with twice the estimated
+# need while that stays within WIDE_CANDIDATES, else goes through the bucketed path (measured per
+# row on this CPU: topk(64) ~75 us, topk(1024) ~200-400 us, bucketed ~500 us, a sort ~2.5 ms).
 MAX_CANDIDATES = 256
 WIDE_CANDIDATES = 1024
 # Block width of the two-level inverse-CDF draw over a whole vocabulary.
@@ -357,18 +358,26 @@ class Sampler:
         # with more candidates, then through the bucketed path. Every path draws from the same
         # kept set in the same (vocabulary) order.
         ks = [params[j].top_k for j in truncated]
-        first = min(vocab, max([self.num_candidates, *(k for k in ks if 0 < k <= MAX_CANDIDATES)]))
-        stages = [first] + ([WIDE_CANDIDATES] if first < WIDE_CANDIDATES < vocab else [])
-        for num in stages:
-            if not truncated:
-                break
-            picked, covered = self._sample_candidates(
-                _rows(x, truncated), [params[j] for j in truncated], _rows(u, truncated), num
+        num = min(vocab, max([self.num_candidates, *(k for k in ks if 0 < k <= MAX_CANDIDATES)]))
+        lse: torch.Tensor | None = None  # per truncated row, reused by the next stage
+        deep: list[int] = []  # rows for the bucketed path
+        while truncated:
+            picked, covered, lse, need = self._sample_candidates(
+                _rows(x, truncated), [params[j] for j in truncated], _rows(u, truncated), num, lse
             )
             done = [j for j, ok in enumerate(covered) if ok]
             if done:
                 _write_rows(tokens, [truncated[j] for j in done], _rows(picked, done))
-            truncated = [j for j, ok in zip(truncated, covered, strict=True) if not ok]
+            # Retry with enough candidates if that stays a cheap topk, else go bucketed.
+            again = [j for j, ok in enumerate(covered) if not ok and need[j] <= WIDE_CANDIDATES]
+            retried = set(again)
+            deep += [truncated[j] for j, ok in enumerate(covered) if not ok and j not in retried]
+            if not again:
+                break
+            num = min(vocab, max(2 * num, _next_pow2(max(need[j] for j in again))))
+            truncated = [truncated[j] for j in again]
+            lse = _rows(lse, again) if lse is not None else None
+        truncated = deep
         # The bucketed path makes many full-width temporaries; a few rows at a time keep them
         # in cache (measured ~2.4x faster per row than all 32 rows at once).
         for start in range(0, len(truncated), BUCKETED_ROWS_PER_PASS):
@@ -393,19 +402,35 @@ class Sampler:
         scaled = self._scale(x, params)
         # Weights relative to the best token: exp(0) = 1 at the max, so min-p is a plain compare.
         weights = (scaled - scaled.amax(dim=-1, keepdim=True)).exp_()
+        return _inverse_cdf(self._apply_min_p(weights, params), u)
+
+    def _apply_min_p(self, weights: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+        """Zero the weights (relative to the row's best, which is 1) below each row's min_p."""
         min_ps = [p.min_p for p in params]
-        if any(m > 0 for m in min_ps):
-            weights = weights * (weights >= self._column(min_ps, x))
-        return _inverse_cdf(weights, u)
+        if all(m <= 0 for m in min_ps):
+            return weights
+        if all(m == min_ps[0] for m in min_ps):
+            # One fused pass; comparisons and bool masks cost ~4x more on [B, vocab] here.
+            # threshold keeps w > t, so t is the float32 just below min_p (keeps w >= min_p).
+            cut = torch.nextafter(torch.tensor(min_ps[0]), torch.tensor(0.0)).item()
+            return torch.nn.functional.threshold_(weights, cut, 0.0)
+        return torch.where(weights >= self._column(min_ps, weights), weights, 0.0)
 
     def _sample_candidates(
-        self, x: torch.Tensor, params: list[SamplingParams], u: torch.Tensor, num: int
-    ) -> tuple[torch.Tensor, list[bool]]:
+        self,
+        x: torch.Tensor,
+        params: list[SamplingParams],
+        u: torch.Tensor,
+        num: int,
+        lse: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, list[bool], torch.Tensor | None, list[float]]:
         """Top-k / top-p (+ temperature, min-p) on the best `num` tokens of each row.
 
-        Returns the drawn tokens and, per row, whether the result is exact: its top-k cut lies
-        within the candidates or its nucleus is complete within them. Other rows must be redone
-        with more candidates (their token here is meaningless).
+        Returns the drawn tokens; per row, whether the result is exact (its top-k cut lies
+        within the candidates or its nucleus is complete within them; other rows must be redone
+        with more candidates, their token here is meaningless); and the rows' tempered
+        logsumexp when top-p needed it (pass it back in to skip recomputing it); and how many
+        candidates each row should get next (its top_k, or twice a lower bound for top-p).
         """
         vocab = x.shape[-1]
         ks = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
@@ -415,25 +440,29 @@ class Sampler:
         k_col = torch.tensor(ks, device=x.device).unsqueeze(1)
         keep = torch.arange(num, device=x.device).unsqueeze(0) < k_col
         covered = k_col.squeeze(1) <= num
+        need = k_col.squeeze(1).to(x.dtype)  # candidates each row should get next time
         if any(p.top_p < 1.0 for p in params):
             # top_p == 1 rows are here for top-k only; an infinite threshold keeps float
             # rounding of the cumulative sum from ever cutting them.
             top_p = self._column([p.top_p if p.top_p < 1.0 else float("inf") for p in params], x)
-            lse = torch.logsumexp(self._scale(x, params), dim=-1, keepdim=True)
+            if lse is None:
+                lse = torch.logsumexp(self._scale(x, params), dim=-1, keepdim=True)
             probs = (scaled - lse).exp()
             cum = probs.cumsum(dim=-1)
             keep &= (cum - probs) < top_p
             covered |= cum[:, -1] >= top_p.squeeze(1)
+            # Every token past the candidates is at most as likely as the last one, so at least
+            # (missing mass / its probability) more are needed; ask for twice that.
+            missing = (top_p.squeeze(1) - cum[:, -1]).clamp(min=0)
+            need = torch.minimum(need, 2 * (num + missing / probs[:, -1]))
         weights = (scaled - scaled[:, :1]).exp()
-        if any(p.min_p > 0 for p in params):
-            keep &= weights >= self._column([p.min_p for p in params], x)
-        weights = weights * keep
-        # Draw in vocabulary order, as the other paths do, so a seeded row gets the same token
-        # whichever path its batch neighbours send it down.
+        weights = self._apply_min_p(torch.where(keep, weights, 0.0), params)
+        # Draw in vocabulary order, as the other paths do, so the token never depends on how
+        # many candidates the batch asked for.
         order = indices.argsort(dim=-1)
         picked = _inverse_cdf(weights.gather(1, order), u)
         tokens = indices.gather(1, order.gather(1, picked.unsqueeze(1))).squeeze(1)
-        return tokens, covered.tolist()
+        return tokens, covered.tolist(), lse, need.tolist()
 
     def _sample_bucketed(
         self, x: torch.Tensor, params: list[SamplingParams], u: torch.Tensor
@@ -482,10 +511,8 @@ class Sampler:
                 rank = base_count + torch.arange(width, device=x.device, dtype=x.dtype)
                 ok &= rank < k_col
             keep |= torch.zeros_like(keep).scatter_(1, idx, ok)
-        min_ps = [p.min_p for p in params]
-        if any(m > 0 for m in min_ps):
-            keep &= weights >= self._column(min_ps, x)
-        return _inverse_cdf(weights * keep, u)
+        weights = torch.where(keep, weights, 0.0)
+        return _inverse_cdf(self._apply_min_p(weights, params), u)
 
     # ------------------------------------------------------------------ logprobs
     def _report_logprobs(
@@ -567,6 +594,13 @@ def _write_rows(t: torch.Tensor, rows: list[int], values: torch.Tensor) -> None:
             t.copy_(values)
         return
     t.index_copy_(0, torch.tensor(rows, dtype=torch.long, device=t.device), values)
+
+
+def _next_pow2(n: float) -> int:
+    """The smallest power of two >= n (n may be inf: then a huge number)."""
+    if n == float("inf") or n != n:
+        return 1 << 62
+    return 1 << max(0, math.ceil(math.log2(max(n, 1.0))))
 
 
 def _inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -104,6 +104,8 @@ class Scheduler:
                 self.tokenizer,
                 skip_special_tokens=params.skip_special_tokens,
                 spaces_between_special_tokens=params.spaces_between_special_tokens,
+                # Context so SentencePiece-style tokenizers keep the first output's leading space.
+                prompt_ids=inp.input_ids,
             ),
             stop_checker=StopChecker(params.stop, params.stop_regex),
             arrival_time=inp.arrival_time or time.monotonic(),
@@ -362,6 +364,7 @@ class Scheduler:
             [r.sampling for r in reqs],
             self.eos_token_ids,
             [r.top_logprobs_num if r.return_logprob else 0 for r in reqs],
+            return_logprobs=[r.return_logprob for r in reqs],
         )
         for i, req in enumerate(reqs):
             tok = result.next_token_ids[i]
