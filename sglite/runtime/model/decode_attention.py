@@ -1,0 +1,85 @@
+"""Decode attention that reads a prefix shared by the whole batch once, not once per request.
+
+When every request of a decode batch starts with the same KV slots (a few-shot prefix, a fork
+point, `n > 1` samples), gathering each request's full K/V copies that prefix B times per layer
+and step, which dominates decode time. Here the shared part is attended with one batched matmul
+over a single copy, the per-request suffixes with a small padded gather, and the two partial
+softmaxes are merged with their log-sum-exp (as cascade / split-K attention kernels do).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# Below this many shared tokens the plain padded gather is as cheap.
+MIN_SHARED_PREFIX = 32
+
+
+@dataclass
+class SharedPrefixPlan:
+    """Slots of the batch-wide common prefix and of each request's own suffix."""
+
+    prefix_slots: torch.Tensor  # [P]
+    suffix_slots: torch.Tensor  # [B, S] (pad = slot 0)
+    suffix_mask: torch.Tensor  # [B, S] bool
+
+
+def plan_shared_prefix(
+    padded_slots: torch.Tensor, padded_mask: torch.Tensor
+) -> SharedPrefixPlan | None:
+    """Find the longest prefix of slots common to every row; None when too short to pay."""
+    if padded_slots.shape[0] < 2:
+        return None
+    same = (padded_slots == padded_slots[:1]) & padded_mask
+    shared = int(same.all(dim=0).int().cumprod(dim=0).sum())
+    if shared < MIN_SHARED_PREFIX:
+        return None
+    return SharedPrefixPlan(
+        prefix_slots=padded_slots[0, :shared],
+        suffix_slots=padded_slots[:, shared:],
+        suffix_mask=padded_mask[:, shared:],
+    )
+
+
+def shared_prefix_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    plan: SharedPrefixPlan,
+    scale: float,
+) -> torch.Tensor:
+    """`q` is `[B, heads, D]`; returns `[B, heads, D]` attention over prefix + own suffix."""
+    bsz, heads, dim = q.shape
+    kv_heads = k_cache.shape[1]
+    group = heads // kv_heads
+    qg = q.view(bsz, kv_heads, group, dim)
+    # Shared prefix: one [kv_heads, B*group, D] x [kv_heads, D, P] matmul.
+    kp = k_cache.index_select(0, plan.prefix_slots).to(q.dtype)  # [P, kv, D]
+    vp = v_cache.index_select(0, plan.prefix_slots).to(q.dtype)
+    q_flat = qg.permute(1, 0, 2, 3).reshape(kv_heads, bsz * group, dim)
+    sp = torch.bmm(q_flat, kp.permute(1, 2, 0)).float() * scale  # [kv, B*g, P]
+    mp = sp.amax(dim=-1, keepdim=True)
+    ep = torch.exp(sp - mp)
+    lp = ep.sum(dim=-1, keepdim=True)
+    op = torch.bmm(ep.to(q.dtype), vp.permute(1, 0, 2)).float()  # [kv, B*g, D]
+    op = op.view(kv_heads, bsz, group, dim).permute(1, 0, 2, 3)
+    mp = mp.view(kv_heads, bsz, group, 1).permute(1, 0, 2, 3)
+    lp = lp.view(kv_heads, bsz, group, 1).permute(1, 0, 2, 3)
+    if plan.suffix_slots.shape[1] == 0:
+        return (op / lp).to(q.dtype).reshape(bsz, heads, dim)
+    # Own suffixes: padded gather of the few tokens after the prefix.
+    ks = k_cache[plan.suffix_slots].to(q.dtype).permute(0, 2, 3, 1)  # [B, kv, D, S]
+    vs = v_cache[plan.suffix_slots].to(q.dtype).permute(0, 2, 1, 3)  # [B, kv, S, D]
+    ss = torch.matmul(qg, ks).float() * scale  # [B, kv, g, S]
+    ss = ss.masked_fill(~plan.suffix_mask[:, None, None, :], float("-inf"))
+    ms = ss.amax(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float32).min)
+    es = torch.exp(ss - ms)
+    ls = es.sum(dim=-1, keepdim=True)
+    os_ = torch.matmul(es.to(q.dtype), vs).float()  # [B, kv, g, D]
+    # Merge the two partial softmaxes.
+    m = torch.maximum(mp, ms)
+    wp, ws = torch.exp(mp - m), torch.exp(ms - m)
+    out = (op * wp + os_ * ws) / (lp * wp + ls * ws)
+    return out.to(q.dtype).reshape(bsz, heads, dim)

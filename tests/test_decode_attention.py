@@ -1,0 +1,53 @@
+"""Shared-prefix decode attention equals plain masked attention over each request's full K/V."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sglite.runtime.model.decode_attention import (
+    plan_shared_prefix,
+    shared_prefix_decode_attention,
+)
+
+
+def _batch(prefix_len: int, suffix_lens: list[int]):
+    prefix = list(range(1, prefix_len + 1))
+    rows = [prefix + list(range(300 + 20 * i, 300 + 20 * i + n)) for i, n in enumerate(suffix_lens)]
+    width = max(map(len, rows))
+    slots = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.bool)
+    for i, row in enumerate(rows):
+        slots[i, : len(row)] = torch.tensor(row)
+        mask[i, : len(row)] = True
+    return slots, mask
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("suffix_lens", [[1, 4, 9, 2], [0, 0, 0], [5, 0]])
+def test_matches_plain_attention(dtype, tol, suffix_lens):
+    torch.manual_seed(0)
+    kv_heads, heads, dim = 3, 9, 64
+    k_cache = torch.randn(600, kv_heads, dim, dtype=dtype)
+    v_cache = torch.randn(600, kv_heads, dim, dtype=dtype)
+    slots, mask = _batch(120, suffix_lens)
+    q = torch.randn(len(suffix_lens), heads, dim, dtype=dtype)
+    plan = plan_shared_prefix(slots, mask)
+    assert plan is not None and plan.prefix_slots.numel() == 120
+    out = shared_prefix_decode_attention(q, k_cache, v_cache, plan, dim**-0.5)
+    ref = F.scaled_dot_product_attention(
+        q.unsqueeze(2),
+        k_cache[slots].transpose(1, 2),
+        v_cache[slots].transpose(1, 2),
+        attn_mask=mask[:, None, None, :],
+        enable_gqa=True,
+    ).squeeze(2)
+    assert (out.float() - ref.float()).abs().max().item() < tol
+
+
+def test_no_plan_without_a_long_common_prefix():
+    slots, mask = _batch(8, [3, 4])
+    assert plan_shared_prefix(slots, mask) is None
+    slots, mask = _batch(100, [3])
+    assert plan_shared_prefix(slots, mask) is None  # a single request gains nothing
