@@ -1,6 +1,8 @@
-"""Quickstart: serve the default model (SmolLM2-135M-Instruct) and answer questions that share a
-long few-shot prefix. RadixAttention computes the shared prefix once; the printed cache hit rate
-shows how much of the prompts came from the cache.
+"""Quickstart: start `sglite serve` on the default model (SmolLM2-135M-Instruct) and run an LM
+program against it over HTTP.
+
+The program answers questions that share a long few-shot prefix. RadixAttention computes the
+prefix once; the printed cache hit rate shows how much of the prompts came from the cache.
 
 Run: python examples/quickstart.py
 """
@@ -9,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-import sglite
+import sglite as sgl
 
 FEW_SHOT = """You answer geography questions with one word.
 Q: What is the capital of France?
@@ -32,24 +34,36 @@ QUESTIONS = [
 ]
 
 
+@sgl.function
+def capital_quiz(s, question):
+    s += FEW_SHOT
+    s += "Q: " + question + "\nA:"
+    s += sgl.gen("answer", max_tokens=8, stop="\n")
+
+
 def main() -> None:
-    """Start the engine, run the batch, print answers and cache statistics."""
-    print("loading the default model ...", flush=True)
-    with sglite.Engine() as engine:
-        prompts = [f"{FEW_SHOT}Q: {q}\nA:" for q in QUESTIONS]
-        params = {"temperature": 0, "max_new_tokens": 8, "stop": "\n"}
+    """Start the server, run the batch of programs, print answers and cache statistics."""
+    print("starting `sglite serve` on the default model ...", flush=True)
+    runtime = sgl.Runtime()  # a real HTTP server in a child process
+    try:
+        print(f"server listening at {runtime.url}", flush=True)
+        sgl.set_default_backend(runtime)
         start = time.perf_counter()
-        results = engine.generate(prompts, params)
+        states = capital_quiz.run_batch(
+            [{"question": q} for q in QUESTIONS], temperature=0, progress_bar=False
+        )
         elapsed = time.perf_counter() - start
-        for question, result in zip(QUESTIONS, results):
-            meta = result["meta_info"]
+        for question, state in zip(QUESTIONS, states):
+            meta = state.get_meta_info("answer")
             print(
-                f"{question:<36} -> {result['text'].strip():<12} "
+                f"{question:<36} -> {state['answer'].strip():<12} "
                 f"(prompt {meta['prompt_tokens']} tokens, {meta['cached_tokens']} from cache)"
             )
-        info = engine.get_server_info()
-        print(f"\n{len(prompts)} requests in {elapsed:.2f} s")
+        info = sgl.get_server_info()
+        print(f"\n{len(QUESTIONS)} programs in {elapsed:.2f} s")
         print(f"cache hit rate: {info['cache_hit_rate']:.1%} of prompt tokens came from the cache")
+    finally:
+        runtime.shutdown()
 
 
 if __name__ == "__main__":

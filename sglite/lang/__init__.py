@@ -1,0 +1,46 @@
+"""The SGLang language: `@function`, `gen`, `select`, roles, `fork`, `run` / `run_batch`.
+
+Everything public is re-exported from `sglite` itself (`import sglite as sgl`).
+"""
+
+from sglite.lang.api import (
+    Runtime,
+    assistant,
+    assistant_begin,
+    assistant_end,
+    flush_cache,
+    function,
+    gen,
+    gen_int,
+    gen_string,
+    get_server_info,
+    select,
+    set_default_backend,
+    system,
+    system_begin,
+    system_end,
+    user,
+    user_begin,
+    user_end,
+)
+from sglite.lang.backend.base import BaseBackend
+from sglite.lang.backend.engine_backend import EngineBackend
+from sglite.lang.backend.runtime_endpoint import RuntimeEndpoint
+from sglite.lang.chat_template import ChatTemplate, get_chat_template
+from sglite.lang.choices import (
+    greedy_token_selection,
+    token_length_normalized,
+    unconditional_likelihood_normalized,
+)
+from sglite.lang.global_config import global_config
+from sglite.lang.interpreter import ProgramState, ProgramStateGroup
+from sglite.lang.ir import SglFunction
+
+__all__ = [
+    "BaseBackend", "ChatTemplate", "EngineBackend", "ProgramState", "ProgramStateGroup",
+    "Runtime", "RuntimeEndpoint", "SglFunction", "assistant", "assistant_begin", "assistant_end",
+    "flush_cache", "function", "gen", "gen_int", "gen_string", "get_chat_template",
+    "get_server_info", "global_config", "greedy_token_selection", "select", "set_default_backend",
+    "system", "system_begin", "system_end", "token_length_normalized",
+    "unconditional_likelihood_normalized", "user", "user_begin", "user_end",
+]  # fmt: skip

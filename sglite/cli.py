@@ -1,0 +1,141 @@
+"""Command line: `sglite serve [flags]` starts the HTTP server.
+
+Flags are generated from `ServerArgs` (field `foo_bar` is `--foo-bar`), so the CLI, the Engine's
+keywords and `python -m sglite.launch_server` (SGLang's flag names) always agree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import types
+import typing
+from collections.abc import Sequence
+from typing import Any
+
+from sglite.runtime.server_args import DTYPES, SCHEDULE_POLICIES, ServerArgs
+
+HELP = {
+    "model_path": "model to serve: a .gguf file or a Hugging Face directory "
+    "(default: the bundled SmolLM2-135M-Instruct)",
+    "tokenizer_path": "tokenizer location if not the model's own",
+    "dtype": "weight and activation dtype (auto = bfloat16 where the CPU has it, else float32)",
+    "device": "cpu or cuda[:N]",
+    "context_length": "longest prompt + output (default: the model's)",
+    "max_total_tokens": "KV cache pool size in tokens (default: sized from memory)",
+    "max_running_requests": "most requests decoded together",
+    "max_queued_requests": "most requests in flight; beyond it the server answers 503",
+    "chunked_prefill_size": "prefill long prompts in chunks of this many tokens",
+    "max_prefill_tokens": "most new prompt tokens in one prefill batch",
+    "schedule_policy": "order of the waiting queue",
+    "starvation_timeout": "seconds after which a waiting request is served first",
+    "disable_radix_cache": "do not reuse KV cache across requests",
+    "random_seed": "seed of the sampling generator",
+    "num_threads": "torch threads in the scheduler process (default: all cores)",
+    "log_level": "debug, info, warning or error",
+    "host": "address to listen on",
+    "port": "port to listen on (0 = any free port)",
+    "api_key": "require 'Authorization: Bearer KEY' on every route but /health",
+    "served_model_name": "model id in the OpenAI API (default: the model path)",
+    "extra": "extra options as a JSON object",
+}
+CHOICES = {"dtype": DTYPES, "schedule_policy": SCHEDULE_POLICIES}
+ALIASES = {"model_path": ["--model"], "tokenizer_path": ["--tokenizer"]}
+
+
+def _base_type(annotation: Any) -> tuple[type, bool]:
+    """(type, optional) of a ServerArgs field annotation such as `int | None`."""
+    hint = annotation
+    optional = False
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        optional = len(args) < len(typing.get_args(hint))
+        hint = args[0]
+    return (typing.get_origin(hint) or hint), optional
+
+
+def add_server_args(parser: argparse.ArgumentParser) -> None:
+    """Add one flag per ServerArgs field."""
+    hints = typing.get_type_hints(ServerArgs)
+    defaults = ServerArgs()
+    for field in dataclasses.fields(ServerArgs):
+        name = field.name
+        flag = "--" + name.replace("_", "-")
+        kind, _optional = _base_type(hints[name])
+        default = getattr(defaults, name)
+        help_text = HELP.get(name, name.replace("_", " "))
+        names = [flag, *ALIASES.get(name, [])]
+        if kind is bool:
+            action = argparse.BooleanOptionalAction if default else "store_true"
+            parser.add_argument(*names, dest=name, action=action, default=default, help=help_text)
+            continue
+        if kind is dict:
+            parser.add_argument(
+                *names, dest=name, type=json.loads, default=default, metavar="JSON", help=help_text
+            )
+            continue
+        shown = "" if default is None else f" (default: {default})"
+        parser.add_argument(
+            *names,
+            dest=name,
+            type=kind,
+            default=default,
+            choices=CHOICES.get(name),
+            metavar=None if name in CHOICES else name.upper(),
+            help=help_text + shown,
+        )
+
+
+def args_from_namespace(ns: argparse.Namespace) -> ServerArgs:
+    """ServerArgs from parsed flags (raises ValueError naming a bad value)."""
+    names = {f.name for f in dataclasses.fields(ServerArgs)}
+    return ServerArgs.from_kwargs(**{k: v for k, v in vars(ns).items() if k in names})
+
+
+def serve(argv: Sequence[str] | None = None, prog: str = "sglite serve") -> int:
+    """Parse server flags and run the server until it is stopped; returns the exit code."""
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Serve a model over HTTP (SGLang native API and OpenAI API)."
+    )
+    add_server_args(parser)
+    ns = parser.parse_args(argv)
+    try:
+        args = args_from_namespace(ns)
+    except (TypeError, ValueError) as exc:
+        parser.error(str(exc))
+    from sglite.runtime.server.launch import launch_server
+
+    try:
+        launch_server(args)
+    except KeyboardInterrupt:  # Ctrl-C: the server has already shut down cleanly
+        pass
+    except (OSError, RuntimeError, TimeoutError) as exc:
+        print(f"sglite: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`sglite <command>`: `serve` starts the HTTP server; `version` prints the version."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: sglite {serve,version} ...\n\n  serve    serve a model over HTTP "
+              "(sglite serve --help)\n  version  print the version")  # fmt: skip
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command == "serve":
+        return serve(rest)
+    if command == "version":
+        import sglite
+
+        print(sglite.__version__)
+        return 0
+    print(f"sglite: unknown command {command!r} (try: sglite serve --help)", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,269 @@
+"""Public functions of the language (`import sglite as sgl`), named and shaped as SGLang's."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+from sglite.lang.choices import ChoicesSamplingMethod, token_length_normalized
+from sglite.lang.global_config import global_config
+from sglite.lang.ir import (
+    SglExpr,
+    SglExprList,
+    SglFunction,
+    SglGen,
+    SglRoleBegin,
+    SglRoleEnd,
+    SglSamplingParams,
+    SglSelect,
+    as_expr,
+)
+
+
+def function(func: Callable[..., Any] | None = None, num_api_spec_tokens: int | None = None) -> Any:
+    """Decorate a program: `@sgl.function` or `@sgl.function(num_api_spec_tokens=N)`.
+
+    The function's first argument must be `s`, the program state. `num_api_spec_tokens` is API
+    speculative execution for OpenAI-style backends; native backends ignore it.
+    """
+    if func is not None:
+        return SglFunction(func, num_api_spec_tokens=num_api_spec_tokens)
+
+    def decorator(f: Callable[..., Any]) -> SglFunction:
+        return SglFunction(f, num_api_spec_tokens=num_api_spec_tokens)
+
+    return decorator
+
+
+def Runtime(*args: Any, **kwargs: Any) -> Any:  # noqa: N802 - SGLang's name
+    """Start a server in a child process; see `sglite.lang.backend.runtime.Runtime`."""
+    from sglite.lang.backend.runtime import Runtime as _Runtime
+
+    return _Runtime(*args, **kwargs)
+
+
+def set_default_backend(backend: Any) -> None:
+    """Make `backend` the one programs run on when `run(backend=...)` is not given.
+
+    Accepts a `RuntimeEndpoint`, an `EngineBackend`, an `sglite.Engine` (wrapped in an
+    `EngineBackend`) or a `Runtime` (its endpoint).
+    """
+    from sglite.lang.backend.engine_backend import as_backend
+
+    global_config.default_backend = as_backend(backend) if backend is not None else None
+
+
+def _backend(backend: Any) -> Any:
+    from sglite.lang.backend.engine_backend import as_backend
+
+    backend = backend if backend is not None else global_config.default_backend
+    return None if backend is None else as_backend(backend)
+
+
+def flush_cache(backend: Any = None) -> Any:
+    """Empty the backend's radix cache (False when there is no backend)."""
+    backend = _backend(backend)
+    if backend is None:
+        return False
+    return backend.flush_cache()
+
+
+def get_server_info(backend: Any = None) -> Any:
+    """The backend's server info (arguments and live stats; None when there is no backend)."""
+    backend = _backend(backend)
+    if backend is None:
+        return None
+    return backend.get_server_info()
+
+
+def gen(
+    name: str | None = None,
+    max_tokens: int | None = None,
+    min_tokens: int | None = None,
+    n: int | None = None,
+    stop: str | list[str] | None = None,
+    stop_token_ids: list[int] | None = None,
+    stop_regex: str | list[str] | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    min_p: float | None = None,
+    frequency_penalty: float | None = None,
+    presence_penalty: float | None = None,
+    ignore_eos: bool | None = None,
+    return_logprob: bool | None = None,
+    logprob_start_len: int | None = None,
+    top_logprobs_num: int | None = None,
+    return_text_in_logprobs: bool | None = None,
+    dtype: type | str | None = None,
+    choices: list[str] | None = None,
+    choices_method: ChoicesSamplingMethod | None = None,
+    regex: str | None = None,
+    json_schema: str | dict | None = None,
+) -> SglGen | SglSelect:
+    """Let the model continue the text; the result is stored as variable `name`.
+
+    Unset parameters take the run's defaults. With `choices`, this is `select` (the choice the
+    model's logprobs favour). `regex` / `json_schema` constrain the output (they need runtime
+    support for constrained decoding); `dtype` (int, float, str, bool) is shorthand for a regex.
+    With `n > 1` the variable is the list of n completions and the text continues with the first.
+    """
+    if choices:
+        return select(
+            name,
+            choices,
+            0.0 if temperature is None else temperature,
+            choices_method or token_length_normalized,
+        )
+    if regex is not None:
+        re.compile(regex)  # a malformed regex fails here, at the line that wrote it
+    if isinstance(json_schema, dict):
+        json_schema = json.dumps(json_schema)
+    params = SglSamplingParams.unset(
+        max_new_tokens=max_tokens,
+        min_new_tokens=min_tokens,
+        n=n,
+        stop=stop,
+        stop_token_ids=stop_token_ids,
+        stop_regex=stop_regex,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
+        frequency_penalty=frequency_penalty,
+        presence_penalty=presence_penalty,
+        ignore_eos=ignore_eos,
+        return_logprob=return_logprob,
+        logprob_start_len=logprob_start_len,
+        top_logprobs_num=top_logprobs_num,
+        return_text_in_logprobs=return_text_in_logprobs,
+        dtype=dtype,
+        regex=regex,
+        json_schema=json_schema,
+    )
+    return SglGen(name, params)
+
+
+def _typed_gen(name: str | None, dtype: type, values: dict[str, Any]) -> SglGen:
+    return gen(name, dtype=dtype, **values)  # type: ignore[return-value]
+
+
+def gen_int(
+    name: str | None = None,
+    max_tokens: int | None = None,
+    n: int | None = None,
+    stop: str | list[str] | None = None,
+    stop_token_ids: list[int] | None = None,
+    stop_regex: str | list[str] | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    min_p: float | None = None,
+    frequency_penalty: float | None = None,
+    presence_penalty: float | None = None,
+    ignore_eos: bool | None = None,
+    return_logprob: bool | None = None,
+    logprob_start_len: int | None = None,
+    top_logprobs_num: int | None = None,
+    return_text_in_logprobs: bool | None = None,
+) -> SglGen:
+    """`gen` of an integer (`dtype=int`): constrained to `[-+]?[0-9]+` where the runtime supports
+    constraints, else generated plainly up to the first space or newline."""
+    values = dict(locals())
+    return _typed_gen(values.pop("name"), int, values)
+
+
+def gen_string(
+    name: str | None = None,
+    max_tokens: int | None = None,
+    n: int | None = None,
+    stop: str | list[str] | None = None,
+    stop_token_ids: list[int] | None = None,
+    stop_regex: str | list[str] | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    min_p: float | None = None,
+    frequency_penalty: float | None = None,
+    presence_penalty: float | None = None,
+    ignore_eos: bool | None = None,
+    return_logprob: bool | None = None,
+    logprob_start_len: int | None = None,
+    top_logprobs_num: int | None = None,
+    return_text_in_logprobs: bool | None = None,
+) -> SglGen:
+    """`gen` of a double-quoted string (`dtype=str`); same fallback as `gen_int`."""
+    values = dict(locals())
+    return _typed_gen(values.pop("name"), str, values)
+
+
+def select(
+    name: str | None = None,
+    choices: list[str] | None = None,
+    temperature: float = 0.0,
+    choices_method: ChoicesSamplingMethod = token_length_normalized,
+) -> SglSelect:
+    """Append the choice the model finds most likely after the text so far; stored as `name`.
+
+    `choices_method` is `token_length_normalized` (default), `greedy_token_selection` or
+    `unconditional_likelihood_normalized` (from `sglite.lang.choices`).
+    """
+    if not choices:
+        raise ValueError("select needs a non-empty list of choices")
+    if not all(isinstance(c, str) and c for c in choices):
+        raise ValueError("select choices must be non-empty strings")
+    return SglSelect(name, list(choices), temperature, choices_method)
+
+
+def _role_common(name: str, expr: Any = None) -> SglExprList:
+    if expr is None:
+        return SglExprList([SglRoleBegin(name), SglRoleEnd(name)])
+    return SglExprList([SglRoleBegin(name), as_expr(expr), SglRoleEnd(name)])
+
+
+def system(expr: Any = None) -> SglExprList:
+    """A system turn holding `expr`."""
+    return _role_common("system", expr)
+
+
+def user(expr: Any = None) -> SglExprList:
+    """A user turn holding `expr`."""
+    return _role_common("user", expr)
+
+
+def assistant(expr: Any = None) -> SglExprList:
+    """An assistant turn holding `expr` (generations inside stop at the template's end token)."""
+    return _role_common("assistant", expr)
+
+
+def system_begin() -> SglRoleBegin:
+    return SglRoleBegin("system")
+
+
+def system_end() -> SglRoleEnd:
+    return SglRoleEnd("system")
+
+
+def user_begin() -> SglRoleBegin:
+    return SglRoleBegin("user")
+
+
+def user_end() -> SglRoleEnd:
+    return SglRoleEnd("user")
+
+
+def assistant_begin() -> SglRoleBegin:
+    return SglRoleBegin("assistant")
+
+
+def assistant_end() -> SglRoleEnd:
+    return SglRoleEnd("assistant")
+
+
+__all__ = [
+    "SglExpr", "function", "Runtime", "set_default_backend", "flush_cache", "get_server_info",
+    "gen", "gen_int", "gen_string", "select", "system", "user", "assistant", "system_begin",
+    "system_end", "user_begin", "user_end", "assistant_begin", "assistant_end",
+]  # fmt: skip

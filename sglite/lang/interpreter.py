@@ -1,0 +1,825 @@
+"""The interpreter: program states that execute expressions on a worker thread.
+
+`ProgramState` is the `s` of a program; `s += expr` hands `expr` to its `StreamExecutor`, which
+runs expressions strictly in submission order on its own thread. So `s += gen("x")` returns at
+once and the program continues; reading `s["x"]` waits on `x`'s event. Forks are independent
+executors (each with its own thread), so branches generate in parallel; the fork point is first
+sent to the runtime as a prefill-only request so every branch hits the cache.
+
+Errors: an expression that fails stores the exception (`s.error()`); the executor then skips the
+rest of the program but still releases every waiter, so nothing blocks forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import logging
+import multiprocessing
+import queue
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+from sglite.lang.global_config import global_config
+from sglite.lang.ir import (
+    SglCommitLazy,
+    SglConcateAndAppend,
+    SglConstantText,
+    SglExpr,
+    SglExprList,
+    SglGen,
+    SglRoleBegin,
+    SglRoleEnd,
+    SglSamplingParams,
+    SglSelect,
+    SglVariable,
+    SglVarScopeBegin,
+    SglVarScopeEnd,
+    as_expr,
+)
+
+logger = logging.getLogger(__name__)
+
+
+# ============================================================================ running programs
+def resolve_backend(backend: Any) -> Any:
+    """The backend to run on: `backend`, else the default one; an `sglite.Engine` is wrapped in
+    its `EngineBackend`, a `Runtime` becomes its endpoint. Raises ValueError when there is none."""
+    from sglite.lang.backend.engine_backend import as_backend
+
+    backend = backend if backend is not None else global_config.default_backend
+    if backend is None:
+        raise ValueError(
+            "no backend: call sgl.set_default_backend(sgl.RuntimeEndpoint(url) or sgl.Engine()) "
+            "or pass backend= to run()"
+        )
+    return as_backend(backend)
+
+
+def _run_body(
+    state: ProgramState,
+    program: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    sync: bool,
+    capture_errors: bool,
+) -> None:
+    executor = state.stream_executor
+    try:
+        state.ret_value = program.func(state, *args, **kwargs)
+    except Exception as exc:
+        executor.record_error(exc)
+        if not capture_errors:
+            raise
+    finally:
+        executor.end()
+    if sync:
+        executor.sync()
+    if global_config.verbosity >= 2:
+        print(state.text())
+
+
+def run_program(
+    program: Any,
+    backend: Any,
+    func_args: tuple[Any, ...],
+    func_kwargs: dict[str, Any],
+    default_sampling_para: SglSamplingParams,
+    stream: bool,
+    sync: bool = False,
+    capture_errors: bool = False,
+) -> ProgramState:
+    """Run `program` once and return its state.
+
+    The function body runs on the calling thread (on a new thread when `stream`); generations
+    run on the state's worker thread. With `sync` it returns only when every expression has run.
+    An exception raised by the function body itself propagates unless `capture_errors` (then it
+    is the state's `error()`); with `stream` it is always captured.
+    """
+    backend = resolve_backend(backend)
+    kwargs = {**func_kwargs, **program.bind_arguments}
+    executor = StreamExecutor(
+        backend,
+        kwargs,
+        default_sampling_para,
+        chat_template=None,
+        stream=stream,
+        num_api_spec_tokens=program.num_api_spec_tokens,
+    )
+    state = ProgramState(executor)
+    if stream:
+        body = threading.Thread(
+            target=contextvars.copy_context().run,
+            args=(_run_body, state, program, func_args, kwargs, sync, True),
+            daemon=True,
+            name="sgl-program-body",
+        )
+        body.start()
+    else:
+        _run_body(state, program, func_args, kwargs, sync, capture_errors)
+    return state
+
+
+def cache_program(program: Any, backend: Any) -> str:
+    """Send the program's constant prefix (by tracing) to the backend's cache.
+
+    Only prefixes longer than `global_config.precache_min_chars` are sent; failures are logged,
+    never raised, since pre-caching is an optimisation. Returns the prefix found.
+    """
+    from sglite.lang.tracer import extract_prefix_by_tracing
+
+    backend = resolve_backend(backend)
+    prefix = extract_prefix_by_tracing(program, backend)
+    if prefix and len(prefix) > global_config.precache_min_chars:
+        try:
+            backend.cache_prefix(prefix)
+        except Exception as exc:
+            logger.warning("pre-caching the program prefix failed: %s", exc)
+    return prefix
+
+
+def run_program_batch(
+    program: Any,
+    backend: Any,
+    batch_arguments: list[dict[str, Any]],
+    default_sampling_para: SglSamplingParams,
+    num_threads: int | str,
+    progress_bar: bool,
+    generator_style: bool = False,
+) -> list[ProgramState] | Iterator[ProgramState]:
+    """Run `program` once per argument dict in a thread pool; results keep the input order.
+
+    A failing program does not stop the others: its state's `error()` holds the exception.
+    """
+    backend = resolve_backend(backend)
+    if global_config.enable_precache_with_tracing and len(batch_arguments) > 1:
+        cache_program(program, backend)
+    if num_threads == "auto":
+        num_threads = max(96, multiprocessing.cpu_count() * 16)
+    num_threads = max(1, min(int(num_threads), len(batch_arguments)))
+
+    def one(arguments: dict[str, Any]) -> ProgramState:
+        return run_program(
+            program, backend, (), arguments, default_sampling_para, False, True, True
+        )
+
+    if generator_style:
+        return _batch_generator(one, batch_arguments, num_threads, progress_bar)
+    return list(_batch_generator(one, batch_arguments, num_threads, progress_bar))
+
+
+def _batch_generator(
+    one: Callable[[dict[str, Any]], ProgramState],
+    batch_arguments: list[dict[str, Any]],
+    num_threads: int,
+    progress_bar: bool,
+) -> Iterator[ProgramState]:
+    import tqdm
+
+    bar = tqdm.tqdm(total=len(batch_arguments)) if progress_bar else None
+    try:
+        if num_threads == 1:
+            for arguments in batch_arguments:
+                yield one(arguments)
+                if bar is not None:
+                    bar.update()
+            return
+        # Submit in chunks so a generator consumer sees results before the whole batch is queued.
+        chunk = max(200, num_threads)
+        with ThreadPoolExecutor(num_threads, thread_name_prefix="sgl-batch") as pool:
+            for begin in range(0, len(batch_arguments), chunk):
+                futures = [pool.submit(one, a) for a in batch_arguments[begin : begin + chunk]]
+                if bar is not None:
+                    for f in futures:
+                        f.add_done_callback(lambda _: bar.update())
+                for f in futures:
+                    yield f.result()
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+# ============================================================================ the executor
+class StreamExecutor:
+    """Executes one program state's expressions, in order, on a worker thread.
+
+    Invariants: expressions run in submission order; a variable's event is set exactly when its
+    final value is stored or it can no longer be produced (after an error); `text_` only grows,
+    except through `set_var`. Shared fields are written by the worker and read by callers after
+    `sync()` or under `_cond`.
+    """
+
+    def __init__(
+        self,
+        backend: Any,
+        arguments: dict[str, Any],
+        default_sampling_para: SglSamplingParams,
+        chat_template: Any = None,
+        stream: bool = False,
+        num_api_spec_tokens: int | None = None,
+    ) -> None:
+        self.sid = uuid.uuid4().hex
+        self.backend = backend
+        self.arguments = arguments
+        self.default_sampling_para = default_sampling_para
+        self.stream = stream
+        self.num_api_spec_tokens = num_api_spec_tokens  # for API backends; unused natively
+
+        self.variables: dict[str, Any] = {}
+        self.variable_event: dict[str, threading.Event] = {}
+        self.meta_info: dict[str, Any] = {}
+        self.error_: BaseException | None = None
+        self.is_finished = False
+
+        self.text_ = ""
+        self.messages_: list[dict[str, Any]] = []
+        self.chat_template = chat_template or backend.get_chat_template()
+        self.cur_role: str | None = None  # the worker's view of the open role
+        self.cur_role_begin_pos: int | None = None
+        self.fork_start_text_pos: int | None = None
+        self._scope_starts: dict[str, int] = {}
+        # The submitter's view of the open role: nesting is rejected when it is written, not
+        # later on the worker, so the error points at the offending line.
+        self._submitted_role: str | None = None
+
+        self._cond = threading.Condition()  # guards _pending/_ended; notified on every change
+        self._pending = 0
+        self._ended = False
+        self._queue: queue.SimpleQueue[SglExpr | None] = queue.SimpleQueue()
+        self._worker = threading.Thread(
+            target=contextvars.copy_context().run,
+            args=(self._worker_loop,),
+            daemon=True,
+            name=f"sgl-state-{self.sid[:8]}",
+        )
+        self._worker.start()
+
+    # ------------------------------------------------------------------ submission side
+    def submit(self, expr: Any) -> None:
+        """Queue `expr` for execution. Raises ValueError for misnested roles and RuntimeError
+        if the state has ended (e.g. a fork already joined)."""
+        expr = as_expr(expr)
+        self._check_roles(expr)
+        with self._cond:
+            if self._ended:
+                raise RuntimeError(
+                    "this program state has ended (its program returned, or it is a joined "
+                    "fork); fork it to continue from its text"
+                )
+            self._init_var_events(expr)
+            self._pending += 1
+        self._queue.put(expr)
+
+    def _check_roles(self, expr: SglExpr) -> None:
+        role = self._submitted_role
+        for node in _flatten(expr):
+            if isinstance(node, SglRoleBegin):
+                if role is not None:
+                    raise ValueError(
+                        f"Nested roles are not allowed: cannot begin a {node.role!r} turn inside "
+                        f"the open {role!r} turn; end it first (sgl.{role}_end(), or leave the "
+                        f"`with s.{role}():` block)"
+                    )
+                role = node.role
+            elif isinstance(node, SglRoleEnd):
+                if role != node.role:
+                    open_desc = f"the open turn is {role!r}" if role else "no turn is open"
+                    raise ValueError(f"cannot end a {node.role!r} turn: {open_desc}")
+                role = None
+        self._submitted_role = role
+
+    def _init_var_events(self, expr: SglExpr) -> None:
+        for node in _flatten(expr):
+            if isinstance(node, (SglGen, SglSelect, SglVarScopeBegin)) and node.name is not None:
+                self.variable_event[node.name] = threading.Event()
+
+    def sync(self) -> None:
+        """Wait until every submitted expression has run (or been skipped after an error)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._pending == 0)
+
+    def end(self) -> None:
+        """No more expressions: the worker exits once the queue is drained. Idempotent."""
+        with self._cond:
+            if self._ended:
+                return
+            self._ended = True
+        self._queue.put(None)
+        try:
+            self.backend.end_program(self)
+        except Exception:  # a backend hook must not turn cleanup into a failure
+            logger.debug("end_program failed", exc_info=True)
+
+    def record_error(self, exc: BaseException) -> None:
+        """Store `exc` as the program's error (the first one wins) and release every waiter."""
+        with self._cond:
+            if self.error_ is None:
+                self.error_ = exc
+            self._cond.notify_all()
+        self._release_events()
+
+    def _release_events(self) -> None:
+        for event in list(self.variable_event.values()):
+            event.set()
+        self._notify()
+
+    def _notify(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------ reading
+    def get_var(self, name: str) -> Any:
+        """The value of `name`, waiting for it if it is still being produced.
+
+        Raises RuntimeError if the program failed before producing it, KeyError if it was
+        never defined.
+        """
+        event = self.variable_event.get(name)
+        if event is not None:
+            event.wait()
+        if name in self.variables:
+            return self.variables[name]
+        if self.error_ is not None:
+            raise RuntimeError(
+                f"variable {name!r} was not produced because the program failed: {self.error_}"
+            ) from self.error_
+        raise KeyError(name)
+
+    def set_var(self, name: str, value: Any) -> None:
+        self.variables[name] = value
+
+    def has_var(self, name: str) -> bool:
+        """Whether `name` is (or, once pending work finishes, will be) a variable."""
+        event = self.variable_event.get(name)
+        if event is not None:
+            event.wait()
+        return name in self.variables
+
+    def get_meta_info(self, name: str, timeout: float | None = None) -> Any:
+        """The runtime's meta info of variable `name` (None if it has none)."""
+        event = self.variable_event.get(name)
+        if event is not None and not event.wait(timeout):
+            raise TimeoutError(f"timed out waiting for variable {name!r}")
+        return self.meta_info.get(name)
+
+    def text(self) -> str:
+        self.sync()
+        return self.text_
+
+    def messages(self) -> list[dict[str, Any]]:
+        self.sync()
+        return self.messages_
+
+    def error(self) -> BaseException | None:
+        self.sync()
+        return self.error_
+
+    # ------------------------------------------------------------------ fork
+    def fork(self, size: int = 1, position_ids_offset: Any = None) -> list[StreamExecutor]:
+        """`size` copies of this state at its current end, each with its own worker.
+
+        For size > 1 the text so far is first committed to the runtime (prefill-only) so the
+        branches share its cache.
+        """
+        size = int(size)
+        if size < 1:
+            raise ValueError(f"fork size must be >= 1, got {size}")
+        if size > 1:
+            if self._ended:  # forking a finished run: no worker, commit from here
+                self.sync()
+                if self.error_ is None:
+                    self.backend.commit_lazy_operations(self)
+            else:
+                self.submit(SglCommitLazy())
+        self.sync()
+        children = []
+        for _ in range(size):
+            child = StreamExecutor(
+                self.backend,
+                self.arguments,
+                self.default_sampling_para,
+                self.chat_template,
+                self.stream,
+                self.num_api_spec_tokens,
+            )
+            child.variables = dict(self.variables)
+            child.meta_info = dict(self.meta_info)
+            child.text_ = self.text_
+            child.messages_ = list(self.messages_)
+            child.cur_role = self.cur_role
+            child.cur_role_begin_pos = self.cur_role_begin_pos
+            child._submitted_role = self._submitted_role
+            child._scope_starts = dict(self._scope_starts)
+            child.fork_start_text_pos = len(self.text_)
+            child.error_ = self.error_  # a failed program's branches cannot succeed either
+            children.append(child)
+        return children
+
+    # ------------------------------------------------------------------ worker side
+    def _worker_loop(self) -> None:
+        while True:
+            expr = self._queue.get()
+            if expr is None:
+                break
+            try:
+                if self.error_ is None:
+                    self._execute(expr)
+            except Exception as exc:
+                logger.warning("program state %s failed (see its error()): %s", self.sid[:8], exc)
+                self.record_error(exc)
+            finally:
+                if self.error_ is not None:
+                    self._release_events()
+                with self._cond:
+                    self._pending -= 1
+                    self._cond.notify_all()
+        with self._cond:
+            self.is_finished = True
+            self._cond.notify_all()
+
+    def _execute(self, expr: SglExpr) -> None:
+        if isinstance(expr, SglConstantText):
+            self._fill(expr.value)
+        elif isinstance(expr, SglExprList):
+            for child in expr.expr_list:
+                self._execute(child)
+        elif isinstance(expr, SglGen):
+            self._execute_gen(expr)
+        elif isinstance(expr, SglSelect):
+            self._execute_select(expr)
+        elif isinstance(expr, SglRoleBegin):
+            self._execute_role_begin(expr)
+        elif isinstance(expr, SglRoleEnd):
+            self._execute_role_end(expr)
+        elif isinstance(expr, SglVariable):
+            self._fill(expr.source.get_var(expr.name))
+        elif isinstance(expr, SglVarScopeBegin):
+            self._scope_starts[expr.name] = len(self.text_)
+        elif isinstance(expr, SglVarScopeEnd):
+            start = self._scope_starts.pop(expr.name, len(self.text_))
+            self._store(expr.name, self.text_[start:], None)
+        elif isinstance(expr, SglCommitLazy):
+            self.backend.commit_lazy_operations(self)
+        elif isinstance(expr, SglConcateAndAppend):
+            self._execute_concatenate_and_append(expr)
+        else:
+            raise TypeError(f"cannot execute {expr!r} (tracing-only expressions cannot run)")
+
+    def _fill(self, value: Any) -> None:
+        with self._cond:
+            self.text_ += str(value)
+            self._cond.notify_all()
+
+    def _store(self, name: str | None, value: Any, meta: Any) -> None:
+        if name is None:
+            return
+        self.variables[name] = value
+        self.meta_info[name] = meta
+        event = self.variable_event.get(name)
+        if event is None:
+            event = self.variable_event[name] = threading.Event()
+        event.set()
+        self._notify()
+
+    def _resolve_sampling_params(self, params: SglSamplingParams) -> SglSamplingParams:
+        """The run's defaults overridden by the gen's own settings; inside an assistant turn
+        the chat template's stop strings are added (the turn ends where the template says)."""
+        merged = self.default_sampling_para.merged_with(params)
+        if self.cur_role == "assistant" and self.chat_template.stop_str:
+            stops = merged.stop_list()
+            merged.stop = stops + [s for s in self.chat_template.stop_str if s not in stops]
+        return merged
+
+    def _execute_gen(self, expr: SglGen) -> None:
+        params = self._resolve_sampling_params(expr.sampling_params)
+        name = expr.name
+        if not self.stream or (params.n or 1) > 1:
+            comp, meta = self.backend.generate(self, params)
+            self._fill(comp[0] if isinstance(comp, list) else comp)
+            self._store(name, comp, meta)
+            return
+        if name is not None:
+            self.variables[name] = ""
+        meta = None
+        for chunk, meta in self.backend.generate_stream(self, params):
+            with self._cond:
+                self.text_ += chunk
+                if name is not None:
+                    self.variables[name] += chunk
+                    self.meta_info[name] = meta
+                self._cond.notify_all()
+        if name is not None:
+            self._store(name, self.variables[name], meta)
+
+    def _execute_select(self, expr: SglSelect) -> None:
+        decision = self.backend.select(self, expr.choices, expr.temperature, expr.choices_method)
+        self._fill(decision.decision)
+        self._store(expr.name, decision.decision, decision.meta_info)
+
+    def _execute_role_begin(self, expr: SglRoleBegin) -> None:
+        if self.cur_role is not None:
+            raise ValueError(f"Nested roles are not allowed ({expr.role!r} in {self.cur_role!r})")
+        template = self.chat_template
+        if not self.messages_ and expr.role != "system":
+            if template.default_system_prompt is not None:
+                self._execute_role_begin(SglRoleBegin("system"))
+                self._fill(template.default_system_prompt)
+                self._execute_role_end(SglRoleEnd("system"))
+        prefix, _ = template.get_prefix_and_suffix(expr.role, self.messages_)
+        self._fill(prefix)
+        self.cur_role = expr.role
+        self.cur_role_begin_pos = len(self.text_)
+
+    def _execute_role_end(self, expr: SglRoleEnd) -> None:
+        if self.cur_role != expr.role:
+            raise ValueError(f"cannot end a {expr.role!r} turn: the open turn is {self.cur_role!r}")
+        begin = self.cur_role_begin_pos if self.cur_role_begin_pos is not None else len(self.text_)
+        content = self.text_[begin:].lstrip()
+        _, suffix = self.chat_template.get_prefix_and_suffix(expr.role, self.messages_)
+        self._fill(suffix)
+        self.messages_.append({"role": expr.role, "content": content})
+        self.cur_role = None
+        self.cur_role_begin_pos = None
+
+    def _execute_concatenate_and_append(self, expr: SglConcateAndAppend) -> None:
+        new_text = ""
+        for state in expr.states:
+            child = state.stream_executor
+            child.sync()
+            if child.error_ is not None:
+                raise RuntimeError(f"a joined fork failed: {child.error_}") from child.error_
+            new_text += child.text_[child.fork_start_text_pos or 0 :]
+        self._fill(new_text)
+        if global_config.enable_parallel_encoding and self.backend.support_concate_and_append:
+            # Backends that keep per-request KV state are told which requests were joined;
+            # with a radix cache the text alone is enough, so this is a notification.
+            src = [state.stream_executor.sid for state in expr.states]
+            self.backend.concatenate_and_append(src, self.sid)
+
+    def __del__(self) -> None:
+        try:
+            self.end()
+        except Exception:
+            pass
+
+
+def _flatten(expr: SglExpr) -> Iterator[SglExpr]:
+    if isinstance(expr, SglExprList):
+        for child in expr.expr_list:
+            yield from _flatten(child)
+    else:
+        yield expr
+
+
+# ============================================================================ program state
+class ProgramState:
+    """The `s` of a program: append expressions, read variables, fork, stream.
+
+    `s += expr` never blocks (except to reject misnested roles); reads (`s["x"]`, `text()`,
+    `messages()`, `error()`) wait for the work they depend on.
+    """
+
+    def __init__(self, stream_executor: StreamExecutor) -> None:
+        self.stream_executor = stream_executor
+        self.ret_value: Any = None
+
+    def _submit(self, expr: Any) -> None:
+        self.stream_executor.submit(expr)
+
+    # ------------------------------------------------------------------ roles
+    def _role_common(self, name: str, expr: Any = None) -> Any:
+        if expr is not None:
+            role_expr = SglExprList([SglRoleBegin(name), as_expr(expr), SglRoleEnd(name)])
+            self._submit(role_expr)
+            return role_expr
+
+        @contextmanager
+        def role_scope() -> Iterator[None]:
+            self._submit(SglRoleBegin(name))
+            try:
+                yield
+            finally:
+                self._submit(SglRoleEnd(name))
+
+        return role_scope()
+
+    def system(self, expr: Any = None) -> Any:
+        """Append a system turn holding `expr`, or (no argument) a `with` block for one."""
+        return self._role_common("system", expr)
+
+    def user(self, expr: Any = None) -> Any:
+        """Append a user turn holding `expr`, or (no argument) a `with` block for one."""
+        return self._role_common("user", expr)
+
+    def assistant(self, expr: Any = None) -> Any:
+        """Append an assistant turn holding `expr`, or (no argument) a `with` block for one."""
+        return self._role_common("assistant", expr)
+
+    @contextmanager
+    def var_scope(self, name: str) -> Iterator[None]:
+        """Capture the text appended inside the block as variable `name`."""
+        self._submit(SglVarScopeBegin(name))
+        try:
+            yield
+        finally:
+            self._submit(SglVarScopeEnd(name))
+
+    # ------------------------------------------------------------------ fork
+    def fork(self, size: int = 1, position_ids_offset: Any = None) -> ProgramStateGroup:
+        """`size` branches continuing from here, run in parallel; see `ProgramStateGroup.join`."""
+        executors = self.stream_executor.fork(size, position_ids_offset)
+        return ProgramStateGroup([ProgramState(e) for e in executors], self)
+
+    @contextmanager
+    def copy(self, position_ids_offset: Any = None) -> Iterator[ProgramState]:
+        """A `with` block over one branch of this state, joined (variables gathered) at exit."""
+        group = self.fork(1, position_ids_offset)
+        try:
+            yield group[0]
+        finally:
+            group.join()
+
+    # ------------------------------------------------------------------ reading
+    def text(self) -> str:
+        """The whole text so far (waits for pending work)."""
+        return self.stream_executor.text()
+
+    def messages(self) -> list[dict[str, Any]]:
+        """The finished chat turns as OpenAI-style `{"role", "content"}` dicts."""
+        return self.stream_executor.messages()
+
+    def sync(self) -> None:
+        """Wait for every pending expression."""
+        self.stream_executor.sync()
+
+    def error(self) -> BaseException | None:
+        """The exception that stopped the program, or None."""
+        return self.stream_executor.error()
+
+    def get_var(self, name: str) -> Any:
+        return self.stream_executor.get_var(name)
+
+    def set_var(self, name: str, value: Any) -> None:
+        self.stream_executor.set_var(name, value)
+
+    def get_meta_info(self, name: str) -> Any:
+        """The runtime's meta info of variable `name`: for a gen the `/generate` answer's
+        `meta_info` (tokens, cached tokens, finish reason, logprobs if asked); for a select the
+        scores of every choice."""
+        return self.stream_executor.get_meta_info(name)
+
+    # ------------------------------------------------------------------ streaming
+    def text_iter(self, var_name: str | None = None) -> Iterator[str]:
+        """Yield the program's text (or one variable's) as it grows.
+
+        For a state not run with `stream=True`, yields the final text (or value) once.
+        """
+        exe = self.stream_executor
+        if not exe.stream:
+            yield self.text() if var_name is None else self.get_var(var_name)
+            return
+        pos = 0
+        while True:
+            with exe._cond:
+                exe._cond.wait_for(functools.partial(self._stream_ready, var_name, pos))
+                current, done = self._stream_view(var_name)
+            if len(current) > pos:
+                yield current[pos:]
+                pos = len(current)
+            if done:
+                return
+
+    def _stream_view(self, var_name: str | None) -> tuple[str, bool]:
+        exe = self.stream_executor
+        if var_name is None:
+            return exe.text_, exe.is_finished
+        value = exe.variables.get(var_name, "")
+        event = exe.variable_event.get(var_name)
+        done = exe.is_finished or (event is not None and event.is_set())
+        return (value if isinstance(value, str) else str(value)), done
+
+    def _stream_ready(self, var_name: str | None, pos: int) -> bool:
+        current, done = self._stream_view(var_name)
+        return done or len(current) > pos
+
+    async def text_async_iter(
+        self, var_name: str | None = None, return_meta_data: bool = False
+    ) -> AsyncIterator[Any]:
+        """`text_iter` for asyncio: waiting happens on a thread, so the event loop stays free.
+
+        With `return_meta_data` (and a variable name) yields `(chunk, meta_info)` pairs.
+        """
+        loop = asyncio.get_running_loop()
+        it = self.text_iter(var_name)
+        done = object()
+        while True:
+            chunk = await loop.run_in_executor(None, next, it, done)
+            if chunk is done:
+                return
+            if return_meta_data and var_name is not None:
+                yield chunk, self.stream_executor.meta_info.get(var_name)
+            else:
+                yield chunk
+
+    # ------------------------------------------------------------------ operators
+    def __iadd__(self, other: Any) -> ProgramState:
+        if other is None:
+            raise ValueError("Tried to append None to state.")
+        self._submit(other)
+        return self
+
+    def __getitem__(self, name: str) -> Any:
+        return self.get_var(name)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        self.set_var(name, value)
+
+    def __contains__(self, name: str) -> bool:
+        return self.stream_executor.has_var(name)
+
+    def __del__(self) -> None:
+        executor = getattr(self, "stream_executor", None)
+        if executor is not None:
+            try:
+                executor.end()
+            except Exception:
+                pass
+
+    def __repr__(self) -> str:
+        return f"ProgramState({self.text()!r})"
+
+
+class ProgramStateGroup:
+    """The branches of a fork. `group[i]` is one branch; `group += expr` appends to every
+    branch (a callable receives the branch index, a list gives one item per branch)."""
+
+    def __init__(self, states: list[ProgramState], src_state: ProgramState | None = None):
+        self.states = states
+        self.src_state = src_state
+
+    def join(self, mode: str = "gather_variable") -> None:
+        """Wait for every branch and merge it into the source state, then end the branches.
+
+        - `gather_variable`: each variable a branch created becomes, in the source, the list of
+          its values across branches (branch order).
+        - `concate_and_append`: the text each branch produced after the fork is appended to the
+          source, in branch order.
+        """
+        if self.src_state is None:
+            raise ValueError("this group has no source state to join into")
+        src = self.src_state.stream_executor
+        if mode == "gather_variable":
+            src.sync()
+            known = set(src.variables)
+            for state in self.states:
+                child = state.stream_executor
+                child.sync()
+                for name, value in child.variables.items():
+                    if name in known:
+                        continue
+                    src.variables.setdefault(name, []).append(value)
+                    src.meta_info.setdefault(name, []).append(child.meta_info.get(name))
+        elif mode == "concate_and_append":
+            self.src_state += SglConcateAndAppend(self.states)
+            src.sync()
+        else:
+            raise ValueError(
+                f"invalid join mode {mode!r}: use gather_variable or concate_and_append"
+            )
+        for state in self.states:
+            state.stream_executor.end()
+
+    def __getitem__(self, i: int) -> ProgramState:
+        return self.states[i]
+
+    def __setitem__(self, i: int, value: ProgramState) -> None:
+        # `forks[i] += expr` assigns the same state back; anything else is a mistake.
+        if self.states[i] is not value:
+            raise TypeError("fork branches cannot be replaced")
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    def __iter__(self) -> Iterator[ProgramState]:
+        return iter(self.states)
+
+    def __iadd__(self, other: Any) -> ProgramStateGroup:
+        if callable(other) and not isinstance(other, SglExpr):
+            for i, state in enumerate(self.states):
+                state += other(i)
+        elif isinstance(other, (SglExpr, str)):
+            for state in self.states:
+                state += other
+        elif isinstance(other, (list, tuple)):
+            if len(other) != len(self.states):
+                raise ValueError(f"{len(other)} items for {len(self.states)} branches")
+            for state, item in zip(self.states, other):
+                state += item
+        else:
+            raise TypeError(f"cannot append {type(other).__name__} to fork branches")
+        return self

@@ -1,0 +1,548 @@
+"""The language's intermediate representation: expressions appended to a program state.
+
+A program is a Python function whose first argument `s` is a program state; `s += expr` appends an
+expression. The interpreter (`interpreter.py`) executes expressions in order on a worker thread;
+the tracer (`tracer.py`) records them as a graph without running the model. Both see the same
+classes defined here, so what can be traced can be run.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import inspect
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from sglite.lang.choices import ChoicesSamplingMethod
+
+if TYPE_CHECKING:
+    from sglite.lang.interpreter import ProgramState
+
+# The regexes behind `dtype=` (SGLang's): a generation of that type is constrained to them.
+REGEX_INT = r"[-+]?[0-9]+[ \n]*"
+REGEX_FLOAT = r"[-+]?[0-9]*\.?[0-9]+[ \n]*"
+REGEX_BOOL = r"(True|False)"
+REGEX_STR = r"\"[\w\d\s]*\""
+
+# Sampling fields a `gen` may override; None on a gen means "use the run's default".
+_OVERRIDABLE = (
+    "max_new_tokens", "min_new_tokens", "n", "stop", "stop_token_ids", "stop_regex",
+    "temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
+    "ignore_eos", "return_logprob", "logprob_start_len", "top_logprobs_num",
+    "return_text_in_logprobs", "dtype", "regex", "json_schema",
+)  # fmt: skip
+
+
+@dataclasses.dataclass
+class SglSamplingParams:
+    """Sampling parameters of one generation, in SGLang's names.
+
+    On a `gen` every field may be None ("not set"); the interpreter fills unset fields from the
+    defaults given to `run()` (`merged_with`). `dtype`, `regex` and `json_schema` constrain the
+    output; the logprob fields are request options rather than sampling options.
+    """
+
+    max_new_tokens: int | None = 128
+    min_new_tokens: int | None = 0
+    n: int | None = 1
+    stop: str | Sequence[str] | None = ()
+    stop_token_ids: Sequence[int] | None = ()
+    stop_regex: str | Sequence[str] | None = None
+    temperature: float | None = 1.0
+    top_p: float | None = 1.0
+    top_k: int | None = -1  # -1 = off
+    min_p: float | None = 0.0
+    frequency_penalty: float | None = 0.0
+    presence_penalty: float | None = 0.0
+    ignore_eos: bool | None = False
+    return_logprob: bool | None = None
+    logprob_start_len: int | None = None
+    top_logprobs_num: int | None = None
+    return_text_in_logprobs: bool | None = None
+    dtype: type | str | None = None
+    regex: str | None = None
+    json_schema: str | None = None
+
+    @classmethod
+    def unset(cls, **values: Any) -> SglSamplingParams:
+        """Parameters where every field not given is None (the form a `gen` carries)."""
+        fields = {f.name: None for f in dataclasses.fields(cls)}
+        fields.update(values)
+        return cls(**fields)
+
+    def clone(self) -> SglSamplingParams:
+        """A deep copy (stop lists are mutated when a chat template adds its stop string)."""
+        return copy.deepcopy(self)
+
+    def merged_with(self, override: SglSamplingParams) -> SglSamplingParams:
+        """These defaults with every field `override` sets (not None) replaced."""
+        merged = self.clone()
+        for name in _OVERRIDABLE:
+            value = getattr(override, name)
+            if value is not None:
+                setattr(merged, name, copy.deepcopy(value))
+        return merged
+
+    def stop_list(self) -> list[str]:
+        """`stop` as a list of strings."""
+        if self.stop is None:
+            return []
+        if isinstance(self.stop, str):
+            return [self.stop]
+        return list(self.stop)
+
+    def to_srt_kwargs(self) -> dict[str, Any]:
+        """The `sampling_params` object of a native `/generate` request (unset fields dropped)."""
+        out: dict[str, Any] = {
+            "max_new_tokens": self.max_new_tokens,
+            "min_new_tokens": self.min_new_tokens,
+            "n": self.n,
+            "stop": self.stop_list(),
+            "stop_token_ids": list(self.stop_token_ids or []),
+            "stop_regex": self.stop_regex,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "frequency_penalty": self.frequency_penalty,
+            "presence_penalty": self.presence_penalty,
+            "ignore_eos": self.ignore_eos,
+            "regex": self.regex,
+            "json_schema": self.json_schema,
+        }
+        # Defaults that mean "off" are dropped too, so servers that predate a field still work.
+        if out["min_new_tokens"] == 0:
+            del out["min_new_tokens"]
+        if out["n"] == 1:
+            del out["n"]
+        return {k: v for k, v in out.items() if v is not None and v != []}
+
+    def request_kwargs(self) -> dict[str, Any]:
+        """The top-level logprob options of a `/generate` request (only those set)."""
+        names = (
+            "return_logprob",
+            "logprob_start_len",
+            "top_logprobs_num",
+            "return_text_in_logprobs",
+        )
+        return {k: getattr(self, k) for k in names if getattr(self, k) is not None}
+
+
+class SglFunction:
+    """A program: the function decorated with `@sgl.function`.
+
+    Invariant: the function's first parameter is named `s` (the program state). `bind(**kw)`
+    fixes arguments; `run` executes once, `run_batch` many times in a thread pool, `trace` builds
+    the expression graph without a model. Calling the object is `run` (or `trace` while tracing).
+    """
+
+    def __init__(
+        self,
+        func: Callable[..., Any],
+        num_api_spec_tokens: int | None = None,
+        bind_arguments: dict[str, Any] | None = None,
+    ) -> None:
+        self.func = func
+        self.num_api_spec_tokens = num_api_spec_tokens
+        self.bind_arguments: dict[str, Any] = dict(bind_arguments or {})
+        spec = inspect.getfullargspec(func)
+        if not spec.args or spec.args[0] != "s":
+            raise TypeError(
+                f"the first argument of an @sgl.function must be named 's' (the program state); "
+                f"{getattr(func, '__name__', func)} has {spec.args[:1] or 'none'}"
+            )
+        self.arg_names: list[str] = spec.args[1:]
+        self.arg_defaults: tuple[Any, ...] = tuple(spec.defaults or ())
+        self.__name__ = getattr(func, "__name__", "sgl_function")
+        self.__doc__ = getattr(func, "__doc__", None)
+
+    def bind(self, **kwargs: Any) -> SglFunction:
+        """A copy of this program with some arguments fixed."""
+        unknown = [k for k in kwargs if k not in self.arg_names]
+        if unknown:
+            raise TypeError(f"{self.__name__}() has no argument(s) {unknown}")
+        return SglFunction(self.func, self.num_api_spec_tokens, {**self.bind_arguments, **kwargs})
+
+    def run(
+        self,
+        *args: Any,
+        max_new_tokens: int = 128,
+        min_new_tokens: int = 0,
+        n: int = 1,
+        stop: str | list[str] | None = (),
+        stop_token_ids: list[int] | None = (),
+        stop_regex: str | list[str] | None = None,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = -1,
+        min_p: float = 0.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        ignore_eos: bool = False,
+        return_logprob: bool | None = None,
+        logprob_start_len: int | None = None,
+        top_logprobs_num: int | None = None,
+        return_text_in_logprobs: bool | None = None,
+        stream: bool = False,
+        backend: Any = None,
+        **kwargs: Any,
+    ) -> ProgramState:
+        """Run the program once with these arguments; the sampling keywords are the defaults of
+        every `gen` that does not set them. Returns the program state at once (generations may
+        still be running: reading `state["x"]` waits for `x`). With `stream=True` the function
+        body itself runs on a thread so `state.text_iter()` can follow it.
+        """
+        from sglite.lang.interpreter import run_program
+
+        defaults = SglSamplingParams(
+            max_new_tokens, min_new_tokens, n, stop, stop_token_ids, stop_regex, temperature,
+            top_p, top_k, min_p, frequency_penalty, presence_penalty, ignore_eos, return_logprob,
+            logprob_start_len, top_logprobs_num, return_text_in_logprobs,
+        )  # fmt: skip
+        return run_program(self, backend, args, kwargs, defaults, stream)
+
+    def run_batch(
+        self,
+        batch_kwargs: Sequence[dict[str, Any]] | Sequence[Sequence[Any]],
+        *,
+        max_new_tokens: int = 128,
+        min_new_tokens: int = 0,
+        n: int = 1,
+        stop: str | list[str] | None = (),
+        stop_token_ids: list[int] | None = (),
+        stop_regex: str | list[str] | None = None,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = -1,
+        min_p: float = 0.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        ignore_eos: bool = False,
+        return_logprob: bool | None = None,
+        logprob_start_len: int | None = None,
+        top_logprobs_num: int | None = None,
+        return_text_in_logprobs: bool | None = None,
+        backend: Any = None,
+        num_threads: int | str = "auto",
+        progress_bar: bool = False,
+        generator_style: bool = False,
+    ) -> list[ProgramState] | Any:
+        """Run the program once per argument set, in a thread pool, and return the finished
+        states in input order (a generator of them with `generator_style=True`).
+
+        Each item is a dict of keyword arguments or a tuple of positional ones. A program that
+        fails does not stop the batch: its state's `error()` holds the exception. Before the
+        batch starts, the constant prefix shared by every run (found by tracing) is sent to the
+        cache once.
+        """
+        from sglite.lang.interpreter import run_program_batch
+
+        if not isinstance(batch_kwargs, (list, tuple)):
+            raise TypeError("run_batch takes a list of argument dicts (or tuples)")
+        if len(batch_kwargs) == 0:
+            return []
+        batch = [self._as_kwargs(item) for item in batch_kwargs]
+        defaults = SglSamplingParams(
+            max_new_tokens, min_new_tokens, n, stop, stop_token_ids, stop_regex, temperature,
+            top_p, top_k, min_p, frequency_penalty, presence_penalty, ignore_eos, return_logprob,
+            logprob_start_len, top_logprobs_num, return_text_in_logprobs,
+        )  # fmt: skip
+        return run_program_batch(
+            self, backend, batch, defaults, num_threads, progress_bar, generator_style
+        )
+
+    def _as_kwargs(self, item: Any) -> dict[str, Any]:
+        if isinstance(item, dict):
+            return dict(item)
+        if isinstance(item, (list, tuple)):
+            required = len(self.arg_names) - len(self.arg_defaults)
+            if not required <= len(item) <= len(self.arg_names):
+                raise TypeError(
+                    f"{self.__name__}() takes {required} to {len(self.arg_names)} arguments, "
+                    f"a batch item has {len(item)}"
+                )
+            return dict(zip(self.arg_names, item))
+        raise TypeError(f"a run_batch item must be a dict or a tuple, got {type(item).__name__}")
+
+    def trace(self, *, backend: Any = None, **kwargs: Any) -> Any:
+        """Build the program's expression graph without running the model.
+
+        Arguments not given are placeholders (`SglArgument`); returns the tracer state, whose
+        `flatten_nodes()` lists the expressions in order.
+        """
+        from sglite.lang.tracer import trace_program
+
+        return trace_program(self, kwargs, backend)
+
+    def cache(self, backend: Any = None) -> None:
+        """Send the program's constant prefix (found by tracing) to the backend's cache."""
+        from sglite.lang.interpreter import cache_program
+
+        cache_program(self, backend)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from sglite.lang.tracer import TracingScope
+
+        scope = TracingScope.get_current_scope()
+        if scope is None:
+            return self.run(*args, **kwargs)
+        kwargs.setdefault("backend", scope.tracer_state.backend)
+        return self.trace(**dict(zip(self.arg_names, args)), **kwargs)
+
+    def __repr__(self) -> str:
+        return f"SglFunction({self.__name__})"
+
+
+class SglExpr:
+    """Base of every expression. `a + b` builds an `SglExprList`; strings become constants.
+
+    `node_id` numbers nodes for printing; `prev_node` links a traced node to the one before it.
+    """
+
+    _node_count = 0
+
+    def __init__(self) -> None:
+        self.node_id = SglExpr._node_count
+        SglExpr._node_count += 1
+        self.prev_node: SglExpr | None = None
+        self.pid: str | None = None
+
+    def __add__(self, other: Any) -> SglExprList:
+        return _concat(self, as_expr(other))
+
+    def __radd__(self, other: Any) -> SglExprList:
+        return _concat(as_expr(other), self)
+
+    def print_graph_dfs(self) -> str:
+        """The graph that leads to this node, one `%id = ...` line per node, dependencies first."""
+        lines: list[str] = []
+        seen: set[int] = set()
+
+        def visit(node: SglExpr | None) -> None:
+            if node is None or id(node) in seen:
+                return
+            seen.add(id(node))
+            visit(node.prev_node)
+            if isinstance(node, SglExprList):
+                for child in node.expr_list:
+                    visit(child)
+            elif isinstance(node, SglVariable):
+                visit(node.source)
+            if isinstance(node, (SglFork, SglGetForkItem)) or node.prev_node is None:
+                lines.append(f"%{node.node_id} = {node!r}")
+            else:
+                lines.append(f"%{node.node_id} = %{node.prev_node.node_id} + {node!r}")
+
+        visit(self)
+        return "\n".join(lines) + "\n"
+
+
+def as_expr(value: Any) -> SglExpr:
+    """`value` as an expression: expressions unchanged, strings as constant text.
+
+    Raises TypeError for anything else (a number must be formatted into a string first).
+    """
+    if isinstance(value, SglExpr):
+        return value
+    if isinstance(value, str):
+        return SglConstantText(value)
+    if value is None:
+        raise ValueError("Tried to append None to the program state")
+    raise TypeError(
+        f"cannot append a {type(value).__name__} to a program state; use a string or an sgl "
+        "expression (gen, select, roles ...)"
+    )
+
+
+def _concat(a: SglExpr, b: SglExpr) -> SglExprList:
+    left = a.expr_list if isinstance(a, SglExprList) else [a]
+    right = b.expr_list if isinstance(b, SglExprList) else [b]
+    return SglExprList(left + right)
+
+
+class SglExprList(SglExpr):
+    """Expressions executed one after another."""
+
+    def __init__(self, expr_list: list[SglExpr]) -> None:
+        super().__init__()
+        self.expr_list = expr_list
+
+    def __repr__(self) -> str:
+        return f"ExprList({self.expr_list})"
+
+
+class SglArgument(SglExpr):
+    """A placeholder for a program argument while tracing (its value is unknown).
+
+    It refuses f-string formatting so tracing stops where the prefix stops being constant.
+    """
+
+    def __init__(self, name: str, value: Any) -> None:
+        super().__init__()
+        self.name = name
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"Argument(name={self.name}, value={self.value!r})"
+
+    def __len__(self) -> int:
+        return len(self.value)
+
+    def __getitem__(self, i: Any) -> Any:
+        return self.value[i]
+
+    def __int__(self) -> int:
+        return self.value
+
+    def __bool__(self) -> bool:
+        return bool(self.value)
+
+    def __format__(self, *args: Any) -> str:
+        raise TypeError(
+            "Cannot put argument inside a f-string. This is not compatible with the tracer."
+        )
+
+
+class SglConstantText(SglExpr):
+    """Literal text appended to the prompt."""
+
+    def __init__(self, value: str) -> None:
+        super().__init__()
+        self.value = str(value)
+
+    def __repr__(self) -> str:
+        return f"Constant({self.value!r})"
+
+
+class SglGen(SglExpr):
+    """A generation call: the model continues the text; the result is stored under `name`."""
+
+    def __init__(self, name: str | None = None, sampling_params: SglSamplingParams | None = None):
+        super().__init__()
+        self.name = name
+        self.sampling_params = sampling_params or SglSamplingParams.unset()
+
+    def __repr__(self) -> str:
+        return f"Gen({self.name!r})"
+
+
+class SglSelect(SglExpr):
+    """Choose one of `choices` by the model's likelihood (see `choices.py` for the methods)."""
+
+    def __init__(
+        self,
+        name: str | None,
+        choices: list[str],
+        temperature: float,
+        choices_method: ChoicesSamplingMethod,
+    ) -> None:
+        super().__init__()
+        self.name = name
+        self.choices = list(choices)
+        self.temperature = temperature
+        self.choices_method = choices_method
+
+    def __repr__(self) -> str:
+        return (
+            f"Select({self.name!r}, choices={self.choices}, choices_method={self.choices_method})"
+        )
+
+
+class SglRoleBegin(SglExpr):
+    """Open a chat turn of `role` (system / user / assistant); roles do not nest."""
+
+    def __init__(self, role: str) -> None:
+        super().__init__()
+        self.role = role
+
+    def __repr__(self) -> str:
+        return f"RoleBegin({self.role})"
+
+
+class SglRoleEnd(SglExpr):
+    """Close the open chat turn of `role`."""
+
+    def __init__(self, role: str) -> None:
+        super().__init__()
+        self.role = role
+
+    def __repr__(self) -> str:
+        return f"RoleEnd({self.role})"
+
+
+class SglVarScopeBegin(SglExpr):
+    """Start capturing the text appended until the matching end into variable `name`."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"VarScopeBegin({self.name!r})"
+
+
+class SglVarScopeEnd(SglExpr):
+    """Stop capturing into variable `name`."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"VarScopeEnd({self.name!r})"
+
+
+class SglVariable(SglExpr):
+    """A reference to variable `name` of another state (or, while tracing, of a traced node)."""
+
+    def __init__(self, name: str, source: Any) -> None:
+        super().__init__()
+        self.name = name
+        self.source = source
+
+    def __repr__(self) -> str:
+        source = getattr(self.source, "node_id", "?")
+        return f"Variable({self.name!r}, source=%{source})"
+
+
+class SglFork(SglExpr):
+    """(Traced) the state splits into `number` branches here."""
+
+    def __init__(self, number: int) -> None:
+        super().__init__()
+        self.number = number
+
+    def __repr__(self) -> str:
+        prev = self.prev_node.node_id if self.prev_node is not None else None
+        return f"Fork(%{prev}, number={self.number})"
+
+
+class SglGetForkItem(SglExpr):
+    """(Traced) branch `index` of a fork."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__()
+        self.index = index
+
+    def __repr__(self) -> str:
+        prev = self.prev_node.node_id if self.prev_node is not None else None
+        return f"GetForkItem(%{prev}, index={self.index})"
+
+
+class SglConcateAndAppend(SglExpr):
+    """Append the text each forked state produced after the fork point (join's second mode)."""
+
+    def __init__(self, states: list[Any]) -> None:
+        super().__init__()
+        self.states = states
+
+    def __repr__(self) -> str:
+        return f"ConcatenateAndAppend({len(self.states)} states)"
+
+
+class SglCommitLazy(SglExpr):
+    """Send the text so far to the runtime as a prefill-only request (fills the cache)."""
+
+    def __repr__(self) -> str:
+        return "CommitLazy()"

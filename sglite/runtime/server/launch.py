@@ -1,0 +1,123 @@
+"""Start the HTTP server: load the model, bind the port, serve until Ctrl-C or SIGTERM.
+
+Shutdown order matters for "no orphan, no hang": on the signal, requests in flight are aborted
+(streams end with an error event, others with 503), uvicorn then finds its connections idle and
+stops, and only then is the scheduler process stopped and reaped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+import uvicorn
+
+from sglite.runtime.server.app import create_app
+from sglite.runtime.server.state import ServerState, build_state
+from sglite.runtime.server_args import ServerArgs
+
+logger = logging.getLogger("sglite.runtime.server")
+
+# Seconds uvicorn waits for connections to finish after the aborts before closing them anyway.
+GRACEFUL_SHUTDOWN_TIMEOUT = 10
+
+
+class _Server(uvicorn.Server):
+    """uvicorn.Server that aborts in-flight requests on the first signal and says when ready."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState, url: str) -> None:
+        super().__init__(config)
+        self._state = state
+        self._url = url
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        state = self._state
+        if not state.shutting_down and self._loop is not None:
+            state.shutting_down = True
+            # Signal handlers interrupt the loop thread anywhere; let the loop run the aborts.
+            self._loop.call_soon_threadsafe(
+                state.tokenizer_manager.abort_all, "the server is shutting down"
+            )
+        super().handle_exit(sig, frame)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await self._state.warmup()  # before listening, so /health means "ready and warm"
+        await super().startup(sockets)
+        if self.started:
+            print(
+                f"sglite is ready: {self._url} (model {self._state.model_name}; "
+                f"OpenAI API at {self._url}/v1; Ctrl-C to stop)",
+                flush=True,
+            )
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().shutdown(sockets)
+        # Stop the scheduler here, before uvicorn re-raises the signal that stopped it.
+        await asyncio.to_thread(self._state.shutdown)
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind the listening socket before loading the model, so a busy port fails at once."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(0)
+
+
+def launch_server(args: ServerArgs) -> None:
+    """Serve `args.model_path` over HTTP until interrupted; blocks.
+
+    SIGTERM and Ctrl-C stop it gracefully; the scheduler process never outlives it.
+    """
+    args.validate()
+    # uvicorn re-raises the signal that stopped it once it is done; SIGTERM's default action
+    # would kill the process before the clean-up below, so make it a normal exit.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    level = args.log_level.upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sock = bind_socket(args.host, args.port)
+    port = sock.getsockname()[1]
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    url = f"http://{host}:{port}"
+    what = args.model_path or "the default model (SmolLM2-135M-Instruct)"
+    print(f"sglite: loading {what} ...", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    try:
+        state = build_state(args)
+    except BaseException:
+        sock.close()
+        raise
+    print(f"sglite: model loaded in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    try:
+        app = create_app(state)
+        config = uvicorn.Config(
+            app,
+            log_level=args.log_level.lower(),
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_TIMEOUT,
+            timeout_keep_alive=5,
+            access_log=level in ("DEBUG", "INFO"),
+        )
+        server = _Server(config, state, url)
+        server.run(sockets=[sock])
+    finally:
+        state.shutdown()
+        sock.close()
+        print("sglite: stopped", file=sys.stderr, flush=True)

@@ -1,0 +1,86 @@
+"""What the native and OpenAI routes share: admitting requests and reporting their aborts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Request
+
+from sglite.runtime.server.errors import APIError, error_body
+from sglite.runtime.server.state import ServerState
+from sglite.runtime.tokenizer_manager import GenerateRequest
+
+_CONSTRAINTS = ("regex", "json_schema", "ebnf")
+
+
+def get_state(request: Request) -> ServerState:
+    """The ServerState of the app serving `request`."""
+    return request.app.state.sglite
+
+
+def prepare_requests(
+    state: ServerState,
+    *,
+    text: str | list[str] | None,
+    input_ids: list[int] | list[list[int]] | None,
+    sampling_params: dict[str, Any] | list[dict[str, Any]] | None,
+    return_logprob: bool | list[bool] = False,
+    logprob_start_len: int | list[int] | None = None,
+    top_logprobs_num: int | list[int] | None = None,
+    return_text_in_logprobs: bool = False,
+    rid: str | list[str] | None = None,
+) -> tuple[list[GenerateRequest], bool]:
+    """Validate, tokenize and expand (`n`) a request; admit it or raise 400 / 503.
+
+    Returns the scheduler requests and whether the client asked for a batch.
+    """
+    tm = state.tokenizer_manager
+    reqs, is_batch = tm.normalize(
+        text, sampling_params, input_ids, return_logprob, logprob_start_len,
+        top_logprobs_num, return_text_in_logprobs, rid=rid,
+    )  # fmt: skip
+    if not state.supports_constraints:
+        for req in reqs:
+            for key in _CONSTRAINTS:
+                if req.sampling_params.get(key) is not None:
+                    raise APIError(
+                        400,
+                        f"{key}: constrained decoding is not supported yet",
+                        param=key,
+                        code="not_supported",
+                    )
+    expanded = tm.expand_n(reqs)
+    rids = [r.rid for r in expanded]
+    if len(set(rids)) != len(rids):
+        raise APIError(400, "rid: request ids in one batch must be distinct", param="rid")
+    for r in rids:
+        if r in tm.in_flight:
+            raise APIError(400, f"rid: a request with id {r!r} is already running", param="rid")
+    state.admit(len(expanded))
+    return expanded, is_batch
+
+
+def abort_status(state: ServerState, message: str) -> int:
+    """HTTP status for a request the scheduler ended with an abort."""
+    if state.shutting_down or not state.client.alive:
+        return 503
+    if "internal error" in message:
+        return 500
+    return 400
+
+
+def raise_if_aborted(state: ServerState, result: dict[str, Any]) -> None:
+    """Turn an aborted result into an APIError (the client would otherwise get partial text)."""
+    reason = result["meta_info"].get("finish_reason") or {}
+    if reason.get("type") == "abort":
+        message = reason.get("message") or "the request was aborted"
+        raise APIError(abort_status(state, message), message)
+
+
+def abort_event(state: ServerState, chunk: dict[str, Any]) -> dict[str, Any] | None:
+    """The SSE error body for a chunk that ends its request with an abort, else None."""
+    reason = chunk["meta_info"].get("finish_reason") or {}
+    if reason.get("type") != "abort":
+        return None
+    message = reason.get("message") or "the request was aborted"
+    return error_body(abort_status(state, message), message)

@@ -1,0 +1,164 @@
+"""What the HTTP server holds while it runs: the runtime pieces, model names and a shutdown flag.
+
+The server builds the same pieces as `sglite.Engine` (scheduler process, tokenizer,
+TokenizerManager) but runs the TokenizerManager on uvicorn's event loop instead of a private one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from sglite.runtime.scheduler_client import SchedulerClient
+from sglite.runtime.server.errors import APIError
+from sglite.runtime.server.metrics import ServerMetrics
+from sglite.runtime.server_args import ServerArgs
+from sglite.runtime.tokenizer import Tokenizer
+from sglite.runtime.tokenizer_manager import TokenizerManager
+
+logger = logging.getLogger("sglite.runtime.server")
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+@dataclass
+class ServerState:
+    """The runtime behind one HTTP server."""
+
+    args: ServerArgs
+    tokenizer: Tokenizer
+    client: SchedulerClient
+    tokenizer_manager: TokenizerManager
+    model_name: str  # the id clients send as `model` and see in /v1/models
+    model_aliases: frozenset[str]  # other `model` values accepted for this model
+    metrics: ServerMetrics
+    created: int = field(default_factory=lambda: int(time.time()))
+    shutting_down: bool = False
+    stopped: bool = False
+
+    @property
+    def model_path(self) -> str:
+        """The resolved path of the served model."""
+        return self.client.info["model_path"]
+
+    @property
+    def context_length(self) -> int:
+        """Longest prompt + output the model accepts."""
+        return self.client.info["context_length"]
+
+    @property
+    def supports_constraints(self) -> bool:
+        """Whether the scheduler can constrain decoding (regex, JSON schema, EBNF).
+
+        The scheduler announces a `grammar_backend` in its ready info once it has one.
+        """
+        return bool(self.client.info.get("grammar_backend"))
+
+    def check_model(self, model: str | None) -> None:
+        """Raise a 400 unless `model` names the served model (None means "the served one")."""
+        if model is None or model == self.model_name or model in self.model_aliases:
+            return
+        raise APIError(
+            400,
+            f"model: the model {model!r} is not served here; use {self.model_name!r}",
+            param="model",
+            code="model_not_found",
+        )
+
+    def check_alive(self) -> None:
+        """Raise a 503 when the server cannot take requests (scheduler gone, shutting down)."""
+        if self.shutting_down:
+            raise APIError(503, "the server is shutting down", headers={"Retry-After": "5"})
+        if not self.client.alive:
+            reason = self.client.death_reason or "the scheduler is not running"
+            raise APIError(503, f"the model is unavailable: {reason}")
+
+    def admit(self, num_requests: int) -> None:
+        """Raise a 503 with Retry-After when `num_requests` more would exceed the queue bound."""
+        self.check_alive()
+        in_flight = self.tokenizer_manager.num_in_flight
+        if in_flight + num_requests > self.args.max_queued_requests:
+            raise APIError(
+                503,
+                f"the server is overloaded: {in_flight} requests in flight, at most "
+                f"{self.args.max_queued_requests} (--max-queued-requests); retry later",
+                code="overloaded",
+                headers={"Retry-After": "1"},
+            )
+
+    async def warmup(self) -> None:
+        """Run one short generation so the first client does not pay for kernel set-up."""
+        tm = self.tokenizer_manager
+        reqs, _ = tm.normalize("Hello", {"max_new_tokens": 2, "temperature": 0}, rid="warmup")
+        try:
+            await asyncio.wait_for(tm.generate(reqs), timeout=120)
+        except Exception as exc:  # a failed warm-up is not fatal; real requests will tell
+            logger.warning("warm-up request failed: %s", exc)
+
+    async def control(self, kind: str, **kwargs: Any) -> Any:
+        """Run a scheduler control request without blocking the event loop."""
+        return await asyncio.to_thread(self.client.control, kind, **kwargs)
+
+    def public_args(self) -> dict[str, Any]:
+        """Server arguments without secrets."""
+        args = dataclasses.asdict(self.args)
+        args.pop("api_key", None)
+        return args
+
+    def shutdown(self) -> None:
+        """Stop the scheduler process (requests in flight end with an abort). Idempotent."""
+        self.shutting_down = True
+        if not self.stopped:
+            self.stopped = True
+            self.client.shutdown()
+
+
+def model_names(args: ServerArgs, resolved_path: str) -> tuple[str, frozenset[str]]:
+    """The served model id and the other names clients may use for it.
+
+    The id is `--served-model-name`, else the `--model-path` as given, else the default model's
+    name. The resolved path, its basename and the basename without `.gguf` are accepted too.
+    """
+    if args.served_model_name:
+        name = args.served_model_name
+    elif args.model_path:
+        name = args.model_path
+    else:
+        name = DEFAULT_MODEL_NAME
+    base = os.path.basename(resolved_path.rstrip("/"))
+    aliases = {resolved_path, base, base.removesuffix(".gguf"), base.split(".")[0], "default"}
+    if args.model_path:
+        aliases.add(args.model_path)
+    if not args.model_path:
+        aliases.add(DEFAULT_MODEL_NAME)
+    aliases.discard(name)
+    return name, frozenset(a for a in aliases if a)
+
+
+def build_state(args: ServerArgs) -> ServerState:
+    """Start the scheduler process and load the tokenizer (in parallel); blocks until ready."""
+    from sglite.runtime.model.loader import load_tokenizer
+
+    with ThreadPoolExecutor(1) as pool:  # the tokenizer loads while the model loads
+        tokenizer_future = pool.submit(load_tokenizer, args.tokenizer_path or args.model_path)
+        client = SchedulerClient(args)
+        try:
+            tokenizer = tokenizer_future.result()
+        except BaseException:
+            client.shutdown()
+            raise
+    tm = TokenizerManager(args, tokenizer, client)
+    name, aliases = model_names(args, client.info["model_path"])
+
+    def live_info() -> dict[str, Any]:
+        return client.control("get_info", timeout=10.0) if client.alive else {}
+
+    metrics = ServerMetrics(live_info, lambda: tm.num_in_flight, name)
+    tm.output_hooks.append(metrics.on_output)
+    return ServerState(args, tokenizer, client, tm, name, aliases, metrics)
