@@ -69,6 +69,8 @@ def _handle_control(scheduler: Any, msg: ControlInput) -> ControlOutput:
 def run_scheduler(args: ServerArgs, in_addr: str, out_addr: str, parent_pid: int) -> None:
     """Load the model and serve requests until a shutdown control message arrives."""
     _die_with_parent(parent_pid)
+    # Ctrl-C reaches the whole process group; the parent owns shutdown and tells us over ZMQ.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     ctx = zmq.Context()
     recv = ctx.socket(zmq.PULL)
