@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from sglite.runtime.model.decode_attention import (
+    grouped_decode_attention,
+    plan_decode_groups,
     plan_shared_prefix,
     shared_prefix_decode_attention,
 )
@@ -51,3 +53,39 @@ def test_no_plan_without_a_long_common_prefix():
     assert plan_shared_prefix(slots, mask) is None
     slots, mask = _batch(100, [3])
     assert plan_shared_prefix(slots, mask) is None  # a single request gains nothing
+
+
+def test_grouped_batch_matches_plain_attention():
+    """Two groups with their own prefixes plus a loner: each row equals plain attention."""
+    torch.manual_seed(1)
+    kv_heads, heads, dim = 3, 9, 64
+    k_cache = torch.randn(900, kv_heads, dim)
+    v_cache = torch.randn(900, kv_heads, dim)
+    group_a = list(range(1, 81))
+    group_b = list(range(100, 160))
+    rows = [
+        group_a + [500, 501],
+        group_b + [510],
+        group_a + [520, 521, 522],
+        [700, 701, 702],
+        group_b + [530, 531, 532, 533],
+    ]
+    width = max(map(len, rows))
+    slots = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.bool)
+    for i, row in enumerate(rows):
+        slots[i, : len(row)] = torch.tensor(row)
+        mask[i, : len(row)] = True
+    q = torch.randn(len(rows), heads, dim)
+    groups = plan_decode_groups(slots, mask)
+    assert groups is not None and len(groups.shared) == 2
+    assert groups.plain_rows.tolist() == [3]
+    out = grouped_decode_attention(q, k_cache, v_cache, groups, dim**-0.5)
+    ref = F.scaled_dot_product_attention(
+        q.unsqueeze(2),
+        k_cache[slots].transpose(1, 2),
+        v_cache[slots].transpose(1, 2),
+        attn_mask=mask[:, None, None, :],
+        enable_gqa=True,
+    ).squeeze(2)
+    assert (out - ref).abs().max().item() < 1e-5

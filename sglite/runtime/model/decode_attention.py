@@ -1,10 +1,11 @@
-"""Decode attention that reads a prefix shared by the whole batch once, not once per request.
+"""Decode attention that reads a prefix shared by a group of requests once, not once per request.
 
-When every request of a decode batch starts with the same KV slots (a few-shot prefix, a fork
-point, `n > 1` samples), gathering each request's full K/V copies that prefix B times per layer
-and step, which dominates decode time. Here the shared part is attended with one batched matmul
-over a single copy, the per-request suffixes with a small padded gather, and the two partial
-softmaxes are merged with their log-sum-exp (as cascade / split-K attention kernels do).
+When requests of a decode batch start with the same KV slots (a few-shot prefix, a fork point,
+`n > 1` samples, several system prompts each shared by a group), gathering each request's full
+K/V copies that prefix once per request, layer and step, which dominates decode time. Here the
+shared part is attended with one batched matmul over a single copy, the per-request suffixes
+with a small padded gather, and the two partial softmaxes are merged with their log-sum-exp
+(as cascade / split-K attention kernels do).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 # Below this many shared tokens the plain padded gather is as cheap.
 MIN_SHARED_PREFIX = 32
@@ -83,3 +85,71 @@ def shared_prefix_decode_attention(
     wp, ws = torch.exp(mp - m), torch.exp(ms - m)
     out = (op * wp + os_ * ws) / (lp * wp + ls * ws)
     return out.to(q.dtype).reshape(bsz, heads, dim)
+
+
+@dataclass
+class DecodeGroups:
+    """The batch split into groups sharing a prefix, plus the rows that share nothing."""
+
+    shared: list[tuple[torch.Tensor, SharedPrefixPlan]]  # (row indices, plan)
+    plain_rows: torch.Tensor  # [R] rows attended with a plain padded gather
+    plain_slots: torch.Tensor  # [R, W]
+    plain_mask: torch.Tensor  # [R, W]
+
+
+def plan_decode_groups(
+    padded_slots: torch.Tensor, padded_mask: torch.Tensor
+) -> DecodeGroups | None:
+    """Group rows by their first slot (rows sharing a cached prefix share it) and plan each group.
+
+    Returns None when no group has a long enough common prefix (the plain path is then best).
+    """
+    if padded_slots.shape[0] < 2:
+        return None
+    _, inverse = torch.unique(padded_slots[:, 0], return_inverse=True)
+    shared: list[tuple[torch.Tensor, SharedPrefixPlan]] = []
+    plain: list[torch.Tensor] = []
+    for group in range(int(inverse.max()) + 1):
+        rows = (inverse == group).nonzero().flatten()
+        width = int(padded_mask[rows].sum(dim=1).max())
+        plan = plan_shared_prefix(padded_slots[rows, :width], padded_mask[rows, :width])
+        if plan is None:
+            plain.append(rows)
+        else:
+            shared.append((rows, plan))
+    if not shared:
+        return None
+    plain_rows = torch.cat(plain) if plain else padded_slots.new_zeros(0)
+    width = int(padded_mask[plain_rows].sum(dim=1).max()) if plain else 0
+    return DecodeGroups(
+        shared=shared,
+        plain_rows=plain_rows,
+        plain_slots=padded_slots[plain_rows, :width],
+        plain_mask=padded_mask[plain_rows, :width],
+    )
+
+
+def grouped_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    groups: DecodeGroups,
+    scale: float,
+) -> torch.Tensor:
+    """`q` is `[B, heads, D]`; each shared group reads its prefix once, the rest gather."""
+    out = torch.empty_like(q)
+    for rows, plan in groups.shared:
+        out[rows] = shared_prefix_decode_attention(q[rows], k_cache, v_cache, plan, scale)
+    if groups.plain_rows.numel():
+        ks = k_cache[groups.plain_slots].transpose(1, 2).to(q.dtype)
+        vs = v_cache[groups.plain_slots].transpose(1, 2).to(q.dtype)
+        o = F.scaled_dot_product_attention(
+            q[groups.plain_rows].unsqueeze(2),
+            ks,
+            vs,
+            attn_mask=groups.plain_mask[:, None, None, :],
+            scale=scale,
+            enable_gqa=True,
+        )
+        out[groups.plain_rows] = o.squeeze(2)
+    return out

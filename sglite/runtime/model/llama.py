@@ -26,9 +26,9 @@ from torch.nn.attention.bias import CausalBias, causal_lower_right
 from sglite.runtime.cache.kv_pool import KVPool
 from sglite.runtime.model.config import ModelConfig
 from sglite.runtime.model.decode_attention import (
-    SharedPrefixPlan,
-    plan_shared_prefix,
-    shared_prefix_decode_attention,
+    DecodeGroups,
+    grouped_decode_attention,
+    plan_decode_groups,
 )
 from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
 
@@ -134,15 +134,15 @@ class AttentionPlan:
         self.device = device
         self._extend: dict[int | None, list[_SeqAttn]] = {}
         self._decode: dict[int | None, torch.Tensor | None] = {}
-        self._shared: SharedPrefixPlan | None | bool = False  # False = not computed yet
+        self._groups: DecodeGroups | None | bool = False  # False = not computed yet
 
-    def shared_prefix(self) -> SharedPrefixPlan | None:
-        """The batch-wide shared prefix for DECODE (computed once per forward), or None."""
-        if self._shared is False:
+    def decode_groups(self) -> DecodeGroups | None:
+        """Groups of DECODE rows sharing a prefix (computed once per forward), or None."""
+        if self._groups is False:
             b = self.batch
             assert b.padded_slots is not None and b.padded_mask is not None
-            self._shared = plan_shared_prefix(b.padded_slots, b.padded_mask)
-        return self._shared  # type: ignore[return-value]
+            self._groups = plan_decode_groups(b.padded_slots, b.padded_mask)
+        return self._groups  # type: ignore[return-value]
 
     def extend(self, window: int | None) -> list[_SeqAttn]:
         """Per-sequence slices and masks for EXTEND attention with the given window."""
@@ -276,9 +276,9 @@ class LlamaAttention(nn.Module):
     ) -> torch.Tensor:
         assert batch.padded_slots is not None
         bsz = q.shape[0]
-        shared = plan.shared_prefix() if self.window is None else None
-        if shared is not None:
-            out = shared_prefix_decode_attention(q, k_cache, v_cache, shared, self.scale)
+        groups = plan.decode_groups() if self.window is None else None
+        if groups is not None:
+            out = grouped_decode_attention(q, k_cache, v_cache, groups, self.scale)
             return out.reshape(bsz, self.q_size)
         ks = k_cache[batch.padded_slots].transpose(1, 2).to(q.dtype)  # [B, kv_heads, L, D]
         vs = v_cache[batch.padded_slots].transpose(1, 2).to(q.dtype)
