@@ -6,8 +6,9 @@ dimension of length T = sum(extend_lens).
 
 Invariants:
 - `prefix_lens[i] + extend_lens[i] == seq_lens[i]`; in DECODE mode every `extend_lens[i] == 1`.
-- `kv_slots[i]` lists the pool slots of all `seq_lens[i]` tokens of sequence i in order; its last
-  `extend_lens[i]` entries are where this pass writes the new tokens' K/V (`out_slots`).
+- `kv_slots[i]` (EXTEND only; DECODE uses `padded_slots`) lists the pool slots of all
+  `seq_lens[i]` tokens of sequence i in order; its last `extend_lens[i]` entries are where this
+  pass writes the new tokens' K/V (`out_slots`).
 - `logit_rows` indexes rows of the flattened T tokens whose logits are returned, in order.
 """
 
@@ -65,6 +66,7 @@ class ForwardBatch:
         positions = [p for pre, e in zip(prefix_lens, extend_lens) for p in range(pre, pre + e)]
         out_slots = [s for slots, e in zip(kv_slots, extend_lens) for s in slots[len(slots) - e :]]
         as_long = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
+        decode = mode is ForwardMode.DECODE
         batch = cls(
             mode=mode,
             input_ids=as_long(flat_ids),
@@ -73,16 +75,14 @@ class ForwardBatch:
             prefix_lens=list(prefix_lens),
             extend_lens=extend_lens,
             seq_lens=seq_lens,
-            kv_slots=[as_long(s) for s in kv_slots],
+            # DECODE reads only the padded table: skip a second conversion of every slot list.
+            kv_slots=[] if decode else [as_long(s) for s in kv_slots],
             logit_rows=as_long(logit_rows),
         )
-        if mode is ForwardMode.DECODE:
-            max_len = max(seq_lens)
-            padded = torch.zeros((len(seq_lens), max_len), dtype=torch.long)
-            mask = torch.zeros((len(seq_lens), max_len), dtype=torch.bool)
-            for i, slots in enumerate(kv_slots):
-                padded[i, : len(slots)] = torch.tensor(slots, dtype=torch.long)
-                mask[i, : len(slots)] = True
-            batch.padded_slots = padded.to(device)
-            batch.padded_mask = mask.to(device)
+        if decode:
+            # One conversion for the whole table; the mask follows from the lengths.
+            width = max(seq_lens)
+            batch.padded_slots = as_long([s + [0] * (width - len(s)) for s in kv_slots])
+            lengths = as_long(seq_lens)
+            batch.padded_mask = torch.arange(width, device=device)[None, :] < lengths[:, None]
         return batch

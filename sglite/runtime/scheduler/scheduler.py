@@ -12,6 +12,7 @@ Invariants (checked by `check_invariants`):
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -45,8 +46,6 @@ def default_pool_capacity(loaded: LoadedModel, context_len: int) -> int:
         total = torch.cuda.get_device_properties(torch.device(loaded.device)).total_memory
         budget = int(total * 0.3)
     else:
-        import os
-
         budget = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 0.15)
     return max(min(budget // per_token, 131072), min(context_len, 131072))
 
