@@ -15,7 +15,13 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
-from sglite.runtime.server_args import DTYPES, SCHEDULE_POLICIES, ServerArgs
+from sglite.runtime.server_args import (
+    DTYPES,
+    GRAMMAR_BACKENDS,
+    JUMP_FORWARD_MODES,
+    SCHEDULE_POLICIES,
+    ServerArgs,
+)
 
 HELP = {
     "model_path": "model to serve: a .gguf file or a Hugging Face directory "
@@ -33,6 +39,11 @@ HELP = {
     "starvation_timeout": "seconds after which a waiting request is served first",
     "disable_radix_cache": "do not reuse KV cache across requests",
     "random_seed": "seed of the sampling generator",
+    "grammar_backend": "engine for regex / JSON schema / EBNF constraints",
+    "grammar_compile_timeout": "seconds a grammar may take to compile before the request fails",
+    "disable_jump_forward": "decode constrained output token by token (no jump-forward)",
+    "jump_forward_mode": "exact: forced tokens verified by the model (outputs unchanged); "
+    "retokenize: SGLang's original unverified append (outputs may drift)",
     "num_threads": "torch threads in the scheduler process (default: all cores)",
     "log_level": "debug, info, warning or error",
     "host": "address to listen on",
@@ -41,7 +52,12 @@ HELP = {
     "served_model_name": "model id in the OpenAI API (default: the model path)",
     "extra": "extra options as a JSON object",
 }
-CHOICES = {"dtype": DTYPES, "schedule_policy": SCHEDULE_POLICIES}
+CHOICES = {
+    "dtype": DTYPES,
+    "schedule_policy": SCHEDULE_POLICIES,
+    "grammar_backend": GRAMMAR_BACKENDS,
+    "jump_forward_mode": JUMP_FORWARD_MODES,
+}
 ALIASES = {"model_path": ["--model"], "tokenizer_path": ["--tokenizer"]}
 
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+GRAMMAR_BACKENDS = ("llguidance", "xgrammar")
+JUMP_FORWARD_MODES = ("exact", "retokenize")
 
 
 @dataclass
@@ -37,6 +39,13 @@ class ServerArgs:
     min_new_token_ratio: float = 0.1
     new_token_ratio_decay: float = 0.002
     random_seed: int = 0
+    # Constrained decoding (regex / JSON schema / EBNF).
+    grammar_backend: str = "llguidance"
+    grammar_compile_timeout: float = 10.0  # seconds; a slower compile fails the request
+    disable_jump_forward: bool = False
+    # exact: forced tokens are a draft the model verifies (outputs unchanged); retokenize:
+    # SGLang's original jump-forward, forced text appended unverified (faster, outputs drift).
+    jump_forward_mode: str = "exact"
     num_threads: int | None = None  # torch threads in the scheduler process; None = all cores
     log_level: str = "warning"
     # Server-only settings (ignored by the in-process Engine).
@@ -56,6 +65,17 @@ class ServerArgs:
             raise ValueError(
                 f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}"
             )
+        if self.grammar_backend not in GRAMMAR_BACKENDS:
+            raise ValueError(
+                f"grammar_backend must be one of {GRAMMAR_BACKENDS}, got {self.grammar_backend!r}"
+            )
+        if self.jump_forward_mode not in JUMP_FORWARD_MODES:
+            raise ValueError(
+                f"jump_forward_mode must be one of {JUMP_FORWARD_MODES}, "
+                f"got {self.jump_forward_mode!r}"
+            )
+        if self.grammar_compile_timeout <= 0:
+            raise ValueError("grammar_compile_timeout must be positive")
         for name in ("max_running_requests", "chunked_prefill_size", "max_prefill_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sglite.runtime.constrained import CONSTRAINT_KINDS, validate_constraint
 from sglite.runtime.sampling.params import SamplingParams
 from sglite.runtime.scheduler.io import GenerateInput, RequestOutput
 from sglite.runtime.scheduler_client import SchedulerClient
@@ -155,10 +156,9 @@ class TokenizerManager:
                 f"input_ids holds {bad[0]}, outside the vocabulary [0, {self.vocab_size})"
             )
         parsed = SamplingParams.from_dict(params)
-        for kind in ("regex", "json_schema", "ebnf"):
-            if getattr(parsed, kind) is not None:
-                # Never ignore a constraint silently: refuse until constrained decoding exists.
-                raise ValueError(f"{kind}: constrained decoding is not supported yet")
+        if parsed.constraint is not None:
+            # Refuse a grammar that does not compile here (400), before it is queued.
+            validate_constraint(*parsed.constraint, backend=self.args.grammar_backend)
         if len(ids) >= self.context_len:
             raise ValueError(
                 f"the prompt has {len(ids)} tokens; the context length is {self.context_len}"
@@ -285,6 +285,8 @@ class TokenizerManager:
             completion_tokens=out.completion_tokens,
             cached_tokens=out.cached_tokens,
             finish_reason=out.finish_reason,
+            jump_forward_drafted_tokens=out.jump_forward_drafted,
+            jump_forward_accepted_tokens=out.jump_forward_accepted,
         )
         req = state.req
         new_in, new_out, new_in_top, new_out_top = [], [], [], []
@@ -326,6 +328,9 @@ class TokenizerManager:
             "cached_tokens": state.meta.get("cached_tokens", 0),
             "e2e_latency": time.perf_counter() - state.start,
         }
+        if any(state.req.sampling_params.get(k) is not None for k in CONSTRAINT_KINDS):
+            meta["jump_forward_drafted_tokens"] = state.meta.get("jump_forward_drafted_tokens", 0)
+            meta["jump_forward_accepted_tokens"] = state.meta.get("jump_forward_accepted_tokens", 0)
         if state.req.return_logprob:
             meta["input_token_logprobs"] = state.input_logprobs
             meta["output_token_logprobs"] = state.output_logprobs

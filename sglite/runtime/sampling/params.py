@@ -141,6 +141,15 @@ class SamplingParams:
         """True when a grammar (regex, json_schema or ebnf) constrains the output."""
         return self.regex is not None or self.json_schema is not None or self.ebnf is not None
 
+    @property
+    def constraint(self) -> tuple[str, str] | None:
+        """(kind, text) of the grammar constraining the output, or None."""
+        for kind in ("regex", "json_schema", "ebnf"):
+            text = getattr(self, kind)
+            if text is not None:
+                return kind, text
+        return None
+
 
 def _check(ok: bool, name: str, rule: str, value: Any) -> None:
     if not ok:

@@ -103,6 +103,8 @@ def run_scheduler(args: ServerArgs, in_addr: str, out_addr: str, parent_pid: int
                 "max_total_num_tokens": scheduler.pool.capacity,
                 "vocab_size": cfg.vocab_size,
                 "architecture": cfg.arch,
+                "grammar_backend": args.grammar_backend,
+                "jump_forward": scheduler.jump_forward,
             },
         )
     )
@@ -126,7 +128,8 @@ def _loop(scheduler: Any, recv: zmq.Socket, send: zmq.Socket) -> None:
                 scheduler.abort(msg.rid, msg.message)
             elif isinstance(msg, ControlInput):
                 if msg.kind == "shutdown":
-                    for req in list(scheduler.waiting) + list(scheduler.running):
+                    pending = scheduler.waiting + scheduler.running + scheduler.grammars.pending
+                    for req in list(pending):
                         scheduler.abort(req.rid, "the server is shutting down")
                     send.send_pyobj(BatchOutput(scheduler.collect_outputs()))
                     send.send_pyobj(ControlOutput(token=msg.token, ok=True))

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sglite.runtime.cache.radix_cache import TreeNode
+from sglite.runtime.constrained import GrammarMatcher, GrammarTicket
 from sglite.runtime.detokenizer import IncrementalDetokenizer, StopChecker
 from sglite.runtime.sampling.params import SamplingParams
 from sglite.runtime.sampling.sampler import SamplingInfo
@@ -35,6 +36,11 @@ class Req:
     top_logprobs_num: int = 0
 
     output_ids: list[int] = field(default_factory=list)
+    # Constrained decoding: the matcher has consumed exactly `output_ids` (ticket while compiling).
+    grammar: GrammarMatcher | None = None
+    grammar_ticket: GrammarTicket | None = None
+    jump_forward_drafted: int = 0  # forced tokens proposed to the model
+    jump_forward_accepted: int = 0  # of those, the ones emitted
     kv_slots: list[int] = field(default_factory=list)
     cached_len: int = 0
     last_node: TreeNode | None = None
@@ -93,6 +99,8 @@ class Req:
             prompt_tokens=len(self.prompt_ids),
             cached_tokens=self.cached_tokens,
             completion_tokens=len(self.output_ids),
+            jump_forward_drafted=self.jump_forward_drafted,
+            jump_forward_accepted=self.jump_forward_accepted,
         )
         self.sent_text_len, self.sent_token_len = safe, len(self.output_ids)
         if self.return_logprob:
@@ -104,15 +112,3 @@ class Req:
             out.output_top_logprobs = self.output_top_pending
             self.output_logprobs_pending, self.output_top_pending = [], []
         return out
-
-    def fail_all(self, message: str) -> list[RequestOutput]:
-        """End every request with an abort after an internal error; the loop keeps serving."""
-        reqs = list(self.waiting) + list(self.running) + ([self.chunked] if self.chunked else [])
-        self.waiting, self.running, self.chunked = [], [], None
-        for req in reqs:
-            try:
-                self._finish(req, {"type": "abort", "message": message})
-            except Exception:  # state may be inconsistent after the failure; still answer
-                self.finish_reason = {"type": "abort", "message": message}
-                self.outbox[self.rid] = req
-        return self.collect_outputs()

@@ -20,11 +20,18 @@ import torch
 
 from sglite.runtime.cache.kv_pool import KVPool
 from sglite.runtime.cache.radix_cache import RadixCache
+from sglite.runtime.constrained import GrammarError, GrammarManager, create_backend
 from sglite.runtime.detokenizer import IncrementalDetokenizer, StopChecker
 from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from sglite.runtime.model.loader import LoadedModel
 from sglite.runtime.sampling.params import SamplingParams
 from sglite.runtime.sampling.sampler import Sampler, SamplingInfo
+from sglite.runtime.scheduler.grammar import (
+    GrammarQueue,
+    apply_grammar_masks,
+    exact_draft,
+    retokenized_forced_tokens,
+)
 from sglite.runtime.scheduler.io import GenerateInput, RequestOutput
 from sglite.runtime.scheduler.kv_manager import RequestKVManager
 from sglite.runtime.scheduler.policy import order_waiting
@@ -74,6 +81,12 @@ class Scheduler:
         self.kv = RequestKVManager(self.pool, self.cache, self.cache_enabled)
         self.sampler = Sampler(self.config.vocab_size, self.device)
         self.eos_token_ids = list(self.tokenizer.eos_token_ids)
+        backend = create_backend(
+            args.grammar_backend, self.tokenizer.hf, self.config.vocab_size, self.eos_token_ids
+        )
+        self.grammars = GrammarQueue(GrammarManager(backend), args.grammar_compile_timeout)
+        # None, "exact" or "retokenize" (see scheduler/grammar.py).
+        self.jump_forward = None if args.disable_jump_forward else args.jump_forward_mode
         self.waiting: list[Req] = []
         self.running: list[Req] = []
         self.chunked: Req | None = None  # the one request whose prompt is partly prefilled
@@ -88,6 +101,8 @@ class Scheduler:
             "generated_tokens": 0,
             "finished_requests": 0,
             "aborted_requests": 0,
+            "jump_forward_drafted_tokens": 0,
+            "jump_forward_accepted_tokens": 0,
         }
 
     # ------------------------------------------------------------------ intake
@@ -119,7 +134,22 @@ class Scheduler:
         if req.return_logprob and req.logprob_start_len >= 0:
             req.logprob_start_len = min(req.logprob_start_len, len(req.prompt_ids) - 1)
         self.counters["prompt_tokens"] += len(req.prompt_ids)
-        self.waiting.append(req)
+        if params.constraint is None:
+            self.waiting.append(req)
+            return
+        try:
+            self.grammars.add(req, params.constraint)
+        except GrammarError as exc:
+            self._finish(req, {"type": "abort", "message": str(exc)})
+
+    def _admit_compiled_grammars(self) -> None:
+        """Queue requests whose grammar compiled; fail those whose grammar did not."""
+        if not self.grammars.pending:
+            return
+        ready, failed = self.grammars.poll()
+        self.waiting.extend(ready)
+        for req, message in failed:
+            self._finish(req, {"type": "abort", "message": message})
 
     def _admission_problem(self, req: Req) -> str | None:
         total = len(req.prompt_ids) + req.params.max_new_tokens
@@ -148,20 +178,29 @@ class Scheduler:
         if self.chunked is not None and self.chunked.rid == rid:
             req, self.chunked = self.chunked, None
             self._finish(req, {"type": "abort", "message": message})
+            return
+        compiling = self.grammars.remove(rid)
+        if compiling is not None:
+            self._finish(compiling, {"type": "abort", "message": message})
 
     @property
     def has_work(self) -> bool:
         """True when a step would do something."""
-        return bool(self.waiting or self.running or self.chunked)
+        return bool(self.waiting or self.running or self.chunked or self.grammars.pending)
 
     # ------------------------------------------------------------------ stepping
     def step(self) -> list[RequestOutput]:
         """Run one forward pass (prefill if anything can be admitted, else decode)."""
-        prefill = self._schedule_prefill()
-        if prefill:
-            self._run_prefill(prefill)
-        elif self.running:
-            self._run_decode()
+        self._admit_compiled_grammars()
+        # Logits are inference tensors; masking and sampling them in place needs this mode too.
+        with torch.inference_mode():
+            prefill = self._schedule_prefill()
+            if prefill:
+                self._run_prefill(prefill)
+            elif self.running:
+                self._run_decode()
+            elif self.grammars.pending:
+                time.sleep(0.001)  # only grammars compiling (on worker threads): do not spin
         return self.collect_outputs()
 
     def _schedule_prefill(self) -> list[tuple[Req, int]]:
@@ -308,31 +347,108 @@ class Scheduler:
 
     # ------------------------------------------------------------------ decode
     def _run_decode(self) -> None:
-        self._make_room_for_decode()
+        drafts = self._plan_drafts()
+        self._make_room_for_decode(drafts)
         if not self.running:
             return
         reqs = list(self.running)
-        for req in reqs:
-            req.kv_slots.extend(self.kv.alloc(1))
-        fb = ForwardBatch.build(
-            ForwardMode.DECODE,
-            [[req.output_ids[-1]] for req in reqs],
-            [len(req.kv_slots) - 1 for req in reqs],
-            [req.kv_slots for req in reqs],
-            list(range(len(reqs))),
-            self.device,
-        )
-        logits = self._forward(fb)
+        if drafts or any(r.num_fill - len(r.kv_slots) > 1 for r in reqs):
+            self._run_decode_extend(reqs, drafts)
+        else:
+            for req in reqs:
+                req.kv_slots.extend(self.kv.alloc(1))
+            fb = ForwardBatch.build(
+                ForwardMode.DECODE,
+                [[req.output_ids[-1]] for req in reqs],
+                [len(req.kv_slots) - 1 for req in reqs],
+                [req.kv_slots for req in reqs],
+                list(range(len(reqs))),
+                self.device,
+            )
+            logits = self._forward(fb)
+            self._sample_and_append(reqs, logits)
         self.counters["decode_passes"] += 1
-        self._sample_and_append(reqs, logits)
         self.running = [r for r in self.running if not r.finished]
         self.new_token_ratio = max(
             self.args.min_new_token_ratio, self.new_token_ratio - self.args.new_token_ratio_decay
         )
 
-    def _make_room_for_decode(self) -> None:
-        """Retract the least advanced requests until every running one gets a new slot."""
-        while self.pool.num_free + self.cache.evictable_size() < len(self.running):
+    def _plan_drafts(self) -> dict[str, list[int]]:
+        """Exact jump-forward: each constrained request's forced tokens, to verify this step."""
+        if self.jump_forward != "exact":
+            return {}
+        drafts = {}
+        for req in self.running:
+            draft = exact_draft(req, self.context_len)
+            if draft:
+                drafts[req.rid] = draft
+        return drafts
+
+    def _run_decode_extend(self, reqs: list[Req], drafts: dict[str, list[int]]) -> None:
+        """A decode step as one EXTEND: each request computes its tokens without K/V (one, or
+        more after a retokenizing jump) plus its draft; logits at the last of those and at every
+        draft token, so the draft is verified in this same forward."""
+        token_ids, prefix_lens, logit_rows = [], [], []
+        plan: list[tuple[Req, list[int], int, int]] = []  # req, draft, kv kept, first logit row
+        offset = 0
+        for req in reqs:
+            draft = drafts.get(req.rid, [])
+            start = len(req.kv_slots)
+            pending = req.fill_ids[start:]
+            req.kv_slots.extend(self.kv.alloc(len(pending) + len(draft)))
+            token_ids.append(pending + draft)
+            prefix_lens.append(start)
+            plan.append((req, draft, start + len(pending), len(logit_rows)))
+            last = offset + len(pending) - 1
+            logit_rows.extend(range(last, last + len(draft) + 1))
+            offset += len(pending) + len(draft)
+        fb = ForwardBatch.build(
+            ForwardMode.EXTEND,
+            token_ids,
+            prefix_lens,
+            [req.kv_slots for req in reqs],
+            logit_rows,
+            self.device,
+        )
+        logits = self._forward(fb)
+        plain = [(req, row) for req, draft, _, row in plan if not draft]
+        if plain:
+            rows = torch.tensor([row for _, row in plain], device=logits.device)
+            self._sample_and_append([req for req, _ in plain], logits.index_select(0, rows))
+        for req, draft, kept, row in plan:
+            if draft:
+                self._verify_draft(req, draft, kept, logits[row : row + len(draft) + 1])
+
+    def _verify_draft(self, req: Req, draft: list[int], kept: int, logits: torch.Tensor) -> None:
+        """Emit the model's own tokens position by position; keep draft tokens while they
+        match (see scheduler/grammar.py for why this is exact). `logits[j]` predicts the token
+        after draft[:j]; `req.kv_slots[kept:]` hold the draft's K/V."""
+        spare = req.kv_slots[kept:]
+        del req.kv_slots[kept:]
+        req.jump_forward_drafted += len(draft)
+        self.counters["jump_forward_drafted_tokens"] += len(draft)
+        used = 0
+        for j in range(len(draft) + 1):
+            self._sample_and_append([req], logits[j : j + 1])
+            if req.finished or j == len(draft) or req.output_ids[-1] != draft[j]:
+                break
+            req.kv_slots.append(spare[j])  # the draft token is now an output with valid K/V
+            used += 1
+        req.jump_forward_accepted += used
+        self.counters["jump_forward_accepted_tokens"] += used
+        self.pool.free(spare[used:])
+
+    def _make_room_for_decode(self, drafts: dict[str, list[int]]) -> None:
+        """Drop drafts, then retract the least advanced requests, until every running request
+        has slots for its tokens without K/V."""
+
+        def need() -> int:
+            own = sum(r.num_fill - len(r.kv_slots) for r in self.running)
+            return own + sum(len(drafts.get(r.rid, ())) for r in self.running)
+
+        if drafts and self.pool.num_free + self.cache.evictable_size() < need():
+            drafts.clear()
+        while self.pool.num_free + self.cache.evictable_size() < need():
             if self.chunked is not None:
                 req, self.chunked = self.chunked, None
             elif len(self.running) > 1:
@@ -354,10 +470,10 @@ class Scheduler:
     # ------------------------------------------------------------------ sampling & finishing
     def _forward(self, fb: ForwardBatch) -> torch.Tensor:
         self.counters["forward_passes"] += 1
-        with torch.inference_mode():
-            return self.model(fb, self.pool)
+        return self.model(fb, self.pool)
 
     def _sample_and_append(self, reqs: list[Req], logits: torch.Tensor) -> None:
+        apply_grammar_masks(reqs, logits, self.config.vocab_size)
         result = self.sampler.sample(
             logits,
             [r.sampling for r in reqs],
@@ -370,7 +486,11 @@ class Scheduler:
             top = result.top_logprobs[i] if result.top_logprobs else None
             self._append_token(req, tok, result.logprobs[i], top)
 
-    def _append_token(self, req: Req, tok: int, logprob: float, top: Any) -> None:
+    def _append_token(
+        self, req: Req, tok: int, logprob: float | None, top: Any, forced: bool = False
+    ) -> None:
+        """Record a new output token and finish the request if it ends here. `forced` marks a
+        token appended by retokenizing jump-forward (no logprob: the model did not choose it)."""
         req.output_ids.append(tok)
         req.sampling.on_token(tok)
         self.counters["generated_tokens"] += 1
@@ -379,16 +499,37 @@ class Scheduler:
             req.output_logprobs_pending.append((logprob, tok))
             req.output_top_pending.append(top or [])
         params = req.params
-        if (tok in self.eos_token_ids and not params.ignore_eos) or tok in params.stop_token_ids:
+        if req.grammar is not None and not req.grammar.accept_token(tok):
+            message = f"constrained decoding: the grammar rejected token {tok}"
+            self._finish(req, {"type": "abort", "message": message})
+        elif (tok in self.eos_token_ids and not params.ignore_eos) or tok in params.stop_token_ids:
             if params.no_stop_trim:
                 self._push_text(req, tok)
             self._finish(req, {"type": "stop", "matched": tok})
         elif self._push_text(req, tok):
             pass  # a stop string matched and finished the request
+        elif req.grammar is not None and req.grammar.is_terminated():
+            # Nothing but EOS may follow: the constrained output is complete.
+            self._finish(req, {"type": "stop", "matched": self.eos_token_ids[0]})
         elif len(req.output_ids) >= params.max_new_tokens:
             self._finish(req, {"type": "length", "length": params.max_new_tokens})
         elif req.num_fill >= self.context_len:
             self._finish(req, {"type": "length", "length": len(req.output_ids)})
+        elif self.jump_forward == "retokenize" and not forced and req.grammar is not None:
+            self._retokenizing_jump(req)
+
+    def _retokenizing_jump(self, req: Req) -> None:
+        """SGLang's original jump-forward: append the forced text's own tokens unverified."""
+        encode = lambda text: self.tokenizer.hf.encode(text, add_special_tokens=False)
+        tokens = retokenized_forced_tokens(req, encode)
+        req.jump_forward_drafted += len(tokens)
+        req.jump_forward_accepted += len(tokens)
+        self.counters["jump_forward_drafted_tokens"] += len(tokens)
+        self.counters["jump_forward_accepted_tokens"] += len(tokens)
+        for tok in tokens:
+            if req.finished:
+                break
+            self._append_token(req, tok, None, None, forced=True)
 
     def _push_text(self, req: Req, tok: int) -> bool:
         """Detokenize `tok`; finish on a stop string. Returns True when a stop matched."""
@@ -415,6 +556,19 @@ class Scheduler:
         self.kv.release(req)
         req.sampling.release()
         self.outbox[req.rid] = req
+
+    def fail_all(self, message: str) -> list[RequestOutput]:
+        """End every request with an abort after an internal error; the loop keeps serving."""
+        reqs = self.waiting + self.running + ([self.chunked] if self.chunked else [])
+        reqs += self.grammars.pending
+        self.waiting, self.running, self.chunked, self.grammars.pending = [], [], None, []
+        for req in reqs:
+            try:
+                self._finish(req, {"type": "abort", "message": message})
+            except Exception:  # state may be inconsistent after the failure; still answer
+                req.finish_reason = {"type": "abort", "message": message}
+                self.outbox[req.rid] = req
+        return self.collect_outputs()
 
     # ------------------------------------------------------------------ outputs
     def collect_outputs(self) -> list[RequestOutput]:
