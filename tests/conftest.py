@@ -43,11 +43,36 @@ def engine_small_pool():
     eng.shutdown()
 
 
+@pytest.fixture(scope="session")
+def engine_no_jump_forward():
+    """Constrained decoding token by token (the reference for jump-forward)."""
+    eng = _start_engine(max_total_tokens=16384, disable_jump_forward=True)
+    yield eng
+    eng.shutdown()
+
+
+@pytest.fixture(scope="session")
+def engine_retokenize():
+    """SGLang's original jump-forward: forced text appended unverified."""
+    eng = _start_engine(max_total_tokens=16384, jump_forward_mode="retokenize")
+    yield eng
+    eng.shutdown()
+
+
+ENGINE_FIXTURES = (
+    "engine",
+    "engine_no_cache",
+    "engine_small_pool",
+    "engine_no_jump_forward",
+    "engine_retokenize",
+)
+
+
 @pytest.fixture(autouse=True)
 def _check_kv_invariants(request):
     """After each test, every engine it used must account for every KV slot."""
     yield
-    for name in ("engine", "engine_no_cache", "engine_small_pool"):
+    for name in ENGINE_FIXTURES:
         if name in request.fixturenames:
             eng = request.getfixturevalue(name)
             info = eng.check_invariants()

@@ -26,7 +26,7 @@ BAD = [
         {"text": "Hi", "sampling_params": {"min_new_tokens": 9, "max_new_tokens": 2}},
         "min_new_tokens",
     ),  # fmt: skip
-    ("/generate", {"text": "Hi", "sampling_params": {"regex": "[a-z]+"}}, "regex"),
+    ("/generate", {"text": "Hi", "sampling_params": {"regex": "[a-z"}}, "regex"),
     ("/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 10**6}}, "context length"),
     ("/generate", {"text": LONG}, "context length"),
     ("/generate", {"text": ""}, "empty"),
@@ -60,7 +60,7 @@ BAD = [
     ("/v1/completions", {"prompt": []}, "prompt"),
     ("/v1/completions", {"prompt": [[1, 2], 3]}, "prompt"),
     ("/v1/completions", {"max_tokens": 3}, "prompt"),
-    ("/v1/completions", {"prompt": "Hi", "regex": "a"}, "regex"),
+    ("/v1/completions", {"prompt": "Hi", "regex": "(a"}, "regex"),
     ("/v1/completions", {"prompt": "Hi", "suffix": "end"}, "suffix"),
     ("/v1/completions", {"prompt": "Hi", "logit_bias": {"5": 1.0}}, "logit_bias"),
     ("/v1/completions", {"prompt": "Hi", "stream": "yes"}, "stream"),
@@ -72,18 +72,13 @@ BAD = [
     ("/v1/chat/completions", {"messages": CHAT, "top_logprobs": 3}, "top_logprobs"),
     (
         "/v1/chat/completions",
-        {"messages": CHAT, "response_format": {"type": "json_object"}},
-        "response_format",
-    ),  # fmt: skip
-    (
-        "/v1/chat/completions",
         {
             "messages": CHAT,
             "response_format": {"type": "json_schema", "json_schema": {"name": "x"}},
         },
         "response_format",
     ),  # fmt: skip
-    ("/v1/chat/completions", {"messages": CHAT, "extra_body": 1, "regex": "a"}, "regex"),
+    ("/v1/chat/completions", {"messages": CHAT, "extra_body": 1, "ebnf": "root ::= ("}, "ebnf"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": LONG}]}, "context length"),
     (
         "/v1/chat/completions",

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import functools
 import json
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -106,8 +106,10 @@ def gen(
     """Let the model continue the text; the result is stored as variable `name`.
 
     Unset parameters take the run's defaults. With `choices`, this is `select` (the choice the
-    model's logprobs favour). `regex` / `json_schema` constrain the output (they need runtime
-    support for constrained decoding); `dtype` (int, float, str, bool) is shorthand for a regex.
+    model's logprobs favour). `regex` / `json_schema` (a string or a dict) constrain the output:
+    the runtime only samples tokens that keep it a match / valid JSON under the schema. A
+    malformed one raises ValueError (the grammar parser's message) here, where it is written.
+    `dtype` (int, float, str, bool) is shorthand for SGLang's regex of that type.
     With `n > 1` the variable is the list of n completions and the text continues with the first.
     """
     if choices:
@@ -118,9 +120,11 @@ def gen(
             choices_method or token_length_normalized,
         )
     if regex is not None:
-        re.compile(regex)  # a malformed regex fails here, at the line that wrote it
-    if isinstance(json_schema, dict):
-        json_schema = json.dumps(json_schema)
+        _check_constraint("regex", regex)
+    if json_schema is not None:
+        if not isinstance(json_schema, str):
+            json_schema = json.dumps(json_schema)
+        _check_constraint("json_schema", json_schema)
     params = SglSamplingParams.unset(
         max_new_tokens=max_tokens,
         min_new_tokens=min_tokens,
@@ -144,6 +148,23 @@ def gen(
         json_schema=json_schema,
     )
     return SglGen(name, params)
+
+
+@functools.lru_cache(maxsize=256)
+def _check_constraint(kind: str, text: str) -> None:
+    """Raise ValueError (GrammarError, with the parser's message) if the constraint is malformed.
+
+    The check is the runtime's own (`sglite.runtime.constrained`, llguidance), so a constraint
+    that passes here compiles there; Python's `re` would reject valid patterns such as `\\p{L}`.
+    Type errors raise TypeError. Without the grammar package the runtime alone checks.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"{kind} must be a string, got {type(text).__name__}")
+    try:
+        from sglite.runtime.constrained import validate_constraint
+    except ImportError:
+        return
+    validate_constraint(kind, text)
 
 
 def _typed_gen(name: str | None, dtype: type, values: dict[str, Any]) -> SglGen:

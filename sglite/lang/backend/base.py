@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# What the runtime says when it cannot enforce regex / json_schema (see is_unsupported_constraint).
+# What a runtime without constrained decoding (sglite before it had one) answers to regex /
+# json_schema (see is_unsupported_constraint).
 UNSUPPORTED_CONSTRAINT = "constrained decoding is not supported"
 
 
@@ -119,8 +120,9 @@ class NativeBackend(BaseBackend):
 
     def __init__(self) -> None:
         super().__init__()
-        # Whether the runtime enforces regex constraints; learnt from the first refusal, so
-        # `dtype=` generations (gen_int, gen_string) fall back to plain generation.
+        # Whether the runtime enforces regex constraints (sglite's and SGLang's do); learnt from
+        # the first refusal, so `dtype=` generations (gen_int, gen_string) on a runtime without
+        # constrained decoding fall back to plain generation.
         self._constraints_supported: bool | None = None
         self._warn_lock = threading.Lock()
 
@@ -221,7 +223,7 @@ class NativeBackend(BaseBackend):
             with self._warn_lock:
                 if self._constraints_supported is None:
                     warnings.warn(
-                        "the runtime does not support constrained decoding yet: dtype= "
+                        "the runtime does not support constrained decoding: dtype= "
                         "generations (gen_int, gen_string) run unconstrained",
                         stacklevel=2,
                     )

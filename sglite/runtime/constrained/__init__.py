@@ -1,4 +1,7 @@
-"""Constrained decoding: regex / JSON schema / EBNF grammars as token masks, and jump-forward."""
+"""Constrained decoding: regex / JSON schema / EBNF grammars as token masks, and jump-forward.
+
+Importing this package does not import torch (the language front validates constraints with
+it); the mask operations live in `constrained.bitmask`."""
 
 from sglite.runtime.constrained.base import (
     CONSTRAINT_KINDS,
@@ -6,8 +9,6 @@ from sglite.runtime.constrained.base import (
     GrammarBackend,
     GrammarError,
     GrammarMatcher,
-    allocate_bitmask,
-    apply_bitmask,
 )
 from sglite.runtime.constrained.grammar_manager import (
     GRAMMAR_BACKENDS,
@@ -26,8 +27,6 @@ __all__ = [
     "GrammarManager",
     "GrammarMatcher",
     "GrammarTicket",
-    "allocate_bitmask",
-    "apply_bitmask",
     "create_backend",
     "validate_constraint",
 ]

@@ -32,7 +32,8 @@ def create_backend(
         except ImportError as exc:
             raise ValueError(
                 f"grammar backend 'xgrammar' is not installed ({exc}); "
-                "install it with: pip install 'sglite[xgrammar]'"
+                "install it with: bash scripts/install_xgrammar.sh "
+                "(pip install 'sglite[xgrammar]' works too but also pulls triton)"
             ) from None
         return XGrammarBackend(hf_tokenizer, vocab_size, eos_token_ids)
     raise ValueError(f"grammar_backend must be one of {GRAMMAR_BACKENDS}, got {name!r}")

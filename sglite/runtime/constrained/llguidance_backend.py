@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import llguidance
-import llguidance.hf
-import llguidance.torch
-import torch
 from llguidance.gbnf_to_lark import gbnf_to_lark
 
 from sglite.runtime.constrained.base import (
@@ -29,6 +26,9 @@ from sglite.runtime.constrained.base import (
     GrammarError,
     GrammarMatcher,
 )
+
+if TYPE_CHECKING:  # imported where used: validation must not pull in torch or transformers
+    import torch
 
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
@@ -91,6 +91,8 @@ class LLGuidanceMatcher(GrammarMatcher):
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         """Allowed next tokens as bits in `bitmask[row]`."""
+        import llguidance.torch
+
         llguidance.torch.fill_next_token_bitmask(self.matcher, bitmask, row)
         if self.extra_eos_ids and self.matcher.is_accepting():
             for t in self.extra_eos_ids:
@@ -134,6 +136,8 @@ class LLGuidanceBackend(GrammarBackend):
     def _ll_tokenizer(self) -> llguidance.LLTokenizer:
         with self._lock:  # built once (~0.5 s), on the first compile's worker thread
             if self._tokenizer is None:
+                import llguidance.hf
+
                 self._tokenizer = llguidance.hf.from_tokenizer(
                     self._hf_tokenizer, n_vocab=self._vocab_size
                 )

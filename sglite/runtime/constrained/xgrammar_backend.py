@@ -3,7 +3,7 @@
 Install it with `scripts/install_xgrammar.sh` (or `pip install 'sglite[xgrammar]'`, which on
 Linux x86_64 also pulls `triton`, a large GPU compiler xgrammar only uses for GPU mask kernels).
 Nothing here needs triton: masks are filled on the CPU by xgrammar's C++ core and applied by
-`sglite.runtime.constrained.base.apply_bitmask`.
+`sglite.runtime.constrained.bitmask.apply_bitmask`.
 
 Behaviour matches the llguidance backend where the interface asks for it:
 - JSON schemas use the fixed separators `", "` and `": "` with no free whitespace (xgrammar's
@@ -201,13 +201,24 @@ class XGrammarMatcher(GrammarMatcher):
         whole = probe.accept_string(text) and self._only_eos_follows(probe)
         if not whole:
             ids = ids[:-1]  # the last token may merge with what the model writes next
-        probe = self._fork()
-        forced: list[int] = []
-        for t in ids:
-            if t in self.stop_token_ids or not probe.accept_token(t):
+        for i, t in enumerate(ids):
+            if t in self.stop_token_ids:  # a special token spelled out in the forced text
+                ids = ids[:i]
                 break
-            forced.append(t)
-        return forced
+        return ids[: self.count_allowed(ids)]
+
+    def count_allowed(self, token_ids: list[int]) -> int:
+        """How many of `token_ids` the grammar allows in order (accepted, then rolled back)."""
+        if self._stopped():
+            return 0
+        n = 0
+        for t in token_ids:
+            if not self.matcher.accept_token(t):  # a rejected token leaves xgrammar unchanged
+                break
+            n += 1
+        if n:
+            self.matcher.rollback(n)
+        return n
 
     # -- copies -----------------------------------------------------------------------------
 

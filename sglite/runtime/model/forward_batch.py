@@ -10,6 +10,10 @@ Invariants:
   `seq_lens[i]` tokens of sequence i in order; its last `extend_lens[i]` entries are where this
   pass writes the new tokens' K/V (`out_slots`).
 - `logit_rows` indexes rows of the flattened T tokens whose logits are returned, in order.
+- `padded_slots`/`padded_mask` describe the *decode-like* sequences: every sequence in DECODE
+  mode; in EXTEND mode (a decode step verifying jump-forward drafts) the sequences listed in
+  `decode_seqs`, those with one new token after a cached prefix, which attention then serves
+  in one batched call instead of one call per sequence. Their token rows are `decode_rows`.
 """
 
 from __future__ import annotations
@@ -43,6 +47,16 @@ class ForwardBatch:
     # DECODE only: padded [B, max_len] slot table (pad = slot 0) and [B, max_len] bool validity.
     padded_slots: torch.Tensor | None = None
     padded_mask: torch.Tensor | None = None
+    # EXTEND only: indices of single-token sequences batched like DECODE, and their token rows.
+    decode_seqs: list[int] | None = None
+    decode_rows: torch.Tensor | None = None
+
+    @property
+    def decode_seq_lens(self) -> list[int]:
+        """Lengths of the sequences the padded table describes."""
+        if self.decode_seqs is None:
+            return self.seq_lens
+        return [self.seq_lens[i] for i in self.decode_seqs]
 
     @property
     def batch_size(self) -> int:
@@ -79,10 +93,27 @@ class ForwardBatch:
             kv_slots=[] if decode else [as_long(s) for s in kv_slots],
             logit_rows=as_long(logit_rows),
         )
-        if decode:
+        table_seqs = (
+            range(len(seq_lens)) if decode else _single_token_seqs(extend_lens, prefix_lens)
+        )
+        if table_seqs:
             # One conversion for the whole table; the mask follows from the lengths.
-            width = max(seq_lens)
-            batch.padded_slots = as_long([s + [0] * (width - len(s)) for s in kv_slots])
-            lengths = as_long(seq_lens)
+            width = max(seq_lens[i] for i in table_seqs)
+            padded = [kv_slots[i] + [0] * (width - len(kv_slots[i])) for i in table_seqs]
+            batch.padded_slots = as_long(padded)
+            lengths = as_long([seq_lens[i] for i in table_seqs])
             batch.padded_mask = torch.arange(width, device=device)[None, :] < lengths[:, None]
+        if not decode and table_seqs:
+            starts = [0]
+            for e in extend_lens[:-1]:
+                starts.append(starts[-1] + e)
+            batch.decode_seqs = list(table_seqs)
+            batch.decode_rows = as_long([starts[i] for i in table_seqs])
         return batch
+
+
+def _single_token_seqs(extend_lens: list[int], prefix_lens: list[int]) -> list[int]:
+    """EXTEND sequences worth batching like DECODE: one new token after a cached prefix, when
+    there are at least two of them (one alone gains nothing)."""
+    seqs = [i for i, (e, p) in enumerate(zip(extend_lens, prefix_lens)) if e == 1 and p > 0]
+    return seqs if len(seqs) >= 2 else []

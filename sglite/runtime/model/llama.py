@@ -115,6 +115,7 @@ class RMSNorm(nn.Module):
 class _SeqAttn:
     """Per-sequence EXTEND attention plan, shared by all layers with the same window."""
 
+    seq: int  # index in the batch
     start: int
     end: int
     prefix_len: int
@@ -149,7 +150,12 @@ class AttentionPlan:
         if window not in self._extend:
             plans, start = [], 0
             b = self.batch
-            for prefix, ext, total in zip(b.prefix_lens, b.extend_lens, b.seq_lens, strict=True):
+            batched = set(b.decode_seqs or ())
+            lens = zip(b.prefix_lens, b.extend_lens, b.seq_lens, strict=True)
+            for i, (prefix, ext, total) in enumerate(lens):
+                if i in batched:  # served by the decode path
+                    start += ext
+                    continue
                 mask: torch.Tensor | CausalBias | None = None
                 if window is None and prefix > 0:
                     # Causal aligned to the end: query j sees keys 0..prefix+j. SDPA handles this
@@ -161,7 +167,7 @@ class AttentionPlan:
                     mask = k_pos <= q_pos
                     if window is not None:
                         mask &= k_pos > q_pos - window
-                plans.append(_SeqAttn(start, start + ext, prefix, mask))
+                plans.append(_SeqAttn(i, start, start + ext, prefix, mask))
                 start += ext
             self._extend[window] = plans
         return self._extend[window]
@@ -170,7 +176,7 @@ class AttentionPlan:
         """`[B, 1, 1, L]` bool mask for DECODE attention, or None when nothing is masked."""
         if window not in self._decode:
             b = self.batch
-            lens = b.seq_lens
+            lens = b.decode_seq_lens
             windowed = window is not None and max(lens) > window
             if not windowed and min(lens) == max(lens):
                 mask = None  # every row is full: skip masking entirely
@@ -230,6 +236,10 @@ class LlamaAttention(nn.Module):
             out = self._decode(q, k_cache, v_cache, batch, plan)
         else:
             out = self._extend(q, k, v, k_cache, v_cache, batch, plan)
+            if batch.decode_rows is not None:
+                rows = batch.decode_rows
+                single = self._decode(q.index_select(0, rows), k_cache, v_cache, batch, plan)
+                out.index_copy_(0, rows, single)
         return self.o_proj(out)
 
     def _extend(
@@ -242,14 +252,18 @@ class LlamaAttention(nn.Module):
         batch: ForwardBatch,
         plan: AttentionPlan,
     ) -> torch.Tensor:
-        outs = []
-        for i, seq in enumerate(plan.extend(self.window)):
+        seqs = plan.extend(self.window)
+        if batch.decode_rows is None and len(seqs) == 1:
+            out = None  # one sequence: its output is the whole result, no copy needed
+        else:
+            out = q.new_empty(q.shape[0], self.num_heads, self.head_dim)
+        for seq in seqs:
             qi = q[seq.start : seq.end].transpose(0, 1).unsqueeze(0)
             if seq.prefix_len == 0:
                 # Nothing cached: the fresh K/V are exactly what the pool now holds.
                 ki, vi = k[seq.start : seq.end], v[seq.start : seq.end]
             else:
-                slots = batch.kv_slots[i]
+                slots = batch.kv_slots[seq.seq]
                 ki, vi = k_cache.index_select(0, slots), v_cache.index_select(0, slots)
             ki = ki.transpose(0, 1).unsqueeze(0).to(q.dtype)
             vi = vi.transpose(0, 1).unsqueeze(0).to(q.dtype)
@@ -262,9 +276,11 @@ class LlamaAttention(nn.Module):
                 scale=self.scale,
                 enable_gqa=True,
             )
-            outs.append(o[0].transpose(0, 1))
-        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
-        return out.reshape(q.shape[0], self.q_size)
+            if out is None:
+                return o[0].transpose(0, 1).reshape(q.shape[0], self.q_size)
+            out[seq.start : seq.end] = o[0].transpose(0, 1)
+        assert out is not None
+        return out.view(q.shape[0], self.q_size)
 
     def _decode(
         self,

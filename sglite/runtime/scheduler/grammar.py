@@ -20,13 +20,8 @@ from collections.abc import Callable
 
 import torch
 
-from sglite.runtime.constrained import (
-    Constraint,
-    GrammarError,
-    GrammarManager,
-    allocate_bitmask,
-    apply_bitmask,
-)
+from sglite.runtime.constrained import Constraint, GrammarError, GrammarManager
+from sglite.runtime.constrained.bitmask import allocate_bitmask, apply_bitmask
 from sglite.runtime.scheduler.request import Req
 
 # Longest draft verified in one forward (forced JSON keys are rarely longer).

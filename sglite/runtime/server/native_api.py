@@ -33,6 +33,7 @@ from sglite.runtime.server.native_protocol import (
 )
 from sglite.runtime.server.serving import (
     abort_event,
+    constraint_of,
     get_state,
     prepare_requests,
     raise_if_aborted,
@@ -98,7 +99,10 @@ async def generate(body: GenerateRequestIn, request: Request) -> Any:
         )
     except ValueError as exc:
         err = bad_request(exc)
-        if err.param is None:  # prompt problems: name the field the prompt came in
+        constraint = constraint_of(err.message)
+        if constraint is not None:  # an invalid grammar: the message is the parser's
+            err.param = f"sampling_params.{constraint}"
+        elif err.param is None:  # prompt problems: name the field the prompt came in
             err.param = "input_ids" if body.input_ids is not None else "text"
         raise err from None
     tm = state.tokenizer_manager

@@ -40,9 +40,13 @@ class SamplingParamsIn(BaseModel):
     skip_special_tokens: Bool | None = None
     spaces_between_special_tokens: Bool | None = None
     no_stop_trim: Bool | None = None
-    regex: str | None = None
-    json_schema: str | dict[str, Any] | None = Field(None, description="a JSON schema (string)")
-    ebnf: str | None = None
+    regex: str | None = Field(None, description="constrain the output to match this regex")
+    json_schema: str | dict[str, Any] | None = Field(
+        None, description="constrain the output to JSON valid under this schema (string or object)"
+    )
+    ebnf: str | None = Field(
+        None, description="constrain the output to this grammar (GBNF `root ::= ...`, or Lark)"
+    )
     seed: Int | None = None
 
 

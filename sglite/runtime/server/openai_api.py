@@ -6,8 +6,10 @@ choice, prompt-major: choice index = prompt * n + j); results are reshaped into 
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -30,12 +32,19 @@ from sglite.runtime.server.openai_protocol import (
     ModelCard,
     ModelList,
     PromptTokensDetails,
+    ResponseFormat,
     TokenLogprob,
     TopLogprob,
     Usage,
     _SamplingExtras,
 )
-from sglite.runtime.server.serving import abort_event, get_state, prepare_requests, raise_if_aborted
+from sglite.runtime.server.serving import (
+    abort_event,
+    constraint_of,
+    get_state,
+    prepare_requests,
+    raise_if_aborted,
+)
 from sglite.runtime.server.state import ServerState
 from sglite.runtime.server.streaming import (
     SSE_DONE,
@@ -96,18 +105,69 @@ def _check_common(state: ServerState, body: _SamplingExtras) -> None:
         raise APIError(
             400, "logit_bias: not supported yet", param="logit_bias", code="not_supported"
         )
-    if not state.supports_constraints:
-        for key in ("regex", "ebnf", "json_schema"):
-            if getattr(body, key) is not None:
-                raise APIError(
-                    400,
-                    f"{key}: constrained decoding is not supported yet",
-                    param=key,
-                    code="not_supported",
-                )
 
 
-def _sampling(body: _SamplingExtras, max_new_tokens: int | None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Constraint:
+    """The request's output constraint: runtime `kind` and text, and the field it came from."""
+
+    kind: str  # regex, ebnf or json_schema (the runtime's sampling parameter)
+    text: str
+    field: str  # what the client set: regex, ebnf, json_schema or response_format...
+
+
+def _constraint(body: _SamplingExtras) -> _Constraint | None:
+    """The one constraint of a request (SGLang's extras or `response_format`), else None.
+
+    Two at once answer 400 naming both: the runtime enforces one grammar per request.
+    """
+    found: list[_Constraint] = []
+    for key in ("regex", "ebnf", "json_schema"):
+        value = getattr(body, key)
+        if value is not None:
+            text = value if isinstance(value, str) else json.dumps(value)
+            found.append(_Constraint(key, text, key))
+    if body.response_format is not None:
+        schema = _response_format_schema(body.response_format)
+        if schema is not None:
+            found.append(_Constraint("json_schema", schema[0], schema[1]))
+    if len(found) > 1:
+        names = [c.field.split(".")[0] for c in found]
+        raise APIError(
+            400,
+            f"{names[1]}: cannot be combined with {names[0]}; a request takes at most one "
+            "constraint (regex, ebnf, json_schema or a JSON response_format)",
+            param=names[1],
+        )
+    return found[0] if found else None
+
+
+def _response_format_schema(fmt: ResponseFormat) -> tuple[str, str] | None:
+    """(JSON schema text, field it came from) for a JSON `response_format`; None for `text`."""
+    if fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return json.dumps({"type": "object"}), "response_format"
+    spec = fmt.json_schema
+    if spec is None:
+        raise APIError(
+            400,
+            "response_format.json_schema: required when type is json_schema "
+            '(e.g. {"name": "answer", "schema": {...}, "strict": true})',
+            param="response_format.json_schema",
+        )
+    field = "response_format.json_schema.schema"
+    schema = spec.get("schema")
+    if schema is None:
+        raise APIError(400, f"{field}: missing; give the JSON schema of the output", param=field)
+    if not isinstance(schema, dict | bool):
+        raise APIError(400, f"{field}: must be a JSON schema object", param=field)
+    return json.dumps(schema), field
+
+
+def _sampling(
+    body: _SamplingExtras, max_new_tokens: int | None, constraint: _Constraint | None
+) -> dict[str, Any]:
     params = {
         "max_new_tokens": max_new_tokens,
         "min_new_tokens": body.min_tokens,
@@ -127,15 +187,24 @@ def _sampling(body: _SamplingExtras, max_new_tokens: int | None) -> dict[str, An
         "no_stop_trim": body.no_stop_trim,
         "seed": body.seed,
     }
+    if constraint is not None:
+        params[constraint.kind] = constraint.text
     return {k: v for k, v in params.items() if v is not None}
 
 
-def _prepare(state: ServerState, default_param: str, **kwargs: Any) -> list[GenerateRequest]:
+def _prepare(
+    state: ServerState, default_param: str, constraint: _Constraint | None, **kwargs: Any
+) -> list[GenerateRequest]:
     try:
         reqs, _ = prepare_requests(state, **kwargs)
     except ValueError as exc:
         err = bad_request(exc, _RENAME)
-        if err.param is None:
+        if constraint is not None and constraint_of(err.message) == constraint.kind:
+            # An invalid grammar: keep the parser's message, name the field the client set.
+            err.param = constraint.field
+            if constraint.field != constraint.kind:
+                err.message = f"{constraint.field}: {err.message}"
+        elif err.param is None:
             err.param = default_param
         raise err from None
     return reqs
@@ -243,6 +312,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     """Complete a prompt (string, list of strings, token ids or list of token-id lists)."""
     state = get_state(request)
     _check_common(state, body)
+    constraint = _constraint(body)
     n = body.n or 1
     if body.suffix is not None:
         raise APIError(400, "suffix: not supported", param="suffix", code="not_supported")
@@ -268,9 +338,12 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     reqs = _prepare(
         state,
         "prompt",
+        constraint,
         text=texts,
         input_ids=ids,
-        sampling_params=_sampling(body, body.max_tokens if body.max_tokens is not None else 16),
+        sampling_params=_sampling(
+            body, body.max_tokens if body.max_tokens is not None else 16, constraint
+        ),
         return_logprob=want_logprobs,
         logprob_start_len=0 if (echo and want_logprobs) else -1,
         top_logprobs_num=body.logprobs or 0,
@@ -481,14 +554,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     """Answer a conversation, rendered through the model's chat template."""
     state = get_state(request)
     _check_common(state, body)
-    if body.response_format is not None and body.response_format.type != "text":
-        raise APIError(
-            400,
-            f"response_format: {body.response_format.type} is not supported yet "
-            "(it needs constrained decoding)",
-            param="response_format",
-            code="not_supported",
-        )
+    constraint = _constraint(body)
     if body.tool_choice not in (None, "none", "auto"):
         raise APIError(
             400,
@@ -510,9 +576,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     reqs = _prepare(
         state,
         "messages",
+        constraint,
         text=None,
         input_ids=ids,
-        sampling_params=_sampling(body, max_tokens),
+        sampling_params=_sampling(body, max_tokens, constraint),
         return_logprob=want_logprobs,
         logprob_start_len=-1,
         top_logprobs_num=num_top,

@@ -1,7 +1,8 @@
 """Request and response bodies of the OpenAI-compatible API (`/v1`).
 
 Shapes follow OpenAI's API reference plus the extra sampling fields SGLang and vLLM accept
-(`top_k`, `min_p`, `repetition_penalty`, `regex`, `ignore_eos`, ...). Unknown request fields are
+(`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, ...) and SGLang's constraints (`regex`,
+`ebnf`, `json_schema`, also `response_format` on completions). Unknown request fields are
 ignored, as OpenAI's newer clients send fields (`store`, `metadata`, ...) older servers lack.
 """
 
@@ -25,6 +26,18 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     include_usage: Bool | None = False
+
+
+class ResponseFormat(BaseModel):
+    """`response_format`: `text` (no constraint), `json_object` (any JSON object) or
+    `json_schema` (`{"name", "schema", "strict"}`: JSON valid under `schema`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = Field(
+        None, description='with type json_schema: {"name": ..., "schema": {...}, "strict": ...}'
+    )
 
 
 class _SamplingExtras(BaseModel):
@@ -54,10 +67,15 @@ class _SamplingExtras(BaseModel):
     spaces_between_special_tokens: Bool | None = None
     no_stop_trim: Bool | None = None
     stop_token_ids: list[Int] | None = None
-    regex: str | None = Field(None, description="not supported until constrained decoding")
-    ebnf: str | None = Field(None, description="not supported until constrained decoding")
+    regex: str | None = Field(None, description="constrain the output to match this regex")
+    ebnf: str | None = Field(
+        None, description="constrain the output to this grammar (GBNF `root ::= ...`, or Lark)"
+    )
     json_schema: str | dict[str, Any] | None = Field(
-        None, description="not supported until constrained decoding"
+        None, description="constrain the output to JSON valid under this schema"
+    )
+    response_format: ResponseFormat | None = Field(
+        None, description="json_object / json_schema constrain the output to JSON"
     )
     rid: str | None = Field(None, description="request id (SGLang extra)")
 
@@ -94,15 +112,6 @@ class ChatMessage(BaseModel):
     tool_call_id: str | None = None
 
 
-class ResponseFormat(BaseModel):
-    """`response_format`: `text`; `json_object` and `json_schema` need constrained decoding."""
-
-    model_config = ConfigDict(extra="allow")
-
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: dict[str, Any] | None = None
-
-
 class ChatCompletionRequest(_SamplingExtras):
     """POST /v1/chat/completions."""
 
@@ -111,7 +120,6 @@ class ChatCompletionRequest(_SamplingExtras):
     max_completion_tokens: Int | None = Field(None, ge=0, description="alias of max_tokens")
     logprobs: Bool | None = False
     top_logprobs: Int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = Field(
         None, description="rendered through the chat template; tool calls are not parsed"
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from fastapi import Request
@@ -10,7 +11,9 @@ from sglite.runtime.server.errors import APIError, error_body
 from sglite.runtime.server.state import ServerState
 from sglite.runtime.tokenizer_manager import GenerateRequest
 
-_CONSTRAINTS = ("regex", "json_schema", "ebnf")
+# A constraint's name in the head of a validation message ("invalid regex: ...",
+# "json_schema is not valid JSON: ...", "ebnf: ..."); the head is the text before the first colon.
+_CONSTRAINT_IN_HEAD = re.compile(r"\b(regex|json_schema|ebnf)\b")
 
 
 def get_state(request: Request) -> ServerState:
@@ -39,16 +42,6 @@ def prepare_requests(
         text, sampling_params, input_ids, return_logprob, logprob_start_len,
         top_logprobs_num, return_text_in_logprobs, rid=rid,
     )  # fmt: skip
-    if not state.supports_constraints:
-        for req in reqs:
-            for key in _CONSTRAINTS:
-                if req.sampling_params.get(key) is not None:
-                    raise APIError(
-                        400,
-                        f"{key}: constrained decoding is not supported yet",
-                        param=key,
-                        code="not_supported",
-                    )
     expanded = tm.expand_n(reqs)
     rids = [r.rid for r in expanded]
     if len(set(rids)) != len(rids):
@@ -58,6 +51,16 @@ def prepare_requests(
             raise APIError(400, f"rid: a request with id {r!r} is already running", param="rid")
     state.admit(len(expanded))
     return expanded, is_batch
+
+
+def constraint_of(message: str) -> str | None:
+    """The constraint (`regex`, `json_schema`, `ebnf`) a validation message is about, else None.
+
+    Grammar errors carry the parser's own text after a head naming the constraint, e.g.
+    `invalid regex: at 1(8): ... unclosed character class`.
+    """
+    m = _CONSTRAINT_IN_HEAD.search(message.split(":", 1)[0])
+    return m.group(1) if m else None
 
 
 def abort_status(state: ServerState, message: str) -> int:
