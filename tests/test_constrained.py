@@ -9,6 +9,7 @@ import re
 
 import jsonschema
 import pytest
+import regex as partial_re  # transformers' dependency; can tell a valid prefix of a match
 
 CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 
@@ -32,13 +33,13 @@ CITY = {
         "location": {
             "type": "object",
             "properties": {
-                "latitude": {"type": "number", "minimum": -90, "maximum": 90},
-                "longitude": {"type": "number", "minimum": -180, "maximum": 180},
+                "latitude": {"type": "integer", "minimum": -90, "maximum": 90},
+                "longitude": {"type": "integer", "minimum": -180, "maximum": 180},
             },
             "required": ["latitude", "longitude"],
             "additionalProperties": False,
         },
-        "population_in_millions": {"type": "number"},
+        "population_in_millions": {"type": "integer", "minimum": 0, "maximum": 99},
     },
     "required": ["city", "country", "location"],
     "additionalProperties": False,
@@ -54,17 +55,25 @@ EBNF_ARITH = 'root ::= expr\nexpr ::= term ("+" term)*\nterm ::= [1-9] [0-9]?'
 EBNF_ARITH_RE = r"[1-9][0-9]?(\+[1-9][0-9]?)*"
 
 
-def _check(kind: str, spec, text: str) -> None:
+def _check(kind: str, spec, text: str, finished: bool = True) -> None:
+    """A finished output is in the constraint's language; one cut by max_new_tokens is a prefix
+    of a word of it."""
     if kind == "json_schema":
         jsonschema.validate(json.loads(text), spec)
-    else:
-        pattern = EBNF_ARITH_RE if kind == "ebnf" else spec
+        return
+    pattern = EBNF_ARITH_RE if kind == "ebnf" else spec
+    if finished:
         assert re.fullmatch(pattern, text), f"{text!r} does not match {pattern!r}"
+    else:
+        assert partial_re.fullmatch(pattern, text, partial=True), f"{text!r} vs {pattern!r}"
 
 
 def _params(kind: str, spec, **extra) -> dict:
     value = json.dumps(spec) if kind == "json_schema" else spec
-    return {kind: value, "max_new_tokens": 96, **extra}
+    # Regexes such as SGLang's dtype ones end in `[ \n]*`: a sampled small model may pad with
+    # whitespace up to the limit, which is still a match; keep that short.
+    limit = 96 if kind == "json_schema" else 32
+    return {kind: value, "max_new_tokens": limit, **extra}
 
 
 CASES = [
@@ -88,8 +97,10 @@ def test_sampled_outputs_always_obey_the_constraint(engine, kind, spec, question
     params = [_params(kind, spec, temperature=0.7, seed=1000 + i) for i in range(50)]
     outs = engine.generate([CHAT.format(question)] * 50, params)
     for out in outs:
-        assert out["meta_info"]["finish_reason"]["type"] == "stop", out
-        _check(kind, spec, out["text"])
+        finished = out["meta_info"]["finish_reason"]["type"] == "stop"
+        if kind == "json_schema":  # a truncated object would not parse: it must have finished
+            assert finished, out
+        _check(kind, spec, out["text"], finished)
 
 
 GREEDY_CASES = CASES + [
@@ -101,6 +112,18 @@ GREEDY_CASES = CASES + [
     ("regex", r"(red|green|blue), (red|green|blue)", "Two colours."),
     ("json_schema", {"type": "array", "items": {"type": "integer"}, "maxItems": 4}, "Numbers."),
     ("json_schema", {"type": "object"}, "Any JSON object about dogs."),
+    (
+        "json_schema",
+        {
+            "type": "object",
+            "properties": {
+                "temperature_celsius": {"type": "number", "minimum": -50, "maximum": 60}
+            },
+            "required": ["temperature_celsius"],
+            "additionalProperties": False,
+        },
+        "Today's temperature in Paris as JSON.",
+    ),
     (
         "json_schema",
         {
