@@ -427,15 +427,17 @@ class Scheduler:
         del req.kv_slots[kept:]
         req.jump_forward_drafted += len(draft)
         self.counters["jump_forward_drafted_tokens"] += len(draft)
-        used = 0
+        used = 0  # draft slots whose K/V now belong to an output token
         for j in range(len(draft) + 1):
             self._sample_and_append([req], logits[j : j + 1])
-            if req.finished or j == len(draft) or req.output_ids[-1] != draft[j]:
+            accepted = j < len(draft) and req.output_ids[-1] == draft[j]
+            if accepted:
+                req.jump_forward_accepted += 1
+                self.counters["jump_forward_accepted_tokens"] += 1
+            if req.finished or not accepted:
                 break
-            req.kv_slots.append(spare[j])  # the draft token is now an output with valid K/V
+            req.kv_slots.append(spare[j])
             used += 1
-        req.jump_forward_accepted += used
-        self.counters["jump_forward_accepted_tokens"] += used
         self.pool.free(spare[used:])
 
     def _make_room_for_decode(self, drafts: dict[str, list[int]]) -> None:
