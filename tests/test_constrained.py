@@ -89,9 +89,14 @@ CASES = [
 ]
 
 
+# Seven constraints (the date and IP regexes run greedily below): 50 samples each is the slow
+# part of the suite on 2 cores.
+SAMPLED_CASES = [c for c in CASES if c[1] not in (REGEX_DATE, REGEX_IPV4)]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "kind,spec,question", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)]
+    "kind,spec,question", SAMPLED_CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(SAMPLED_CASES)]
 )
 def test_sampled_outputs_always_obey_the_constraint(engine, kind, spec, question):
     params = [_params(kind, spec, temperature=0.7, seed=1000 + i) for i in range(50)]
