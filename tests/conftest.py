@@ -79,6 +79,28 @@ def _check_kv_invariants(request):
             assert info["held_by_requests"] == 0, f"{name}: requests still hold slots: {info}"
 
 
+@pytest.fixture(scope="module")
+def engine_backend(engine):
+    """The language's in-process backend on the session engine."""
+    from sglite.lang.backend.engine_backend import EngineBackend
+
+    return EngineBackend(engine)
+
+
+@pytest.fixture(scope="module")
+def endpoint_backend(sglite_server):  # noqa: F811 (the fixture imported below)
+    """The language's HTTP backend on the session server."""
+    import sglite as sgl
+
+    return sgl.RuntimeEndpoint(sglite_server.url)
+
+
+@pytest.fixture(params=["engine", "endpoint"])
+def backend(request, engine):
+    """Each test runs once per backend (`engine` is requested so KV invariants are checked)."""
+    return request.getfixturevalue(f"{request.param}_backend")
+
+
 # The HTTP server fixture (sglite_server) for tests/test_server_*.py lives in server_fixtures.py;
 # importing it here registers it once, so the whole session shares one server process.
 from server_fixtures import sglite_server  # noqa: E402, F401

@@ -25,22 +25,6 @@ FEW_SHOT = (
 )
 
 
-@pytest.fixture(scope="module")
-def engine_backend(engine) -> EngineBackend:
-    return EngineBackend(engine)
-
-
-@pytest.fixture(scope="module")
-def endpoint_backend(sglite_server) -> sgl.RuntimeEndpoint:
-    return sgl.RuntimeEndpoint(sglite_server.url)
-
-
-@pytest.fixture(params=["engine", "endpoint"])
-def backend(request, engine):
-    """Each test runs once per backend (`engine` is requested so KV invariants are checked)."""
-    return request.getfixturevalue(f"{request.param}_backend")
-
-
 def greedy(engine, prompt: str, max_new_tokens: int, **params) -> dict:
     return engine.generate(prompt, {"temperature": 0, "max_new_tokens": max_new_tokens, **params})
 

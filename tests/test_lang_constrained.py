@@ -17,7 +17,6 @@ import jsonschema
 import pytest
 
 import sglite as sgl
-from sglite.lang.backend.engine_backend import EngineBackend
 from sglite.lang.ir import REGEX_BOOL, REGEX_STR
 
 SCHEMA = {
@@ -30,22 +29,6 @@ SCHEMA = {
     "additionalProperties": False,
 }
 FACT = "Paris has about 2100000 inhabitants."
-
-
-@pytest.fixture(scope="module")
-def engine_backend(engine) -> EngineBackend:
-    return EngineBackend(engine)
-
-
-@pytest.fixture(scope="module")
-def endpoint_backend(sglite_server) -> sgl.RuntimeEndpoint:
-    return sgl.RuntimeEndpoint(sglite_server.url)
-
-
-@pytest.fixture(params=["engine", "endpoint"])
-def backend(request, engine):
-    """Each test runs once per backend (`engine` is requested so KV invariants are checked)."""
-    return request.getfixturevalue(f"{request.param}_backend")
 
 
 def run(program, backend, **kwargs):
