@@ -1,11 +1,13 @@
 """sglite: SGLang's language for LM programs and a fast CPU-first runtime with RadixAttention.
 
 `import sglite as sgl` gives SGLang's frontend API (`sgl.function`, `sgl.gen`, `sgl.select`,
-roles, `sgl.RuntimeEndpoint`, `sgl.set_default_backend`, ...) next to the runtime's `Engine`.
+roles, `sgl.RuntimeEndpoint`, `sgl.OpenAI`, `sgl.set_default_backend`, ...) next to the
+runtime's `Engine`.
 """
 
 from sglite.lang import (
     EngineBackend,
+    OpenAI,
     Runtime,
     RuntimeEndpoint,
     assistant,
@@ -33,8 +35,8 @@ from sglite.lang import (
 from sglite.runtime.engine import Engine
 
 __all__ = [
-    "Engine", "EngineBackend", "Runtime", "RuntimeEndpoint", "assistant", "assistant_begin",
-    "assistant_end", "flush_cache", "function", "gen", "gen_int", "gen_string",
+    "Engine", "EngineBackend", "OpenAI", "Runtime", "RuntimeEndpoint", "assistant",
+    "assistant_begin", "assistant_end", "flush_cache", "function", "gen", "gen_int", "gen_string",
     "get_server_info", "global_config", "greedy_token_selection", "select",
     "set_default_backend", "system", "system_begin", "system_end", "token_length_normalized",
     "unconditional_likelihood_normalized", "user", "user_begin", "user_end",

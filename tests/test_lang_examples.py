@@ -26,6 +26,7 @@ EXPECTED_OUTPUT = {
     "llm_judge.py": "Overall:",
     "json_extraction.py": "extract_with_schema:",
     "parallel_summarization.py": "->",
+    "openai_speculative.py": "num_api_spec_tokens=48: API calls",
 }
 
 

@@ -25,6 +25,7 @@ from sglite.lang.api import (
 )
 from sglite.lang.backend.base import BaseBackend
 from sglite.lang.backend.engine_backend import EngineBackend
+from sglite.lang.backend.openai import OpenAI
 from sglite.lang.backend.runtime_endpoint import RuntimeEndpoint
 from sglite.lang.chat_template import ChatTemplate, get_chat_template
 from sglite.lang.choices import (
@@ -37,7 +38,7 @@ from sglite.lang.interpreter import ProgramState, ProgramStateGroup
 from sglite.lang.ir import SglFunction
 
 __all__ = [
-    "BaseBackend", "ChatTemplate", "EngineBackend", "ProgramState", "ProgramStateGroup",
+    "BaseBackend", "ChatTemplate", "EngineBackend", "OpenAI", "ProgramState", "ProgramStateGroup",
     "Runtime", "RuntimeEndpoint", "SglFunction", "assistant", "assistant_begin", "assistant_end",
     "flush_cache", "function", "gen", "gen_int", "gen_string", "get_chat_template",
     "get_server_info", "global_config", "greedy_token_selection", "select", "set_default_backend",

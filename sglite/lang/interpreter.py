@@ -228,7 +228,13 @@ class StreamExecutor:
         self.arguments = arguments
         self.default_sampling_para = default_sampling_para
         self.stream = stream
-        self.num_api_spec_tokens = num_api_spec_tokens  # for API backends; unused natively
+        self.num_api_spec_tokens = num_api_spec_tokens
+        # API speculative execution (backend/api_speculative.py): sees every expression first.
+        # Streaming runs every gen as its own call, so it has none.
+        self.api_spec: Any = None
+        if num_api_spec_tokens is not None and not stream:
+            new_spec = getattr(backend, "new_api_speculation", None)
+            self.api_spec = new_spec(num_api_spec_tokens) if new_spec is not None else None
 
         self.variables: dict[str, Any] = {}
         self.variable_event: dict[str, threading.Event] = {}
@@ -299,7 +305,9 @@ class StreamExecutor:
                 self.variable_event[node.name] = threading.Event()
 
     def sync(self) -> None:
-        """Wait until every submitted expression has run (or been skipped after an error)."""
+        """Wait until every submitted expression has run (or been skipped after an error),
+        including work a speculative chat turn deferred."""
+        self._request_flush()
         with self._cond:
             self._cond.wait_for(lambda: self._pending == 0)
 
@@ -308,6 +316,7 @@ class StreamExecutor:
         with self._cond:
             if self._ended:
                 return
+            self._request_flush_locked()  # deferred speculative work runs before the end
             self._ended = True
         self._queue.put(None)
         try:
@@ -332,6 +341,19 @@ class StreamExecutor:
         with self._cond:
             self._cond.notify_all()
 
+    def _request_flush(self) -> None:
+        """Have deferred speculative work (an open chat turn's gens) run, before a read waits
+        on it: an `SglCommitLazy` is queued, which the speculation turns into that work."""
+        if self.api_spec is not None and self.api_spec.defers:
+            with self._cond:
+                if not self._ended:
+                    self._request_flush_locked()
+
+    def _request_flush_locked(self) -> None:
+        if self.api_spec is not None and self.api_spec.defers:
+            self._pending += 1
+            self._queue.put(SglCommitLazy())
+
     # ------------------------------------------------------------------ reading
     def get_var(self, name: str) -> Any:
         """The value of `name`, waiting for it if it is still being produced.
@@ -341,6 +363,8 @@ class StreamExecutor:
         """
         event = self.variable_event.get(name)
         if event is not None:
+            if not event.is_set():
+                self._request_flush()
             event.wait()
         if name in self.variables:
             return self.variables[name]
@@ -357,12 +381,16 @@ class StreamExecutor:
         """Whether `name` is (or, once pending work finishes, will be) a variable."""
         event = self.variable_event.get(name)
         if event is not None:
+            if not event.is_set():
+                self._request_flush()
             event.wait()
         return name in self.variables
 
     def get_meta_info(self, name: str, timeout: float | None = None) -> Any:
         """The runtime's meta info of variable `name` (None if it has none)."""
         event = self.variable_event.get(name)
+        if event is not None and not event.is_set():
+            self._request_flush()
         if event is not None and not event.wait(timeout):
             raise TimeoutError(f"timed out waiting for variable {name!r}")
         return self.meta_info.get(name)
@@ -443,6 +471,8 @@ class StreamExecutor:
             self._cond.notify_all()
 
     def _execute(self, expr: SglExpr) -> None:
+        if self.api_spec is not None and self.api_spec.intercept(self, expr):
+            return
         if isinstance(expr, SglConstantText):
             self._fill(expr.value)
         elif isinstance(expr, SglExprList):

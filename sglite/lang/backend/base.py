@@ -34,6 +34,34 @@ def is_unsupported_constraint(exc: BaseException) -> bool:
     return UNSUPPORTED_CONSTRAINT in str(exc)
 
 
+def apply_dtype(params: SglSamplingParams) -> bool:
+    """Turn `dtype` into its regex (and stop strings, for numbers), as SGLang does; `params` is
+    changed in place.
+
+    Returns whether the request's regex came from `dtype` (and may be dropped when the
+    runtime cannot enforce it).
+    """
+    dtype = params.dtype
+    if dtype is None:
+        return False
+    stops = params.stop_list()
+    if dtype in ("int", int):
+        regex, stops = REGEX_INT, stops + [" ", "\n"]
+    elif dtype in ("float", float):
+        regex, stops = REGEX_FLOAT, stops + [" ", "\n"]
+    elif dtype in ("str", str):
+        regex = REGEX_STR
+    elif dtype in ("bool", bool):
+        regex = REGEX_BOOL
+    else:
+        raise ValueError(f"invalid dtype {dtype!r}: use int, float, str or bool")
+    if params.regex is not None:
+        warnings.warn("both dtype and regex are set; dtype is used", stacklevel=3)
+    params.stop = stops
+    params.regex = regex
+    return True
+
+
 class BaseBackend:
     """The interface the interpreter drives. Every hook has a harmless default except the
     generation calls, which a real backend must implement."""
@@ -96,6 +124,12 @@ class BaseBackend:
     ) -> ChoicesDecision:
         """Pick one of `choices` as the continuation of `s.text_`."""
         raise NotImplementedError
+
+    def new_api_speculation(self, num_api_spec_tokens: int) -> Any:
+        """Per-program-state API speculative execution (`@sgl.function(num_api_spec_tokens=N)`),
+        or None when the backend does not do it (native backends: the radix cache already makes
+        the extra calls cheap). See `api_speculative.ApiSpeculation` for the interface."""
+        return None
 
     def concatenate_and_append(self, src_rids: list[str], dst_rid: str) -> None:
         raise NotImplementedError
@@ -182,30 +216,7 @@ class NativeBackend(BaseBackend):
         return payload, from_dtype
 
     def _apply_dtype(self, params: SglSamplingParams) -> bool:
-        """Turn `dtype` into its regex (and stop strings, for numbers), as SGLang does.
-
-        Returns whether the request's regex came from `dtype` (and may be dropped when the
-        runtime cannot enforce it).
-        """
-        dtype = params.dtype
-        if dtype is None:
-            return False
-        stops = params.stop_list()
-        if dtype in ("int", int):
-            regex, stops = REGEX_INT, stops + [" ", "\n"]
-        elif dtype in ("float", float):
-            regex, stops = REGEX_FLOAT, stops + [" ", "\n"]
-        elif dtype in ("str", str):
-            regex = REGEX_STR
-        elif dtype in ("bool", bool):
-            regex = REGEX_BOOL
-        else:
-            raise ValueError(f"invalid dtype {dtype!r}: use int, float, str or bool")
-        if params.regex is not None:
-            warnings.warn("both dtype and regex are set; dtype is used", stacklevel=2)
-        params.stop = stops
-        params.regex = regex
-        return True
+        return apply_dtype(params)
 
     def _with_constraint_fallback(
         self, payload: dict[str, Any], from_dtype: bool, call: Any
