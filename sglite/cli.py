@@ -46,6 +46,13 @@ HELP = {
     "retokenize: SGLang's original unverified append (outputs may drift)",
     "num_threads": "torch threads in the scheduler process (default: all cores)",
     "log_level": "debug, info, warning or error",
+    "max_n": "most choices (n) one request may ask for",
+    "max_new_tokens_limit": "cap on max_new_tokens / max_tokens (default: the context length)",
+    "request_timeout": "seconds after which a request ends with an error (default: none)",
+    "max_request_body_bytes": "larger request bodies are refused with 413",
+    "allow_origins": "enable CORS for these comma-separated origins ('*' for any); off by default",
+    "graceful_shutdown_timeout": "seconds requests in flight may run on after SIGTERM",
+    "restart_on_failure": "restart the scheduler process if it dies (default: exit non-zero)",
     "host": "address to listen on",
     "port": "port to listen on (0 = any free port)",
     "api_key": "require 'Authorization: Bearer KEY' on every route but /health",
@@ -125,7 +132,7 @@ def serve(argv: Sequence[str] | None = None, prog: str = "sglite serve") -> int:
     from sglite.runtime.server.launch import launch_server
 
     try:
-        launch_server(args)
+        return launch_server(args)
     except KeyboardInterrupt:  # Ctrl-C: the server has already shut down cleanly
         pass
     except (OSError, RuntimeError, TimeoutError) as exc:

@@ -19,7 +19,9 @@ KEY = "test-secret-key"
 @pytest.fixture(scope="module")
 def keyed_server():
     """An API-key server that takes at most 2 requests in flight; the last test stops it."""
-    server = ServerProcess("--max-queued-requests", "2", api_key=KEY)
+    server = ServerProcess(
+        "--max-queued-requests", "2", "--graceful-shutdown-timeout", "8", api_key=KEY
+    )
     yield server
     server.stop()
 
@@ -104,12 +106,21 @@ def test_overload_answers_503_with_retry_after(keyed_server):
     assert requests.post(url + "/generate", json=body, headers=headers, timeout=60).ok
 
 
-def test_sigterm_stops_server_and_scheduler(keyed_server):
-    """Runs last in this module: it stops the keyed server."""
+def test_sigterm_drains_then_stops_server_and_scheduler(keyed_server):
+    """Runs last in this module: it stops the keyed server. A request that ends within the
+    drain (--graceful-shutdown-timeout 8) completes; a longer stream is aborted after it."""
     children = keyed_server.child_pids()
     assert children, "the scheduler process should be a child of the server"
     chunks: list[bytes] = []
     started = threading.Event()
+    short: dict = {}
+
+    def short_request() -> None:
+        body = {"text": "Count:", "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}}
+        r = requests.post(
+            keyed_server.url + "/generate", json=body, headers=keyed_server.headers, timeout=120
+        )
+        short.update(status=r.status_code, body=r.json())
 
     def stream() -> None:
         body = {"text": "Once", "stream": True,
@@ -126,13 +137,32 @@ def test_sigterm_stops_server_and_scheduler(keyed_server):
     t = threading.Thread(target=stream, daemon=True)
     t.start()
     assert started.wait(60)
+    t_short = threading.Thread(target=short_request, daemon=True)
+    t_short.start()
+    deadline = time.monotonic() + 30
+    while True:  # both requests are in flight when the signal arrives
+        info = requests.get(
+            keyed_server.url + "/get_server_info", headers=keyed_server.headers, timeout=30
+        ).json()
+        if info["num_in_flight_reqs"] == 2:
+            break
+        assert time.monotonic() < deadline, info
+        time.sleep(0.02)
     t0 = time.monotonic()
     keyed_server.proc.terminate()
+    time.sleep(0.5)
+    # Draining: no new work is taken.
+    with pytest.raises(requests.RequestException):
+        requests.get(keyed_server.url + "/health", timeout=5).raise_for_status()
     code = keyed_server.proc.wait(60)
     assert code == 0, keyed_server.output()[-3000:]
-    assert time.monotonic() - t0 < 30
+    assert 7.5 < time.monotonic() - t0 < 45
     t.join(30)
-    assert not t.is_alive()
+    t_short.join(30)
+    assert not t.is_alive() and not t_short.is_alive()
+    assert short["status"] == 200, short
+    assert short["body"]["meta_info"]["finish_reason"]["type"] == "length"
+    assert short["body"]["meta_info"]["completion_tokens"] == 4
     # The in-flight stream ended with an abort error, then [DONE].
     assert chunks[-1] == b"data: [DONE]"
     assert b"shutting down" in chunks[-2]

@@ -5,7 +5,8 @@ compute never holds this process's GIL. A receiver thread reads its `BatchOutput
 request's increment to the callback registered for that request id.
 
 Invariants: every registered request gets exactly one increment with a finish reason, also when
-the scheduler process dies (then the reason is an abort naming the failure).
+the scheduler process dies (then the reason is an abort naming the failure). An unexpected death
+is reported once to `on_death` (on the receiver thread), after those aborts.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ class SchedulerClient:
         self._lock = threading.Lock()
         self.alive = False
         self.death_reason: str | None = None
+        # Told (once, on the receiver thread) when the process dies without being shut down.
+        self.on_death: Callable[[str], None] | None = None
         payload = json.dumps(dataclasses.asdict(args))
         cmd = [sys.executable, "-m", "sglite.runtime.scheduler.process", payload]
         self.process = subprocess.Popen(cmd + [in_addr, out_addr, str(os.getpid())])
@@ -89,6 +92,11 @@ class SchedulerClient:
         self.process.kill()
         self._cleanup()
         raise TimeoutError(f"the scheduler did not become ready within {timeout:.0f} s")
+
+    @property
+    def healthy(self) -> bool:
+        """True while the scheduler process runs; notices a death before the receiver does."""
+        return self.alive and self.process.poll() is None
 
     # ------------------------------------------------------------------ sending
     def submit(self, inp: GenerateInput, callback: OutputCallback) -> None:
@@ -127,7 +135,10 @@ class SchedulerClient:
         while self.alive:
             if not self._recv.poll(500):
                 if self.process.poll() is not None:
-                    self._on_death(f"the scheduler process exited (code {self.process.returncode})")
+                    reason = f"the scheduler process exited (code {self.process.returncode})"
+                    self._on_death(reason)
+                    if self.on_death is not None:
+                        self.on_death(reason)
                     return
                 continue
             try:

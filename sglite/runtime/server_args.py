@@ -48,11 +48,21 @@ class ServerArgs:
     jump_forward_mode: str = "exact"
     num_threads: int | None = None  # torch threads in the scheduler process; None = all cores
     log_level: str = "warning"
+    # Limits on what one request may ask for (past them: HTTP 400 / ValueError).
+    max_n: int = 64  # most choices (`n`) per request
+    max_new_tokens_limit: int | None = None  # cap on max_new_tokens; None = the context length
+    request_timeout: float | None = None  # seconds; a longer request ends with an error
     # Server-only settings (ignored by the in-process Engine).
     host: str = "127.0.0.1"
     port: int = 30000
     api_key: str | None = None
     served_model_name: str | None = None
+    max_request_body_bytes: int = 16 * 1024 * 1024  # larger bodies get HTTP 413
+    allow_origins: str | None = None  # CORS, comma-separated origins or "*"; None = off
+    # On SIGTERM, let requests in flight finish for this many seconds, then abort the rest.
+    graceful_shutdown_timeout: float = 30.0
+    # When the scheduler process dies: start a new one (True) or exit non-zero (False).
+    restart_on_failure: bool = False
     extra: dict = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -81,6 +91,15 @@ class ServerArgs:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.max_total_tokens is not None and self.max_total_tokens < 16:
             raise ValueError(f"max_total_tokens must be >= 16, got {self.max_total_tokens}")
+        for name in ("max_n", "max_request_body_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_new_tokens_limit", "request_timeout"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        if self.graceful_shutdown_timeout < 0:
+            raise ValueError("graceful_shutdown_timeout must be >= 0")
         if self.context_length is not None and self.context_length <= 1:
             raise ValueError(f"context_length must be > 1, got {self.context_length}")
 

@@ -156,6 +156,14 @@ class TokenizerManager:
                 f"input_ids holds {bad[0]}, outside the vocabulary [0, {self.vocab_size})"
             )
         parsed = SamplingParams.from_dict(params)
+        if parsed.n > self.args.max_n:
+            raise ValueError(f"n must be <= {self.args.max_n} (--max-n), got {parsed.n}")
+        limit = self.args.max_new_tokens_limit
+        if limit is not None and parsed.max_new_tokens > limit:
+            raise ValueError(
+                f"max_new_tokens must be <= {limit} (--max-new-tokens-limit), "
+                f"got {parsed.max_new_tokens}"
+            )
         if parsed.constraint is not None:
             # Refuse a grammar that does not compile here (400), before it is queued.
             validate_constraint(*parsed.constraint, backend=self.args.grammar_backend)
@@ -242,6 +250,21 @@ class TokenizerManager:
         if not state.finished:
             self.client.abort(state.req.rid, "the client went away")
 
+    async def _next_output(self, state: _RequestState) -> RequestOutput:
+        """The request's next increment; past `--request-timeout` the request is aborted and
+        this returns the abort at once (the scheduler's own answer may come later or never)."""
+        timeout = self.args.request_timeout
+        if timeout is None:
+            return await state.queue.get()
+        remaining = state.start + timeout - time.perf_counter()
+        try:
+            return await asyncio.wait_for(state.queue.get(), max(0.0, remaining))
+        except asyncio.TimeoutError:
+            message = f"the request timed out after {timeout:g} s (--request-timeout)"
+            self.client.abort(state.req.rid, message)
+            reason = {"type": "abort", "message": message}
+            return RequestOutput(state.req.rid, [], "", finish_reason=reason)
+
     async def stream(self, req: GenerateRequest) -> AsyncIterator[dict[str, Any]]:
         """Yield one result per scheduler increment (cumulative text, new logprobs only).
 
@@ -251,7 +274,7 @@ class TokenizerManager:
         state = self._submit(req)
         try:
             while True:
-                out: RequestOutput = await state.queue.get()
+                out = await self._next_output(state)
                 chunk = self._apply(state, out, incremental=True)
                 yield chunk
                 if state.finished:
@@ -264,7 +287,7 @@ class TokenizerManager:
         state = self._submit(req)
         try:
             while not state.finished:
-                out: RequestOutput = await state.queue.get()
+                out = await self._next_output(state)
                 self._apply(state, out, incremental=False)
         finally:
             self._done(state)

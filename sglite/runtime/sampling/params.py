@@ -17,6 +17,11 @@ from typing import Any
 # Below this temperature sampling is indistinguishable from argmax, and dividing by it would
 # overflow float32 logits; SGLang uses the same cut.
 GREEDY_TEMPERATURE_EPS = 1e-6
+# Smallest repetition penalty. The sampler divides repeated tokens' positive logits by the
+# penalty in float32; a penalty near float32's underflow (5e-324, 1e-40) turns them into inf and
+# the distribution into NaN, which crashed the sampler's batch. Far above that, any penalty this
+# small already makes repeating certain, so the floor rules out no useful setting.
+MIN_REPETITION_PENALTY = 1e-6
 
 
 @dataclass
@@ -89,9 +94,9 @@ class SamplingParams:
             value = getattr(self, name)
             _check(-2 <= value <= 2, name, "must be in [-2, 2]", value)
         _check(
-            0 < self.repetition_penalty <= 2,
+            MIN_REPETITION_PENALTY <= self.repetition_penalty <= 2,
             "repetition_penalty",
-            "must be in (0, 2]",
+            f"must be in [{MIN_REPETITION_PENALTY:g}, 2]",
             self.repetition_penalty,
         )
         for s in self.stop:

@@ -68,15 +68,27 @@ class GrammarQueue:
         return None
 
 
-def apply_grammar_masks(reqs: list[Req], logits: torch.Tensor, vocab_size: int) -> None:
-    """Mask, in place, each constrained request's row of `logits` (row i belongs to reqs[i])."""
+def apply_grammar_masks(
+    reqs: list[Req], logits: torch.Tensor, vocab_size: int
+) -> dict[int, Exception]:
+    """Mask, in place, each constrained request's row of `logits` (row i belongs to reqs[i]).
+
+    Returns {row: exception} for requests whose grammar failed to fill its mask: their rows stay
+    unmasked and the caller ends those requests, so one broken grammar does not fail the batch.
+    """
     rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
+    failed: dict[int, Exception] = {}
     if not rows:
-        return
+        return failed
     bitmask = allocate_bitmask(len(rows), vocab_size)
     for j, i in enumerate(rows):
-        reqs[i].grammar.fill_bitmask(bitmask, j)  # type: ignore[union-attr]
+        try:
+            reqs[i].grammar.fill_bitmask(bitmask, j)  # type: ignore[union-attr]
+        except Exception as exc:
+            failed[i] = exc
+            bitmask[j] = -1  # a half-filled row would make sampling fail for nothing
     apply_bitmask(logits, bitmask, torch.tensor(rows, dtype=torch.long, device=logits.device))
+    return failed
 
 
 def exact_draft(req: Req, context_len: int) -> list[int]:

@@ -379,9 +379,14 @@ class Scheduler:
             return {}
         drafts = {}
         for req in self.running:
-            draft = exact_draft(req, self.context_len)
+            try:
+                draft = exact_draft(req, self.context_len)
+            except Exception as exc:
+                self._fail_request(req, exc)
+                continue
             if draft:
                 drafts[req.rid] = draft
+        self.running = [r for r in self.running if not r.finished]
         return drafts
 
     def _run_decode_extend(self, reqs: list[Req], drafts: dict[str, list[int]]) -> None:
@@ -475,7 +480,7 @@ class Scheduler:
         return self.model(fb, self.pool)
 
     def _sample_and_append(self, reqs: list[Req], logits: torch.Tensor) -> None:
-        apply_grammar_masks(reqs, logits, self.config.vocab_size)
+        failed = apply_grammar_masks(reqs, logits, self.config.vocab_size)
         result = self.sampler.sample(
             logits,
             [r.sampling for r in reqs],
@@ -484,9 +489,26 @@ class Scheduler:
             return_logprobs=[r.return_logprob for r in reqs],
         )
         for i, req in enumerate(reqs):
+            if i in failed:
+                self._fail_request(req, failed[i])
+                continue
             tok = result.next_token_ids[i]
             top = result.top_logprobs[i] if result.top_logprobs else None
-            self._append_token(req, tok, result.logprobs[i], top)
+            try:
+                self._append_token(req, tok, result.logprobs[i], top)
+            except Exception as exc:
+                self._fail_request(req, exc)
+
+    def _fail_request(self, req: Req, exc: BaseException) -> None:
+        """End one request whose own work (grammar, detokenizing, stop check) raised; the rest
+        of the batch goes on. Model failures are batch-wide and end in `fail_all` instead."""
+        logger.error("request %s failed", req.rid, exc_info=exc)
+        message = f"internal error while generating this request: {type(exc).__name__}: {exc}"
+        try:
+            self._finish(req, {"type": "abort", "message": message})
+        except Exception:  # its state may be half-updated; answer it anyway
+            req.finish_reason = {"type": "abort", "message": message}
+            self.outbox[req.rid] = req
 
     def _append_token(
         self, req: Req, tok: int, logprob: float | None, top: Any, forced: bool = False

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hmac
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -76,6 +77,69 @@ class JSONBodyMiddleware:
         await self.app(scope, receive, send)
 
 
+class BodyLimitMiddleware:
+    """Refuse request bodies over `limit` bytes with 413, before the app parses any of it.
+
+    A declared Content-Length over the limit is refused without reading; a chunked body is read
+    up to the limit and refused once it passes it (then replayed to the app when it fits).
+    """
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            await self._refuse(send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                await self._refuse(send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: wait for the disconnect
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, send: Send) -> None:
+        message = f"the request body is larger than {self.limit} bytes (--max-request-body-bytes)"
+        body = to_json(error_body(413, message, code="request_too_large")).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
 class HTTPCountMiddleware:
     """Count answers per route and status for /metrics (unknown paths share one label)."""
 
@@ -116,8 +180,19 @@ def create_app(state: ServerState) -> FastAPI:
     app.include_router(native_api.router)
     app.include_router(openai_api.router)
     routes = frozenset(native_api.route_paths() | openai_api.route_paths())
-    app.add_middleware(HTTPCountMiddleware, state=state, routes=routes)
+    # Added last runs first: count -> CORS -> API key -> body limit -> JSON body -> routes.
     app.add_middleware(JSONBodyMiddleware)
+    app.add_middleware(BodyLimitMiddleware, limit=state.args.max_request_body_bytes)
     if state.args.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=state.args.api_key)
+    if state.args.allow_origins:  # off by default: browsers may not call the API cross-site
+        origins = [o.strip() for o in state.args.allow_origins.split(",") if o.strip()]
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=origins,
+            allow_methods=["*"],
+            allow_headers=["*"],
+            allow_credentials="*" not in origins,
+        )
+    app.add_middleware(HTTPCountMiddleware, state=state, routes=routes)
     return app

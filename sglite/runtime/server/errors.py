@@ -29,6 +29,7 @@ _TYPES = {
     413: "invalid_request_error",
     500: "internal_server_error",
     503: "service_unavailable_error",
+    504: "timeout_error",
 }
 
 
@@ -45,6 +46,61 @@ class ErrorResponse(BaseModel):
     """An error answer (OpenAI shape)."""
 
     error: ErrorDetail
+
+
+# What each error status means on this server, for the OpenAPI schema.
+_DESCRIPTIONS = {
+    400: "invalid request: malformed JSON, a wrong type or out-of-range value, an unknown field "
+    "or model, a prompt too long for the context, an invalid constraint (the message names the "
+    "field)",
+    401: "with --api-key: the key is missing or wrong",
+    404: "not found",
+    413: "the request body is larger than the server accepts",
+    503: "overloaded (more than --max-queued-requests in flight; retry after Retry-After "
+    "seconds), shutting down, or the model process is gone",
+    504: "the request ran longer than --request-timeout",
+}
+
+# Clients should wait this many seconds before retrying (503 only).
+_RETRY_AFTER = {
+    "Retry-After": {
+        "description": "seconds to wait before retrying (overload and shutdown)",
+        "schema": {"type": "integer", "minimum": 0},
+    }
+}
+
+
+def error_responses(
+    *statuses: int, plain: bool = False, descriptions: dict[int, str] | None = None
+) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` entries: each status answers an ErrorResponse (JSON).
+
+    `descriptions` overrides the generic meaning of a status for one route. Every route also
+    gets a `4XX` entry: any other client error (405 for a wrong method, ...) has the same shape,
+    and documenting the range keeps FastAPI from advertising its default 422, which this server
+    never sends (validation errors are 400s). `plain` is for routes whose success answer is not
+    JSON: FastAPI would otherwise give their errors that media type too.
+    """
+    texts: dict[int | str, str] = {
+        s: (descriptions or {}).get(s) or _DESCRIPTIONS[s] for s in statuses
+    }
+    texts["4XX"] = "any other client error (e.g. 405 for a wrong method), in the same shape"
+    out: dict[int | str, dict[str, Any]] = {}
+    for status, text in texts.items():
+        entry: dict[str, Any] = {"description": text}
+        if plain:
+            ref = {"$ref": "#/components/schemas/ErrorResponse"}
+            entry["content"] = {"application/json": {"schema": ref}}
+        else:
+            entry["model"] = ErrorResponse
+        if status == 401:
+            entry["headers"] = {
+                "WWW-Authenticate": {"description": "`Bearer`", "schema": {"type": "string"}}
+            }
+        elif status == 503:
+            entry["headers"] = _RETRY_AFTER
+        out[status] = entry
+    return out
 
 
 class APIError(Exception):

@@ -1,8 +1,10 @@
 """Start the HTTP server: load the model, bind the port, serve until Ctrl-C or SIGTERM.
 
-Shutdown order matters for "no orphan, no hang": on the signal, requests in flight are aborted
-(streams end with an error event, others with 503), uvicorn then finds its connections idle and
-stops, and only then is the scheduler process stopped and reaped.
+Shutdown order matters for "nothing lost, no orphan, no hang": on the signal, new requests get
+503 while those in flight run on for `--graceful-shutdown-timeout` seconds; then the rest are
+aborted (streams end with an error event, others with 503), uvicorn finds its connections idle and
+stops, and only then is the scheduler process stopped and reaped. A second signal aborts at once.
+If the scheduler process dies, the server restarts it (`--restart-on-failure`) or exits with 1.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from sglite.runtime.server_args import ServerArgs
 
 logger = logging.getLogger("sglite.runtime.server")
 
-# Seconds uvicorn waits for connections to finish after the aborts before closing them anyway.
-GRACEFUL_SHUTDOWN_TIMEOUT = 10
+# Seconds uvicorn waits, past the drain, for connections to finish before closing them anyway.
+CONNECTION_CLOSE_GRACE = 10
 
 
 class _Server(uvicorn.Server):
@@ -35,19 +37,32 @@ class _Server(uvicorn.Server):
         self._state = state
         self._url = url
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_task: asyncio.Task | None = None
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         state = self._state
-        if not state.shutting_down and self._loop is not None:
+        loop = self._loop
+        # Signal handlers interrupt the loop thread anywhere; let the loop run the drain/aborts.
+        if loop is not None and not self.should_exit:
             state.shutting_down = True
-            # Signal handlers interrupt the loop thread anywhere; let the loop run the aborts.
-            self._loop.call_soon_threadsafe(
+            timeout = state.args.graceful_shutdown_timeout
+            loop.call_soon_threadsafe(lambda: self._keep(loop.create_task(state.drain(timeout))))
+        elif loop is not None:  # a second signal: do not wait
+            loop.call_soon_threadsafe(
                 state.tokenizer_manager.abort_all, "the server is shutting down"
             )
         super().handle_exit(sig, frame)
 
+    def _keep(self, task: asyncio.Task) -> None:
+        self._drain_task = task  # the loop holds tasks weakly
+
+    def stop(self) -> None:
+        """Make the server exit (called on its loop after the scheduler died for good)."""
+        self.should_exit = True
+
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
+        self._state.watch_scheduler(self.stop)
         await self._state.warmup()  # before listening, so /health means "ready and warm"
         await super().startup(sockets)
         if self.started:
@@ -82,8 +97,9 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(0)
 
 
-def launch_server(args: ServerArgs) -> None:
-    """Serve `args.model_path` over HTTP until interrupted; blocks.
+def launch_server(args: ServerArgs) -> int:
+    """Serve `args.model_path` over HTTP until interrupted; blocks. Returns the exit code:
+    0 after SIGTERM / Ctrl-C, 1 when the scheduler died and was not restarted.
 
     SIGTERM and Ctrl-C stop it gracefully; the scheduler process never outlives it.
     """
@@ -111,7 +127,7 @@ def launch_server(args: ServerArgs) -> None:
         config = uvicorn.Config(
             app,
             log_level=args.log_level.lower(),
-            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_TIMEOUT,
+            timeout_graceful_shutdown=int(args.graceful_shutdown_timeout) + CONNECTION_CLOSE_GRACE,
             timeout_keep_alive=5,
             access_log=level in ("DEBUG", "INFO"),
         )
@@ -121,3 +137,7 @@ def launch_server(args: ServerArgs) -> None:
         state.shutdown()
         sock.close()
         print("sglite: stopped", file=sys.stderr, flush=True)
+    if state.exit_code:
+        reason = state.client.death_reason or "the scheduler process died"
+        print(f"sglite: error: {reason}; exiting", file=sys.stderr, flush=True)
+    return state.exit_code

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from concurrent.futures import TimeoutError as FutureTimeoutError
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -17,7 +18,13 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from prometheus_client import CONTENT_TYPE_LATEST
 
 import sglite
-from sglite.runtime.server.errors import APIError, ErrorResponse, bad_request, error_body
+from sglite.runtime.server.errors import (
+    APIError,
+    ErrorResponse,
+    bad_request,
+    error_body,
+    error_responses,
+)
 from sglite.runtime.server.native_protocol import (
     ConcateAndAppendIn,
     DetokenizeIn,
@@ -27,6 +34,7 @@ from sglite.runtime.server.native_protocol import (
     GenerateResult,
     ModelInfo,
     SamplingParamsIn,
+    ServerInfo,
     SuccessOut,
     TokenizeIn,
     TokenizeOut,
@@ -46,16 +54,18 @@ from sglite.runtime.server.streaming import (
     merge_streams,
     run_until_disconnect,
     sse,
+    sse_response_content,
     to_json,
 )
 from sglite.runtime.tokenizer_manager import GenerateRequest
 
 router = APIRouter()
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    400: {"model": ErrorResponse, "description": "invalid request"},
-    503: {"model": ErrorResponse, "description": "overloaded or shutting down (see Retry-After)"},
-}
+# Statuses each kind of route really answers besides 200 (documented in the OpenAPI schema):
+# 401 comes from --api-key on every route but /health, 413 from the body size limit, 503 from
+# admission (overload, shutdown, the scheduler gone), 504 from --request-timeout.
+_GENERATE_ERRORS = error_responses(400, 401, 413, 503, 504)
+_BODY_ERRORS = error_responses(400, 401, 413)
 
 
 def _sampling_dicts(
@@ -74,10 +84,11 @@ def _sampling_dicts(
     responses={
         200: {
             "description": "a result, a list of results (batch or n > 1), or with `stream` an "
-            "event stream of cumulative results ending with `data: [DONE]`",
-            "content": {"text/event-stream": {}},
+            "event stream of cumulative results (tagged with `index` for a batch or n > 1; an "
+            "error mid-stream is an ErrorResponse event) ending with `data: [DONE]`",
+            "content": sse_response_content(GenerateResult, ErrorResponse),
         },
-        **_ERRORS,
+        **_GENERATE_ERRORS,
     },
 )
 async def generate(body: GenerateRequestIn, request: Request) -> Any:
@@ -85,6 +96,7 @@ async def generate(body: GenerateRequestIn, request: Request) -> Any:
     state = get_state(request)
     if body.image_data is not None:
         raise APIError(400, "image_data: images are not supported", param="image_data")
+    _check_per_prompt_lists(body)
     try:
         reqs, is_batch = prepare_requests(
             state,
@@ -121,6 +133,36 @@ async def generate(body: GenerateRequestIn, request: Request) -> Any:
     return Response(to_json(body_out), media_type="application/json")
 
 
+def _check_per_prompt_lists(body: GenerateRequestIn) -> None:
+    """A list-valued per-prompt field must hold one entry per prompt.
+
+    The runtime applies a list of the wrong length to every prompt as a whole, so an empty
+    `sampling_params` list would silently mean "defaults" (128 new tokens) instead of an error.
+    """
+    if isinstance(body.text, list):
+        num_prompts = len(body.text)
+    elif body.input_ids and isinstance(body.input_ids[0], list):
+        num_prompts = len(body.input_ids)
+    else:
+        num_prompts = 1
+    if num_prompts == 0:
+        return  # the runtime names the empty batch
+    for name in (
+        "sampling_params",
+        "return_logprob",
+        "logprob_start_len",
+        "top_logprobs_num",
+        "rid",
+    ):
+        value = getattr(body, name)
+        if isinstance(value, list) and len(value) != num_prompts:
+            raise APIError(
+                400,
+                f"{name}: a list must hold one entry per prompt ({num_prompts}), got {len(value)}",
+                param=name,
+            )
+
+
 async def _generate_events(
     state: ServerState, reqs: list[GenerateRequest], tagged: bool
 ) -> AsyncIterator[bytes]:
@@ -140,14 +182,14 @@ async def _generate_events(
 
 
 # ---------------------------------------------------------------------------- health and info
-@router.get("/health", responses={503: {"model": ErrorResponse}})
+@router.get("/health", response_class=Response, responses=error_responses(503))
 async def health(request: Request) -> Response:
     """200 while the server can serve (no API key needed)."""
     get_state(request).check_alive()
     return Response(status_code=200)
 
 
-@router.get("/health_generate", responses={503: {"model": ErrorResponse}})
+@router.get("/health_generate", response_class=Response, responses=error_responses(401, 503))
 async def health_generate(request: Request) -> Response:
     """200 when a one-token generation succeeds within 30 seconds."""
     state = get_state(request)
@@ -179,7 +221,7 @@ def _model_info(state: ServerState) -> dict[str, Any]:
     ).model_dump()
 
 
-@router.get("/get_model_info", response_model=ModelInfo)
+@router.get("/get_model_info", response_model=ModelInfo, responses=error_responses(401))
 async def get_model_info(request: Request) -> dict[str, Any]:
     """The model's path (SGLang's client picks its chat template from it) and facts."""
     return _model_info(get_state(request))
@@ -191,9 +233,24 @@ async def model_info(request: Request) -> dict[str, Any]:
     return _model_info(get_state(request))
 
 
+async def _control(state: ServerState, kind: str) -> Any:
+    """A scheduler control request; 503 when the scheduler dies (or hangs) while it runs.
+
+    `check_alive` before the call cannot see a death during it, which would otherwise surface
+    as a RuntimeError (a 500, or a 400 from /flush_cache).
+    """
+    try:
+        return await state.control(kind)
+    except (TimeoutError, FutureTimeoutError):
+        raise APIError(503, f"the model did not answer ({kind}) in time") from None
+    except Exception:
+        state.check_alive()  # raises the 503 naming why, if the scheduler is gone
+        raise
+
+
 async def _server_info(state: ServerState) -> dict[str, Any]:
     state.check_alive()
-    live = await state.control("get_info")
+    live = await _control(state, "get_info")
     try:
         invariants: dict[str, Any] = {"ok": True, **await state.control("check_invariants")}
     except Exception as exc:  # report a leak instead of failing the info request
@@ -204,13 +261,16 @@ async def _server_info(state: ServerState) -> dict[str, Any]:
         **live,
         "served_model_name": state.model_name,
         "num_in_flight_reqs": state.tokenizer_manager.num_in_flight,
+        "scheduler_restarts": state.scheduler_restarts,
+        # asyncio tasks alive on the server loop: a leak check for long runs
+        "num_server_tasks": len(asyncio.all_tasks()),
         "kv_invariants": invariants,
         "internal_states": [live],
         "version": sglite.__version__,
     }
 
 
-@router.get("/get_server_info")
+@router.get("/get_server_info", response_model=ServerInfo, responses=error_responses(401, 503))
 async def get_server_info(request: Request) -> JSONResponse:
     """Server arguments, model facts, live statistics and the KV slot accounting check."""
     return JSONResponse(await _server_info(get_state(request)))
@@ -226,21 +286,26 @@ async def server_info(request: Request) -> JSONResponse:
 @router.post(
     "/flush_cache",
     response_class=PlainTextResponse,
-    responses={400: {"model": ErrorResponse, "description": "requests are running"}},
+    responses={
+        200: {"description": "`Cache flushed.`"},
+        **error_responses(
+            400, 401, 413, 503, plain=True, descriptions={400: "requests are running"}
+        ),
+    },
 )
 async def flush_cache(request: Request, body: FlushCacheIn | None = None) -> PlainTextResponse:
     """Empty the radix cache; refused (400) while requests are running."""
     state = get_state(request)
     state.check_alive()
     try:
-        await state.control("flush_cache")
+        await _control(state, "flush_cache")
     except RuntimeError as exc:
         message = str(exc).split(": ", 1)[-1] if str(exc).startswith("RuntimeError") else str(exc)
         raise APIError(400, f"the cache was not flushed: {message}") from None
     return PlainTextResponse("Cache flushed.\n")
 
 
-@router.post("/concate_and_append_request", response_model=SuccessOut)
+@router.post("/concate_and_append_request", response_model=SuccessOut, responses=_BODY_ERRORS)
 async def concate_and_append_request(body: ConcateAndAppendIn) -> SuccessOut:
     """Acknowledge SGLang's join(mode="concate_and_append").
 
@@ -272,7 +337,10 @@ def _tokenize(state: ServerState, body: TokenizeIn, with_input_ids: bool) -> Tok
 
 
 @router.post(
-    "/tokenize", response_model=TokenizeOut, response_model_exclude_none=True, responses=_ERRORS
+    "/tokenize",
+    response_model=TokenizeOut,
+    response_model_exclude_none=True,
+    responses=_BODY_ERRORS,
 )
 async def tokenize(body: TokenizeIn, request: Request) -> TokenizeOut:
     """Token ids of a text (or of each text in a list)."""
@@ -280,7 +348,10 @@ async def tokenize(body: TokenizeIn, request: Request) -> TokenizeOut:
 
 
 @router.post(
-    "/v1/tokenize", response_model=TokenizeOut, response_model_exclude_none=True, responses=_ERRORS
+    "/v1/tokenize",
+    response_model=TokenizeOut,
+    response_model_exclude_none=True,
+    responses=_BODY_ERRORS,
 )
 async def tokenize_v1(body: TokenizeIn, request: Request) -> TokenizeOut:
     """Token ids of a text (OpenAI-style path, as SGLang serves it)."""
@@ -288,7 +359,7 @@ async def tokenize_v1(body: TokenizeIn, request: Request) -> TokenizeOut:
 
 
 @router.post(
-    "/encode", response_model=TokenizeOut, response_model_exclude_none=True, responses=_ERRORS
+    "/encode", response_model=TokenizeOut, response_model_exclude_none=True, responses=_BODY_ERRORS
 )
 async def encode(body: TokenizeIn, request: Request) -> TokenizeOut:
     """Token ids of a text; like /tokenize, with the ids also under `input_ids`."""
@@ -312,20 +383,27 @@ def _detokenize(state: ServerState, body: DetokenizeIn) -> DetokenizeOut:
     return DetokenizeOut(text=texts if batch else texts[0])
 
 
-@router.post("/detokenize", response_model=DetokenizeOut, responses=_ERRORS)
+@router.post("/detokenize", response_model=DetokenizeOut, responses=_BODY_ERRORS)
 async def detokenize(body: DetokenizeIn, request: Request) -> DetokenizeOut:
     """The text of a list of token ids (or of each list in a list)."""
     return _detokenize(get_state(request), body)
 
 
-@router.post("/v1/detokenize", response_model=DetokenizeOut, responses=_ERRORS)
+@router.post("/v1/detokenize", response_model=DetokenizeOut, responses=_BODY_ERRORS)
 async def detokenize_v1(body: DetokenizeIn, request: Request) -> DetokenizeOut:
     """The text of token ids (OpenAI-style path, as SGLang serves it)."""
     return _detokenize(get_state(request), body)
 
 
 # ---------------------------------------------------------------------------- metrics
-@router.get("/metrics", response_class=PlainTextResponse)
+@router.get(
+    "/metrics",
+    response_class=PlainTextResponse,
+    responses={
+        200: {"description": "the Prometheus text exposition format"},
+        **error_responses(401, plain=True),
+    },
+)
 async def metrics(request: Request) -> Response:
     """Prometheus metrics (text exposition format)."""
     state = get_state(request)

@@ -12,7 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sglite.runtime.server.types import Bool, Int, Text
+from sglite.runtime.sampling.params import MIN_REPETITION_PENALTY
+from sglite.runtime.server.types import Bool, Float, Int, Text
 
 # Upper bound on `n` (parallel samples per prompt); each sample is a full request in the scheduler.
 MAX_N = 64
@@ -29,13 +30,13 @@ class SamplingParamsIn(BaseModel):
     stop: Text | list[Text] | None = None
     stop_token_ids: Int | list[Int] | None = None
     stop_regex: Text | list[Text] | None = None
-    temperature: float | None = Field(None, ge=0, description="0 = greedy")
-    top_p: float | None = Field(None, gt=0, le=1)
+    temperature: Float | None = Field(None, ge=0, description="0 = greedy")
+    top_p: Float | None = Field(None, gt=0, le=1)
     top_k: Int | None = Field(None, ge=-1, description="-1 (or 0) = off")
-    min_p: float | None = Field(None, ge=0, le=1)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    repetition_penalty: float | None = Field(None, gt=0, le=2)
+    min_p: Float | None = Field(None, ge=0, le=1)
+    frequency_penalty: Float | None = Field(None, ge=-2, le=2)
+    presence_penalty: Float | None = Field(None, ge=-2, le=2)
+    repetition_penalty: Float | None = Field(None, ge=MIN_REPETITION_PENALTY, le=2)
     ignore_eos: Bool | None = None
     skip_special_tokens: Bool | None = None
     spaces_between_special_tokens: Bool | None = None
@@ -171,3 +172,36 @@ class SuccessOut(BaseModel):
 
     success: bool = True
     message: str = ""
+
+
+class KVInvariants(BaseModel):
+    """The scheduler's KV slot accounting check (`ok` false with `error` when it fails)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    ok: bool
+    free: int | None = Field(None, description="free slots")
+    cached: int | None = Field(None, description="slots owned by the radix cache")
+    held_by_requests: int | None = Field(None, description="slots owned by running requests")
+    error: str | None = None
+
+
+class ServerInfo(BaseModel):
+    """GET /get_server_info: every server argument (not the API key), model facts, live
+    statistics from the scheduler and the KV accounting check; the fields below always appear."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model_path: str | None
+    served_model_name: str
+    context_length: int
+    max_total_num_tokens: int
+    num_running_reqs: int
+    num_queued_reqs: int
+    num_in_flight_reqs: int
+    num_free_slots: int
+    cache_size_tokens: int
+    cache_hit_rate: float
+    kv_invariants: KVInvariants
+    internal_states: list[dict[str, Any]]
+    version: str

@@ -7,6 +7,7 @@ choice, prompt-major: choice index = prompt * n + j); results are reshaped into 
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -15,7 +16,13 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
-from sglite.runtime.server.errors import APIError, ErrorResponse, bad_request, error_body
+from sglite.runtime.server.errors import (
+    APIError,
+    ErrorResponse,
+    bad_request,
+    error_body,
+    error_responses,
+)
 from sglite.runtime.server.openai_protocol import (
     AssistantMessage,
     ChatChoice,
@@ -53,15 +60,15 @@ from sglite.runtime.server.streaming import (
     merge_streams,
     run_until_disconnect,
     sse,
+    sse_response_content,
 )
 from sglite.runtime.tokenizer_manager import GenerateRequest
 
 router = APIRouter(prefix="/v1")
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    400: {"model": ErrorResponse, "description": "invalid request"},
-    503: {"model": ErrorResponse, "description": "overloaded or shutting down (see Retry-After)"},
-}
+# Statuses the generating routes really answer besides 200 (401 with --api-key, 413 from the body
+# size limit, 503 from admission, 504 from --request-timeout).
+_GENERATE_ERRORS = error_responses(400, 401, 413, 503, 504)
 # Runtime field names in validation messages -> the names OpenAI clients sent.
 _RENAME = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
 
@@ -76,7 +83,7 @@ def _card(state: ServerState, model_id: str) -> ModelCard:
     )
 
 
-@router.get("/models", response_model=ModelList)
+@router.get("/models", response_model=ModelList, responses=error_responses(401))
 async def list_models(request: Request) -> ModelList:
     """The served model."""
     state = get_state(request)
@@ -86,7 +93,7 @@ async def list_models(request: Request) -> ModelList:
 @router.get(
     "/models/{model:path}",
     response_model=ModelCard,
-    responses={404: {"model": ErrorResponse, "description": "no such model"}},
+    responses=error_responses(401, 404, descriptions={404: "no such model"}),
 )
 async def retrieve_model(model: str, request: Request) -> ModelCard:
     """One model by id (404 when it is not served here)."""
@@ -264,21 +271,29 @@ async def _stream_events(
     yield SSE_DONE
 
 
+def _finite(logprob: float) -> float:
+    """A logprob JSON can carry: -inf (a token the sampling parameters ruled out) and NaN become
+    -9999.0, as the native API writes them; pydantic would write `null`, which the schema and
+    OpenAI clients do not allow."""
+    return logprob if math.isfinite(logprob) else -9999.0
+
+
 # ---------------------------------------------------------------------------- completions
 def _completion_logprobs(
     entries: list[list[Any]], tops: list[Any] | None, offset: int
 ) -> CompletionLogprobs:
     """Legacy logprobs from `[logprob, id, text]` entries; each top dict holds the chosen token."""
     out = CompletionLogprobs()
-    for k, (logprob, _tid, text) in enumerate(entries):
+    for k, (raw, _tid, text) in enumerate(entries):
         text = text or ""
+        logprob = None if raw is None else _finite(raw)
         out.tokens.append(text)
         out.token_logprobs.append(logprob)
         top = tops[k] if tops is not None and k < len(tops) else None
         if top is None and logprob is None:
             out.top_logprobs.append(None)
         else:
-            d = {t or "": lp for lp, _i, t in (top or [])}
+            d = {t or "": _finite(lp) for lp, _i, t in (top or [])}
             if logprob is not None:
                 d.setdefault(text, logprob)
             out.top_logprobs.append(d)
@@ -302,10 +317,10 @@ def _merge_logprobs(a: CompletionLogprobs, b: CompletionLogprobs) -> CompletionL
     responses={
         200: {
             "description": "a completion, or with `stream` an event stream of completion chunks "
-            "ending with `data: [DONE]`",
-            "content": {"text/event-stream": {}},
+            "(an error mid-stream is an ErrorResponse event) ending with `data: [DONE]`",
+            "content": sse_response_content(CompletionResponse, ErrorResponse),
         },
-        **_ERRORS,
+        **_GENERATE_ERRORS,
     },
 )
 async def completions(body: CompletionRequest, request: Request) -> Any:
@@ -527,10 +542,10 @@ def _chat_logprobs(
         content.append(
             TokenLogprob(
                 token=text,
-                logprob=logprob,
+                logprob=_finite(logprob),
                 bytes=list(text.encode()),
                 top_logprobs=[
-                    TopLogprob(token=t or "", logprob=lp, bytes=list((t or "").encode()))
+                    TopLogprob(token=t or "", logprob=_finite(lp), bytes=list((t or "").encode()))
                     for lp, _i, t in top[:num_top]
                 ],
             )
@@ -544,10 +559,11 @@ def _chat_logprobs(
     responses={
         200: {
             "description": "a chat completion, or with `stream` an event stream of "
-            "chat.completion.chunk objects ending with `data: [DONE]`",
-            "content": {"text/event-stream": {}},
+            "chat.completion.chunk objects (an error mid-stream is an ErrorResponse event) "
+            "ending with `data: [DONE]`",
+            "content": sse_response_content(ChatCompletionChunk, ErrorResponse),
         },
-        **_ERRORS,
+        **_GENERATE_ERRORS,
     },
 )
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
@@ -570,6 +586,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     if max_tokens is None:  # the rest of the context (or of the KV pool, if smaller)
         tm = state.tokenizer_manager
         max_tokens = max(0, min(tm.context_len, tm.max_total_tokens) - len(ids))
+        if state.args.max_new_tokens_limit is not None:
+            max_tokens = min(max_tokens, state.args.max_new_tokens_limit)
     want_logprobs = bool(body.logprobs)
     num_top = body.top_logprobs or 0
     base_id = body.rid or f"chatcmpl-{uuid.uuid4().hex}"

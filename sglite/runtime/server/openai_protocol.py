@@ -12,9 +12,11 @@ import time
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
+from typing_extensions import TypedDict
 
+from sglite.runtime.sampling.params import MIN_REPETITION_PENALTY
 from sglite.runtime.server.native_protocol import MAX_N
-from sglite.runtime.server.types import Bool, Int, Text
+from sglite.runtime.server.types import Bool, Float, Int, Text
 
 # OpenAI caps completions' `logprobs` at 5; vLLM and SGLang allow up to 20, as the runtime does.
 MAX_TOP_LOGPROBS = 20
@@ -46,21 +48,21 @@ class _SamplingExtras(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: str | None = Field(None, description="a served model id (see GET /v1/models)")
-    temperature: float | None = Field(None, ge=0, description="0 = greedy")
-    top_p: float | None = Field(None, gt=0, le=1)
+    temperature: Float | None = Field(None, ge=0, description="0 = greedy")
+    top_p: Float | None = Field(None, gt=0, le=1)
     n: Int | None = Field(None, ge=1, le=MAX_N)
     stream: Bool | None = False
     stream_options: StreamOptions | None = None
     stop: Text | list[Text] | None = None
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    logit_bias: dict[str, float] | None = Field(None, description="not supported; must be empty")
+    presence_penalty: Float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: Float | None = Field(None, ge=-2, le=2)
+    logit_bias: dict[str, Float] | None = Field(None, description="not supported; must be empty")
     seed: Int | None = None
     user: str | None = None
     # SGLang / vLLM extras
     top_k: Int | None = Field(None, ge=-1)
-    min_p: float | None = Field(None, ge=0, le=1)
-    repetition_penalty: float | None = Field(None, gt=0, le=2)
+    min_p: Float | None = Field(None, ge=0, le=1)
+    repetition_penalty: Float | None = Field(None, ge=MIN_REPETITION_PENALTY, le=2)
     min_tokens: Int | None = Field(None, ge=0)
     ignore_eos: Bool | None = None
     skip_special_tokens: Bool | None = None
@@ -231,6 +233,13 @@ class ChatCompletionResponse(BaseModel):
     system_fingerprint: str | None = None
 
 
+class _DeltaJSON(TypedDict, total=False):
+    """What a DeltaMessage serializes to (its schema in the OpenAPI document)."""
+
+    role: Literal["assistant"]
+    content: str
+
+
 class DeltaMessage(BaseModel):
     """The new part of a streamed message; unset fields are left out of the JSON."""
 
@@ -238,8 +247,8 @@ class DeltaMessage(BaseModel):
     content: str | None = None
 
     @model_serializer(mode="wrap")
-    def _drop_unset(self, handler: Any) -> dict[str, Any]:
-        return {k: v for k, v in handler(self).items() if v is not None}
+    def _drop_unset(self, handler: Any) -> _DeltaJSON:
+        return {k: v for k, v in handler(self).items() if v is not None}  # type: ignore[return-value]
 
 
 class ChatStreamChoice(BaseModel):

@@ -65,10 +65,12 @@ def constraint_of(message: str) -> str | None:
 
 def abort_status(state: ServerState, message: str) -> int:
     """HTTP status for a request the scheduler ended with an abort."""
-    if state.shutting_down or not state.client.alive:
+    if state.shutting_down or not state.client.alive or "scheduler process" in message:
         return 503
     if "internal error" in message:
         return 500
+    if "--request-timeout" in message:
+        return 504
     return 400
 
 

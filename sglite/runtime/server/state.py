@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +42,11 @@ class ServerState:
     created: int = field(default_factory=lambda: int(time.time()))
     shutting_down: bool = False
     stopped: bool = False
+    restarting: bool = False  # a new scheduler is starting after the old one died
+    scheduler_restarts: int = 0
+    exit_code: int = 0  # non-zero once the server stops because its scheduler died
+    _stop_server: Callable[[], None] | None = None
+    _tasks: set[asyncio.Task] = field(default_factory=set)
 
     @property
     def model_path(self) -> str:
@@ -75,9 +81,64 @@ class ServerState:
         """Raise a 503 when the server cannot take requests (scheduler gone, shutting down)."""
         if self.shutting_down:
             raise APIError(503, "the server is shutting down", headers={"Retry-After": "5"})
-        if not self.client.alive:
-            reason = self.client.death_reason or "the scheduler is not running"
+        if self.restarting:
+            raise APIError(
+                503,
+                "the model is restarting after a scheduler failure; retry shortly",
+                headers={"Retry-After": "5"},
+            )
+        if not self.client.healthy:
+            reason = self.client.death_reason or "the scheduler process is not running"
             raise APIError(503, f"the model is unavailable: {reason}")
+
+    # ------------------------------------------------------------------ scheduler failures
+    def watch_scheduler(self, stop_server: Callable[[], None]) -> None:
+        """Handle a scheduler death on the running loop: restart it (`--restart-on-failure`)
+        or stop the server with exit code 1. `stop_server` makes the HTTP server exit."""
+        loop = asyncio.get_running_loop()
+        self._stop_server = stop_server
+        self.client.on_death = lambda reason: loop.call_soon_threadsafe(
+            self._on_scheduler_death, reason
+        )
+
+    def _on_scheduler_death(self, reason: str) -> None:
+        if self.shutting_down or self.stopped:
+            return
+        logger.error("the scheduler died: %s", reason)
+        if self.args.restart_on_failure and not self.restarting:
+            self.restarting = True
+            task = asyncio.get_running_loop().create_task(self._restart_scheduler())
+            self._tasks.add(task)  # the loop keeps only weak references to tasks
+            task.add_done_callback(self._tasks.discard)
+            return
+        self._exit_with_failure()
+
+    def _exit_with_failure(self) -> None:
+        self.exit_code = 1
+        self.shutting_down = True
+        if self._stop_server is not None:
+            self._stop_server()
+
+    async def _restart_scheduler(self) -> None:
+        old = self.client
+        try:
+            await asyncio.to_thread(old.shutdown, 1.0)  # reap the dead process, close sockets
+            client = await asyncio.to_thread(SchedulerClient, self.args)
+        except Exception:
+            logger.exception("restarting the scheduler failed; stopping the server")
+            self.restarting = False
+            self._exit_with_failure()
+            return
+        if self.shutting_down:  # stopped while the new scheduler loaded
+            await asyncio.to_thread(client.shutdown)
+            return
+        self.client = client
+        self.tokenizer_manager.client = client
+        self.watch_scheduler(self._stop_server or (lambda: None))
+        await self.warmup()  # /health turns 200 only once the new scheduler serves at speed
+        self.scheduler_restarts += 1
+        self.restarting = False
+        logger.warning("the scheduler was restarted (restart %d)", self.scheduler_restarts)
 
     def admit(self, num_requests: int) -> None:
         """Raise a 503 with Retry-After when `num_requests` more would exceed the queue bound."""
@@ -110,6 +171,16 @@ class ServerState:
         args = dataclasses.asdict(self.args)
         args.pop("api_key", None)
         return args
+
+    async def drain(self, timeout: float) -> None:
+        """Wait up to `timeout` seconds for requests in flight to finish, then abort the rest."""
+        tm = self.tokenizer_manager
+        deadline = time.monotonic() + timeout
+        while tm.num_in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if tm.num_in_flight:
+            logger.warning("aborting %d requests still running at shutdown", tm.num_in_flight)
+            tm.abort_all("the server is shutting down")
 
     def shutdown(self) -> None:
         """Stop the scheduler process (requests in flight end with an abort). Idempotent."""
@@ -157,8 +228,10 @@ def build_state(args: ServerArgs) -> ServerState:
     name, aliases = model_names(args, client.info["model_path"])
 
     def live_info() -> dict[str, Any]:
-        return client.control("get_info", timeout=10.0) if client.alive else {}
+        current = state.client  # a restart replaces the client
+        return current.control("get_info", timeout=10.0) if current.healthy else {}
 
     metrics = ServerMetrics(live_info, lambda: tm.num_in_flight, name)
     tm.output_hooks.append(metrics.on_output)
-    return ServerState(args, tokenizer, client, tm, name, aliases, metrics)
+    state = ServerState(args, tokenizer, client, tm, name, aliases, metrics)
+    return state

@@ -15,12 +15,55 @@ from collections.abc import AsyncIterator, Awaitable
 from contextlib import suppress
 from typing import Any, TypeVar
 
+from pydantic import BaseModel
 from starlette.requests import Request
 
 T = TypeVar("T")
 
 SSE_DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def sse_response_content(*event_models: type[BaseModel]) -> dict[str, Any]:
+    """The OpenAPI `content` entry of a `text/event-stream` answer.
+
+    Each event is `data: {json}` holding one of `event_models` (an error arrives as an
+    `ErrorResponse` event), and the stream ends with `data: [DONE]`. `itemSchema` describes one
+    event (OpenAPI 3.2's key for streams, which FastAPI also writes for its own SSE routes).
+    The payload schemas are inlined: the chunk models are not among the document's components.
+    """
+    payload = {
+        "type": "string",
+        "contentMediaType": "application/json",
+        "contentSchema": {"anyOf": [inline_json_schema(m) for m in event_models]},
+    }
+    event = {
+        "type": "object",
+        "required": ["data"],
+        "properties": {"data": {"anyOf": [{"const": "[DONE]"}, payload]}},
+    }
+    return {"text/event-stream": {"itemSchema": event}}
+
+
+def inline_json_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """`model`'s serialization JSON schema with every `$ref` replaced by its definition.
+
+    The protocol models are not recursive, so inlining terminates.
+    """
+    schema = model.model_json_schema(mode="serialization")
+    defs = schema.pop("$defs", {})
+
+    def resolve(node: Any) -> Any:
+        if isinstance(node, dict):
+            out = {k: resolve(v) for k, v in node.items() if k != "$ref"}
+            if "$ref" in node:
+                out = {**resolve(defs[node["$ref"].rsplit("/", 1)[-1]]), **out}
+            return out
+        if isinstance(node, list):
+            return [resolve(v) for v in node]
+        return node
+
+    return resolve(schema)
 
 
 class ClientDisconnected(Exception):

@@ -1,8 +1,8 @@
 """Strict field types shared by the request models.
 
-Pydantic's lax mode would turn `true` into 1 and `"5"` into 5; SGLang's sampling parameters reject
-those as client bugs, so the HTTP layer does too. Integral floats (`128.0`, which some JSON
-encoders write) still count as integers. `Text` is a string a tokenizer can encode.
+Pydantic's lax mode would turn `true` into 1 (or 1.0) and `"5"` into 5; SGLang's sampling
+parameters reject those as client bugs, so the HTTP layer does too. Integral floats (`128.0`,
+which some JSON encoders write) still count as integers. `Text` is a string a tokenizer can encode.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ def _integral(value: Any) -> Any:
 
 Int = Annotated[int, BeforeValidator(_integral), Strict()]
 Bool = Annotated[bool, Strict()]
+# Strict floats still take integers (`"temperature": 1`) but not `true` or `"0.5"`.
+Float = Annotated[float, Strict()]
 
 
 def _utf8(value: str) -> str:

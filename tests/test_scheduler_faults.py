@@ -1,0 +1,97 @@
+"""A request whose own generation raises ends with an error; the rest of its batch goes on.
+
+Runs the real Scheduler in this process on the default model, with a fault injected into one
+request's grammar matcher (the component that runs per request inside a batched step).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sglite.runtime.scheduler.io import GenerateInput, RequestOutput
+from sglite.runtime.server_args import ServerArgs
+
+JSON_REGEX = r'\{"name": "[A-Za-z ]{1,20}", "age": [0-9]{1,2}\}'
+
+
+@pytest.fixture(scope="module")
+def scheduler():
+    import torch
+
+    from sglite.runtime.model.loader import load_model
+    from sglite.runtime.scheduler.scheduler import Scheduler
+
+    torch.manual_seed(0)
+    loaded = load_model(None, "float32", progress=False)
+    return Scheduler(ServerArgs(dtype="float32", max_total_tokens=4096), loaded)
+
+
+class FaultyMatcher:
+    """Delegates to a real matcher but raises in `method` once it has been called `after` times."""
+
+    def __init__(self, inner: Any, method: str, after: int) -> None:
+        self.inner = inner
+        self.method = method
+        self.calls = 0
+        self.after = after
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if name != self.method:
+            return attr
+
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            self.calls += 1
+            if self.calls > self.after:
+                raise RuntimeError(f"injected fault in {name}")
+            return attr(*args, **kwargs)
+
+        return wrapped
+
+
+def _requests(tok: Any) -> list[GenerateInput]:
+    greedy = {"max_new_tokens": 24, "temperature": 0}
+    ids = lambda text: tok.encode(text)  # noqa: E731
+    return [
+        GenerateInput("faulty", ids("A person as JSON:"), {**greedy, "regex": JSON_REGEX}),
+        GenerateInput("plain", ids("The capital of France is"), greedy),
+        GenerateInput("json", ids("Another person as JSON:"), {**greedy, "regex": JSON_REGEX}),
+    ]
+
+
+def _run(scheduler: Any, inputs: list[GenerateInput], fault: str | None) -> dict[str, dict]:
+    """Run `inputs` together to the end; inject `fault` into request "faulty" once it runs."""
+    for inp in inputs:
+        scheduler.add_request(inp)
+    results: dict[str, dict] = {inp.rid: {"ids": [], "reason": None} for inp in inputs}
+    for _ in range(500):
+        if not scheduler.has_work:
+            break
+        outs: list[RequestOutput] = scheduler.step()
+        for req in scheduler.running:
+            if fault and req.rid == "faulty" and not isinstance(req.grammar, FaultyMatcher):
+                req.grammar = FaultyMatcher(req.grammar, fault, after=1)
+        for out in outs:
+            results[out.rid]["ids"] += out.new_token_ids
+            if out.finish_reason is not None:
+                results[out.rid]["reason"] = out.finish_reason
+    assert not scheduler.has_work, "the scheduler did not finish"
+    return results
+
+
+@pytest.mark.parametrize("fault", ["accept_token", "fill_bitmask", "forced_tokens"])
+def test_one_failing_request_does_not_fail_its_batch(scheduler, fault):
+    tok = scheduler.tokenizer.hf
+    alone = _run(scheduler, _requests(tok)[1:], fault=None)
+    together = _run(scheduler, _requests(tok), fault=fault)
+    reason = together["faulty"]["reason"]
+    assert reason["type"] == "abort", reason
+    assert "internal error" in reason["message"] and "injected fault" in reason["message"]
+    for rid in ("plain", "json"):
+        assert together[rid]["reason"]["type"] in ("stop", "length"), together[rid]
+        assert together[rid]["ids"] == alone[rid]["ids"], rid
+    info = scheduler.check_invariants()
+    assert info["held_by_requests"] == 0, info
+    assert scheduler.counters["aborted_requests"] >= 1
