@@ -495,3 +495,21 @@ def test_masked_tokens_are_never_drawn(params):
     assert set(tokens.tolist()) <= set(allowed)
     if params.get("temperature", 1) != 0:
         assert set(tokens.tolist()) == set(allowed)
+
+
+@pytest.mark.parametrize(
+    "params", [{"temperature": 0}, {"temperature": 0.8}, {"temperature": 0.8, "top_p": 0.9}]
+)
+def test_nan_or_fully_masked_rows_are_reported_not_sampled(params):
+    """A broken row is named in `invalid_rows`; the healthy rows of the batch sample as usual."""
+    vocab = 4096
+    logits = torch.randn(4, vocab)
+    logits[0, 17] = float("nan")
+    logits[2] = float("-inf")
+    good = torch.randn(vocab)
+    good[5] = 40.0  # one token dominates, so even tempered rows pick it
+    logits[1] = logits[3] = good
+    out = Sampler(vocab).sample(logits, [info(**params) for _ in range(4)], [EOS])
+    assert out.invalid_rows == [0, 2]
+    assert out.next_token_ids[1] == out.next_token_ids[3] == 5
+    assert math.isfinite(out.logprobs[1])

@@ -95,3 +95,88 @@ def test_one_failing_request_does_not_fail_its_batch(scheduler, fault):
     info = scheduler.check_invariants()
     assert info["held_by_requests"] == 0, info
     assert scheduler.counters["aborted_requests"] >= 1
+
+
+def _step_like_the_loop(scheduler: Any) -> list[RequestOutput]:
+    """What the scheduler process does: a step that raises fails every request it holds."""
+    try:
+        return scheduler.step()
+    except Exception:
+        return scheduler.fail_all("internal error in the scheduler step")
+
+
+@pytest.mark.parametrize("mode", ["extend", "decode"])
+def test_failed_forward_answers_every_request_and_caches_nothing_unwritten(
+    scheduler, monkeypatch, mode
+):
+    """A model failure fails the whole batch, but every request (including ones admitted by the
+    failing prefill) gets an abort, no slot or lock leaks, and KV the failed pass never wrote is
+    not served to later requests from the cache."""
+    tok = scheduler.tokenizer.hf
+    inputs = _requests(tok)[1:]
+    scheduler.flush_cache()
+    alone = _run(scheduler, inputs, fault=None)
+    scheduler.flush_cache()
+
+    real_forward = scheduler._forward
+    calls = {"n": 0}
+
+    def failing_forward(fb: Any) -> Any:
+        if fb.mode.value == mode:
+            calls["n"] += 1
+            raise RuntimeError("injected model fault")
+        return real_forward(fb)
+
+    monkeypatch.setattr(scheduler, "_forward", failing_forward)
+    for inp in inputs:
+        scheduler.add_request(inp)
+    reasons: dict[str, dict] = {}
+    for _ in range(100):
+        if not scheduler.has_work:
+            break
+        for out in _step_like_the_loop(scheduler):
+            if out.finish_reason is not None:
+                reasons[out.rid] = out.finish_reason
+    monkeypatch.undo()
+    assert calls["n"] >= 1
+    assert set(reasons) == {inp.rid for inp in inputs}, reasons
+    assert all(r["type"] == "abort" for r in reasons.values()), reasons
+    info = scheduler.check_invariants()
+    assert info["held_by_requests"] == 0, info
+    assert scheduler.cache.protected_size() == 0, "a failed request left its prefix locked"
+
+    again = _run(scheduler, inputs, fault=None)
+    for inp in inputs:
+        assert again[inp.rid]["ids"] == alone[inp.rid]["ids"], inp.rid
+
+
+def test_nan_logits_fail_only_their_request(scheduler, monkeypatch):
+    """A numerically broken row (NaN logits) ends that request with an error; the others in the
+    same decode batch produce exactly what they produce alone."""
+    tok = scheduler.tokenizer.hf
+    greedy = {"max_new_tokens": 16, "temperature": 0}
+    inputs = [
+        GenerateInput("plain", tok.encode("The capital of France is"), greedy),
+        GenerateInput("broken", tok.encode("Once upon a time"), greedy),
+        GenerateInput("other", tok.encode("def add(a, b):"), greedy),
+    ]
+    alone = _run(scheduler, [inputs[0], inputs[2]], fault=None)
+    real_forward = scheduler._forward
+
+    def nan_forward(fb: Any) -> Any:
+        logits = real_forward(fb)
+        if fb.mode.value == "decode":
+            for row, req in enumerate(scheduler.running):
+                if req.rid == "broken":
+                    logits = logits.clone()
+                    logits[row] = float("nan")
+        return logits
+
+    monkeypatch.setattr(scheduler, "_forward", nan_forward)
+    together = _run(scheduler, inputs, fault=None)
+    monkeypatch.undo()
+    reason = together["broken"]["reason"]
+    assert reason["type"] == "abort" and "NaN" in reason["message"], reason
+    for rid in ("plain", "other"):
+        assert together[rid]["ids"] == alone[rid]["ids"], rid
+    assert scheduler.check_invariants()["held_by_requests"] == 0

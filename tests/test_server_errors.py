@@ -102,6 +102,8 @@ def check_error(resp: requests.Response, status: int, needle: str) -> dict:
     err = body["error"]
     assert set(err) == {"message", "type", "param", "code"}, body
     assert needle.lower() in err["message"].lower(), err
+    # Errors name the problem; they never leak a stack trace or source paths.
+    assert "Traceback" not in resp.text and 'File "' not in resp.text, resp.text
     return err
 
 

@@ -30,7 +30,9 @@ retried with 1024 candidates, and then goes through a bucketed path that ranks t
 the log-probability bucket where the cut falls. All paths keep exactly the same set as a full
 sort would and draw from it in vocabulary order, so the result never depends on the path.
 
-Rows must have at least one finite logit (a grammar mask always leaves one).
+A row with a NaN logit or no finite one (a numerically broken model output) cannot be sampled;
+it is reported in `SampleResult.invalid_rows` (its token is meaningless) so the caller can fail
+that request alone instead of drawing from garbage or crashing the batch.
 """
 
 from __future__ import annotations
@@ -203,6 +205,8 @@ class SampleResult:
     logprobs: list[float]
     # (logprob, token_id) best first, for rows with top_logprobs_num > 0, else None.
     top_logprobs: list[list[tuple[float, int]] | None]
+    # Rows whose logits had a NaN or no finite value; their token and logprobs are meaningless.
+    invalid_rows: list[int] = field(default_factory=list)
 
 
 class Sampler:
@@ -238,9 +242,26 @@ class Sampler:
         x = logits if logits.dtype == torch.float32 else logits.float()
         x = self._apply_penalties(x, logits, infos)
         x = self._mask_min_new_tokens(x, logits, infos, eos_token_ids)
+        x, invalid = self._neutralize_invalid_rows(x, logits)
         tokens = self._choose(x, infos)
         logprobs, tops = self._report_logprobs(x, tokens, top_nums, return_logprobs)
-        return SampleResult(tokens.tolist(), logprobs, tops)
+        return SampleResult(tokens.tolist(), logprobs, tops, invalid)
+
+    @staticmethod
+    def _neutralize_invalid_rows(
+        x: torch.Tensor, original: torch.Tensor
+    ) -> tuple[torch.Tensor, list[int]]:
+        """Rows with a NaN or without a finite logit become all-zero (so every path below stays
+        well-defined) and are returned by index. amax propagates NaN: one pass finds both."""
+        best = x.amax(dim=-1)
+        bad = ~torch.isfinite(best)
+        if not bool(bad.any()):
+            return x, []
+        if x is original:
+            x = x.clone()
+        rows = bad.nonzero().flatten()
+        x[rows] = 0.0
+        return x, rows.tolist()
 
     def logprobs_of(
         self, logits: torch.Tensor, token_ids: torch.Tensor, top_k: int

@@ -69,6 +69,12 @@ class RequestKVManager:
             self.pool.free(req.kv_slots[req.cached_len :])
         self.unlock(req)
 
+    def discard(self, req: Req) -> None:
+        """The request leaves after a failed step: its own slots may hold KV that was never
+        written, so they go back to the pool uncached (a later match must never read them)."""
+        self.pool.free(req.kv_slots[req.cached_len :])
+        self.unlock(req)
+
     def cache_unfinished(self, req: Req) -> None:
         """Insert a running request's computed tokens now so others can share them at once."""
         if not self.cache_enabled:

@@ -90,6 +90,7 @@ class Scheduler:
         self.waiting: list[Req] = []
         self.running: list[Req] = []
         self.chunked: Req | None = None  # the one request whose prompt is partly prefilled
+        self.prefilling: list[Req] = []  # admitted by this step's prefill, not yet running
         self.new_token_ratio = args.init_new_token_ratio
         self.outbox: dict[str, Req] = {}
         self.counters: dict[str, int] = {
@@ -196,7 +197,11 @@ class Scheduler:
         with torch.inference_mode():
             prefill = self._schedule_prefill()
             if prefill:
+                # Admitted requests are in neither `waiting` nor `running` until the pass ends;
+                # `fail_all` finds them here if it raises.
+                self.prefilling = [req for req, _ in prefill]
                 self._run_prefill(prefill)
+                self.prefilling = []
             elif self.running:
                 self._run_decode()
             elif self.grammars.pending:
@@ -488,6 +493,8 @@ class Scheduler:
             [r.top_logprobs_num if r.return_logprob else 0 for r in reqs],
             return_logprobs=[r.return_logprob for r in reqs],
         )
+        for i in result.invalid_rows:
+            failed.setdefault(i, FloatingPointError("the model's logits were NaN or all -inf"))
         for i, req in enumerate(reqs):
             if i in failed:
                 self._fail_request(req, failed[i])
@@ -582,16 +589,28 @@ class Scheduler:
         self.outbox[req.rid] = req
 
     def fail_all(self, message: str) -> list[RequestOutput]:
-        """End every request with an abort after an internal error; the loop keeps serving."""
+        """End every request with an abort after a failed step; the loop keeps serving.
+
+        KV written by the failed pass cannot be trusted, so requests' own slots are freed
+        uncached (`RequestKVManager.discard`); prefixes already in the cache stay valid.
+        """
         reqs = self.waiting + self.running + ([self.chunked] if self.chunked else [])
-        reqs += self.grammars.pending
+        reqs += self.grammars.pending + self.prefilling
         self.waiting, self.running, self.chunked, self.grammars.pending = [], [], None, []
+        self.prefilling = []
+        seen: set[int] = set()
         for req in reqs:
+            if id(req) in seen or req.finished:
+                continue
+            seen.add(id(req))
+            req.finish_reason = {"type": "abort", "message": message}
+            self.counters["aborted_requests"] += 1
             try:
-                self._finish(req, {"type": "abort", "message": message})
+                self.kv.discard(req)
+                req.sampling.release()
             except Exception:  # state may be inconsistent after the failure; still answer
-                req.finish_reason = {"type": "abort", "message": message}
-                self.outbox[req.rid] = req
+                logger.exception("releasing %s after a failed step", req.rid)
+            self.outbox[req.rid] = req
         return self.collect_outputs()
 
     # ------------------------------------------------------------------ outputs
