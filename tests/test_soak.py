@@ -188,6 +188,7 @@ def soak_server():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600 + 2 * SOAK_SECONDS)  # a long soak must not hit the suite's timeout
 def test_soak_many_clients_with_disconnects(soak_server):
     url = soak_server.url
     specs = make_specs()
