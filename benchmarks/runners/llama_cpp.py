@@ -1,0 +1,263 @@
+"""llama.cpp's `llama-server` as an sglite backend, driven through its native HTTP API.
+
+The server runs on the same GGUF file, with `-t` = the same thread count, `-np 16` parallel
+slots, `-c` = 16 x 2048 tokens and continuous batching (its default); every request sets
+`cache_prompt: true`, so each slot reuses the longest prefix it already holds. The program logic
+stays in Python (sglite's interpreter), one `/completion` call per `gen`:
+
+- constraints: `json_schema` as is; a `regex` as an equivalent GBNF `grammar` (`gbnf.py`), or
+  unconstrained (counted, reported) when the converter cannot express it;
+- `select`: one call per choice, in turn (so the later ones find the prefix in the first one's
+  slot), the choice forced by a literal grammar with `n_probs: 1`; the returned logprobs of the
+  forced tokens come from the model's raw distribution (not the grammar's), so each choice gets
+  the mean logprob of its own tokens, like sglite's default;
+- no pre-caching calls (the interpreter's prefill-only requests are no-ops here, as for any
+  backend without `cache_prefix`).
+
+The hit rate comes from each answer's `timings` (`cache_n` of `cache_n + prompt_n` prompt
+tokens). The server is restarted for every workload, so each starts on a cold cache.
+Skipped with a message when no binary is found (`--llama-server PATH`, `llama-server` on PATH,
+or where `benchmarks/build_llama_cpp.sh` puts it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+from benchmarks.bench_json import _post, start_llama_server
+from benchmarks.ideal_cache import CallLog
+from benchmarks.runners.common import ResultRow, System, default_threads
+from benchmarks.runners.gbnf import literal_gbnf, regex_to_gbnf
+from sglite.lang.backend.base import BaseBackend, apply_dtype
+from sglite.lang.chat_template import from_tokenizer
+from sglite.lang.choices import ChoicesDecision, token_length_normalized
+from sglite.lang.ir import SglSamplingParams
+
+SLOTS = 16
+CTX_PER_SLOT = 2048
+
+
+def built_llama_server() -> str:
+    """Where `benchmarks/build_llama_cpp.sh` installs llama-server by default."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return os.path.join(cache, "sglite", "llama.cpp", "bin", "llama-server")
+
+
+def find_llama_server(path: str | None = None) -> tuple[str | None, str]:
+    """(binary or None, why): `path`, else `llama-server` on PATH, else the build script's."""
+    if path:
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path, "given"
+        return None, f"--llama-server {path!r} is not an executable file"
+    on_path = shutil.which("llama-server")
+    if on_path:
+        return on_path, "on PATH"
+    built = built_llama_server()
+    if os.access(built, os.X_OK):
+        return built, "built by benchmarks/build_llama_cpp.sh"
+    return None, (
+        "no llama-server: give --llama-server PATH, put it on PATH, or run "
+        "`bash benchmarks/build_llama_cpp.sh`"
+    )
+
+
+def llama_version(binary: str) -> str:
+    """`llama-server --version`'s version line ('?' when it cannot be read)."""
+    try:
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return "?"
+    for line in (out.stdout + out.stderr).splitlines():
+        if line.startswith("version"):
+            return line.split(":", 1)[-1].strip()
+    return "?"
+
+
+class LlamaServerBackend(BaseBackend):
+    """sglite backend on llama-server's `/completion` (see the module docstring)."""
+
+    def __init__(self, base_url: str, tokenizer: Any, model_path: str) -> None:
+        super().__init__()
+        self.url = base_url + "/completion"
+        self.tokenizer = tokenizer
+        self.model_path = model_path
+        self.chat_template = from_tokenizer(tokenizer, model_path)
+        self.log = CallLog()
+        self.cached = self.queried = 0
+        self.unconstrained_calls = 0
+        self._lock = threading.Lock()
+
+    def get_model_name(self) -> str:
+        return self.model_path
+
+    def _complete(self, body: dict[str, Any]) -> dict[str, Any]:
+        body = {"cache_prompt": True, "stream": False, "repeat_penalty": 1.0, **body}
+        out = _post(self.url, body)
+        timings = out.get("timings") or {}
+        cached = timings.get("cache_n", out.get("tokens_cached", 0)) or 0
+        fresh = timings.get("prompt_n", 0) or 0
+        with self._lock:
+            self.cached += cached
+            self.queried += cached + fresh
+        return out
+
+    # ------------------------------------------------------------------ language hooks
+    def generate(
+        self, s: Any, sampling_params: SglSamplingParams
+    ) -> tuple[str | list[str], dict[str, Any] | list[dict[str, Any]]]:
+        p = sampling_params.clone()
+        apply_dtype(p)
+        body: dict[str, Any] = {
+            "prompt": s.text_,
+            "n_predict": p.max_new_tokens,
+            "stop": p.stop_list(),
+            "ignore_eos": bool(p.ignore_eos),
+        }
+        if p.temperature and p.temperature > 1e-5:
+            body.update(temperature=p.temperature, top_p=p.top_p, min_p=p.min_p or 0.0)
+            body["top_k"] = p.top_k if p.top_k and p.top_k > 0 else 0
+        else:
+            body["temperature"] = 0.0  # greedy
+        if p.json_schema is not None:
+            schema = p.json_schema
+            body["json_schema"] = json.loads(schema) if isinstance(schema, str) else schema
+        elif p.regex is not None:
+            grammar = regex_to_gbnf(p.regex)
+            if grammar is None:
+                self.unconstrained_calls += 1
+            else:
+                body["grammar"] = grammar
+        texts, metas = [], []
+        for _ in range(p.n or 1):
+            call = self.log.start(s.text_)
+            out = self._complete(body)
+            call.output = out.get("content", "")
+            texts.append(call.output)
+            metas.append(
+                {
+                    "prompt_tokens": out.get("tokens_evaluated", 0),
+                    "completion_tokens": out.get("tokens_predicted", 0),
+                    "cached_tokens": (out.get("timings") or {}).get("cache_n", 0),
+                    "finish_reason": out.get("stop_type", ""),
+                }
+            )
+        if (p.n or 1) > 1:
+            return texts, metas
+        return texts[0], metas[0]
+
+    def select(
+        self, s: Any, choices: list[str], temperature: float, choices_method: Any = None
+    ) -> ChoicesDecision:
+        method = choices_method or token_length_normalized
+        if method.requires_unconditional_logprobs:
+            raise NotImplementedError("unconditional select scoring is not run on llama-server")
+        # One choice after the other: the first leaves the prefix in its slot, and llama-server
+        # gives each next call the idle slot whose prompt is most similar, so the rest hit it.
+        # (Sent at once, the choices land on different empty slots and all miss.)
+        entries = [self._score(s.text_, c) for c in choices]
+        means = [sum(e[0] for e in ent) / len(ent) if ent else float("-inf") for ent in entries]
+        return method(
+            choices=choices,
+            normalized_prompt_logprobs=means,
+            input_token_logprobs=entries,
+            output_token_logprobs=[[] for _ in choices],
+        )
+
+    def _score(self, prefix: str, choice: str) -> list[list[Any]]:
+        """The choice's tokens after `prefix` as [logprob, id, text], forced by a grammar."""
+        self.log.add(prefix, choice, generated=False)
+        out = self._complete(
+            {
+                "prompt": prefix,
+                "n_predict": len(self.tokenizer.encode(choice)) + 4,
+                "temperature": 0.0,
+                "grammar": literal_gbnf(choice),
+                "n_probs": 1,
+            }
+        )
+        entries, text = [], ""
+        for item in out.get("completion_probabilities") or []:
+            if len(text) >= len(choice):
+                break  # the end-of-sequence token after the forced text is not the choice's
+            token = item.get("token", "")
+            text += token
+            entries.append([float(item.get("logprob", float("-inf"))), item.get("id"), token])
+        return entries
+
+
+class LlamaServerSystem(System):
+    """llama.cpp's llama-server, restarted (cold) for every workload."""
+
+    name = "llama.cpp"
+
+    def __init__(self, binary: str, threads: int | None = None) -> None:
+        super().__init__()
+        self.binary = binary
+        self.threads = threads or default_threads()
+        self.version = llama_version(binary)
+        self.description = (
+            f"llama-server {self.version}: -t {self.threads} -np {SLOTS} "
+            f"-c {SLOTS * CTX_PER_SLOT}, cache_prompt"
+        )
+        self.proc: subprocess.Popen | None = None
+        self._log = tempfile.NamedTemporaryFile(
+            "w", prefix="llama-server-", suffix=".log", delete=False
+        )
+
+    def start(self) -> None:
+        from sglite.runtime.model.loader import default_model_path, load_tokenizer
+
+        self.model_path = default_model_path()
+        self.tokenizer = load_tokenizer(self.model_path)
+        self._restart()
+
+    def _restart(self) -> None:
+        self._kill()
+        args = SimpleNamespace(threads=self.threads, llama_ctx_per_slot=CTX_PER_SLOT)
+        self.proc, base = start_llama_server(self.binary, args, SLOTS, self._log)
+        self.backend = LlamaServerBackend(base, self.tokenizer, self.model_path)
+
+    def _kill(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
+
+    def stop(self) -> None:
+        self._kill()
+        self.backend = None
+        # The server's log is kept only when start-up failed (the error names it).
+        self._log.close()
+        try:
+            os.unlink(self._log.name)
+        except OSError:
+            pass
+
+    def flush(self) -> None:
+        self._restart()  # the only way to empty every slot and the server's RAM prompt cache
+
+    def counters(self) -> tuple[int, int]:
+        return self.backend.cached, self.backend.queried
+
+    def instrument(self, log: CallLog) -> None:
+        self.backend.log = log
+
+    def run(self, workload: Any, num_requests: int, seed: int = 0) -> ResultRow:
+        row = super().run(workload, num_requests, seed)
+        if self.backend.unconstrained_calls:
+            self.notes.append(
+                f"{workload.name}: {self.backend.unconstrained_calls} regex generations ran "
+                "unconstrained (not expressible as GBNF here)"
+            )
+        return row
