@@ -31,7 +31,7 @@ from typing import Any
 
 from benchmarks.ideal_cache import CallLog
 from benchmarks.runners.common import System, default_threads
-from sglite.lang.backend.base import BaseBackend, apply_dtype
+from sglite.lang.backend.base import BaseBackend, apply_dtype, mean_logprob
 from sglite.lang.chat_template import from_tokenizer
 from sglite.lang.choices import ChoicesDecision, token_length_normalized
 from sglite.lang.ir import SglSamplingParams
@@ -129,7 +129,7 @@ class HFBackend(BaseBackend):
                 [[None, j.ids[0], None], *e]
                 for j, e in zip(jobs[len(choices) :], entries[len(choices) :])
             ]
-        means = [sum(e[0] for e in ent) / len(ent) if ent else float("-inf") for ent in conditional]
+        means = [mean_logprob(ent) for ent in conditional]
         return method(
             choices=choices,
             normalized_prompt_logprobs=means,

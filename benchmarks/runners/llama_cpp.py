@@ -35,7 +35,7 @@ from benchmarks.bench_json import _post, start_llama_server
 from benchmarks.ideal_cache import CallLog
 from benchmarks.runners.common import ResultRow, System, default_threads
 from benchmarks.runners.gbnf import literal_gbnf, regex_to_gbnf
-from sglite.lang.backend.base import BaseBackend, apply_dtype
+from sglite.lang.backend.base import BaseBackend, apply_dtype, mean_logprob
 from sglite.lang.chat_template import from_tokenizer
 from sglite.lang.choices import ChoicesDecision, token_length_normalized
 from sglite.lang.ir import SglSamplingParams
@@ -162,7 +162,7 @@ class LlamaServerBackend(BaseBackend):
         # gives each next call the idle slot whose prompt is most similar, so the rest hit it.
         # (Sent at once, the choices land on different empty slots and all miss.)
         entries = [self._score(s.text_, c) for c in choices]
-        means = [sum(e[0] for e in ent) / len(ent) if ent else float("-inf") for ent in entries]
+        means = [mean_logprob(ent) for ent in entries]
         return method(
             choices=choices,
             normalized_prompt_logprobs=means,

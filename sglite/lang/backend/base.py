@@ -284,7 +284,7 @@ class NativeBackend(BaseBackend):
             for r, c in zip(results, choices)
         ]
         output_token_logprobs = [r["meta_info"].get("output_token_logprobs", []) for r in results]
-        normalized = [_mean_logprob(entries) for entries in input_token_logprobs]
+        normalized = [mean_logprob(entries) for entries in input_token_logprobs]
 
         unconditional = None
         if method.requires_unconditional_logprobs:
@@ -320,6 +320,7 @@ def _choice_entries(entries: list[list[Any]], offset: int, choice: str) -> list[
     return [list(e) for e in own if e[0] is not None]
 
 
-def _mean_logprob(entries: list[list[Any]]) -> float:
+def mean_logprob(entries: list[list[Any]]) -> float:
+    """Mean logprob of `entries` ([logprob, id, text]), skipping null ones; -inf when empty."""
     values = [float(e[0]) for e in entries if e[0] is not None]
     return sum(values) / len(values) if values else float("-inf")

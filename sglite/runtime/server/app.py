@@ -19,6 +19,16 @@ from sglite.runtime.server.streaming import ClientDisconnected, to_json
 PUBLIC_PATHS = frozenset({"/health"})
 
 
+async def send_error(
+    send: Send, status: int, message: str, code: str, headers: list[tuple[bytes, bytes]]
+) -> None:
+    """Answer with an OpenAI-shaped JSON error from a raw ASGI middleware (before FastAPI)."""
+    body = to_json(error_body(status, message, code=code)).encode()
+    head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": head + headers})
+    await send({"type": "http.response.body", "body": body})
+
+
 class APIKeyMiddleware:
     """Require `Authorization: Bearer <key>` on every route but /health (401 otherwise)."""
 
@@ -41,19 +51,7 @@ class APIKeyMiddleware:
         message = (
             "invalid API key" if token else "missing API key: send Authorization: Bearer <key>"
         )
-        body = to_json(error_body(401, message, code="invalid_api_key")).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 401,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"www-authenticate", b"Bearer"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await send_error(send, 401, message, "invalid_api_key", [(b"www-authenticate", b"Bearer")])
 
 
 class JSONBodyMiddleware:
@@ -125,19 +123,7 @@ class BodyLimitMiddleware:
 
     async def _refuse(self, send: Send) -> None:
         message = f"the request body is larger than {self.limit} bytes (--max-request-body-bytes)"
-        body = to_json(error_body(413, message, code="request_too_large")).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"connection", b"close"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await send_error(send, 413, message, "request_too_large", [(b"connection", b"close")])
 
 
 class HTTPCountMiddleware:
