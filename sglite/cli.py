@@ -19,6 +19,7 @@ from sglite.runtime.server_args import (
     DTYPES,
     GRAMMAR_BACKENDS,
     JUMP_FORWARD_MODES,
+    QUANTIZATIONS,
     SCHEDULE_POLICIES,
     ServerArgs,
 )
@@ -45,6 +46,10 @@ HELP = {
     "jump_forward_mode": "exact: forced tokens verified by the model (outputs unchanged); "
     "retokenize: SGLang's original unverified append (outputs may drift)",
     "num_threads": "torch threads in the scheduler process (default: all cores)",
+    "quantization": "weight-only quantization of the projections for small-batch decode "
+    "(int4 takes a GGUF's own Q4_0/Q4_1 values; CPU only)",
+    "quantized_max_rows": "matmuls of at most this many rows use the quantized weights, larger "
+    "ones the dense copy (-1: quantized only, dense weights freed)",
     "log_level": "debug, info, warning or error",
     "max_n": "most choices (n) one request may ask for",
     "max_new_tokens_limit": "cap on max_new_tokens / max_tokens (default: the context length)",
@@ -64,6 +69,7 @@ CHOICES = {
     "schedule_policy": SCHEDULE_POLICIES,
     "grammar_backend": GRAMMAR_BACKENDS,
     "jump_forward_mode": JUMP_FORWARD_MODES,
+    "quantization": QUANTIZATIONS,
 }
 ALIASES = {"model_path": ["--model"], "tokenizer_path": ["--tokenizer"]}
 

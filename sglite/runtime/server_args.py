@@ -14,6 +14,7 @@ SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 GRAMMAR_BACKENDS = ("llguidance", "xgrammar")
 JUMP_FORWARD_MODES = ("exact", "retokenize")
+QUANTIZATIONS = ("none", "int8", "int4")
 
 
 @dataclass
@@ -47,6 +48,11 @@ class ServerArgs:
     # SGLang's original jump-forward, forced text appended unverified (faster, outputs drift).
     jump_forward_mode: str = "exact"
     num_threads: int | None = None  # torch threads in the scheduler process; None = all cores
+    # Weight-only quantization of the projections (none, int8, int4; CPU). Matmuls of at most
+    # `quantized_max_rows` rows (decode of small batches) use it, larger ones the dense weights;
+    # -1 = always quantized and the dense weights freed (less memory, slower prefill).
+    quantization: str = "none"
+    quantized_max_rows: int = 8
     log_level: str = "warning"
     # Limits on what one request may ask for (past them: HTTP 400 / ValueError).
     max_n: int = 64  # most choices (`n`) per request
@@ -84,6 +90,14 @@ class ServerArgs:
                 f"jump_forward_mode must be one of {JUMP_FORWARD_MODES}, "
                 f"got {self.jump_forward_mode!r}"
             )
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(
+                f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}"
+            )
+        if self.quantization != "none" and self.device != "cpu":
+            raise ValueError("quantization uses PyTorch's CPU kernels; it needs device='cpu'")
+        if self.quantized_max_rows < -1:
+            raise ValueError(f"quantized_max_rows must be >= -1, got {self.quantized_max_rows}")
         if self.grammar_compile_timeout <= 0:
             raise ValueError("grammar_compile_timeout must be positive")
         for name in ("max_running_requests", "chunked_prefill_size", "max_prefill_tokens"):

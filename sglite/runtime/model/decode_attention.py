@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from sglite.runtime.model import kernels
+
 # Below this many shared tokens the plain padded gather is as cheap.
 MIN_SHARED_PREFIX = 32
 
@@ -141,10 +143,18 @@ def grouped_decode_attention(
     for rows, plan in groups.shared:
         out[rows] = shared_prefix_decode_attention(q[rows], k_cache, v_cache, plan, scale)
     if groups.plain_rows.numel():
+        qp = q[groups.plain_rows]
+        lens = groups.plain_mask.sum(dim=1)
+        native = kernels.paged_decode_attention(
+            qp.reshape(qp.shape[0], -1), k_cache, v_cache, groups.plain_slots, lens, scale
+        )
+        if native is not None:
+            out[groups.plain_rows] = native.view_as(qp)
+            return out
         ks = k_cache[groups.plain_slots].transpose(1, 2).to(q.dtype)
         vs = v_cache[groups.plain_slots].transpose(1, 2).to(q.dtype)
         o = F.scaled_dot_product_attention(
-            q[groups.plain_rows].unsqueeze(2),
+            qp.unsqueeze(2),
             ks,
             vs,
             attn_mask=groups.plain_mask[:, None, None, :],

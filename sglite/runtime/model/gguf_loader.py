@@ -14,7 +14,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from sglite.runtime.model.config import ModelConfig
+from sglite.runtime.model.quantization import Int4Parts, int4_parts_from_gguf
 from sglite.runtime.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -193,6 +194,43 @@ def iter_gguf_weights(
         elif unpermute and ".self_attn.k_proj." in name:
             weight = _unpermute_rows(weight, config.num_kv_heads)
         yield name, weight
+
+
+def gguf_int4_source(reader: Any, config: ModelConfig) -> Callable[[list[str]], Int4Parts | None]:
+    """A lookup for `CausalLM.quantize`: the file's own 4-bit values of the Hugging Face tensors
+    `names` (one fused projection), or None unless every one of them is Q4_0 / Q4_1."""
+    arch = _field(reader, "general.architecture")
+    unpermute = arch in _PERMUTED_QK_ARCHS
+    by_name = {}
+    for tensor in reader.tensors:
+        name = _hf_name(tensor.name)
+        if name is not None:
+            by_name[name] = tensor
+
+    def lookup(names: list[str]) -> Int4Parts | None:
+        tensors = [by_name.get(n) for n in names]
+        if any(t is None or t.tensor_type.name not in ("Q4_0", "Q4_1") for t in tensors):
+            return None
+        parts = []
+        for name, tensor in zip(names, tensors):
+            shape = tuple(int(d) for d in reversed(tensor.shape))
+            part = int4_parts_from_gguf(tensor.data, tensor.tensor_type.name, shape)
+            heads = None
+            if unpermute and ".self_attn.q_proj." in name:
+                heads = config.num_heads
+            elif unpermute and ".self_attn.k_proj." in name:
+                heads = config.num_kv_heads
+            if heads is not None:
+                part = Int4Parts(
+                    _unpermute_rows(part.values, heads),
+                    _unpermute_rows(part.scale, heads),
+                    _unpermute_rows(part.zero, heads),
+                    part.group_size,
+                )
+            parts.append(part)
+        return Int4Parts.concat(parts)
+
+    return lookup
 
 
 # ---------------------------------------------------------------------------------- tokenizer

@@ -2,7 +2,9 @@
 
 All tokens of a batch are flattened into one `[T, hidden]` tensor so every projection is a single
 matmul regardless of how many sequences the batch holds; only attention looks at sequence
-boundaries. Q/K/V and gate/up are fused into one linear each at load time.
+boundaries. Q/K/V and gate/up are fused into one linear each at load time, and the elementwise
+work between matmuls runs as fused passes (`kernels`): residual add + RMSNorm, RoPE + KV store,
+SiLU * up. The residual stream is one tensor updated in place across layers.
 
 Tensor-parallel layout (not implemented yet, but the module structure is ready for it): `qkv_proj`
 and `gate_up_proj` are column-parallel (each rank would own a slice of heads / of the intermediate
@@ -13,93 +15,26 @@ all-reduce. `num_heads`/`num_kv_heads` on the attention module are the per-rank 
 from __future__ import annotations
 
 import logging
-import math
 import re
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention.bias import CausalBias, causal_lower_right
 
 from sglite.runtime.cache.kv_pool import KVPool
+from sglite.runtime.model import kernels
+from sglite.runtime.model.attention import AttentionPlan, decode_attention, extend_attention
 from sglite.runtime.model.config import ModelConfig
-from sglite.runtime.model.decode_attention import (
-    DecodeGroups,
-    grouped_decode_attention,
-    plan_decode_groups,
-)
 from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
+from sglite.runtime.model.linear import Linear, linear
+from sglite.runtime.model.quantization import Int4Parts, Int8Weight, QuantizedWeight, make_quantized
+from sglite.runtime.model.rope import RopeTables
 
 logger = logging.getLogger(__name__)
 
-# The RoPE table grows on demand past this length, so a 128k-context model does not pay for the
-# full table up front.
-_INITIAL_ROPE_LEN = 16384
-
-
-def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
-    """Per-frequency inverse wavelengths `[head_dim // 2]` (float32), with scaling applied."""
-    dim = config.head_dim
-    exponents = torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float32) / dim
-    inv_freq = 1.0 / (config.rope_theta**exponents)
-    scaling = config.rope_scaling
-    if not scaling:
-        return inv_freq
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
-    if kind == "default":
-        return inv_freq
-    if kind == "linear":
-        return inv_freq / float(scaling["factor"])
-    if kind == "llama3":
-        return _llama3_inv_freq(inv_freq, scaling)
-    if kind == "freq_factors":
-        return inv_freq / torch.tensor(scaling["factors"], dtype=torch.float32)
-    raise ValueError(
-        f"unsupported rope scaling type {kind!r}; supported: default, linear, llama3, freq_factors"
-    )
-
-
-def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
-    # Llama 3.1: long wavelengths are divided by `factor`, short ones kept, and the band between
-    # is interpolated smoothly in wavelength.
-    factor = float(scaling["factor"])
-    low = float(scaling.get("low_freq_factor", 1.0))
-    high = float(scaling.get("high_freq_factor", 4.0))
-    old_len = float(scaling.get("original_max_position_embeddings", 8192))
-    wavelen = 2 * math.pi / inv_freq
-    low_freq_wavelen = old_len / low
-    high_freq_wavelen = old_len / high
-    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
-    smooth = (old_len / wavelen - low) / (high - low)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
-    return torch.where(medium, smoothed, scaled)
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear`, with a matrix-vector path for one bf16 row on CPU.
-
-    oneDNN's bf16 GEMM is poorly tuned for a single row (batch-1 decode); `torch.mv` was measured
-    ~1.3x faster there, ~15% of a whole SmolLM2 decode step.
-    """
-    if x.shape[0] == 1 and x.dim() == 2 and x.dtype == torch.bfloat16 and x.device.type == "cpu":
-        y = torch.mv(weight, x[0]).unsqueeze(0)
-        return y if bias is None else y + bias
-    return F.linear(x, weight, bias)
-
-
-class Linear(nn.Linear):
-    """`nn.Linear` using `linear` (same parameters and state dict)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """`[T, in] -> [T, out]`."""
-        return linear(x, self.weight, self.bias)
-
 
 class RMSNorm(nn.Module):
-    """Root-mean-square layer norm with a learned scale."""
+    """Root-mean-square layer norm with a learned scale (applied through `kernels`)."""
 
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
@@ -108,88 +43,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Normalize the last dimension; statistics are accumulated in float32."""
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-
-
-@dataclass
-class _SeqAttn:
-    """Per-sequence EXTEND attention plan, shared by all layers with the same window."""
-
-    seq: int  # index in the batch
-    start: int
-    end: int
-    prefix_len: int
-    # None = plain causal; else a lower-right causal bias or an [extend_len, seq_len] bool mask.
-    mask: torch.Tensor | CausalBias | None
-
-
-class AttentionPlan:
-    """Masks derived from a batch once per forward, reused by every layer.
-
-    Layers with a sliding window need different masks than full-attention layers; plans are
-    built per distinct window on first use.
-    """
-
-    def __init__(self, batch: ForwardBatch, device: torch.device) -> None:
-        self.batch = batch
-        self.device = device
-        self._extend: dict[int | None, list[_SeqAttn]] = {}
-        self._decode: dict[int | None, torch.Tensor | None] = {}
-        self._groups: DecodeGroups | None | bool = False  # False = not computed yet
-
-    def decode_groups(self) -> DecodeGroups | None:
-        """Groups of DECODE rows sharing a prefix (computed once per forward), or None."""
-        if self._groups is False:
-            b = self.batch
-            assert b.padded_slots is not None and b.padded_mask is not None
-            self._groups = plan_decode_groups(b.padded_slots, b.padded_mask)
-        return self._groups  # type: ignore[return-value]
-
-    def extend(self, window: int | None) -> list[_SeqAttn]:
-        """Per-sequence slices and masks for EXTEND attention with the given window."""
-        if window not in self._extend:
-            plans, start = [], 0
-            b = self.batch
-            batched = set(b.decode_seqs or ())
-            lens = zip(b.prefix_lens, b.extend_lens, b.seq_lens, strict=True)
-            for i, (prefix, ext, total) in enumerate(lens):
-                if i in batched:  # served by the decode path
-                    start += ext
-                    continue
-                mask: torch.Tensor | CausalBias | None = None
-                if window is None and prefix > 0:
-                    # Causal aligned to the end: query j sees keys 0..prefix+j. SDPA handles this
-                    # without materializing a mask (measured 1.5x faster than a bool mask).
-                    mask = causal_lower_right(ext, total)
-                elif window is not None and (prefix > 0 or total > window):
-                    q_pos = torch.arange(prefix, total, device=self.device)[:, None]
-                    k_pos = torch.arange(total, device=self.device)[None, :]
-                    mask = k_pos <= q_pos
-                    if window is not None:
-                        mask &= k_pos > q_pos - window
-                plans.append(_SeqAttn(i, start, start + ext, prefix, mask))
-                start += ext
-            self._extend[window] = plans
-        return self._extend[window]
-
-    def decode(self, window: int | None) -> torch.Tensor | None:
-        """`[B, 1, 1, L]` bool mask for DECODE attention, or None when nothing is masked."""
-        if window not in self._decode:
-            b = self.batch
-            lens = b.decode_seq_lens
-            windowed = window is not None and max(lens) > window
-            if not windowed and min(lens) == max(lens):
-                mask = None  # every row is full: skip masking entirely
-            else:
-                assert b.padded_mask is not None
-                mask = b.padded_mask
-                if windowed:
-                    seq = torch.tensor(lens, device=self.device)[:, None]
-                    k_pos = torch.arange(mask.shape[1], device=self.device)[None, :]
-                    mask = mask & (k_pos > seq - 1 - window)
-                mask = mask[:, None, None, :]
-            self._decode[window] = mask
-        return self._decode[window]
+        return kernels.add_rms_norm(None, x.contiguous(), self.weight, self.eps)
 
 
 class LlamaAttention(nn.Module):
@@ -213,107 +67,50 @@ class LlamaAttention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
         batch: ForwardBatch,
         plan: AttentionPlan,
         pool: KVPool,
+        rope: RopeTables,
     ) -> torch.Tensor:
-        """`x` is `[T, hidden]`; `cos`/`sin` are `[T, 1, head_dim // 2]` for the T positions."""
+        """`x` is `[T, hidden]` (normalized); returns the attention output `[T, hidden]`."""
         t = x.shape[0]
         qkv = self.qkv_proj(x)
-        # Rotate q and k together: one set of elementwise ops instead of two.
-        qk = qkv[:, : self.q_size + self.kv_size].view(t, self.num_heads + self.num_kv_heads, -1)
-        qk = _apply_rope(qk, cos, sin)
-        q = qk[:, : self.num_heads]
-        k = qk[:, self.num_heads :]
-        v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
         k_cache = pool.k[self.layer_id]
         v_cache = pool.v[self.layer_id]
-        k_cache.index_copy_(0, batch.out_slots, k.to(k_cache.dtype))
-        v_cache.index_copy_(0, batch.out_slots, v.to(v_cache.dtype))
+        kernels.rope_store_kv(
+            qkv,
+            batch.positions,
+            rope.cos,
+            rope.sin,
+            k_cache,
+            v_cache,
+            batch.out_slots,
+            self.num_heads,
+            self.num_kv_heads,
+        )
+        q = qkv[:, : self.q_size]
         if batch.mode is ForwardMode.DECODE:
-            out = self._decode(q, k_cache, v_cache, batch, plan)
+            out = decode_attention(q, k_cache, v_cache, plan, self.window, self.scale)
         else:
-            out = self._extend(q, k, v, k_cache, v_cache, batch, plan)
+            k = qkv[:, self.q_size : self.q_size + self.kv_size]
+            v = qkv[:, self.q_size + self.kv_size :]
+            out = extend_attention(
+                q.view(t, self.num_heads, self.head_dim),
+                k.view(t, self.num_kv_heads, self.head_dim),
+                v.view(t, self.num_kv_heads, self.head_dim),
+                k_cache,
+                v_cache,
+                plan,
+                self.window,
+                self.scale,
+            ).reshape(t, self.q_size)
             if batch.decode_rows is not None:
                 rows = batch.decode_rows
-                single = self._decode(q.index_select(0, rows), k_cache, v_cache, batch, plan)
+                single = decode_attention(
+                    q.index_select(0, rows), k_cache, v_cache, plan, self.window, self.scale
+                )
                 out.index_copy_(0, rows, single)
         return self.o_proj(out)
-
-    def _extend(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        batch: ForwardBatch,
-        plan: AttentionPlan,
-    ) -> torch.Tensor:
-        seqs = plan.extend(self.window)
-        if batch.decode_rows is None and len(seqs) == 1:
-            out = None  # one sequence: its output is the whole result, no copy needed
-        else:
-            out = q.new_empty(q.shape[0], self.num_heads, self.head_dim)
-        for seq in seqs:
-            qi = q[seq.start : seq.end].transpose(0, 1).unsqueeze(0)
-            if seq.prefix_len == 0:
-                # Nothing cached: the fresh K/V are exactly what the pool now holds.
-                ki, vi = k[seq.start : seq.end], v[seq.start : seq.end]
-            else:
-                slots = batch.kv_slots[seq.seq]
-                ki, vi = k_cache.index_select(0, slots), v_cache.index_select(0, slots)
-            ki = ki.transpose(0, 1).unsqueeze(0).to(q.dtype)
-            vi = vi.transpose(0, 1).unsqueeze(0).to(q.dtype)
-            o = F.scaled_dot_product_attention(
-                qi,
-                ki,
-                vi,
-                attn_mask=seq.mask,
-                is_causal=seq.mask is None,
-                scale=self.scale,
-                enable_gqa=True,
-            )
-            if out is None:
-                return o[0].transpose(0, 1).reshape(q.shape[0], self.q_size)
-            out[seq.start : seq.end] = o[0].transpose(0, 1)
-        assert out is not None
-        return out.view(q.shape[0], self.q_size)
-
-    def _decode(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        batch: ForwardBatch,
-        plan: AttentionPlan,
-    ) -> torch.Tensor:
-        assert batch.padded_slots is not None
-        bsz = q.shape[0]
-        groups = plan.decode_groups() if self.window is None else None
-        if groups is not None:
-            out = grouped_decode_attention(q, k_cache, v_cache, groups, self.scale)
-            return out.reshape(bsz, self.q_size)
-        ks = k_cache[batch.padded_slots].transpose(1, 2).to(q.dtype)  # [B, kv_heads, L, D]
-        vs = v_cache[batch.padded_slots].transpose(1, 2).to(q.dtype)
-        o = F.scaled_dot_product_attention(
-            q.unsqueeze(2),  # [B, heads, 1, D]
-            ks,
-            vs,
-            attn_mask=plan.decode(self.window),
-            scale=self.scale,
-            enable_gqa=True,
-        )
-        return o.reshape(bsz, self.q_size)
-
-
-def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # Rotate-half layout (Hugging Face): pairs are (i, i + head_dim/2).
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
 class LlamaMLP(nn.Module):
@@ -329,12 +126,11 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """`[T, hidden] -> [T, hidden]`."""
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(kernels.silu_mul(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
-    """Pre-norm transformer block: attention then MLP, each with a residual connection."""
+    """Pre-norm transformer block: attention then MLP, each added to the residual stream."""
 
     def __init__(self, config: ModelConfig, layer_id: int) -> None:
         super().__init__()
@@ -345,16 +141,18 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(
         self,
-        h: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        x: torch.Tensor,
+        residual: torch.Tensor,
         batch: ForwardBatch,
         plan: AttentionPlan,
         pool: KVPool,
+        rope: RopeTables,
     ) -> torch.Tensor:
-        """One block over the flattened tokens `[T, hidden]`."""
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, batch, plan, pool)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        """`x` is `input_layernorm(residual)`. Adds the attention output to `residual` in place
+        and returns the MLP output, which the caller adds (fused with the next norm)."""
+        attn = self.self_attn(x, batch, plan, pool, rope)
+        norm = self.post_attention_layernorm
+        return self.mlp(kernels.add_rms_norm(attn, residual, norm.weight, norm.eps))
 
 
 # Hugging Face checkpoint names of the parts that are fused here: (fused param, part index).
@@ -384,8 +182,10 @@ class CausalLM(nn.Module):
             if config.tie_word_embeddings
             else Linear(config.hidden_size, config.vocab_size, bias=False)
         )
-        self.register_buffer("rope_cos", torch.empty(0), persistent=False)
-        self.register_buffer("rope_sin", torch.empty(0), persistent=False)
+        self.rope: RopeTables | None = None
+        # Quantized copy of the output projection for small batches (see `quantize_model`).
+        self.lm_head_quantized: QuantizedWeight | None = None
+        self.lm_head_quantized_max_rows = 0
 
     @classmethod
     def empty(cls, config: ModelConfig, dtype: torch.dtype, device: torch.device | str) -> CausalLM:
@@ -398,7 +198,7 @@ class CausalLM(nn.Module):
         model = model.to_empty(device=device)
         model.requires_grad_(False)
         model.eval()
-        model._build_rope(_initial_rope_len(config))
+        model.rope = RopeTables(config, torch.device(device))
         return model
 
     @property
@@ -411,14 +211,6 @@ class CausalLM(nn.Module):
         """Dtype of the weights (and of activations)."""
         return self.embed_tokens.weight.dtype
 
-    def _build_rope(self, length: int) -> None:
-        inv_freq = rope_inv_freq(self.config).to(self.device)
-        positions = torch.arange(length, dtype=torch.int64, device=self.device).to(torch.float32)
-        freqs = torch.outer(positions, inv_freq)
-        # Stored in the activation dtype, as Hugging Face casts cos/sin before rotating.
-        self.rope_cos = freqs.cos().to(self.dtype)
-        self.rope_sin = freqs.sin().to(self.dtype)
-
     def lm_head_weight(self) -> torch.Tensor:
         """The output projection, which is the embedding matrix when tied."""
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
@@ -426,17 +218,28 @@ class CausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
         """Run all layers over the batch, write its K/V into `pool`, return `[R, vocab]` logits."""
-        needed = max(batch.seq_lens)
-        if needed > self.rope_cos.shape[0]:
-            self._build_rope(max(needed, 2 * self.rope_cos.shape[0]))
-        cos = self.rope_cos[batch.positions].unsqueeze(1)
-        sin = self.rope_sin[batch.positions].unsqueeze(1)
+        assert self.rope is not None
+        self.rope.ensure(max(batch.seq_lens))
         plan = AttentionPlan(batch, self.device)
-        h = self.embed_tokens(batch.input_ids)
-        for layer in self.layers:
-            h = layer(h, cos, sin, batch, plan, pool)
-        h = self.norm(h[batch.logit_rows])
-        return linear(h, self.lm_head_weight()).float()
+        residual = self.embed_tokens(batch.input_ids)  # a fresh tensor: updated in place
+        first = self.layers[0].input_layernorm
+        x = kernels.add_rms_norm(None, residual, first.weight, first.eps)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, residual, batch, plan, pool, self.rope)
+            if i + 1 < len(self.layers):
+                norm = self.layers[i + 1].input_layernorm
+                x = kernels.add_rms_norm(x, residual, norm.weight, norm.eps)
+            else:
+                residual.add_(x)
+        h = residual.index_select(0, batch.logit_rows)
+        h = kernels.add_rms_norm(None, h, self.norm.weight, self.norm.eps)
+        return self._lm_head(h).float()
+
+    def _lm_head(self, h: torch.Tensor) -> torch.Tensor:
+        q = self.lm_head_quantized
+        if q is not None and h.shape[0] <= self.lm_head_quantized_max_rows:
+            return q.matmul(h)
+        return linear(h, self.lm_head_weight())
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy Hugging Face-named tensors into the (fused) parameters.
@@ -473,6 +276,46 @@ class CausalLM(nn.Module):
         if missing:
             raise ValueError(f"checkpoint is missing weights for: {', '.join(missing[:8])}")
 
+    def quantize(
+        self,
+        kind: str,
+        max_rows: int,
+        int4_source: Callable[[list[str]], Int4Parts | None] | None = None,
+    ) -> None:
+        """Give every projection a weight-only quantized copy (`kind` int8 or int4) used for
+        matmuls of at most `max_rows` rows (-1: all, and the dense weights are freed), and the
+        output projection an int8 copy (4-bit logits lose too much).
+
+        `int4_source(names)` may return the checkpoint's own 4-bit values for the Hugging Face
+        tensors `names` that make up one projection (GGUF Q4_0/Q4_1), so they are not requantized.
+        """
+        if kind == "none":
+            return
+        for name, module in self.named_modules():
+            if not isinstance(module, Linear) or name == "lm_head":
+                continue
+            parts = int4_source(self._checkpoint_names(name)) if int4_source else None
+            weight = make_quantized(kind, module.weight.data, self.dtype, parts)
+            if weight is None:
+                shape = tuple(module.weight.shape)
+                logger.warning("%s: shape %s cannot be %s-quantized", name, shape, kind)
+                continue
+            module.set_quantized(weight, max_rows)
+        self.lm_head_quantized = Int8Weight(self.lm_head_weight().data, self.dtype)
+        self.lm_head_quantized_max_rows = max_rows if max_rows >= 0 else 1 << 62
+
+    @staticmethod
+    def _checkpoint_names(module: str) -> list[str]:
+        """Hugging Face weight names whose rows make up the (possibly fused) projection."""
+        prefix, _, last = module.rpartition(".")
+        owner = prefix.rpartition(".")[2]
+        fused = f"{owner}.{last}"
+        parts = sorted((part, hf) for hf, (target, part) in _FUSED.items() if target == fused)
+        layer = prefix.rpartition(".")[0]
+        if not parts:
+            return [f"model.{module}.weight"]
+        return [f"model.{layer}.{hf}.weight" for _, hf in parts]
+
     @staticmethod
     def _map_name(name: str) -> tuple[str, int | None]:
         m = _LAYER_NAME.match(name)
@@ -499,6 +342,3 @@ class CausalLM(nn.Module):
         start = sum(sizes[:part])
         return param.data[start : start + sizes[part]]
 
-
-def _initial_rope_len(config: ModelConfig) -> int:
-    return max(1, min(config.max_position_embeddings, _INITIAL_ROPE_LEN))

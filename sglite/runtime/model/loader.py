@@ -12,6 +12,7 @@ import torch
 
 from sglite.runtime.model.config import ModelConfig
 from sglite.runtime.model.llama import CausalLM
+from sglite.runtime.model.quantization import QUANTIZATIONS
 from sglite.runtime.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -87,6 +88,17 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device | str = "cpu") 
     return _DTYPES[name]
 
 
+def _check_quantization(kind: str, dtype: torch.dtype, device: torch.device) -> None:
+    if kind not in QUANTIZATIONS:
+        raise ValueError(f"unknown quantization {kind!r}; use one of {', '.join(QUANTIZATIONS)}")
+    if kind == "none":
+        return
+    if device.type != "cpu":
+        raise ValueError(f"quantization {kind} uses PyTorch's CPU kernels; it needs device=cpu")
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"quantization {kind} needs dtype float32 or bfloat16, not {dtype}")
+
+
 def _resolve_path(model_path: str | None) -> str:
     if model_path is None:
         return default_model_path()
@@ -136,8 +148,14 @@ def load_model(
     device: str | torch.device = "cpu",
     tokenizer_path: str | None = None,
     progress: bool = True,
+    quantization: str = "none",
+    quantized_max_rows: int = 8,
 ) -> LoadedModel:
     """Load weights, config and tokenizer. `model_path=None` loads the default model.
+
+    `quantization` (none, int8, int4) adds weight-only quantized copies of the projections for
+    matmuls of at most `quantized_max_rows` rows (see `CausalLM.quantize`); int4 takes a GGUF's
+    own Q4_0/Q4_1 values where the file has them.
 
     Raises FileNotFoundError for a missing path, ValueError for an unsupported architecture or a
     file that is not valid GGUF/safetensors.
@@ -158,8 +176,12 @@ def load_model(
         weights = hf_loader.iter_safetensors_weights(hf_loader.safetensors_files(path), progress)
     else:
         raise ValueError(f"{path} is neither a GGUF file nor a Hugging Face model directory")
+    _check_quantization(quantization, torch_dtype, dev)
     model = CausalLM.empty(config, torch_dtype, dev)
     model.load_weights(weights)
+    if quantization != "none":
+        source = gguf_loader.gguf_int4_source(reader, config) if reader is not None else None
+        model.quantize(quantization, quantized_max_rows, source)
     if tokenizer_path is None and reader is not None:
         tokenizer = gguf_loader.load_gguf_tokenizer(path, reader)  # reuse the parsed metadata
     else:

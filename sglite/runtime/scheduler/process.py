@@ -80,12 +80,20 @@ def run_scheduler(args: ServerArgs, in_addr: str, out_addr: str, parent_pid: int
     try:
         import torch
 
+        from sglite.runtime.model.kernels import native_available as native_kernels_available
         from sglite.runtime.model.loader import load_model
         from sglite.runtime.scheduler.scheduler import Scheduler
 
         torch.set_num_threads(args.resolved_num_threads())
         torch.manual_seed(args.random_seed)
-        loaded = load_model(args.model_path, args.dtype, args.device, args.tokenizer_path)
+        loaded = load_model(
+            args.model_path,
+            args.dtype,
+            args.device,
+            args.tokenizer_path,
+            quantization=args.quantization,
+            quantized_max_rows=args.quantized_max_rows,
+        )
         scheduler = Scheduler(args, loaded)
     except Exception as exc:
         send.send_pyobj(ReadyMessage(ok=False, error=f"{type(exc).__name__}: {exc}"))
@@ -105,6 +113,9 @@ def run_scheduler(args: ServerArgs, in_addr: str, out_addr: str, parent_pid: int
                 "architecture": cfg.arch,
                 "grammar_backend": args.grammar_backend,
                 "jump_forward": scheduler.jump_forward,
+                "quantization": args.quantization,
+                "native_kernels": native_kernels_available(),
+                "num_threads": torch.get_num_threads(),
             },
         )
     )

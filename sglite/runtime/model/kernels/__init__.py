@@ -1,0 +1,183 @@
+"""Fused decoder kernels with PyTorch fallbacks.
+
+Each function runs the native CPU kernel (`cpu_kernels.c`, see `native.py`) when the library
+is available and every tensor is a CPU float32/bfloat16 tensor in the layout the kernel expects;
+otherwise (CUDA, float16, no compiler) it computes the same result with PyTorch ops. Both paths
+round to the storage dtype at the same points, so results agree to float32 rounding.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+import torch.nn.functional as F
+
+from sglite.runtime.model.kernels import native
+
+_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+
+
+def _lib_for(*tensors: torch.Tensor) -> ctypes.CDLL | None:
+    """The native library if every tensor can go through it, else None."""
+    first = tensors[0]
+    if first.device.type != "cpu" or first.dtype not in _DTYPE_CODES:
+        return None
+    if any(t.dtype != first.dtype or t.device.type != "cpu" for t in tensors[1:]):
+        return None
+    return native.load()
+
+
+def native_available() -> bool:
+    """Whether the native CPU kernels are built and enabled in this process."""
+    return native.load() is not None
+
+
+def add_rms_norm(
+    x: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """`residual += x` in place (skipped when `x` is None); returns `rms_norm(residual) * weight`.
+
+    `residual` and `x` are `[rows, dim]` and contiguous; the result is a new tensor.
+    """
+    lib = _lib_for(residual, weight) if x is None else _lib_for(residual, weight, x)
+    if lib is None or not residual.is_contiguous() or (x is not None and not x.is_contiguous()):
+        if x is not None:
+            residual.add_(x)
+        return F.rms_norm(residual, (residual.shape[-1],), weight, eps)
+    out = torch.empty_like(residual)
+    rows, dim = residual.shape
+    lib.add_rms_norm(
+        _DTYPE_CODES[residual.dtype],
+        None if x is None else x.data_ptr(),
+        residual.data_ptr(),
+        weight.data_ptr(),
+        out.data_ptr(),
+        rows,
+        dim,
+        eps,
+        torch.get_num_threads(),
+    )
+    return out
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """`silu(gate) * up` for `gate_up = [gate | up]` of shape `[rows, 2 * inter]`."""
+    rows, width = gate_up.shape
+    inter = width // 2
+    lib = _lib_for(gate_up)
+    if lib is None or not gate_up.is_contiguous():
+        gate, up = gate_up.split(inter, dim=-1)
+        return F.silu(gate) * up
+    out = gate_up.new_empty(rows, inter)
+    code = _DTYPE_CODES[gate_up.dtype]
+    lib.silu_mul(code, gate_up.data_ptr(), out.data_ptr(), rows, inter, torch.get_num_threads())
+    return out
+
+
+def rope_store_kv(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out_slots: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+) -> None:
+    """Rotate the q and k heads of `qkv` (`[T, (heads + 2 kv_heads) * head_dim]`) in place with
+    the rotate-half RoPE at `positions`, then store k and v into the pool at `out_slots`.
+
+    `cos`/`sin` are float32 tables `[max_pos, head_dim // 2]`; caches `[slots, kv_heads, dim]`.
+    """
+    tokens = qkv.shape[0]
+    head_dim = k_cache.shape[-1]
+    lib = _lib_for(qkv, k_cache, v_cache)
+    if lib is None or not (qkv.is_contiguous() and k_cache.is_contiguous()):
+        _rope_store_kv_torch(qkv, positions, cos, sin, k_cache, v_cache, out_slots, num_heads)
+        return
+    lib.rope_store_kv(
+        _DTYPE_CODES[qkv.dtype],
+        qkv.data_ptr(),
+        tokens,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        positions.data_ptr(),
+        cos.data_ptr(),
+        sin.data_ptr(),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        out_slots.data_ptr(),
+        torch.get_num_threads(),
+    )
+
+
+def _rope_store_kv_torch(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out_slots: torch.Tensor,
+    num_heads: int,
+) -> None:
+    tokens = qkv.shape[0]
+    kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2]
+    q_k = qkv[:, : (num_heads + kv_heads) * head_dim].view(tokens, num_heads + kv_heads, head_dim)
+    c = cos[positions].unsqueeze(1)
+    s = sin[positions].unsqueeze(1)
+    half = head_dim // 2
+    x1, x2 = q_k[..., :half].float(), q_k[..., half:].float()
+    rotated = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+    q_k.copy_(rotated)
+    k = q_k[:, num_heads:]
+    v = qkv[:, (num_heads + kv_heads) * head_dim :].view(tokens, kv_heads, head_dim)
+    k_cache.index_copy_(0, out_slots, k.to(k_cache.dtype))
+    v_cache.index_copy_(0, out_slots, v.to(v_cache.dtype))
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    table: torch.Tensor,
+    lens: torch.Tensor,
+    scale: float,
+    window: int | None = None,
+) -> torch.Tensor | None:
+    """Attention of one query token per row over K/V read through the slot table, no copy.
+
+    `q` is `[rows, heads * head_dim]` (row stride may be larger: a view into fused QKV);
+    `table` `[rows, W]` int64 slots (row stride may be larger), `lens` `[rows]` int64 valid
+    entries per row; with `window`, only a row's last `window` tokens. Returns `[rows, heads * head_dim]`, or None when the
+    native kernel cannot serve these tensors (the caller then uses its PyTorch path).
+    """
+    lib = _lib_for(q, k_cache, v_cache)
+    if lib is None or q.stride(-1) != 1 or table.stride(-1) != 1 or not lens.is_contiguous():
+        return None
+    rows = q.shape[0]
+    kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2]
+    heads = q.shape[1] // head_dim
+    out = q.new_empty(rows, heads * head_dim)
+    lib.paged_decode_attention(
+        _DTYPE_CODES[q.dtype],
+        q.data_ptr(),
+        q.stride(0),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        table.data_ptr(),
+        table.stride(0),
+        lens.data_ptr(),
+        out.data_ptr(),
+        rows,
+        heads,
+        kv_heads,
+        head_dim,
+        scale,
+        window or 0,
+        torch.get_num_threads(),
+    )
+    return out

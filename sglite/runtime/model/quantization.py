@@ -1,0 +1,172 @@
+"""Weight-only quantization (int8 per output channel, int4 per group) for small-batch matmuls.
+
+Batch-1 decode reads every weight once per token, so its speed is set by weight bytes: int8
+halves them and int4 quarters them relative to bfloat16. PyTorch's CPU kernels
+(`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`) dequantize on the fly and win for a few
+rows, but lose to the bfloat16 GEMM for prefill and large decode batches, so a quantized
+`Linear` keeps its dense weight too and picks per call (see `Linear.forward`).
+
+int4 dequantizes as `(q - 8) * scale + zero` per group of `group_size` input columns, which is
+exactly the layout of GGUF's Q4_0 (`zero = 0`) and Q4_1 (`zero = min + 8 * scale`) blocks of 32:
+such tensors are loaded from the file's own 4-bit values (`int4_parts_from_gguf`), not requantized.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+QUANTIZATIONS = ("none", "int8", "int4")
+GGUF_BLOCK = 32
+
+
+@dataclass
+class Int4Parts:
+    """Unpacked int4 weight `[N, K]`: values 0..15, and per-group scale and zero `[N, K / gs]`."""
+
+    values: torch.Tensor  # int32 [N, K]
+    scale: torch.Tensor  # float32 [N, K // group_size]
+    zero: torch.Tensor  # float32 [N, K // group_size]
+    group_size: int
+
+    @staticmethod
+    def concat(parts: list[Int4Parts]) -> Int4Parts:
+        """Stack along the output dimension (for fused QKV / gate-up projections)."""
+        sizes = {p.group_size for p in parts}
+        if len(sizes) != 1:
+            raise ValueError("fused int4 parts must share one group size")
+        return Int4Parts(
+            torch.cat([p.values for p in parts]),
+            torch.cat([p.scale for p in parts]),
+            torch.cat([p.zero for p in parts]),
+            parts[0].group_size,
+        )
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 weight these values represent."""
+        gs = self.group_size
+        scale = self.scale.repeat_interleave(gs, dim=1)
+        zero = self.zero.repeat_interleave(gs, dim=1)
+        return (self.values.float() - 8) * scale + zero
+
+
+class QuantizedWeight:
+    """A weight `[N, K]` stored quantized; `matmul(x)` computes `x @ W.T` for `x [M, K]`."""
+
+    kind: str = ""
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """`[M, K] -> [M, N]` in x's dtype."""
+        raise NotImplementedError
+
+    def nbytes(self) -> int:
+        """Bytes of memory the quantized weight takes."""
+        raise NotImplementedError
+
+
+class Int8Weight(QuantizedWeight):
+    """Symmetric int8 per output channel: `W ≈ q * scale[:, None]`."""
+
+    kind = "int8"
+
+    def __init__(self, weight: torch.Tensor, act_dtype: torch.dtype) -> None:
+        w = weight.float()
+        scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127.0
+        self.values = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
+        self.scale = scale.to(act_dtype)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """`x @ W.T` with `_weight_int8pack_mm`."""
+        return torch.ops.aten._weight_int8pack_mm(x, self.values, self.scale)
+
+    def nbytes(self) -> int:
+        """int8 values plus one scale per row."""
+        return self.values.numel() + self.scale.numel() * self.scale.element_size()
+
+
+class Int4Weight(QuantizedWeight):
+    """Asymmetric int4 per group of input columns, packed for `_weight_int4pack_mm_for_cpu`."""
+
+    kind = "int4"
+
+    def __init__(self, parts: Int4Parts, act_dtype: torch.dtype) -> None:
+        self.group_size = parts.group_size
+        self.out_features = parts.values.shape[0]
+        values = parts.values.to(torch.int32).contiguous()
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(values, 1)
+        # The kernel wants [K / gs, N, 2] in the activation dtype.
+        self.scales_zeros = torch.stack([parts.scale.t(), parts.zero.t()], dim=-1)
+        self.scales_zeros = self.scales_zeros.to(act_dtype).contiguous()
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """`x @ W.T` with `_weight_int4pack_mm_for_cpu`."""
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x, self.packed, self.group_size, self.scales_zeros
+        )
+
+    def nbytes(self) -> int:
+        """Packed nibbles plus a scale and zero per group."""
+        sz = self.scales_zeros
+        return self.packed.numel() * self.packed.element_size() + sz.numel() * sz.element_size()
+
+
+def int4_group_size(in_features: int) -> int | None:
+    """The largest supported group size dividing `in_features` (None if none does)."""
+    for gs in (32, 64, 128, 256):
+        if in_features % gs == 0:
+            return gs
+    return None
+
+
+def quantize_int4(weight: torch.Tensor, group_size: int = GGUF_BLOCK) -> Int4Parts:
+    """Round a dense weight to 16 levels per group between the group's min and max."""
+    n, k = weight.shape
+    w = weight.float().reshape(n, k // group_size, group_size)
+    lo, hi = w.amin(dim=-1), w.amax(dim=-1)
+    scale = ((hi - lo) / 15.0).clamp_min(1e-12)
+    values = torch.round((w - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32)
+    return Int4Parts(values.reshape(n, k), scale, lo + 8 * scale, group_size)
+
+
+def int4_parts_from_gguf(data: np.ndarray, type_name: str, shape: tuple[int, int]) -> Int4Parts:
+    """The exact 4-bit values of a GGUF Q4_0 / Q4_1 tensor (`data`: its raw blocks as uint8).
+
+    Q4_0 block: f16 scale, 16 bytes of nibbles, `w = scale * (q - 8)`; Q4_1 block: f16 scale,
+    f16 min, 16 bytes, `w = scale * q + min`. Byte j holds values j (low nibble) and j + 16.
+    """
+    n, k = shape
+    blocks = np.ascontiguousarray(data).reshape(n, k // GGUF_BLOCK, -1)
+    header = 4 if type_name == "Q4_1" else 2
+    if type_name not in ("Q4_0", "Q4_1") or blocks.shape[-1] != header + 16:
+        raise ValueError(f"not a Q4_0/Q4_1 tensor: {type_name} with {blocks.shape[-1]}-byte blocks")
+    scale = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    if type_name == "Q4_1":
+        zero = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) + 8 * scale
+    else:
+        zero = np.zeros_like(scale)
+    nibbles = blocks[..., header:]
+    values = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).reshape(n, k)
+    return Int4Parts(
+        torch.from_numpy(values.astype(np.int32)),
+        torch.from_numpy(scale),
+        torch.from_numpy(zero),
+        GGUF_BLOCK,
+    )
+
+
+def make_quantized(
+    kind: str, dense: torch.Tensor, act_dtype: torch.dtype, parts: Int4Parts | None = None
+) -> QuantizedWeight | None:
+    """The quantized form of one weight, or None when `kind` cannot apply to its shape."""
+    if kind == "int8":
+        return Int8Weight(dense, act_dtype)
+    if kind == "int4":
+        if parts is None:
+            gs = int4_group_size(dense.shape[1])
+            if gs is None:
+                return None
+            parts = quantize_int4(dense, gs)
+        return Int4Weight(parts, act_dtype)
+    raise ValueError(f"unknown quantization {kind!r}; use one of {', '.join(QUANTIZATIONS)}")
