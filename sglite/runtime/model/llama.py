@@ -341,4 +341,3 @@ class CausalLM(nn.Module):
             sizes = [cfg.intermediate_size, cfg.intermediate_size]
         start = sum(sizes[:part])
         return param.data[start : start + sizes[part]]
-

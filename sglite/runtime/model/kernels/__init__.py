@@ -152,8 +152,9 @@ def paged_decode_attention(
 
     `q` is `[rows, heads * head_dim]` (row stride may be larger: a view into fused QKV);
     `table` `[rows, W]` int64 slots (row stride may be larger), `lens` `[rows]` int64 valid
-    entries per row; with `window`, only a row's last `window` tokens. Returns `[rows, heads * head_dim]`, or None when the
-    native kernel cannot serve these tensors (the caller then uses its PyTorch path).
+    entries per row; with `window`, only a row's last `window` tokens. Returns
+    `[rows, heads * head_dim]`, or None when the native kernel cannot serve these tensors (the
+    caller then uses its PyTorch path).
     """
     lib = _lib_for(q, k_cache, v_cache)
     if lib is None or q.stride(-1) != 1 or table.stride(-1) != 1 or not lens.is_contiguous():

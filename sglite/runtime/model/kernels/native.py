@@ -38,7 +38,22 @@ _SIGNATURES: dict[str, list] = {
     "silu_mul": [_INT, _P, _P, _I, _I, _INT],
     "rope_store_kv": [_INT, _P, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _INT],
     "paged_decode_attention": [
-        _INT, _P, _I, _P, _P, _P, _I, _P, _P, _I, _I, _I, _I, _F, _I, _INT,
+        _INT,
+        _P,
+        _I,
+        _P,
+        _P,
+        _P,
+        _I,
+        _P,
+        _P,
+        _I,
+        _I,
+        _I,
+        _I,
+        _F,
+        _I,
+        _INT,
     ],  # fmt: skip
 }
 
