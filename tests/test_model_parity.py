@@ -217,6 +217,29 @@ def test_greedy_extend_then_decode_matches_transformers(tiny):
     assert pool.num_free == pool.capacity
 
 
+def test_pytorch_kernels_match_native_kernels(tiny, monkeypatch):
+    """The fallback path (CUDA, no compiler) computes what the native CPU kernels compute."""
+    from sglite.runtime.model.kernels import native
+
+    _, ours = tiny
+    pool = new_pool(ours)
+
+    def run() -> list[torch.Tensor]:
+        logits, slots = extend(ours, pool, [PROMPT, PROMPT[:5]], all_rows=True)
+        out = [logits]
+        for tok in (3, 4, 5):
+            logits, slots = decode(ours, pool, [tok, tok], slots)
+            out.append(logits)
+        for s in slots:
+            pool.free(s)
+        return out
+
+    native_out = run()
+    monkeypatch.setattr(native, "load", lambda: None)
+    for a, b in zip(native_out, run(), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+
+
 def test_split_extend_equals_single_extend(tiny):
     _, ours = tiny
     pool = new_pool(ours)

@@ -162,6 +162,12 @@ def paged_decode_attention(
     rows = q.shape[0]
     kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2]
     heads = q.shape[1] // head_dim
+    if (
+        heads // kv_heads > lib.attention_max_group()
+        or head_dim > lib.attention_max_head_dim()
+        or head_dim % lib.attention_vec_width()
+    ):
+        return None
     out = q.new_empty(rows, heads * head_dim)
     lib.paged_decode_attention(
         _DTYPE_CODES[q.dtype],

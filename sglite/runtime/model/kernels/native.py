@@ -57,6 +57,9 @@ _SIGNATURES: dict[str, list] = {
     ],  # fmt: skip
 }
 
+# Constants the attention kernel was built with (its query-group and head-size limits).
+_LIMITS = ("attention_max_group", "attention_max_head_dim", "attention_vec_width")
+
 
 def _cpu_fingerprint() -> str:
     try:
@@ -116,6 +119,8 @@ def load() -> ctypes.CDLL | None:
                         fn = getattr(lib, name)
                         fn.argtypes = argtypes
                         fn.restype = None
+                    for name in _LIMITS:
+                        getattr(lib, name).restype = ctypes.c_int64
                 except Exception as exc:  # any build or load failure falls back to torch
                     logger.warning("native CPU kernels unavailable (%s): using PyTorch", exc)
                     lib = None

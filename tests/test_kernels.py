@@ -1,0 +1,129 @@
+"""The native CPU kernels agree with their PyTorch formulations (float32 and bfloat16), and the
+model gives the same logits with the kernels and without them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sglite.runtime.model import kernels
+from sglite.runtime.model.kernels import native
+
+pytestmark = pytest.mark.skipif(not kernels.native_available(), reason="no C compiler")
+
+DTYPES = [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)]
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, tol: float) -> None:
+    torch.testing.assert_close(a.float(), b.float(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype, tol", DTYPES)
+@pytest.mark.parametrize("rows", [1, 7, 300])
+def test_add_rms_norm(dtype, tol, rows):
+    torch.manual_seed(rows)
+    x = torch.randn(rows, 576, dtype=dtype)
+    residual = torch.randn(rows, 576, dtype=dtype)
+    weight = torch.randn(576, dtype=dtype)
+    ours_res = residual.clone()
+    ours = kernels.add_rms_norm(x, ours_res, weight, 1e-5)
+    ref_res = residual + x
+    ref = F.rms_norm(ref_res.float(), (576,), weight.float(), 1e-5)
+    _close(ours_res, ref_res, 0)  # the residual sum is rounded exactly like `residual + x`
+    _close(ours, ref, tol * 4)
+    plain = kernels.add_rms_norm(None, residual.clone(), weight, 1e-5)
+    _close(plain, F.rms_norm(residual.float(), (576,), weight.float(), 1e-5), tol * 4)
+
+
+@pytest.mark.parametrize("dtype, tol", DTYPES)
+@pytest.mark.parametrize("rows", [1, 40])
+def test_silu_mul(dtype, tol, rows):
+    gate_up = torch.randn(rows, 2 * 1536, dtype=dtype)
+    gate, up = gate_up.float().split(1536, dim=-1)
+    _close(kernels.silu_mul(gate_up), F.silu(gate) * up, tol)
+
+
+@pytest.mark.parametrize("dtype, ulp", [(torch.float32, 1e-5), (torch.bfloat16, 2**-7)])
+@pytest.mark.parametrize("tokens", [1, 9, 700])
+def test_rope_store_kv_matches_torch(dtype, ulp, tokens):
+    heads, kv_heads, dim = 9, 3, 64
+    torch.manual_seed(tokens)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, dtype=dtype)
+    positions = torch.randint(0, 4000, (tokens,))
+    inv = 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim))
+    freqs = torch.outer(torch.arange(4096).float(), inv)
+    cos, sin = freqs.cos(), freqs.sin()
+    slots = torch.randperm(2000)[:tokens] + 1
+    caches = [torch.zeros(2001, kv_heads, dim, dtype=dtype) for _ in range(4)]
+    ours = qkv.clone()
+    kernels.rope_store_kv(ours, positions, cos, sin, caches[0], caches[1], slots, heads, kv_heads)
+    ref = qkv.clone()
+    kernels._rope_store_kv_torch(ref, positions, cos, sin, caches[2], caches[3], slots, heads)
+    # Both round once from float32; fused multiply-adds may flip the last bit.
+    _close(ours, ref, ulp)
+    _close(caches[0], caches[2], ulp)
+    assert torch.equal(caches[1], caches[3])  # v is copied, not rotated
+    assert torch.count_nonzero(caches[0].sum(dim=(1, 2))) == tokens
+
+
+def _reference_attention(q, k_cache, v_cache, table, lens, scale, window):
+    rows, width = table.shape
+    dim = k_cache.shape[-1]
+    pos = torch.arange(width)[None, :]
+    mask = pos < lens[:, None]
+    if window:
+        mask &= pos > lens[:, None] - 1 - window
+    k = k_cache[table].float().transpose(1, 2)
+    v = v_cache[table].float().transpose(1, 2)
+    out = F.scaled_dot_product_attention(
+        q.float().reshape(rows, -1, 1, dim),
+        k,
+        v,
+        attn_mask=mask[:, None, None, :],
+        scale=scale,
+        enable_gqa=True,
+    )
+    return out.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("dtype, tol", DTYPES)
+@pytest.mark.parametrize(
+    "heads, kv_heads, dim",
+    [(9, 3, 64), (4, 4, 128), (16, 2, 64), (12, 1, 96), (8, 2, 32)],
+)
+@pytest.mark.parametrize("window", [None, 37])
+def test_paged_decode_attention(dtype, tol, heads, kv_heads, dim, window):
+    torch.manual_seed(heads * dim)
+    k_cache = torch.randn(5000, kv_heads, dim, dtype=dtype)
+    v_cache = torch.randn(5000, kv_heads, dim, dtype=dtype)
+    lens = torch.tensor([1, 64, 65, 300, 2000])
+    table = torch.zeros(5, 2000, dtype=torch.long)
+    for i, n in enumerate(lens.tolist()):
+        table[i, :n] = torch.randperm(4999)[:n] + 1
+    fused = torch.randn(5, (heads + 2 * kv_heads) * dim, dtype=dtype)
+    q = fused[:, : heads * dim]  # a strided view, as the model passes it
+    ours = kernels.paged_decode_attention(q, k_cache, v_cache, table, lens, dim**-0.5, window)
+    assert ours is not None
+    ref = _reference_attention(q, k_cache, v_cache, table, lens, dim**-0.5, window)
+    _close(ours, ref, tol)
+
+
+def test_attention_declines_what_it_cannot_serve():
+    q = torch.randn(2, 4 * 40)  # head_dim 40 is not a multiple of the vector width
+    cache = torch.randn(10, 2, 40)
+    table = torch.ones(2, 3, dtype=torch.long)
+    lens = torch.tensor([3, 2])
+    assert kernels.paged_decode_attention(q, cache, cache, table, lens, 0.1) is None
+    half = torch.randn(2, 4 * 64, dtype=torch.float16)
+    cache16 = torch.randn(10, 2, 64, dtype=torch.float16)
+    assert kernels.paged_decode_attention(half, cache16, cache16, table, lens, 0.1) is None
+
+
+def test_library_is_cached_per_source(tmp_path, monkeypatch):
+    monkeypatch.setenv("SGLITE_KERNEL_CACHE", str(tmp_path))
+    first = native._build(native._compiler())
+    assert first.exists() and first.parent == tmp_path
+    mtime = first.stat().st_mtime_ns
+    assert native._build(native._compiler()) == first
+    assert first.stat().st_mtime_ns == mtime  # not rebuilt
