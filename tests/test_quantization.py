@@ -119,7 +119,9 @@ def test_quantized_model_agrees_with_dense(dense32, int4_32):
 
 
 def test_quantized_only_frees_dense_weights():
-    loaded = load_model(None, "bfloat16", progress=False, quantization="int8", quantized_max_rows=-1)
+    loaded = load_model(
+        None, "bfloat16", progress=False, quantization="int8", quantized_max_rows=-1
+    )
     layer = loaded.model.get_submodule("layers.0.mlp.gate_up_proj")
     assert layer.weight.numel() == 0 and isinstance(layer.quantized, Int8Weight)
     prompt = loaded.tokenizer.encode("One, two, three,")
