@@ -1,26 +1,41 @@
-"""Engine benchmark: sglite vs Hugging Face transformers on the default model, in one run.
+"""Engine benchmark: sglite against the machine's limits, llama.cpp and transformers, one run.
 
-Figures: prefill tokens/s on a 1000-token prompt, batch-1 decode tokens/s, and the shared-prefix
-workload (64 requests = 800-token shared prefix + a distinct 30-token question, 64 new tokens
-each, greedy): end-to-end output tokens/s and cache hit rate. Ratios are what to quote; absolute
-times on a shared 2-core machine are noisy.
+Measured on the default model (SmolLM2-135M-Instruct, the Q4_1 GGUF), same thread count for all:
+- the machine: torch matmul GFLOP/s (float32, bfloat16) and memory read GB/s, from which the
+  prefill roofline (bf16 GFLOP/s / 0.269 GFLOP per token) and the batch-1 decode limits follow;
+- sglite (`dtype=auto`: bfloat16 where the CPU has it) with weights dense, int8 and int4: prefill
+  of a 1000-token prompt, batch-1 decode, 32 concurrent decoding requests, and the shared-prefix
+  workload (64 x (800 shared + 30 own tokens), 64 new tokens, greedy);
+- accuracy of each weight format against float32 (max logit error, teacher-forced greedy
+  agreement over a few prompts);
+- llama.cpp (`llama-bench` pp1000 / tg128 on the same GGUF; `llama-server` with 16 slots and
+  `cache_prompt` on the shared-prefix workload) when `benchmarks/build_llama_cpp.sh` built it;
+- transformers (same GGUF, float32 and bfloat16): prefill and batch-1 decode.
+Each figure is printed beside its target (issue 7). Ratios are what to quote; absolute times on
+a shared 2-core machine are noisy.
 
-Run: python -m benchmarks.bench_engine [--quick] [--hf-batch-size 16]
+Run: python -m benchmarks.bench_engine [--quick] [--skip-llama-cpp] [--skip-transformers]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import random
+import subprocess
+import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 
 import sglite
 from sglite.runtime.model.loader import default_model_path
+
+GFLOP_PER_TOKEN = 0.269  # 2 x 134.5 M parameters
 
 
 @dataclass
@@ -53,47 +68,87 @@ def exact_prompt_ids(tokenizer, n_tokens: int, seed: int) -> list[int]:
 
 
 def shared_prefix_workload(tokenizer, n_requests: int) -> list[list[int]]:
-    """64 x (800 shared + 30 distinct tokens)."""
+    """n_requests x (800 shared + 30 distinct tokens)."""
     prefix = exact_prompt_ids(tokenizer, 800, seed=1)
     return [prefix + exact_prompt_ids(tokenizer, 30, seed=100 + i) for i in range(n_requests)]
 
 
-def bench_sglite(args: argparse.Namespace, rows: list[Row]) -> None:
-    """Measure sglite's Engine (default dtype: bfloat16 where the CPU has it)."""
-    with sglite.Engine(dtype=args.dtype, log_level="error") as engine:
+def _best(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+# ------------------------------------------------------------------------------ the machine
+def bench_machine(rows: list[Row]) -> dict[str, float]:
+    """Matmul GFLOP/s and memory bandwidth with torch, on this run's threads."""
+    out = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        a = torch.randn(2048, 2048, dtype=dtype)
+        a @ a
+        t = _best(lambda a=a: a @ a, 5)
+        name = str(dtype).replace("torch.", "")
+        out[name] = 2 * 2048**3 / t / 1e9
+        rows.append(Row(f"matmul 2048^3 {name}", "torch", out[name], "GFLOP/s"))
+    x = torch.ones(1 << 27, dtype=torch.float32)  # 512 MB: beyond any cache
+    t = _best(lambda: x.sum(), 5)
+    out["read_gbs"] = x.numel() * 4 / t / 1e9
+    rows.append(Row("memory read", "torch", out["read_gbs"], "GB/s"))
+    out["prefill_roofline"] = out["bfloat16"] / GFLOP_PER_TOKEN
+    rows.append(Row("prefill roofline (bf16 matmul)", "torch", out["prefill_roofline"], "tok/s"))
+    return out
+
+
+# ------------------------------------------------------------------------------ sglite
+def _decode_rate(engine, prompts: list[list[int]], n_dec: int) -> float:
+    """Output tokens/s of the decode phase: (full run - first-token run), cache flushed each."""
+    greedy = {"temperature": 0, "ignore_eos": True}
+    engine.flush_cache()
+    start = time.perf_counter()
+    engine.generate(input_ids=prompts, sampling_params={**greedy, "max_new_tokens": 1})
+    first = time.perf_counter() - start
+    engine.flush_cache()
+    start = time.perf_counter()
+    engine.generate(input_ids=prompts, sampling_params={**greedy, "max_new_tokens": n_dec + 1})
+    total = time.perf_counter() - start
+    return len(prompts) * n_dec / (total - first)
+
+
+def bench_sglite(args: argparse.Namespace, rows: list[Row], quantization: str) -> None:
+    """One engine per weight format: prefill, batch-1 and 32-way decode, shared prefix."""
+    kw = {"quantization": quantization} if quantization != "none" else {}
+    with sglite.Engine(dtype=args.dtype, log_level="error", **kw) as engine:
         tok = engine.tokenizer
-        dtype = engine.get_server_info()["dtype"]
-        name = f"sglite ({dtype})"
+        info = engine.get_server_info()
+        name = f"sglite {info['dtype']} {quantization if quantization != 'none' else 'dense'}"
         prompt = exact_prompt_ids(tok, 1000, seed=0)
         engine.generate(input_ids=prompt[:100], sampling_params={"max_new_tokens": 2})  # warm-up
-        times = []
-        for _ in range(args.repeats):
+
+        def prefill() -> None:
             engine.flush_cache()
-            start = time.perf_counter()
             engine.generate(input_ids=prompt, sampling_params={"max_new_tokens": 1})
-            times.append(time.perf_counter() - start)
-        rows.append(Row("prefill 1000 tokens", name, 1000 / min(times), "tok/s"))
 
-        short = exact_prompt_ids(tok, 16, seed=3)
-        greedy = {"temperature": 0, "ignore_eos": True}
-        engine.flush_cache()
-        start = time.perf_counter()
-        engine.generate(input_ids=short, sampling_params={**greedy, "max_new_tokens": 1})
-        first = time.perf_counter() - start
-        engine.flush_cache()
-        start = time.perf_counter()
-        n_dec = args.decode_tokens
-        engine.generate(input_ids=short, sampling_params={**greedy, "max_new_tokens": n_dec + 1})
-        total = time.perf_counter() - start
-        rows.append(Row("batch-1 decode", name, n_dec / (total - first), "tok/s"))
-
+        if quantization == "none" or not args.quick:
+            rows.append(
+                Row("prefill 1000 tokens", name, 1000 / _best(prefill, args.repeats), "tok/s")
+            )
+        short = [exact_prompt_ids(tok, 16, seed=3)]
+        rate = max(_decode_rate(engine, short, args.decode_tokens) for _ in range(args.repeats))
+        rows.append(Row("batch-1 decode", name, rate, "tok/s"))
+        many = [exact_prompt_ids(tok, 64, seed=200 + i) for i in range(32)]
+        rate = _decode_rate(engine, many, args.decode_tokens)
+        rows.append(Row("32 concurrent decode", name, rate, "out tok/s"))
+        if quantization != "none" and args.quick:
+            return
         engine.flush_cache()
         before = engine.get_server_info()
         work = shared_prefix_workload(tok, args.requests)
+        greedy = {"temperature": 0, "ignore_eos": True, "max_new_tokens": args.new_tokens}
         start = time.perf_counter()
-        outs = engine.generate(
-            input_ids=work, sampling_params={**greedy, "max_new_tokens": args.new_tokens}
-        )
+        outs = engine.generate(input_ids=work, sampling_params=greedy)
         elapsed = time.perf_counter() - start
         after = engine.get_server_info()
         out_tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
@@ -102,99 +157,269 @@ def bench_sglite(args: argparse.Namespace, rows: list[Row]) -> None:
         )
         rows.append(Row("shared-prefix workload", name, out_tokens / elapsed, "out tok/s"))
         rows.append(Row("shared-prefix cache hit rate", name, 100 * hit, "%"))
-        rows.append(Row("shared-prefix wall time", name, elapsed, "s"))
 
 
+# ------------------------------------------------------------------------------ accuracy
+ACCURACY_PROMPTS = [
+    "The three primary colors are",
+    "def fibonacci(n):\n    ",
+    "Photosynthesis is the process by which",
+    "Write a haiku about the sea:\n",
+]
+
+
+def bench_accuracy(args: argparse.Namespace, rows: list[Row]) -> None:
+    """Each weight format against float32 dense on the same token sequences (teacher forcing)."""
+    from sglite.runtime.cache.kv_pool import KVPool
+    from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
+    from sglite.runtime.model.loader import load_model
+
+    def run(loaded, prompt: list[int], steps: int, forced: list[int] | None = None):
+        """Prefill, then decode one token at a time (the batch-1 path): the logits before each
+        of `steps` tokens, and the tokens (`forced`, else the model's own greedy choices)."""
+        cfg = loaded.config
+        pool = KVPool(512, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, loaded.dtype)
+        slots = pool.alloc(len(prompt))
+        n = len(prompt)
+        batch = ForwardBatch.build(ForwardMode.EXTEND, [prompt], [0], [slots], [n - 1])
+        out, tokens = [loaded.model(batch, pool)[0]], []
+        for i in range(steps):
+            tokens.append(forced[i] if forced is not None else int(out[-1].argmax()))
+            if i + 1 == steps:
+                break
+            slots = slots + pool.alloc(1)
+            batch = ForwardBatch.build(
+                ForwardMode.DECODE, [[tokens[-1]]], [len(slots) - 1], [slots], [0]
+            )
+            out.append(loaded.model(batch, pool)[0])
+        return torch.stack(out), tokens
+
+    ref_model = load_model(None, "float32", progress=False)
+    tok = ref_model.tokenizer
+    cases = []
+    for text in ACCURACY_PROMPTS:
+        prompt = tok.encode(text)
+        ref_logits, forced = run(ref_model, prompt, args.accuracy_tokens)
+        cases.append((prompt, forced, ref_logits))
+    for dtype, quantization in [
+        ("bfloat16", "none"),
+        ("bfloat16", "int8"),
+        ("bfloat16", "int4"),
+        ("float32", "int4"),
+    ]:
+        loaded = load_model(None, dtype, progress=False, quantization=quantization)
+        worst, agree, total = 0.0, 0, 0
+        for prompt, forced, ref in cases:
+            ours, _ = run(loaded, prompt, len(forced), forced)
+            worst = max(worst, float((ours - ref).abs().max()))
+            agree += int((ours.argmax(-1) == ref.argmax(-1)).sum())
+            total += len(forced)
+        name = f"{dtype} {quantization if quantization != 'none' else 'dense'}"
+        rows.append(Row("max |logit error| vs float32", name, worst, ""))
+        rows.append(Row("greedy agreement vs float32", name, 100 * agree / total, "%"))
+
+
+# ------------------------------------------------------------------------------ llama.cpp
+def llama_binaries() -> tuple[str | None, str | None]:
+    """(llama-bench, llama-server) from PATH or the build script's folder."""
+    from benchmarks.runners.llama_cpp import find_llama_server
+
+    server, _ = find_llama_server(None)
+    if server is None:
+        return None, None
+    bench = os.path.join(os.path.dirname(server), "llama-bench")
+    return (bench if os.access(bench, os.X_OK) else None), server
+
+
+def bench_llama_cpp(args: argparse.Namespace, rows: list[Row]) -> None:
+    """llama-bench prefill/decode and llama-server on the shared-prefix workload."""
+    bench, server = llama_binaries()
+    if bench is None:
+        print("llama.cpp not built (bash benchmarks/build_llama_cpp.sh): skipped")
+        return
+    threads = str(args.threads)
+    cmd = [
+        bench,
+        "-m",
+        default_model_path(),
+        "-p",
+        "1000",
+        "-n",
+        "128",
+        "-t",
+        threads,
+        "-o",
+        "json",
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    for result in json.loads(done.stdout):
+        if result.get("n_prompt"):
+            rows.append(Row("prefill 1000 tokens", "llama.cpp Q4_1", result["avg_ts"], "tok/s"))
+        elif result.get("n_gen"):
+            rows.append(Row("batch-1 decode", "llama.cpp Q4_1", result["avg_ts"], "tok/s"))
+    if server is None or args.quick:
+        return
+    from benchmarks.bench_json import _post, start_llama_server
+    from sglite.runtime.model.loader import load_tokenizer
+
+    tok = load_tokenizer()
+    work = shared_prefix_workload(tok, args.requests)
+    ns = argparse.Namespace(threads=args.threads, llama_ctx_per_slot=2048)
+    with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as log:
+        proc, base = start_llama_server(server, ns, 16, log)
+    try:
+        body = {"temperature": 0, "n_predict": args.new_tokens, "ignore_eos": True}
+        body["cache_prompt"] = True
+
+        def one(ids: list[int]) -> dict:
+            return _post(base + "/completion", {**body, "prompt": ids})
+
+        start = time.perf_counter()
+        with ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(one, work))
+        elapsed = time.perf_counter() - start
+        out_tokens = sum(a["timings"]["predicted_n"] for a in answers)
+        cached = sum(a["timings"].get("cache_n", 0) for a in answers)
+        prompt = sum(a["timings"].get("cache_n", 0) + a["timings"]["prompt_n"] for a in answers)
+        name = "llama.cpp server (16 slots)"
+        rows.append(Row("shared-prefix workload", name, out_tokens / elapsed, "out tok/s"))
+        rows.append(Row("shared-prefix cache hit rate", name, 100 * cached / prompt, "%"))
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+# ------------------------------------------------------------------------------ transformers
 def bench_transformers(args: argparse.Namespace, rows: list[Row], dtype: torch.dtype) -> None:
-    """Measure transformers' generate on the same GGUF weights, same thread count."""
+    """transformers on the same GGUF weights, same thread count: prefill and batch-1 decode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = default_model_path()
     folder, fname = os.path.split(path)
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, dtype=dtype).eval()
-    name = f"transformers ({str(dtype).replace('torch.', '')})"
+    name = f"transformers {str(dtype).replace('torch.', '')}"
     prompt = exact_prompt_ids(tok, 1000, seed=0)
     with torch.inference_mode():
         model(torch.tensor([prompt[:100]]))
-        times = []
-        for _ in range(args.repeats):
-            start = time.perf_counter()
-            model(torch.tensor([prompt]))
-            times.append(time.perf_counter() - start)
-        rows.append(Row("prefill 1000 tokens", name, 1000 / min(times), "tok/s"))
-
+        t = _best(lambda: model(torch.tensor([prompt])), args.repeats)
+        rows.append(Row("prefill 1000 tokens", name, 1000 / t, "tok/s"))
         short = torch.tensor([exact_prompt_ids(tok, 16, seed=3)])
         n_dec = args.decode_tokens
         kw = {"do_sample": False, "pad_token_id": tok.eos_token_id}
-        start = time.perf_counter()
-        model.generate(short, max_new_tokens=1, min_new_tokens=1, **kw)
-        first = time.perf_counter() - start
-        start = time.perf_counter()
-        model.generate(short, max_new_tokens=n_dec + 1, min_new_tokens=n_dec + 1, **kw)
-        total = time.perf_counter() - start
+        first = _best(lambda: model.generate(short, max_new_tokens=1, min_new_tokens=1, **kw), 1)
+        total = _best(
+            lambda: model.generate(short, max_new_tokens=n_dec + 1, min_new_tokens=n_dec + 1, **kw),
+            1,
+        )
         rows.append(Row("batch-1 decode", name, n_dec / (total - first), "tok/s"))
 
-        if args.skip_hf_workload:
+
+# ------------------------------------------------------------------------------ report
+def _value(rows: list[Row], metric: str, system_prefix: str) -> float | None:
+    values = [r.value for r in rows if r.metric == metric and r.system.startswith(system_prefix)]
+    return max(values) if values else None
+
+
+def targets(rows: list[Row], machine: dict[str, float]) -> list[str]:
+    """Each issue-7 target with the figures it compares and whether it is met."""
+    lines = []
+
+    def check(label: str, ours: float | None, bar: float | None, how: str) -> None:
+        if ours is None or bar is None:
+            lines.append(f"- {label}: not measured in this run ({how})")
             return
-        work = shared_prefix_workload(tok, args.requests)
-        bs = args.hf_batch_size
-        start = time.perf_counter()
-        out_tokens = 0
-        for i in range(0, len(work), bs):
-            batch = torch.tensor(work[i : i + bs])  # equal lengths: no padding needed
-            out = model.generate(
-                batch,
-                attention_mask=torch.ones_like(batch),
-                max_new_tokens=args.new_tokens,
-                min_new_tokens=args.new_tokens,
-                **kw,
-            )
-            out_tokens += (out.shape[1] - batch.shape[1]) * batch.shape[0]
-        elapsed = time.perf_counter() - start
-        rows.append(Row("shared-prefix workload", name, out_tokens / elapsed, "out tok/s"))
-        rows.append(Row("shared-prefix wall time", name, elapsed, "s"))
+        status = "MET" if ours >= bar else "MISSED"
+        lines.append(f"- {label}: {status} ({ours:,.1f} vs target {bar:,.1f}; {how})")
+
+    prefill = _value(rows, "prefill 1000 tokens", "sglite")
+    check(
+        "prefill >= 70% of the bf16 matmul roofline",
+        prefill,
+        0.7 * machine["prefill_roofline"],
+        f"roofline {machine['prefill_roofline']:,.0f} tok/s",
+    )
+    llama_prefill = _value(rows, "prefill 1000 tokens", "llama.cpp")
+    check(
+        "prefill >= 4x llama.cpp",
+        prefill,
+        llama_prefill and 4 * llama_prefill,
+        "llama-bench pp1000",
+    )
+    decode = _value(rows, "batch-1 decode", "sglite")
+    check(
+        "batch-1 decode >= llama.cpp", decode, _value(rows, "batch-1 decode", "llama.cpp"), "tg128"
+    )
+    hf = _value(rows, "batch-1 decode", "transformers")
+    check("batch-1 decode >= 3x transformers (its best dtype)", decode, hf and 3 * hf, "")
+    check(
+        "32 concurrent decoding requests >= 1,000 out tok/s",
+        _value(rows, "32 concurrent decode", "sglite"),
+        1000.0,
+        "",
+    )
+    shared = _value(rows, "shared-prefix workload", "sglite")
+    llama_shared = _value(rows, "shared-prefix workload", "llama.cpp")
+    check(
+        "shared-prefix workload >= 3x llama.cpp server",
+        shared,
+        llama_shared and 3 * llama_shared,
+        "16 slots, cache_prompt",
+    )
+    return lines
 
 
-def print_table(rows: list[Row]) -> str:
-    """Markdown table with each sglite figure's ratio to each transformers figure."""
-    lines = ["| metric | system | value | unit |", "|---|---|---:|---|"]
+def report(rows: list[Row], machine: dict[str, float], args: argparse.Namespace) -> str:
+    """Markdown: the table of every figure, then the targets."""
+    lines = [
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"{args.threads} threads, torch {torch.__version__}",
+        "",
+        "| metric | system | value | unit |",
+        "|---|---|---:|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r.metric} | {r.system} | {r.value:,.1f} | {r.unit} |")
-    lines += ["", "| metric | sglite / transformers |", "|---|---:|"]
-    ours = {r.metric: r for r in rows if r.system.startswith("sglite")}
-    for r in rows:
-        if r.system.startswith("transformers") and r.metric in ours and r.unit != "s":
-            lines.append(f"| {r.metric} vs {r.system} | {ours[r.metric].value / r.value:.2f}x |")
+        lines.append(f"| {r.metric} | {r.system} | {r.value:,.2f} | {r.unit} |")
+    lines += ["", "Targets (issue 7):", "", *targets(rows, machine)]
     text = "\n".join(lines)
     print(text)
     return text
 
 
 def main() -> None:
-    """Parse flags, run both systems, print the table."""
+    """Parse flags, run every system, print the table and the targets."""
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="fewer requests and tokens")
+    parser.add_argument("--quick", action="store_true", help="fewer repeats and workloads")
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--decode-tokens", type=int, default=64)
+    parser.add_argument("--accuracy-tokens", type=int, default=24)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--hf-batch-size", type=int, default=16)
-    parser.add_argument("--skip-hf-workload", action="store_true")
+    parser.add_argument("--skip-llama-cpp", action="store_true")
+    parser.add_argument("--skip-transformers", action="store_true")
+    parser.add_argument("--skip-accuracy", action="store_true")
+    parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args()
     if args.quick:
-        args.requests, args.new_tokens, args.decode_tokens, args.repeats = 16, 16, 32, 1
-    torch.set_num_threads(os.cpu_count() or 1)
+        args.requests, args.new_tokens, args.repeats, args.accuracy_tokens = 16, 16, 1, 8
+    torch.set_num_threads(args.threads)
     rows: list[Row] = []
-    bench_sglite(args, rows)
-    bench_transformers(args, rows, torch.float32)
-    bench_transformers(args, rows, torch.bfloat16)
-    print(
-        f"\nmachine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-        f"torch {torch.__version__}"
-    )
-    print_table(rows)
+    machine = bench_machine(rows)
+    for quantization in ("none", "int8", "int4"):
+        bench_sglite(args, rows, quantization)
+    if not args.skip_accuracy:
+        bench_accuracy(args, rows)
+    if not args.skip_llama_cpp:
+        bench_llama_cpp(args, rows)
+    if not args.skip_transformers:
+        bench_transformers(args, rows, torch.float32)
+        bench_transformers(args, rows, torch.bfloat16)
+    report(rows, machine, args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([r.__dict__ for r in rows], f, indent=1)
 
 
 if __name__ == "__main__":

@@ -20,11 +20,12 @@ _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 
 def _lib_for(*tensors: torch.Tensor) -> ctypes.CDLL | None:
     """The native library if every tensor can go through it, else None."""
-    first = tensors[0]
-    if first.device.type != "cpu" or first.dtype not in _DTYPE_CODES:
+    dtype = tensors[0].dtype
+    if dtype not in _DTYPE_CODES:
         return None
-    if any(t.dtype != first.dtype or t.device.type != "cpu" for t in tensors[1:]):
-        return None
+    for t in tensors:
+        if t.dtype != dtype or t.device.type != "cpu":
+            return None
     return native.load()
 
 

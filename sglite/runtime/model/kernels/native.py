@@ -104,6 +104,8 @@ def _build(cc: str) -> Path:
 
 def load() -> ctypes.CDLL | None:
     """The kernel library, built on first call; None when disabled or unbuildable (logged)."""
+    if "lib" in _state:  # the hot path: no lock once decided
+        return _state["lib"]
     with _lock:
         if "lib" in _state:
             return _state["lib"]
