@@ -72,8 +72,13 @@ class ForwardBatch:
         kv_slots: list[list[int]],
         logit_rows: list[int],
         device: torch.device | str = "cpu",
+        slot_tensors: list[torch.Tensor] | None = None,
     ) -> ForwardBatch:
-        """Assemble a batch from python lists: `token_ids[i]` are sequence i's new tokens."""
+        """Assemble a batch from python lists: `token_ids[i]` are sequence i's new tokens.
+
+        `slot_tensors[i]`, when given, holds `kv_slots[i]` as an int64 CPU tensor already; the
+        padded decode table is then built from those without converting lists.
+        """
         extend_lens = [len(t) for t in token_ids]
         seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
         flat_ids = [t for seq in token_ids for t in seq]
@@ -99,8 +104,13 @@ class ForwardBatch:
         if table_seqs:
             # One conversion for the whole table; the mask follows from the lengths.
             width = max(seq_lens[i] for i in table_seqs)
-            padded = [kv_slots[i] + [0] * (width - len(kv_slots[i])) for i in table_seqs]
-            batch.padded_slots = as_long(padded)
+            if slot_tensors is not None:
+                rows = [slot_tensors[i] for i in table_seqs]
+                table = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
+                batch.padded_slots = table.to(device)
+            else:
+                padded = [kv_slots[i] + [0] * (width - len(kv_slots[i])) for i in table_seqs]
+                batch.padded_slots = as_long(padded)
             lengths = as_long([seq_lens[i] for i in table_seqs])
             batch.padded_mask = torch.arange(width, device=device)[None, :] < lengths[:, None]
         if not decode and table_seqs:

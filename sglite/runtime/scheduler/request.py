@@ -5,6 +5,9 @@ Invariants:
 - `kv_slots[:cached_len]` belong to the radix cache (locked through `last_node`); the rest
   belong to this request and must be freed or handed to the cache when it leaves.
 - While decoding, exactly one token (the last sampled) lacks K/V: `len(kv_slots) == len(fill) - 1`.
+- `kv_slots` changes only by appending, by truncating its tail (and regrowing it with the same
+  slots, as draft verification does), or by being replaced with a new list. `SlotMirror`
+  relies on this to keep a tensor copy in step without re-reading the whole list.
 """
 
 from __future__ import annotations
@@ -12,12 +15,42 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from sglite.runtime.cache.radix_cache import TreeNode
 from sglite.runtime.constrained import GrammarMatcher, GrammarTicket
 from sglite.runtime.detokenizer import IncrementalDetokenizer, StopChecker
 from sglite.runtime.sampling.params import SamplingParams
 from sglite.runtime.sampling.sampler import SamplingInfo
 from sglite.runtime.scheduler.io import RequestOutput
+
+
+class SlotMirror:
+    """An int64 tensor copy of a request's `kv_slots`, updated by copying only what is new.
+
+    Decode batches need every running request's slots as a tensor each step; converting whole
+    lists costs O(context) Python work per request and step (milliseconds for a large batch).
+    """
+
+    def __init__(self) -> None:
+        self._source: list[int] | None = None
+        self._buf = torch.empty(0, dtype=torch.long)
+        self._synced = 0
+
+    def view(self, slots: list[int]) -> torch.Tensor:
+        """`torch.tensor(slots)`, reusing the entries copied before (see module invariants)."""
+        if slots is not self._source:
+            self._source, self._synced = slots, 0
+        n = len(slots)
+        self._synced = min(self._synced, n)
+        if n > self._buf.numel():
+            grown = torch.empty(max(n, 2 * self._buf.numel(), 64), dtype=torch.long)
+            grown[: self._synced] = self._buf[: self._synced]
+            self._buf = grown
+        if n > self._synced:
+            self._buf[self._synced : n] = torch.tensor(slots[self._synced :], dtype=torch.long)
+            self._synced = n
+        return self._buf[:n]
 
 
 @dataclass
@@ -42,6 +75,7 @@ class Req:
     jump_forward_drafted: int = 0  # forced tokens proposed to the model
     jump_forward_accepted: int = 0  # of those, the ones emitted
     kv_slots: list[int] = field(default_factory=list)
+    slot_mirror: SlotMirror = field(default_factory=SlotMirror)
     cached_len: int = 0
     last_node: TreeNode | None = None
     cached_tokens: int = 0  # reported: prompt tokens served from the cache at first admission

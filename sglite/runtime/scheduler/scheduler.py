@@ -369,6 +369,7 @@ class Scheduler:
                 [req.kv_slots for req in reqs],
                 list(range(len(reqs))),
                 self.device,
+                slot_tensors=[req.slot_mirror.view(req.kv_slots) for req in reqs],
             )
             logits = self._forward(fb)
             self._sample_and_append(reqs, logits)
@@ -419,6 +420,7 @@ class Scheduler:
             [req.kv_slots for req in reqs],
             logit_rows,
             self.device,
+            slot_tensors=[req.slot_mirror.view(req.kv_slots) for req in reqs],
         )
         logits = self._forward(fb)
         plain = [(req, row) for req, draft, _, row in plan if not draft]
