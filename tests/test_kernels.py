@@ -127,3 +127,37 @@ def test_library_is_cached_per_source(tmp_path, monkeypatch):
     mtime = first.stat().st_mtime_ns
     assert native._build(native._compiler()) == first
     assert first.stat().st_mtime_ns == mtime  # not rebuilt
+
+
+@pytest.mark.parametrize("dtype, tol", DTYPES)
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_quantized_gemv(dtype, tol, rows):
+    from sglite.runtime.model.quantization import Int4Weight, Int8Weight, quantize_int4
+
+    torch.manual_seed(rows)
+    w = torch.randn(200, 576)
+    x = torch.randn(rows, 576).to(dtype)
+    q8 = Int8Weight(w, dtype)
+    dense8 = q8.values.float() * q8.scale[:, None]
+    out8 = kernels.int8_gemv(x, q8.values, q8.scale)
+    _close(out8, x.float() @ dense8.t(), tol * 8)
+    parts = quantize_int4(w)
+    q4 = Int4Weight(parts, dtype)
+    assert q4.native
+    out4 = kernels.int4_gemv(x, q4.packed, q4.scale_offset).float()
+    ref4 = x.float() @ parts.dequantize().t()
+    # With VNNI, x is rounded to int8 per group of 32 (as llama.cpp does): ~0.5% relative error.
+    assert (out4 - ref4).norm() / ref4.norm() < 1e-2
+    _close(kernels.int4_dequantize(q4.packed, q4.scale_offset, dtype), parts.dequantize(), tol)
+
+
+def test_quantized_gemv_declines_many_rows():
+    from sglite.runtime.model.quantization import Int4Weight, quantize_int4
+
+    x = torch.randn(9, 64)
+    q4 = Int4Weight(quantize_int4(torch.randn(32, 64)), torch.float32)
+    assert kernels.int4_gemv(x, q4.packed, q4.scale_offset) is None
+    # ...and the weight then multiplies through its dequantized dense form.
+    torch.testing.assert_close(
+        q4.matmul(x), x @ kernels.int4_dequantize(q4.packed, q4.scale_offset, torch.float32).t()
+    )

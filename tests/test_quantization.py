@@ -34,11 +34,12 @@ def test_int4_quantize_error_is_within_half_a_step():
     w = torch.randn(64, 128)
     parts = quantize_int4(w, 32)
     step = parts.scale.repeat_interleave(32, dim=1)
-    assert ((parts.dequantize() - w).abs() <= step / 2 + 1e-6).all()
+    # Half a step, plus the float16 rounding of the group's offset.
+    assert ((parts.dequantize() - w).abs() <= step / 2 + 1e-3).all()
     x = torch.randn(3, 128)
-    torch.testing.assert_close(
-        Int4Weight(parts, torch.float32).matmul(x), x @ parts.dequantize().t(), atol=1e-4, rtol=0
-    )
+    ref = x @ parts.dequantize().t()
+    # The native kernel rounds x to int8 per group of 32 (as llama.cpp does).
+    assert (Int4Weight(parts, torch.float32).matmul(x) - ref).norm() / ref.norm() < 1e-2
 
 
 def test_int8_matmul_matches_its_dequantized_weight():
@@ -67,12 +68,18 @@ def test_gguf_q4_blocks_decode_like_ggml():
 
 def test_int4_from_gguf_is_exactly_the_file(dense32, int4_32):
     """The default model's projections are Q4_1: int4 takes those values, nothing is lost."""
+    from sglite.runtime.model import kernels
+
     for name in ("self_attn.qkv_proj", "mlp.gate_up_proj", "mlp.down_proj", "self_attn.o_proj"):
         dense = dense32.model.get_submodule(f"layers.3.{name}")
         quant = int4_32.model.get_submodule(f"layers.3.{name}")
-        assert isinstance(quant.quantized, Int4Weight)
+        q = quant.quantized
+        assert isinstance(q, Int4Weight) and q.native
+        weight = kernels.int4_dequantize(q.packed, q.scale_offset, torch.float32)
+        torch.testing.assert_close(weight, dense.weight, atol=1e-6, rtol=0)
         x = torch.randn(2, dense.in_features)
-        torch.testing.assert_close(quant(x), F.linear(x, dense.weight), atol=2e-4, rtol=0)
+        ref = F.linear(x, dense.weight)
+        assert (quant(x) - ref).norm() / ref.norm() < 1e-2
 
 
 def test_linear_dispatches_by_rows(int4_32):

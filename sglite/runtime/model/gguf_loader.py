@@ -224,7 +224,7 @@ def gguf_int4_source(reader: Any, config: ModelConfig) -> Callable[[list[str]], 
                 part = Int4Parts(
                     _unpermute_rows(part.values, heads),
                     _unpermute_rows(part.scale, heads),
-                    _unpermute_rows(part.zero, heads),
+                    _unpermute_rows(part.offset, heads),
                     part.group_size,
                 )
             parts.append(part)

@@ -1,14 +1,18 @@
 """Weight-only quantization (int8 per output channel, int4 per group) for small-batch matmuls.
 
 Batch-1 decode reads every weight once per token, so its speed is set by weight bytes: int8
-halves them and int4 quarters them relative to bfloat16. PyTorch's CPU kernels
-(`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`) dequantize on the fly and win for a few
-rows, but lose to the bfloat16 GEMM for prefill and large decode batches, so a quantized
-`Linear` keeps its dense weight too and picks per call (see `Linear.forward`).
+halves them and int4 quarters them relative to bfloat16. Quantized matmuls win for a few rows
+but lose to the bfloat16 GEMM for prefill and large decode batches, so a quantized `Linear`
+keeps its dense weight too and picks per call (see `Linear.forward`).
 
-int4 dequantizes as `(q - 8) * scale + zero` per group of `group_size` input columns, which is
-exactly the layout of GGUF's Q4_0 (`zero = 0`) and Q4_1 (`zero = min + 8 * scale`) blocks of 32:
-such tensors are loaded from the file's own 4-bit values (`int4_parts_from_gguf`), not requantized.
+Kernels: the native GEMV kernels (`kernels/quant_gemv.c`, up to `qgemv_max_rows` rows, reading
+each weight once for all rows) when the native library is built, else PyTorch's CPU kernels
+(`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`).
+
+int4 dequantizes as `q * scale + offset` per group of `group_size` input columns (q in 0..15),
+exactly GGUF's Q4_1 (`offset = min`) and Q4_0 (`offset = -8 * scale`) blocks of 32: such tensors
+are loaded from the file's own 4-bit values (`int4_parts_from_gguf`), not requantized, and the
+native kernel reads them in the file's own nibble order with f16 scale and offset.
 """
 
 from __future__ import annotations
@@ -18,17 +22,20 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from sglite.runtime.model import kernels
+
 QUANTIZATIONS = ("none", "int8", "int4")
 GGUF_BLOCK = 32
 
 
 @dataclass
 class Int4Parts:
-    """Unpacked int4 weight `[N, K]`: values 0..15, and per-group scale and zero `[N, K / gs]`."""
+    """Unpacked int4 weight `[N, K]`: values 0..15 and per-group scale and offset `[N, K / gs]`,
+    `W = values * scale + offset`."""
 
     values: torch.Tensor  # int32 [N, K]
     scale: torch.Tensor  # float32 [N, K // group_size]
-    zero: torch.Tensor  # float32 [N, K // group_size]
+    offset: torch.Tensor  # float32 [N, K // group_size]
     group_size: int
 
     @staticmethod
@@ -40,7 +47,7 @@ class Int4Parts:
         return Int4Parts(
             torch.cat([p.values for p in parts]),
             torch.cat([p.scale for p in parts]),
-            torch.cat([p.zero for p in parts]),
+            torch.cat([p.offset for p in parts]),
             parts[0].group_size,
         )
 
@@ -48,8 +55,8 @@ class Int4Parts:
         """The float32 weight these values represent."""
         gs = self.group_size
         scale = self.scale.repeat_interleave(gs, dim=1)
-        zero = self.zero.repeat_interleave(gs, dim=1)
-        return (self.values.float() - 8) * scale + zero
+        offset = self.offset.repeat_interleave(gs, dim=1)
+        return self.values.float() * scale + offset
 
 
 class QuantizedWeight:
@@ -75,41 +82,64 @@ class Int8Weight(QuantizedWeight):
         w = weight.float()
         scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127.0
         self.values = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
-        self.scale = scale.to(act_dtype)
+        self.scale = scale.contiguous()  # float32, for the native kernel
+        self.scale_act = scale.to(act_dtype)  # PyTorch's kernel wants the activation dtype
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """`x @ W.T` with `_weight_int8pack_mm`."""
-        return torch.ops.aten._weight_int8pack_mm(x, self.values, self.scale)
+        """`x @ W.T`: the native GEMV for a few rows, else `_weight_int8pack_mm`."""
+        out = kernels.int8_gemv(x, self.values, self.scale)
+        if out is not None:
+            return out
+        return torch.ops.aten._weight_int8pack_mm(x, self.values, self.scale_act)
 
     def nbytes(self) -> int:
         """int8 values plus one scale per row."""
-        return self.values.numel() + self.scale.numel() * self.scale.element_size()
+        return self.values.numel() + self.scale.numel() * 4
 
 
 class Int4Weight(QuantizedWeight):
-    """Asymmetric int4 per group of input columns, packed for `_weight_int4pack_mm_for_cpu`."""
+    """Asymmetric int4 per group of input columns.
+
+    With the native library and groups of 32: GGUF Q4_1 layout (nibbles, f16 scale and offset)
+    for `kernels.int4_gemv`; otherwise packed for `_weight_int4pack_mm_for_cpu`.
+    """
 
     kind = "int4"
 
     def __init__(self, parts: Int4Parts, act_dtype: torch.dtype) -> None:
         self.group_size = parts.group_size
-        self.out_features = parts.values.shape[0]
+        self.out_features, self.in_features = parts.values.shape
+        self.native = parts.group_size == GGUF_BLOCK and kernels.native_available()
+        if self.native:
+            v = parts.values.to(torch.uint8).reshape(self.out_features, -1, 2, GGUF_BLOCK // 2)
+            self.packed = (v[:, :, 0] | (v[:, :, 1] << 4)).reshape(self.out_features, -1)
+            pairs = torch.stack([parts.scale, parts.offset], dim=-1).to(torch.float16)
+            self.scale_offset = pairs.contiguous()
+            return
         values = parts.values.to(torch.int32).contiguous()
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(values, 1)
-        # The kernel wants [K / gs, N, 2] in the activation dtype.
-        self.scales_zeros = torch.stack([parts.scale.t(), parts.zero.t()], dim=-1)
-        self.scales_zeros = self.scales_zeros.to(act_dtype).contiguous()
+        # PyTorch's kernel computes (q - 8) * scale + zero, with [K / gs, N, 2] in the act dtype.
+        zero = parts.offset + 8 * parts.scale
+        self.scale_offset = torch.stack([parts.scale.t(), zero.t()], dim=-1)
+        self.scale_offset = self.scale_offset.to(act_dtype).contiguous()
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """`x @ W.T` with `_weight_int4pack_mm_for_cpu`."""
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(
-            x, self.packed, self.group_size, self.scales_zeros
-        )
+        """`x @ W.T`."""
+        if not self.native:
+            return torch.ops.aten._weight_int4pack_mm_for_cpu(
+                x, self.packed, self.group_size, self.scale_offset
+            )
+        out = kernels.int4_gemv(x, self.packed, self.scale_offset)
+        if out is not None:
+            return out
+        # Many rows: one dense GEMM beats re-reading the 4-bit weights per few rows.
+        dense = kernels.int4_dequantize(self.packed, self.scale_offset, x.dtype)
+        return torch.nn.functional.linear(x, dense)
 
     def nbytes(self) -> int:
-        """Packed nibbles plus a scale and zero per group."""
-        sz = self.scales_zeros
-        return self.packed.numel() * self.packed.element_size() + sz.numel() * sz.element_size()
+        """Packed nibbles plus a scale and offset per group."""
+        so = self.scale_offset
+        return self.packed.numel() * self.packed.element_size() + so.numel() * so.element_size()
 
 
 def int4_group_size(in_features: int) -> int | None:
@@ -121,13 +151,18 @@ def int4_group_size(in_features: int) -> int | None:
 
 
 def quantize_int4(weight: torch.Tensor, group_size: int = GGUF_BLOCK) -> Int4Parts:
-    """Round a dense weight to 16 levels per group between the group's min and max."""
+    """Round a dense weight to 16 levels per group between the group's min and max.
+
+    Scale and offset are rounded to float16 first (the native layout stores them so, like
+    GGUF), and the levels are chosen against those rounded values.
+    """
     n, k = weight.shape
     w = weight.float().reshape(n, k // group_size, group_size)
     lo, hi = w.amin(dim=-1), w.amax(dim=-1)
-    scale = ((hi - lo) / 15.0).clamp_min(1e-12)
-    values = torch.round((w - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32)
-    return Int4Parts(values.reshape(n, k), scale, lo + 8 * scale, group_size)
+    scale = ((hi - lo) / 15.0).clamp_min(1e-6).to(torch.float16).float()
+    offset = lo.to(torch.float16).float()
+    values = torch.round((w - offset[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32)
+    return Int4Parts(values.reshape(n, k), scale, offset, group_size)
 
 
 def int4_parts_from_gguf(data: np.ndarray, type_name: str, shape: tuple[int, int]) -> Int4Parts:
@@ -135,6 +170,7 @@ def int4_parts_from_gguf(data: np.ndarray, type_name: str, shape: tuple[int, int
 
     Q4_0 block: f16 scale, 16 bytes of nibbles, `w = scale * (q - 8)`; Q4_1 block: f16 scale,
     f16 min, 16 bytes, `w = scale * q + min`. Byte j holds values j (low nibble) and j + 16.
+    Scales and offsets come out exactly (f16 values, and -8 * scale is exact).
     """
     n, k = shape
     blocks = np.ascontiguousarray(data).reshape(n, k // GGUF_BLOCK, -1)
@@ -143,15 +179,15 @@ def int4_parts_from_gguf(data: np.ndarray, type_name: str, shape: tuple[int, int
         raise ValueError(f"not a Q4_0/Q4_1 tensor: {type_name} with {blocks.shape[-1]}-byte blocks")
     scale = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
     if type_name == "Q4_1":
-        zero = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) + 8 * scale
+        offset = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
     else:
-        zero = np.zeros_like(scale)
+        offset = -8 * scale
     nibbles = blocks[..., header:]
     values = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).reshape(n, k)
     return Int4Parts(
         torch.from_numpy(values.astype(np.int32)),
         torch.from_numpy(scale),
-        torch.from_numpy(zero),
+        torch.from_numpy(offset),
         GGUF_BLOCK,
     )
 

@@ -1,6 +1,6 @@
 """Fused decoder kernels with PyTorch fallbacks.
 
-Each function runs the native CPU kernel (`cpu_kernels.c`, see `native.py`) when the library
+Each function runs the native CPU kernel (the C files here, see `native.py`) when the library
 is available and every tensor is a CPU float32/bfloat16 tensor in the layout the kernel expects;
 otherwise (CUDA, float16, no compiler) it computes the same result with PyTorch ops. Both paths
 round to the storage dtype at the same points, so results agree to float32 rounding.
@@ -186,6 +186,86 @@ def paged_decode_attention(
         head_dim,
         scale,
         window or 0,
+        torch.get_num_threads(),
+    )
+    return out
+
+
+def _gemv_lib(x: torch.Tensor) -> ctypes.CDLL | None:
+    lib = _lib_for(x)
+    if lib is None or x.dim() != 2 or not x.is_contiguous():
+        return None
+    if x.shape[0] > lib.qgemv_max_rows():
+        return None
+    return lib
+
+
+def int8_gemv(x: torch.Tensor, values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor | None:
+    """`x @ (values * scale[:, None]).T` for a few rows `x [M, K]` (float32/bfloat16); `values`
+    int8 `[N, K]`, `scale` float32 `[N]`. None when the native kernel cannot serve it."""
+    lib = _gemv_lib(x)
+    if lib is None:
+        return None
+    rows, k = x.shape
+    out = x.new_empty(rows, values.shape[0])
+    status = lib.int8_gemv(
+        _DTYPE_CODES[x.dtype],
+        x.data_ptr(),
+        values.data_ptr(),
+        scale.data_ptr(),
+        out.data_ptr(),
+        rows,
+        values.shape[0],
+        k,
+        torch.get_num_threads(),
+    )
+    return out if status == 0 else None
+
+
+def int4_gemv(
+    x: torch.Tensor, packed: torch.Tensor, scale_offset: torch.Tensor
+) -> torch.Tensor | None:
+    """`x @ W.T` for a few rows, `W` int4 in GGUF Q4_1 layout: `packed` uint8 `[N, K / 2]`,
+    `scale_offset` float16 `[N, K / 32, 2]`. None when the native kernel cannot serve it."""
+    lib = _gemv_lib(x)
+    if lib is None:
+        return None
+    rows, k = x.shape
+    n = packed.shape[0]
+    out = x.new_empty(rows, n)
+    status = lib.int4_gemv(
+        _DTYPE_CODES[x.dtype],
+        x.data_ptr(),
+        packed.data_ptr(),
+        scale_offset.data_ptr(),
+        out.data_ptr(),
+        rows,
+        n,
+        k,
+        torch.get_num_threads(),
+    )
+    return out if status == 0 else None
+
+
+def int4_dequantize(
+    packed: torch.Tensor, scale_offset: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """The dense `[N, K]` weight of an int4 weight in GGUF Q4_1 layout, in `dtype`."""
+    n, k = packed.shape[0], packed.shape[1] * 2
+    lib = native.load()
+    if lib is None or dtype not in _DTYPE_CODES:
+        v = packed.view(n, -1, 16)
+        values = torch.stack([v & 0x0F, v >> 4], dim=2).reshape(n, k).float()
+        so = scale_offset.float().repeat_interleave(32, dim=1)
+        return (values * so[..., 0] + so[..., 1]).to(dtype)
+    out = torch.empty(n, k, dtype=dtype)
+    lib.int4_dequantize(
+        _DTYPE_CODES[dtype],
+        packed.data_ptr(),
+        scale_offset.data_ptr(),
+        out.data_ptr(),
+        n,
+        k,
         torch.get_num_threads(),
     )
     return out

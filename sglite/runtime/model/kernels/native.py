@@ -1,4 +1,4 @@
-"""Build and load the CPU kernels in `cpu_kernels.c` (gcc, once per source and CPU, cached).
+"""Build and load the CPU kernels in this folder's C files (gcc, once per source and CPU, cached).
 
 The library is compiled with `-march=native` on first use into a cache folder
 (`$SGLITE_KERNEL_CACHE`, default `~/.cache/sglite/kernels`), keyed by a hash of the source, the
@@ -23,42 +23,32 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("cpu_kernels.c")
+_HERE = Path(__file__).parent
+SOURCES = [_HERE / "elementwise.c", _HERE / "attention.c", _HERE / "quant_gemv.c"]
+HEADERS = [_HERE / "common.h"]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
 
 _lock = threading.Lock()
 _state: dict[str, ctypes.CDLL | None] = {}
 
-_P = ctypes.c_void_p
-_I = ctypes.c_int64
-_F = ctypes.c_float
-_INT = ctypes.c_int
-_SIGNATURES: dict[str, list] = {
-    "add_rms_norm": [_INT, _P, _P, _P, _P, _I, _I, _F, _INT],
-    "silu_mul": [_INT, _P, _P, _I, _I, _INT],
-    "rope_store_kv": [_INT, _P, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _INT],
-    "paged_decode_attention": [
-        _INT,
-        _P,
-        _I,
-        _P,
-        _P,
-        _P,
-        _I,
-        _P,
-        _P,
-        _I,
-        _I,
-        _I,
-        _I,
-        _F,
-        _I,
-        _INT,
-    ],  # fmt: skip
+# Argument types, one letter each: i = int, I = int64, F = float, P = pointer.
+_CTYPES = {"i": ctypes.c_int, "I": ctypes.c_int64, "F": ctypes.c_float, "P": ctypes.c_void_p}
+# Functions returning nothing.
+_SIGNATURES = {
+    "add_rms_norm": "iPPPPIIFi",
+    "silu_mul": "iPPIIi",
+    "rope_store_kv": "iPIIIIPPPPPPi",
+    "paged_decode_attention": "iPIPPPIPPIIIIFIi",
+    "int4_dequantize": "iPPPIIi",
+}
+# Functions returning int (0 = done, -1 = refused: the caller falls back).
+_STATUS_SIGNATURES = {
+    "int8_gemv": "iPPPPIIIi",
+    "int4_gemv": "iPPPPIIIi",
 }
 
 # Constants the attention kernel was built with (its query-group and head-size limits).
-_LIMITS = ("attention_max_group", "attention_max_head_dim", "attention_vec_width")
+_LIMITS = ("attention_max_group", "attention_max_head_dim", "attention_vec_width", "qgemv_max_rows")
 
 
 def _cpu_fingerprint() -> str:
@@ -81,8 +71,9 @@ def _cache_dir() -> Path:
 
 def _build(cc: str) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+    texts = [p.read_text() for p in SOURCES + HEADERS]
     key = hashlib.sha256(
-        "\0".join([SOURCE.read_text(), " ".join(FLAGS), version, _cpu_fingerprint()]).encode()
+        "\0".join([*texts, " ".join(FLAGS), version, _cpu_fingerprint()]).encode()
     ).hexdigest()[:20]
     target = _cache_dir() / f"cpu_kernels-{key}.so"
     if target.exists():
@@ -91,7 +82,7 @@ def _build(cc: str) -> Path:
     fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
     os.close(fd)
     try:
-        cmd = [cc, *FLAGS, "-o", tmp, str(SOURCE), "-lm"]
+        cmd = [cc, *FLAGS, "-o", tmp, *map(str, SOURCES), "-lm"]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
@@ -117,10 +108,11 @@ def load() -> ctypes.CDLL | None:
             else:
                 try:
                     lib = ctypes.CDLL(str(_build(cc)))
-                    for name, argtypes in _SIGNATURES.items():
-                        fn = getattr(lib, name)
-                        fn.argtypes = argtypes
-                        fn.restype = None
+                    for table, restype in ((_SIGNATURES, None), (_STATUS_SIGNATURES, ctypes.c_int)):
+                        for name, letters in table.items():
+                            fn = getattr(lib, name)
+                            fn.argtypes = [_CTYPES[c] for c in letters]
+                            fn.restype = restype
                     for name in _LIMITS:
                         getattr(lib, name).restype = ctypes.c_int64
                 except Exception as exc:  # any build or load failure falls back to torch

@@ -1,0 +1,113 @@
+"""Where a decode step's time goes: the scheduler driven in-process, its parts timed.
+
+The model's parts (matmuls, attention, fused elementwise kernels) and the scheduler's (building
+the batch, sampling + detokenizing + stop checks) are wrapped with wall-clock timers; what is
+left of a step is Python glue. Runs B requests of a short prompt decoding N tokens each, greedy.
+
+Run: python -m benchmarks.profile_decode [--batch 1] [--tokens 64] [--quantization int4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import time
+from collections import defaultdict
+
+import torch
+
+from sglite.runtime.model import attention, kernels, linear, llama
+from sglite.runtime.model.forward_batch import ForwardBatch
+from sglite.runtime.model.loader import load_model
+from sglite.runtime.scheduler import scheduler as scheduler_module
+from sglite.runtime.scheduler.io import GenerateInput
+from sglite.runtime.server_args import ServerArgs
+
+TIMES: dict[str, float] = defaultdict(float)
+
+
+def timed(label: str, fn):
+    """`fn` accumulating its wall time under `label`."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            TIMES[label] += time.perf_counter() - start
+
+    return wrapper
+
+
+def instrument() -> None:
+    """Wrap the parts of a step with timers (module attributes, so every caller sees them)."""
+    linear.Linear.forward = timed("matmul (projections)", linear.Linear.forward)
+    llama.CausalLM._lm_head = timed("matmul (output projection)", llama.CausalLM._lm_head)
+    llama.decode_attention = timed("attention", attention.decode_attention)
+    for name in ("add_rms_norm", "silu_mul", "rope_store_kv"):
+        setattr(llama.kernels, name, timed("fused elementwise kernels", getattr(kernels, name)))
+    llama.CausalLM.forward = timed("forward (total)", llama.CausalLM.forward)
+    ForwardBatch.build = classmethod(timed("build batch", ForwardBatch.build.__func__))
+    sched = scheduler_module.Scheduler
+    sched._sample_and_append = timed("sample, detokenize, stop", sched._sample_and_append)
+    sched.step = timed("step (total)", sched.step)
+
+
+def main() -> None:
+    """Run the workload once to warm up, then timed, and print the breakdown."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--prompt-tokens", type=int, default=64)
+    parser.add_argument("--quantization", default="none")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    loaded = load_model(None, args.dtype, progress=False, quantization=args.quantization)
+    server_args = ServerArgs(max_total_tokens=65536, quantization=args.quantization)
+    sched = scheduler_module.Scheduler(server_args, loaded)
+    params = {"temperature": 0, "max_new_tokens": args.tokens, "ignore_eos": True}
+
+    def run(tag: str) -> int:
+        for i in range(args.batch):
+            ids = [(7 * i + j) % 30000 + 100 for j in range(args.prompt_tokens)]
+            sched.add_request(GenerateInput(f"{tag}-{i}", ids, dict(params)))
+        steps = 0
+        while sched.has_work:
+            sched.step()
+            steps += 1
+        return steps
+
+    run("warm")
+    instrument()
+    TIMES.clear()
+    steps = run("timed")
+    step_total = TIMES["step (total)"]
+    forward = TIMES["forward (total)"]
+    model_parts = [
+        "matmul (projections)",
+        "matmul (output projection)",
+        "attention",
+        "fused elementwise kernels",
+    ]
+    print(
+        f"{args.batch} x {args.tokens} tokens, {loaded.dtype}, quantization {args.quantization}, "
+        f"{args.threads} threads: {steps} steps, {step_total / steps * 1e3:.2f} ms/step, "
+        f"{args.batch * args.tokens / step_total:.1f} tok/s"
+    )
+    print("\n| part | ms/step | share |\n|---|---:|---:|")
+    rows = [(name, TIMES[name]) for name in model_parts]
+    rows.append(("model Python glue", forward - sum(TIMES[n] for n in model_parts)))
+    rows.append(("build batch", TIMES["build batch"]))
+    rows.append(("sample, detokenize, stop", TIMES["sample, detokenize, stop"]))
+    other = step_total - forward - TIMES["build batch"] - TIMES["sample, detokenize, stop"]
+    rows.append(("scheduler other", other))
+    for name, seconds in rows:
+        print(f"| {name} | {seconds / steps * 1e3:.2f} | {100 * seconds / step_total:.0f}% |")
+
+
+if __name__ == "__main__":
+    main()

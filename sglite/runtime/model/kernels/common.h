@@ -1,0 +1,114 @@
+/*
+ * Shared helpers of the CPU kernels: bfloat16 conversion, a small vector abstraction (AVX-512
+ * when the compiler targets it, else scalar), a vectorizable exp, and the work thresholds.
+ *
+ * Conventions of every kernel: tensors are row-major and contiguous in their last dimension;
+ * `dtype` is 0 for float32 and 1 for bfloat16 (activations, weights and the KV pool share it).
+ * Math is float32; results are rounded to the storage dtype once, on store (round to nearest
+ * even). Parallelism: OpenMP with the thread count the caller passes (torch's own pool size), so
+ * the process never runs more compute threads than torch does.
+ */
+#ifndef SGLITE_KERNELS_COMMON_H
+#define SGLITE_KERNELS_COMMON_H
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Work (elements, or token x kv-head pairs for attention) below which a pass runs on the calling
+ * thread: waking the pool costs more than it saves, and far more when another process holds a
+ * core (a parallel region then waits for a time slice). */
+#define PARALLEL_MIN_ELEMS 32768
+#define PARALLEL_MIN_ATTN 1024
+
+static inline float bf16_to_f32(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+static inline float load(const void *p, int64_t i, int dtype) {
+  return dtype ? bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+static inline void store(void *p, int64_t i, float v, int dtype) {
+  if (dtype)
+    ((uint16_t *)p)[i] = f32_to_bf16(v);
+  else
+    ((float *)p)[i] = v;
+}
+
+/* Round a float32 through the storage dtype (identity for float32). */
+static inline float round_to(float v, int dtype) {
+  return dtype ? bf16_to_f32(f32_to_bf16(v)) : v;
+}
+
+static inline void load_row(const void *p, int64_t off, int64_t n, float *dst, int dtype) {
+  if (dtype) {
+    const uint16_t *s = (const uint16_t *)p + off;
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_f32(s[i]);
+  } else {
+    memcpy(dst, (const float *)p + off, (size_t)n * sizeof(float));
+  }
+}
+
+/* exp(x) for float32 to ~2 ulp, branch-free so loops over it vectorize (libm's expf does not
+ * without -ffast-math, which would also break the -inf handling the softmax needs). */
+static inline float fast_expf(float x) {
+  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+  const float n = floorf(x * 1.44269504088896341f + 0.5f);
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  int32_t bits = ((int32_t)n + 127) << 23;
+  float scale;
+  memcpy(&scale, &bits, 4);
+  return p * scale;
+}
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+#define VEC 16
+typedef __m512 vec_t;
+static inline vec_t vload(const void *p, int64_t i, int dtype) {
+  if (dtype) {
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  return _mm512_loadu_ps((const float *)p + i);
+}
+static inline vec_t vzero(void) { return _mm512_setzero_ps(); }
+static inline vec_t vset(float x) { return _mm512_set1_ps(x); }
+static inline vec_t vfma(vec_t a, vec_t b, vec_t c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vec_t vmul(vec_t a, vec_t b) { return _mm512_mul_ps(a, b); }
+static inline float vsum(vec_t a) { return _mm512_reduce_add_ps(a); }
+static inline void vstore(float *p, vec_t a) { _mm512_storeu_ps(p, a); }
+#else
+/* Portable fallback: one "vector" is one float. */
+#define VEC 1
+typedef float vec_t;
+static inline vec_t vload(const void *p, int64_t i, int dtype) { return load(p, i, dtype); }
+static inline vec_t vzero(void) { return 0.0f; }
+static inline vec_t vset(float x) { return x; }
+static inline vec_t vfma(vec_t a, vec_t b, vec_t c) { return a * b + c; }
+static inline vec_t vmul(vec_t a, vec_t b) { return a * b; }
+static inline float vsum(vec_t a) { return a; }
+static inline void vstore(float *p, vec_t a) { *p = a; }
+#endif
+
+#endif

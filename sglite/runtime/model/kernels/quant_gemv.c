@@ -1,0 +1,367 @@
+/*
+ * Weight-only quantized matrix-vector products for small batches: y[m, n] = sum_k x[m, k] W[n, k]
+ * for m < rows <= QGEMV_MAX_ROWS, reading each weight once for all rows (decode is bound by
+ * weight bytes, so the rows come almost free).
+ *
+ * int8: W = q[n, k] * scale[n]  (q int8 [N, K], scale float32 [N]).
+ * int4: groups of 32 input columns, GGUF Q4_1 layout: byte j of a group's 16 bytes holds value j
+ *   in its low nibble and value j + 16 in its high nibble; per group an f16 pair (scale, offset)
+ *   with W = q * scale + offset (Q4_0's (q - 8) * d is scale d, offset -8 d).
+ *   packed: uint8 [N, K / 2]; scale_offset: f16 [N, K / 32, 2].
+ * x and y are float32 or bfloat16 (`dtype`); accumulation is float32. See common.h.
+ */
+#include "common.h"
+#ifdef __F16C__
+#include <immintrin.h>
+#endif
+
+#define QGEMV_MAX_ROWS 8
+#define Q4_GROUP 32
+
+static inline float f16_to_f32(uint16_t h) {
+#ifdef __F16C__
+  return _cvtsh_ss(h);
+#else
+  const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else { /* subnormal: normalize */
+      int e = -1;
+      uint32_t m = mant;
+      do {
+        e++;
+        m <<= 1;
+      } while ((m & 0x400u) == 0);
+      bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((m & 0x3ffu) << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+#endif
+}
+
+/* x rows converted to float32 once per call (each is read N times). */
+static float *load_x(int dtype, const void *x, int64_t rows, int64_t k) {
+  float *xf = (float *)malloc((size_t)(rows * k) * sizeof(float));
+  if (xf != NULL)
+    for (int64_t m = 0; m < rows; m++) load_row(x, m * k, k, xf + m * k, dtype);
+  return xf;
+}
+
+/*
+ * One int8 output row block for a fixed row count R (inlined per R, so accumulators stay in
+ * registers). Two accumulators per row break the FMA dependency chain.
+ */
+static inline __attribute__((always_inline)) void int8_block(
+    const int R, int dtype, const float *xf, const int8_t *q, const float *scale, void *y,
+    int64_t n0, int64_t n1, int64_t n_out, int64_t k) {
+  for (int64_t n = n0; n < n1; n++) {
+    const int8_t *qn = q + n * k;
+    vec_t acc[QGEMV_MAX_ROWS][2];
+    for (int m = 0; m < R; m++) acc[m][0] = acc[m][1] = vzero();
+    int64_t i = 0;
+#ifdef __AVX512F__
+    for (; i + 32 <= k; i += 32) {
+      const __m128i b0 = _mm_loadu_si128((const __m128i *)(qn + i));
+      const __m128i b1 = _mm_loadu_si128((const __m128i *)(qn + i + 16));
+      const __m512 w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b0));
+      const __m512 w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b1));
+      for (int m = 0; m < R; m++) {
+        acc[m][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xf + m * k + i), acc[m][0]);
+        acc[m][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xf + m * k + i + 16), acc[m][1]);
+      }
+    }
+#endif
+    for (int m = 0; m < R; m++) {
+      float sum = vsum(acc[m][0]) + vsum(acc[m][1]);
+      for (int64_t j = i; j < k; j++) sum += (float)qn[j] * xf[m * k + j];
+      store(y, m * n_out + n, sum * scale[n], dtype);
+    }
+  }
+}
+
+/*
+ * One int4 output row block for a fixed row count R. Per row, the f16 (scale, offset) pairs are
+ * widened once; the offset part is sum_g offset_g * (sum of x over group g).
+ */
+static inline __attribute__((always_inline)) void int4_block(
+    const int R, int dtype, const float *xf, const float *xsum, const uint8_t *packed,
+    const uint16_t *scale_offset, void *y, int64_t n0, int64_t n1, int64_t n_out, int64_t k) {
+  const int64_t groups = k / Q4_GROUP;
+  float so[2 * groups];
+  for (int64_t n = n0; n < n1; n++) {
+    const uint8_t *pn = packed + n * (k / 2);
+    const uint16_t *son = scale_offset + n * groups * 2;
+    int64_t c = 0;
+#ifdef __AVX512F__
+    for (; c + 16 <= 2 * groups; c += 16)
+      _mm512_storeu_ps(so + c, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(son + c))));
+#endif
+    for (; c < 2 * groups; c++) so[c] = f16_to_f32(son[c]);
+    float off[QGEMV_MAX_ROWS];
+    for (int m = 0; m < R; m++) {
+      float o = 0.0f;
+      for (int64_t g = 0; g < groups; g++) o += so[2 * g + 1] * xsum[m * groups + g];
+      off[m] = o;
+    }
+#ifdef __AVX512F__
+    __m512 acc[QGEMV_MAX_ROWS][2];
+    for (int m = 0; m < R; m++) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+    const __m128i mask = _mm_set1_epi8(0x0f);
+    for (int64_t g = 0; g < groups; g++) {
+      const __m128i bytes = _mm_loadu_si128((const __m128i *)(pn + g * (Q4_GROUP / 2)));
+      const __m512 wl = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(bytes, mask)));
+      const __m512 wh =
+          _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(bytes, 4), mask)));
+      const __m512 vs = _mm512_set1_ps(so[2 * g]);
+      const int a = (int)(g & 1);
+      for (int m = 0; m < R; m++) {
+        const float *xg = xf + m * k + g * Q4_GROUP;
+        __m512 p = _mm512_mul_ps(wl, _mm512_loadu_ps(xg));
+        p = _mm512_fmadd_ps(wh, _mm512_loadu_ps(xg + 16), p);
+        acc[m][a] = _mm512_fmadd_ps(vs, p, acc[m][a]);
+      }
+    }
+    for (int m = 0; m < R; m++)
+      store(y, m * n_out + n, _mm512_reduce_add_ps(_mm512_add_ps(acc[m][0], acc[m][1])) + off[m],
+            dtype);
+#else
+    for (int m = 0; m < R; m++) {
+      float sum = 0.0f;
+      for (int64_t g = 0; g < groups; g++) {
+        const uint8_t *b = pn + g * (Q4_GROUP / 2);
+        const float *xg = xf + m * k + g * Q4_GROUP;
+        float p = 0.0f;
+        for (int64_t j = 0; j < Q4_GROUP / 2; j++)
+          p += (float)(b[j] & 0x0f) * xg[j] + (float)(b[j] >> 4) * xg[j + Q4_GROUP / 2];
+        sum += so[2 * g] * p;
+      }
+      store(y, m * n_out + n, sum + off[m], dtype);
+    }
+#endif
+  }
+}
+
+#ifdef __AVX512VNNI__
+/*
+ * int4 with VNNI: x is quantized per group of 32 to int8 (xq, scale dx), and each pair of
+ * groups takes one `vpdpbusd` (4-bit weights as unsigned bytes times xq), so the weights are
+ * never widened to float: W x = sum_g s_g dx_g (q . xq)_g + sum_g offset_g (sum of x over g).
+ * `dxx[m][pair]` holds (dx of group 2p) x 8 then (dx of group 2p + 1) x 8. Needs an even group
+ * count (the caller checks).
+ */
+static inline __attribute__((always_inline)) void int4_block_vnni(
+    const int R, int dtype, const int8_t *xq, const float *dxx, const float *xsum2,
+    const uint8_t *packed, const uint16_t *scale_offset, void *y, int64_t n0, int64_t n1,
+    int64_t n_out, int64_t k) {
+  const int64_t groups = k / Q4_GROUP, pairs = groups / 2, halves = 2 * groups;
+  float so[halves + 16];
+  const __m512i pick_scales = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m256i mask = _mm256_set1_epi8(0x0f);
+  for (int64_t n = n0; n < n1; n++) {
+    const uint8_t *pn = packed + n * (k / 2);
+    const uint16_t *son = scale_offset + n * halves;
+    /* Widen the row's (scale, offset) pairs; the offset part of every x row is one dot product
+     * of them with xsum2 = (0, sum of x over group g) pairs. */
+    __m512 offacc[QGEMV_MAX_ROWS];
+    for (int m = 0; m < R; m++) offacc[m] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < halves; c += 16) {
+      const __mmask16 valid = halves - c >= 16 ? 0xffff : (__mmask16)((1u << (halves - c)) - 1);
+      const __m512 v = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(valid, son + c));
+      _mm512_storeu_ps(so + c, v);
+      for (int m = 0; m < R; m++)
+        offacc[m] = _mm512_fmadd_ps(v, _mm512_maskz_loadu_ps(valid, xsum2 + m * halves + c),
+                                    offacc[m]);
+    }
+    __m512 acc[QGEMV_MAX_ROWS][2];
+    for (int m = 0; m < R; m++) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < pairs; p++) {
+      const __m256i bytes = _mm256_loadu_si256((const __m256i *)(pn + p * Q4_GROUP));
+      const __m256i low = _mm256_and_si256(bytes, mask);
+      const __m256i high = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);
+      __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1);
+      w = _mm512_shuffle_i64x2(w, w, _MM_SHUFFLE(3, 1, 2, 0));
+      const __m512 s =
+          _mm512_permutexvar_ps(pick_scales, _mm512_castps128_ps512(_mm_loadu_ps(so + 4 * p)));
+      const int a = (int)(p & 1);
+      for (int m = 0; m < R; m++) {
+        const __m512i xv = _mm512_loadu_si512((const void *)(xq + m * k + p * 2 * Q4_GROUP));
+        const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, xv);
+        const __m512 scale = _mm512_mul_ps(s, _mm512_loadu_ps(dxx + (m * pairs + p) * 16));
+        acc[m][a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[m][a]);
+      }
+    }
+    for (int m = 0; m < R; m++) {
+      const __m512 total = _mm512_add_ps(_mm512_add_ps(acc[m][0], acc[m][1]), offacc[m]);
+      store(y, m * n_out + n, _mm512_reduce_add_ps(total), dtype);
+    }
+  }
+}
+#define INT4_VNNI_SPECIAL(R)                                                                  \
+  static void int4_vnni_rows##R(int dtype, const int8_t *xq, const float *dxx,               \
+                                const float *xsum, const uint8_t *p, const uint16_t *so,     \
+                                void *y, int64_t n0, int64_t n1, int64_t n_out, int64_t k) { \
+    int4_block_vnni(R, dtype, xq, dxx, xsum, p, so, y, n0, n1, n_out, k);                     \
+  }
+#endif
+
+#define FOR_EACH_ROWS(X) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8)
+#define INT8_SPECIAL(R)                                                                       \
+  static void int8_rows##R(int dtype, const float *xf, const int8_t *q, const float *scale,   \
+                           void *y, int64_t n0, int64_t n1, int64_t n_out, int64_t k) {      \
+    int8_block(R, dtype, xf, q, scale, y, n0, n1, n_out, k);                                  \
+  }
+#define INT4_SPECIAL(R)                                                                       \
+  static void int4_rows##R(int dtype, const float *xf, const float *xsum, const uint8_t *p,  \
+                           const uint16_t *so, void *y, int64_t n0, int64_t n1,             \
+                           int64_t n_out, int64_t k) {                                       \
+    int4_block(R, dtype, xf, xsum, p, so, y, n0, n1, n_out, k);                               \
+  }
+FOR_EACH_ROWS(INT8_SPECIAL)
+FOR_EACH_ROWS(INT4_SPECIAL)
+#ifdef __AVX512VNNI__
+FOR_EACH_ROWS(INT4_VNNI_SPECIAL)
+typedef void (*int4_vnni_fn)(int, const int8_t *, const float *, const float *, const uint8_t *,
+                             const uint16_t *, void *, int64_t, int64_t, int64_t, int64_t);
+#define LIST_INT4_VNNI(R) int4_vnni_rows##R,
+static const int4_vnni_fn int4_vnni_by_rows[QGEMV_MAX_ROWS] = {FOR_EACH_ROWS(LIST_INT4_VNNI)};
+
+/*
+ * Per group of 32: xq = round(x / dx) with dx = max|x| / 127; dxx as int4_block_vnni wants.
+ * xsum2 pairs (c_g, sum of x over g) meet the (scale, offset) pairs in one dot product, with
+ * c_g = 8 (sum x - dx sum xq): that moves the integer part to (q - 8) xq, whose rounding error
+ * is half that of q xq, and keeps the rest exact: W x = sum s dx (q - 8).xq + sum (o + 8 s) sum x.
+ */
+static void quantize_x_groups(const float *xf, const float *xsum, int64_t rows, int64_t k,
+                              int8_t *xq, float *dxx, float *xsum2) {
+  const int64_t groups = k / Q4_GROUP, pairs = groups / 2;
+  for (int64_t m = 0; m < rows; m++)
+    for (int64_t g = 0; g < groups; g++) {
+      const float *xg = xf + m * k + g * Q4_GROUP;
+      float amax = 0.0f;
+      for (int64_t j = 0; j < Q4_GROUP; j++) amax = fmaxf(amax, fabsf(xg[j]));
+      const float dx = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      int32_t qsum = 0;
+      for (int64_t j = 0; j < Q4_GROUP; j++) {
+        const int8_t v = (int8_t)lrintf(xg[j] * inv);
+        xq[m * k + g * Q4_GROUP + j] = v;
+        qsum += v;
+      }
+      float *dst = dxx + (m * pairs + g / 2) * 16 + (g % 2) * 8;
+      for (int j = 0; j < 8; j++) dst[j] = dx;
+      const float sum = xsum[m * groups + g];
+      xsum2[m * 2 * groups + 2 * g] = 8.0f * (sum - dx * (float)qsum);
+      xsum2[m * 2 * groups + 2 * g + 1] = sum;
+    }
+}
+#endif
+typedef void (*int8_fn)(int, const float *, const int8_t *, const float *, void *, int64_t,
+                        int64_t, int64_t, int64_t);
+typedef void (*int4_fn)(int, const float *, const float *, const uint8_t *, const uint16_t *,
+                        void *, int64_t, int64_t, int64_t, int64_t);
+#define LIST_INT8(R) int8_rows##R,
+#define LIST_INT4(R) int4_rows##R,
+static const int8_fn int8_by_rows[QGEMV_MAX_ROWS] = {FOR_EACH_ROWS(LIST_INT8)};
+static const int4_fn int4_by_rows[QGEMV_MAX_ROWS] = {FOR_EACH_ROWS(LIST_INT4)};
+
+/* Output rows per parallel chunk: whole cache lines of y and enough work per task. */
+#define N_CHUNK 64
+
+/* Returns 0 on success, -1 when out of memory or rows > QGEMV_MAX_ROWS. */
+int int8_gemv(int dtype, const void *x, const int8_t *q, const float *scale, void *y,
+              int64_t rows, int64_t n_out, int64_t k, int threads) {
+  if (rows < 1 || rows > QGEMV_MAX_ROWS) return -1;
+  float *xf = load_x(dtype, x, rows, k);
+  if (xf == NULL) return -1;
+  const int8_fn fn = int8_by_rows[rows - 1];
+  const int64_t chunks = (n_out + N_CHUNK - 1) / N_CHUNK;
+#pragma omp parallel for num_threads(threads) schedule(static) if (n_out * k >= 65536)
+  for (int64_t c = 0; c < chunks; c++) {
+    const int64_t n0 = c * N_CHUNK, n1 = n0 + N_CHUNK < n_out ? n0 + N_CHUNK : n_out;
+    fn(dtype, xf, q, scale, y, n0, n1, n_out, k);
+  }
+  free(xf);
+  return 0;
+}
+
+/* Returns 0 on success, -1 when out of memory, rows > QGEMV_MAX_ROWS or k % 32 != 0. */
+int int4_gemv(int dtype, const void *x, const uint8_t *packed, const uint16_t *scale_offset,
+              void *y, int64_t rows, int64_t n_out, int64_t k, int threads) {
+  if (rows < 1 || rows > QGEMV_MAX_ROWS || k % Q4_GROUP) return -1;
+  const int64_t groups = k / Q4_GROUP;
+  float *xf = load_x(dtype, x, rows, k);
+  float *xsum = (float *)malloc((size_t)(rows * groups) * sizeof(float));
+  if (xf == NULL || xsum == NULL) {
+    free(xf);
+    free(xsum);
+    return -1;
+  }
+  for (int64_t m = 0; m < rows; m++)
+    for (int64_t g = 0; g < groups; g++) {
+      float s = 0.0f;
+      for (int64_t j = 0; j < Q4_GROUP; j++) s += xf[m * k + g * Q4_GROUP + j];
+      xsum[m * groups + g] = s;
+    }
+  const int64_t chunks = (n_out + N_CHUNK - 1) / N_CHUNK;
+#ifdef __AVX512VNNI__
+  if (groups % 2 == 0) {
+    int8_t *xq = (int8_t *)malloc((size_t)(rows * k));
+    float *dxx = (float *)malloc((size_t)(rows * groups * 8) * sizeof(float));
+    float *xsum2 = (float *)malloc((size_t)(rows * groups * 2) * sizeof(float));
+    const int ok = xq != NULL && dxx != NULL && xsum2 != NULL;
+    if (ok) {
+      quantize_x_groups(xf, xsum, rows, k, xq, dxx, xsum2);
+      const int4_vnni_fn fn = int4_vnni_by_rows[rows - 1];
+#pragma omp parallel for num_threads(threads) schedule(static) if (n_out * k >= 65536)
+      for (int64_t c = 0; c < chunks; c++) {
+        const int64_t n0 = c * N_CHUNK, n1 = n0 + N_CHUNK < n_out ? n0 + N_CHUNK : n_out;
+        fn(dtype, xq, dxx, xsum2, packed, scale_offset, y, n0, n1, n_out, k);
+      }
+    }
+    free(xq);
+    free(dxx);
+    free(xsum2);
+    free(xf);
+    free(xsum);
+    return ok ? 0 : -1;
+  }
+#endif
+  const int4_fn fn = int4_by_rows[rows - 1];
+#pragma omp parallel for num_threads(threads) schedule(static) if (n_out * k >= 65536)
+  for (int64_t c = 0; c < chunks; c++) {
+    const int64_t n0 = c * N_CHUNK, n1 = n0 + N_CHUNK < n_out ? n0 + N_CHUNK : n_out;
+    fn(dtype, xf, xsum, packed, scale_offset, y, n0, n1, n_out, k);
+  }
+  free(xf);
+  free(xsum);
+  return 0;
+}
+
+/* The dense weight [N, K] (in dtype) an int4 weight stands for: for matmuls with many rows. */
+void int4_dequantize(int dtype, const uint8_t *packed, const uint16_t *scale_offset, void *out,
+                     int64_t n_out, int64_t k, int threads) {
+  const int64_t groups = k / Q4_GROUP;
+#pragma omp parallel for num_threads(threads) schedule(static) if (n_out * k >= 65536)
+  for (int64_t n = 0; n < n_out; n++) {
+    for (int64_t g = 0; g < groups; g++) {
+      const float scale = f16_to_f32(scale_offset[(n * groups + g) * 2]);
+      const float offset = f16_to_f32(scale_offset[(n * groups + g) * 2 + 1]);
+      const uint8_t *b = packed + n * (k / 2) + g * (Q4_GROUP / 2);
+      const int64_t base = n * k + g * Q4_GROUP;
+      for (int64_t j = 0; j < Q4_GROUP / 2; j++) {
+        store(out, base + j, (float)(b[j] & 0x0f) * scale + offset, dtype);
+        store(out, base + j + Q4_GROUP / 2, (float)(b[j] >> 4) * scale + offset, dtype);
+      }
+    }
+  }
+}
+
+int64_t qgemv_max_rows(void) { return QGEMV_MAX_ROWS; }
