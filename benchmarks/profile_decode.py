@@ -1,8 +1,9 @@
 """Where a decode step's time goes: the scheduler driven in-process, its parts timed.
 
-The model's parts (matmuls, attention, fused elementwise kernels) and the scheduler's (building
-the batch, sampling + detokenizing + stop checks) are wrapped with wall-clock timers; what is
-left of a step is Python glue. Runs B requests of a short prompt decoding N tokens each, greedy.
+The model's parts (the native decode call for small batches, else matmuls, attention and fused
+elementwise kernels) and the scheduler's (building the batch, sampling + detokenizing + stop
+checks) are wrapped with wall-clock timers; what is left of a step is Python glue. Runs B
+requests of a short prompt decoding N tokens each, greedy.
 
 Run: python -m benchmarks.profile_decode [--batch 1] [--tokens 64] [--quantization int4]
 """
@@ -11,13 +12,14 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import os
 import time
 from collections import defaultdict
 
 import torch
 
-from sglite.runtime.model import attention, kernels, linear, llama
+from sglite.runtime.model import attention, kernels, linear, llama, native_decode
 from sglite.runtime.model.forward_batch import ForwardBatch
 from sglite.runtime.model.loader import load_model
 from sglite.runtime.scheduler import scheduler as scheduler_module
@@ -49,6 +51,9 @@ def instrument() -> None:
     for name in ("add_rms_norm", "silu_mul", "rope_store_kv"):
         setattr(llama.kernels, name, timed("fused elementwise kernels", getattr(kernels, name)))
     llama.CausalLM.forward = timed("forward (total)", llama.CausalLM.forward)
+    native_decode.NativeDecoder.run = timed(
+        "layers in one native call", native_decode.NativeDecoder.run
+    )
     ForwardBatch.build = classmethod(timed("build batch", ForwardBatch.build.__func__))
     sched = scheduler_module.Scheduler
     sched._sample_and_append = timed("sample, detokenize, stop", sched._sample_and_append)
@@ -69,6 +74,8 @@ def main() -> None:
     loaded = load_model(None, args.dtype, progress=False, quantization=args.quantization)
     server_args = ServerArgs(max_total_tokens=65536, quantization=args.quantization)
     sched = scheduler_module.Scheduler(server_args, loaded)
+    gc.collect()
+    gc.freeze()  # as the scheduler process does
     params = {"temperature": 0, "max_new_tokens": args.tokens, "ignore_eos": True}
 
     def run(tag: str) -> int:
@@ -88,6 +95,7 @@ def main() -> None:
     step_total = TIMES["step (total)"]
     forward = TIMES["forward (total)"]
     model_parts = [
+        "layers in one native call",
         "matmul (projections)",
         "matmul (output projection)",
         "attention",

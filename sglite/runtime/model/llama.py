@@ -27,6 +27,7 @@ from sglite.runtime.model.attention import AttentionPlan, decode_attention, exte
 from sglite.runtime.model.config import ModelConfig
 from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from sglite.runtime.model.linear import Linear, linear
+from sglite.runtime.model.native_decode import NativeDecoder
 from sglite.runtime.model.quantization import Int4Parts, Int8Weight, QuantizedWeight, make_quantized
 from sglite.runtime.model.rope import RopeTables
 
@@ -186,6 +187,10 @@ class CausalLM(nn.Module):
         # Quantized copy of the output projection for small batches (see `quantize_model`).
         self.lm_head_quantized: QuantizedWeight | None = None
         self.lm_head_quantized_max_rows = 0
+        # Small DECODE batches run their layers in one native call (native_decode.py); built on
+        # first use, after any quantization. False = not built yet; None = not available.
+        self.use_native_decode = True
+        self._native_decoder: NativeDecoder | None | bool = False
 
     @classmethod
     def empty(cls, config: ModelConfig, dtype: torch.dtype, device: torch.device | str) -> CausalLM:
@@ -222,6 +227,17 @@ class CausalLM(nn.Module):
         self.rope.ensure(max(batch.seq_lens))
         plan = AttentionPlan(batch, self.device)
         residual = self.embed_tokens(batch.input_ids)  # a fresh tensor: updated in place
+        decoder = self._decoder() if batch.mode is ForwardMode.DECODE else None
+        if decoder is None or not decoder.run(residual, batch, pool):
+            self._layers_forward(residual, batch, plan, pool)
+        h = residual.index_select(0, batch.logit_rows)
+        h = kernels.add_rms_norm(None, h, self.norm.weight, self.norm.eps)
+        return self._lm_head(h).float()
+
+    def _layers_forward(
+        self, residual: torch.Tensor, batch: ForwardBatch, plan: AttentionPlan, pool: KVPool
+    ) -> None:
+        assert self.rope is not None
         first = self.layers[0].input_layernorm
         x = kernels.add_rms_norm(None, residual, first.weight, first.eps)
         for i, layer in enumerate(self.layers):
@@ -231,9 +247,13 @@ class CausalLM(nn.Module):
                 x = kernels.add_rms_norm(x, residual, norm.weight, norm.eps)
             else:
                 residual.add_(x)
-        h = residual.index_select(0, batch.logit_rows)
-        h = kernels.add_rms_norm(None, h, self.norm.weight, self.norm.eps)
-        return self._lm_head(h).float()
+
+    def _decoder(self) -> NativeDecoder | None:
+        if not self.use_native_decode:
+            return None
+        if self._native_decoder is False:
+            self._native_decoder = NativeDecoder.create(self)
+        return self._native_decoder  # type: ignore[return-value]
 
     def _lm_head(self, h: torch.Tensor) -> torch.Tensor:
         q = self.lm_head_quantized
@@ -291,6 +311,7 @@ class CausalLM(nn.Module):
         """
         if kind == "none":
             return
+        self._native_decoder = False  # its weight pointers change
         for name, module in self.named_modules():
             if not isinstance(module, Linear) or name == "lm_head":
                 continue

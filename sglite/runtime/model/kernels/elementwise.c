@@ -39,7 +39,7 @@ void silu_mul(int dtype, const void *gate_up, void *out, int64_t rows, int64_t i
     for (int64_t i = 0; i < inter; i++) {
       float g = load(gate_up, in_off + i, dtype);
       float u = load(gate_up, in_off + inter + i, dtype);
-      store(out, out_off + i, g / (1.0f + expf(-g)) * u, dtype);
+      store(out, out_off + i, g / (1.0f + fast_expf(-g)) * u, dtype);
     }
   }
 }

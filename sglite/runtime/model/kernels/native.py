@@ -24,9 +24,15 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 _HERE = Path(__file__).parent
-SOURCES = [_HERE / "elementwise.c", _HERE / "attention.c", _HERE / "quant_gemv.c"]
+SOURCES = [
+    _HERE / "elementwise.c",
+    _HERE / "attention.c",
+    _HERE / "quant_gemv.c",
+    _HERE / "decode_step.c",
+]
 HEADERS = [_HERE / "common.h"]
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
+# -fno-math-errno lets lrintf/fmaxf/sqrtf compile to single instructions (errno is never read).
+FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
 
 _lock = threading.Lock()
 _state: dict[str, ctypes.CDLL | None] = {}
@@ -45,6 +51,7 @@ _SIGNATURES = {
 _STATUS_SIGNATURES = {
     "int8_gemv": "iPPPPIIIi",
     "int4_gemv": "iPPPPIIIi",
+    "decode_layers": "iIIIIIIFFIPPPPPPPIPi",
 }
 
 # Constants the attention kernel was built with (its query-group and head-size limits).

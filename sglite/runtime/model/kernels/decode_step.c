@@ -1,0 +1,157 @@
+/*
+ * The decoder layers of a small decode batch (at most QGEMV_MAX_ROWS rows) in one call.
+ *
+ * Why: at batch 1 a layer is ~10 small operations; issued from Python each costs microseconds of
+ * interpreter and dispatch time, which adds up to a large share of a step once the weights are
+ * 4-bit. Here the same operations (the kernels of elementwise.c, attention.c and quant_gemv.c,
+ * plus dense GEMV) run back to back in C. The math is the PyTorch path's, operation for
+ * operation, so the two agree to float rounding (tests/test_native_decode.py).
+ *
+ * Per layer: x = rms_norm(residual); qkv = x Wqkv (+ b); RoPE on q, k and k, v into the pool;
+ * a = attention(q, pool); residual += a Wo (+ b); x = rms_norm(residual);
+ * residual += down(silu(gate) * up). The residual stream is updated in place; on return it holds
+ * the last layer's output (before the final norm). See common.h for conventions.
+ */
+#include "common.h"
+
+#define QGEMV_MAX_ROWS 8
+
+enum { LINEAR_DENSE = 0, LINEAR_INT8 = 1, LINEAR_INT4 = 2 };
+
+typedef struct {
+  int64_t kind;  /* LINEAR_* */
+  int64_t n_out, k;
+  const void *weight; /* dense: [n_out, k] dtype; int8: int8 values; int4: packed nibbles */
+  const void *scale;  /* int8: float32 [n_out]; int4: f16 (scale, offset) pairs; else NULL */
+  const void *bias;   /* dtype [n_out] or NULL */
+} linear_t;
+
+typedef struct {
+  const void *input_norm, *post_norm; /* dtype [hidden] */
+  linear_t qkv, o, gate_up, down;
+  void *k_cache, *v_cache; /* [slots, kv_heads, head_dim] dtype */
+  int64_t window;          /* sliding window, 0 = full attention */
+} layer_t;
+
+int int8_gemv(int dtype, const void *x, const int8_t *q, const float *scale, void *y,
+              int64_t rows, int64_t n_out, int64_t k, int threads);
+int int4_gemv(int dtype, const void *x, const uint8_t *packed, const uint16_t *scale_offset,
+              void *y, int64_t rows, int64_t n_out, int64_t k, int threads);
+void add_rms_norm(int dtype, const void *x, void *residual, const void *weight, void *out,
+                  int64_t rows, int64_t dim, float eps, int threads);
+void silu_mul(int dtype, const void *gate_up, void *out, int64_t rows, int64_t inter,
+              int threads);
+void rope_store_kv(int dtype, void *qkv, int64_t tokens, int64_t heads, int64_t kv_heads,
+                   int64_t head_dim, const int64_t *positions, const float *cos_table,
+                   const float *sin_table, void *k_cache, void *v_cache,
+                   const int64_t *out_slots, int threads);
+void paged_decode_attention(int dtype, const void *q, int64_t q_stride, const void *k_cache,
+                            const void *v_cache, const int64_t *table, int64_t table_stride,
+                            const int64_t *lens, void *out, int64_t rows, int64_t heads,
+                            int64_t kv_heads, int64_t head_dim, float scale, int64_t window,
+                            int threads);
+
+/* y = x W^T for a dense weight in the activation dtype, a few rows: one pass over W. */
+static void dense_gemv(int dtype, const void *x, const void *w, void *y, int64_t rows,
+                       int64_t n_out, int64_t k, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (n_out * k >= 65536)
+  for (int64_t n = 0; n < n_out; n++) {
+    float sum[QGEMV_MAX_ROWS];
+    int64_t i = 0;
+#if defined(__AVX512BF16__)
+    if (dtype) {
+      __m512 acc[QGEMV_MAX_ROWS];
+      for (int64_t m = 0; m < rows; m++) acc[m] = _mm512_setzero_ps();
+      const uint16_t *wn = (const uint16_t *)w + n * k;
+      for (; i + 32 <= k; i += 32) {
+        const __m512bh wv = (__m512bh)_mm512_loadu_si512((const void *)(wn + i));
+        for (int64_t m = 0; m < rows; m++) {
+          const __m512bh xv =
+              (__m512bh)_mm512_loadu_si512((const void *)((const uint16_t *)x + m * k + i));
+          acc[m] = _mm512_dpbf16_ps(acc[m], xv, wv);
+        }
+      }
+      for (int64_t m = 0; m < rows; m++) sum[m] = _mm512_reduce_add_ps(acc[m]);
+    } else
+#endif
+    {
+      for (int64_t m = 0; m < rows; m++) sum[m] = 0.0f;
+    }
+    for (int64_t m = 0; m < rows; m++) {
+      float s = sum[m];
+#pragma omp simd reduction(+ : s)
+      for (int64_t j = i; j < k; j++) s += load(x, m * k + j, dtype) * load(w, n * k + j, dtype);
+      store(y, m * n_out + n, s, dtype);
+    }
+  }
+}
+
+static int linear_rows(int dtype, const linear_t *l, const void *x, void *y, int64_t rows,
+                       int threads) {
+  int status = 0;
+  if (l->kind == LINEAR_INT8)
+    status = int8_gemv(dtype, x, l->weight, l->scale, y, rows, l->n_out, l->k, threads);
+  else if (l->kind == LINEAR_INT4)
+    status = int4_gemv(dtype, x, l->weight, l->scale, y, rows, l->n_out, l->k, threads);
+  else
+    dense_gemv(dtype, x, l->weight, y, rows, l->n_out, l->k, threads);
+  if (status == 0 && l->bias != NULL)
+    for (int64_t m = 0; m < rows; m++)
+      for (int64_t n = 0; n < l->n_out; n++)
+        store(y, m * l->n_out + n, load(y, m * l->n_out + n, dtype) + load(l->bias, n, dtype),
+              dtype);
+  return status;
+}
+
+/* Returns 0 on success, -1 when a buffer cannot be allocated or a kernel refuses (nothing about
+ * the pool is then guaranteed: the caller fails the step). */
+int decode_layers(int dtype, int64_t rows, int64_t hidden, int64_t heads, int64_t kv_heads,
+                  int64_t head_dim, int64_t inter, float eps, float attn_scale, int64_t n_layers,
+                  const layer_t *layers, void *residual, const int64_t *positions,
+                  const float *cos_table, const float *sin_table, const int64_t *out_slots,
+                  const int64_t *table, int64_t table_stride, const int64_t *lens, int threads) {
+  if (rows < 1 || rows > QGEMV_MAX_ROWS) return -1;
+  const size_t elem = dtype ? 2 : 4;
+  const int64_t qkv_width = (heads + 2 * kv_heads) * head_dim;
+  void *x = malloc((size_t)(rows * hidden) * elem);
+  void *qkv = malloc((size_t)(rows * qkv_width) * elem);
+  void *attn = malloc((size_t)(rows * heads * head_dim) * elem);
+  void *out = malloc((size_t)(rows * hidden) * elem);
+  void *gate_up = malloc((size_t)(rows * 2 * inter) * elem);
+  void *act = malloc((size_t)(rows * inter) * elem);
+  int status = (x && qkv && attn && out && gate_up && act) ? 0 : -1;
+  for (int64_t l = 0; l < n_layers && status == 0; l++) {
+    const layer_t *layer = layers + l;
+    if (l == 0)
+      add_rms_norm(dtype, NULL, residual, layer->input_norm, x, rows, hidden, eps, threads);
+    status = linear_rows(dtype, &layer->qkv, x, qkv, rows, threads);
+    if (status) break;
+    rope_store_kv(dtype, qkv, rows, heads, kv_heads, head_dim, positions, cos_table, sin_table,
+                  layer->k_cache, layer->v_cache, out_slots, threads);
+    paged_decode_attention(dtype, qkv, qkv_width, layer->k_cache, layer->v_cache, table,
+                           table_stride, lens, attn, rows, heads, kv_heads, head_dim, attn_scale,
+                           layer->window, threads);
+    status = linear_rows(dtype, &layer->o, attn, out, rows, threads);
+    if (status) break;
+    add_rms_norm(dtype, out, residual, layer->post_norm, x, rows, hidden, eps, threads);
+    status = linear_rows(dtype, &layer->gate_up, x, gate_up, rows, threads);
+    if (status) break;
+    silu_mul(dtype, gate_up, act, rows, inter, threads);
+    status = linear_rows(dtype, &layer->down, act, out, rows, threads);
+    if (status) break;
+    if (l + 1 < n_layers) {
+      add_rms_norm(dtype, out, residual, layers[l + 1].input_norm, x, rows, hidden, eps, threads);
+    } else {
+      for (int64_t i = 0; i < rows * hidden; i++)
+        store(residual, i, round_to(load(residual, i, dtype) + load(out, i, dtype), dtype),
+              dtype);
+    }
+  }
+  free(x);
+  free(qkv);
+  free(attn);
+  free(out);
+  free(gate_up);
+  free(act);
+  return status;
+}

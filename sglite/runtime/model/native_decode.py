@@ -1,0 +1,199 @@
+"""The decoder layers of a small DECODE batch run in one native call (`kernels/decode_step.c`).
+
+`NativeDecoder` describes every layer's weights, norms and KV tensors to the C side once (as
+ctypes structs holding pointers into the model's own tensors, which it keeps alive) and then
+runs a whole decode step's layers with one call, so per-step Python cost no longer grows with
+the layer count. It serves DECODE batches of at most `qgemv_max_rows` rows on CPU, in float32
+or bfloat16, for Llama-family and Qwen2 models; anything else (prefill, large batches, CUDA,
+no compiler) goes through the PyTorch path, which computes the same thing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+
+from sglite.runtime.model import kernels
+from sglite.runtime.model.kernels import native
+from sglite.runtime.model.linear import Linear
+from sglite.runtime.model.quantization import Int4Weight, Int8Weight
+
+if TYPE_CHECKING:
+    from sglite.runtime.cache.kv_pool import KVPool
+    from sglite.runtime.model.forward_batch import ForwardBatch
+    from sglite.runtime.model.llama import CausalLM
+
+logger = logging.getLogger(__name__)
+
+DENSE, INT8, INT4 = 0, 1, 2
+
+
+class LinearDesc(ctypes.Structure):
+    """`linear_t` of decode_step.c."""
+
+    _fields_ = [
+        ("kind", ctypes.c_int64),
+        ("n_out", ctypes.c_int64),
+        ("k", ctypes.c_int64),
+        ("weight", ctypes.c_void_p),
+        ("scale", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p),
+    ]
+
+
+class LayerDesc(ctypes.Structure):
+    """`layer_t` of decode_step.c."""
+
+    _fields_ = [
+        ("input_norm", ctypes.c_void_p),
+        ("post_norm", ctypes.c_void_p),
+        ("qkv", LinearDesc),
+        ("o", LinearDesc),
+        ("gate_up", LinearDesc),
+        ("down", LinearDesc),
+        ("k_cache", ctypes.c_void_p),
+        ("v_cache", ctypes.c_void_p),
+        ("window", ctypes.c_int64),
+    ]
+
+
+def _describe(layer: Linear, quantized: bool) -> LinearDesc | None:
+    """The C description of one projection (quantized or dense weight), None if unsupported."""
+    bias = layer.bias.data_ptr() if layer.bias is not None else None
+    q = layer.quantized
+    if quantized and isinstance(q, Int4Weight) and q.native:
+        shape = (q.out_features, q.in_features)
+        return LinearDesc(INT4, *shape, q.packed.data_ptr(), q.scale_offset.data_ptr(), bias)
+    if quantized and isinstance(q, Int8Weight):
+        n, k = q.values.shape
+        return LinearDesc(INT8, n, k, q.values.data_ptr(), q.scale.data_ptr(), bias)
+    if quantized and q is not None:
+        return None  # a quantized format the C side does not know
+    if layer.weight.numel() == 0:
+        return None  # dense weight dropped
+    n, k = layer.weight.shape
+    return LinearDesc(DENSE, n, k, layer.weight.data_ptr(), None, bias)
+
+
+class NativeDecoder:
+    """Runs `CausalLM`'s layers for small DECODE batches in C (see module docstring)."""
+
+    def __init__(self, model: CausalLM, lib: ctypes.CDLL) -> None:
+        self.model = model
+        self.lib = lib
+        self.max_rows = int(lib.qgemv_max_rows())
+        cfg = model.config
+        self.dtype_code = 1 if model.dtype == torch.bfloat16 else 0
+        first = model.layers[0].self_attn.qkv_proj
+        # Calls of at most `quantized_max_rows` rows use the quantized weights, as in Python.
+        self.quantized_max_rows = first.quantized_max_rows if first.quantized is not None else 0
+        self.tables: dict[bool, ctypes.Array] = {}
+        for quantized in (False, True):
+            table = self._layer_table(quantized)
+            if table is not None:
+                self.tables[quantized] = table
+        self.eps = float(model.layers[0].input_layernorm.eps)
+        self.scale = cfg.head_dim**-0.5
+        self._pool_id: int | None = None
+
+    def _layer_table(self, quantized: bool) -> ctypes.Array | None:
+        descs = []
+        for i, layer in enumerate(self.model.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            parts = [
+                _describe(p, quantized)
+                for p in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            ]
+            if any(p is None for p in parts):
+                return None
+            descs.append(
+                LayerDesc(
+                    layer.input_layernorm.weight.data_ptr(),
+                    layer.post_attention_layernorm.weight.data_ptr(),
+                    *parts,
+                    None,
+                    None,
+                    attn.window or 0,
+                )
+            )
+            assert attn.layer_id == i
+        return (LayerDesc * len(descs))(*descs)
+
+    @classmethod
+    def create(cls, model: CausalLM) -> NativeDecoder | None:
+        """A decoder for `model`, or None when the native path cannot serve it."""
+        lib = native.load()
+        cfg = model.config
+        if lib is None or model.device.type != "cpu":
+            return None
+        if model.dtype not in (torch.float32, torch.bfloat16):
+            return None
+        group = cfg.num_heads // cfg.num_kv_heads
+        if (
+            group > lib.attention_max_group()
+            or cfg.head_dim > lib.attention_max_head_dim()
+            or cfg.head_dim % lib.attention_vec_width()
+        ):
+            return None
+        decoder = cls(model, lib)
+        return decoder if decoder.tables else None
+
+    def run(self, residual: torch.Tensor, batch: ForwardBatch, pool: KVPool) -> bool:
+        """Run every layer over `residual` (`[rows, hidden]`, updated in place) for a DECODE
+        batch; False (nothing done) when this batch is not one the native path serves."""
+        rows = residual.shape[0]
+        if rows > self.max_rows or batch.padded_slots is None:
+            return False
+        quantized = rows <= self.quantized_max_rows or self.quantized_max_rows < 0
+        table = self.tables.get(quantized)
+        if table is None:
+            return False
+        self._attach_pool(pool)
+        cfg = self.model.config
+        rope = self.model.rope
+        assert rope is not None
+        slots = batch.padded_slots
+        lens = batch.positions + 1  # DECODE: each row's new token is its last
+        status = self.lib.decode_layers(
+            self.dtype_code,
+            rows,
+            cfg.hidden_size,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            cfg.intermediate_size,
+            self.eps,
+            self.scale,
+            len(table),
+            table,
+            residual.data_ptr(),
+            batch.positions.data_ptr(),
+            rope.cos.data_ptr(),
+            rope.sin.data_ptr(),
+            batch.out_slots.data_ptr(),
+            slots.data_ptr(),
+            slots.stride(0),
+            lens.data_ptr(),
+            torch.get_num_threads(),
+        )
+        if status != 0:
+            raise RuntimeError("native decode step failed (out of memory?)")
+        return True
+
+    def _attach_pool(self, pool: KVPool) -> None:
+        if self._pool_id == id(pool):
+            return
+        for table in self.tables.values():
+            for i, desc in enumerate(table):
+                desc.k_cache = pool.k[i].data_ptr()
+                desc.v_cache = pool.v[i].data_ptr()
+        self._pool_id = id(pool)
+        self._pool = pool  # keep it alive while its pointers are in the tables
+
+
+def native_decode_available() -> bool:
+    """Whether the native library (and so `NativeDecoder`) can be used in this process."""
+    return kernels.native_available()

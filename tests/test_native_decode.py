@@ -1,0 +1,101 @@
+"""The native decode step (all layers of a small DECODE batch in one C call) computes what the
+PyTorch path computes, for every weight format and the architectures' options."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_model_parity import PROMPT, decode, extend, make_hf_model, new_pool
+
+from sglite.runtime.model import kernels
+from sglite.runtime.model.loader import load_model
+
+pytestmark = pytest.mark.skipif(not kernels.native_available(), reason="no C compiler")
+
+
+def _steps(loaded, prompts: list[list[int]], steps: int, native: bool) -> list[torch.Tensor]:
+    """Logits of a batched prefill then `steps` batched decode steps (fixed tokens)."""
+    loaded.model.use_native_decode = native
+    pool = new_pool(loaded, 4096)
+    try:
+        logits, slots = extend(loaded, pool, prompts)
+        out = [logits]
+        for step in range(steps):
+            logits, slots = decode(loaded, pool, [40 + step + i for i in range(len(prompts))], slots)
+            out.append(logits)
+        return out
+    finally:
+        loaded.model.use_native_decode = True
+
+
+def _calls(loaded, monkeypatch) -> list[int]:
+    """Records the row counts the native decoder served."""
+    from sglite.runtime.model.native_decode import NativeDecoder
+
+    served: list[int] = []
+    real = NativeDecoder.run
+
+    def spy(self, residual, batch, pool):
+        done = real(self, residual, batch, pool)
+        if done:
+            served.append(residual.shape[0])
+        return done
+
+    monkeypatch.setattr(NativeDecoder, "run", spy)
+    return served
+
+
+@pytest.mark.parametrize(
+    "kind, overrides",
+    [
+        ("llama", {}),
+        ("qwen2", {}),  # q/k/v biases
+        ("mistral", {"sliding_window": 5}),
+        ("llama", {"num_attention_heads": 8, "num_key_value_heads": 1, "hidden_size": 128}),
+    ],
+)
+def test_tiny_models_match_the_pytorch_path(tmp_path, monkeypatch, kind, overrides):
+    make_hf_model(kind, str(tmp_path), **overrides)
+    loaded = load_model(str(tmp_path), "float32", progress=False)
+    served = _calls(loaded, monkeypatch)
+    prompts = [PROMPT, PROMPT[:6], [1, 5, 9, 200, 201, 202, 203, 204, 205]]
+    native = _steps(loaded, prompts, 6, native=True)
+    assert served == [3] * 6  # every decode step went through the native call
+    reference = _steps(loaded, prompts, 6, native=False)
+    for a, b in zip(native, reference, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "dtype, quantization, tol",
+    [
+        ("float32", "none", 2e-3),
+        # bf16 rounds every activation: a GEMV summing in another order moves logits by ulps
+        # (0.125 at 16).
+        ("bfloat16", "none", 0.5),
+        ("bfloat16", "int4", 1e-3),  # the same quantized kernels on both paths
+        ("float32", "int8", 1e-3),
+    ],
+)
+def test_default_model_matches_the_pytorch_path(monkeypatch, dtype, quantization, tol):
+    loaded = load_model(None, dtype, progress=False, quantization=quantization)
+    served = _calls(loaded, monkeypatch)
+    tok = loaded.tokenizer
+    prompts = [tok.encode("The capital of France is"), tok.encode("Seven times six is")]
+    native = _steps(loaded, prompts, 4, native=True)
+    assert served == [2] * 4
+    reference = _steps(loaded, prompts, 4, native=False)
+    for a, b in zip(native, reference, strict=True):
+        assert (a - b).abs().max() < tol
+        top2 = b.topk(2, dim=-1).values
+        clear = (top2[:, 0] - top2[:, 1]) > 2 * tol  # near ties may flip within the tolerance
+        assert torch.equal(a.argmax(-1)[clear], b.argmax(-1)[clear])
+
+
+def test_large_batches_use_the_pytorch_path(monkeypatch, tmp_path):
+    make_hf_model("llama", str(tmp_path))
+    loaded = load_model(str(tmp_path), "float32", progress=False)
+    served = _calls(loaded, monkeypatch)
+    prompts = [[1, 2 + i, 3] for i in range(12)]  # more rows than the native path takes
+    _steps(loaded, prompts, 2, native=True)
+    assert served == []
