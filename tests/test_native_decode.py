@@ -21,7 +21,8 @@ def _steps(loaded, prompts: list[list[int]], steps: int, native: bool) -> list[t
         logits, slots = extend(loaded, pool, prompts)
         out = [logits]
         for step in range(steps):
-            logits, slots = decode(loaded, pool, [40 + step + i for i in range(len(prompts))], slots)
+            tokens = [40 + step + i for i in range(len(prompts))]
+            logits, slots = decode(loaded, pool, tokens, slots)
             out.append(logits)
         return out
     finally:
