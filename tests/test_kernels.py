@@ -161,3 +161,25 @@ def test_quantized_gemv_declines_many_rows():
     torch.testing.assert_close(
         q4.matmul(x), x @ kernels.int4_dequantize(q4.packed, q4.scale_offset, torch.float32).t()
     )
+
+
+def test_kernels_are_correct_when_called_from_several_threads():
+    """The kernels' thread pool serves one call at a time; concurrent callers must still get
+    right answers (a caller that finds the pool busy runs its work on its own thread)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    torch.manual_seed(5)
+    k_cache = torch.randn(3000, 3, 64)
+    v_cache = torch.randn(3000, 3, 64)
+    table = (torch.arange(8 * 300).reshape(8, 300) % 2999) + 1
+    lens = torch.full((8,), 300)
+    queries = [torch.randn(8, 9 * 64) for _ in range(16)]
+    refs = [_reference_attention(q, k_cache, v_cache, table, lens, 0.125, None) for q in queries]
+
+    def run(i: int) -> torch.Tensor:
+        return kernels.paged_decode_attention(queries[i], k_cache, v_cache, table, lens, 0.125)
+
+    with ThreadPoolExecutor(4) as pool:
+        outs = list(pool.map(run, range(16)))
+    for out, ref in zip(outs, refs, strict=True):
+        _close(out, ref, 1e-5)

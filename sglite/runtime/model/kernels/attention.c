@@ -128,6 +128,38 @@ static attend_fn special_attend(int64_t group, int64_t nvec) {
  * from cache. Requires heads / kv_heads <= MAX_GROUP and head_dim <= MAX_HEAD_DIM, a multiple of
  * VEC (the caller checks).
  */
+typedef struct {
+  int dtype;
+  const void *q;
+  int64_t q_stride;
+  const void *k_cache, *v_cache;
+  const int64_t *table;
+  int64_t table_stride;
+  const int64_t *lens;
+  void *out;
+  int64_t rows, heads, group, head_dim, nvec, kv_width, window;
+  float scale;
+  attend_fn special;
+} attention_args;
+
+static void attention_tasks(void *p, int64_t begin, int64_t end) {
+  const attention_args *a = p;
+  for (int64_t task = begin; task < end; task++) {
+    const int64_t kh = task / a->rows, b = task % a->rows;
+    const int64_t len = a->lens[b];
+    const int64_t start = (a->window > 0 && len > a->window) ? len - a->window : 0;
+    const int64_t q_off = b * a->q_stride + kh * a->group * a->head_dim;
+    const int64_t out_off = b * a->heads * a->head_dim + kh * a->group * a->head_dim;
+    const int64_t *slots = a->table + b * a->table_stride;
+    if (a->special != NULL)
+      a->special(a->dtype, a->q, q_off, a->k_cache, a->v_cache, slots, start, len, a->kv_width,
+                 kh * a->head_dim, a->scale, a->out, out_off);
+    else
+      attend_one((int)a->group, a->nvec, a->dtype, a->q, q_off, a->k_cache, a->v_cache, slots,
+                 start, len, a->kv_width, kh * a->head_dim, a->scale, a->out, out_off);
+  }
+}
+
 void paged_decode_attention(int dtype, const void *q, int64_t q_stride, const void *k_cache,
                             const void *v_cache, const int64_t *table, int64_t table_stride,
                             const int64_t *lens, void *out, int64_t rows, int64_t heads,
@@ -135,26 +167,15 @@ void paged_decode_attention(int dtype, const void *q, int64_t q_stride, const vo
                             int threads) {
   const int64_t group = heads / kv_heads;
   const int64_t nvec = head_dim / VEC;
-  const int64_t kv_width = kv_heads * head_dim;
-  const attend_fn special = special_attend(group, nvec);
+  attention_args a = {dtype,        q,     q_stride, k_cache,  v_cache,
+                      table,        table_stride,    lens,     out,      rows,
+                      heads,        group, head_dim, nvec,     kv_heads * head_dim,
+                      window,       scale, special_attend(group, nvec)};
   int64_t attended = 0;
   for (int64_t b = 0; b < rows; b++) attended += lens[b];
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) \
-    if (attended * kv_heads >= PARALLEL_MIN_ATTN)
-  for (int64_t task = 0; task < kv_heads * rows; task++) {
-    const int64_t kh = task / rows, b = task % rows;
-    const int64_t len = lens[b];
-    const int64_t start = (window > 0 && len > window) ? len - window : 0;
-    const int64_t q_off = b * q_stride + kh * group * head_dim;
-    const int64_t out_off = b * heads * head_dim + kh * group * head_dim;
-    const int64_t *slots = table + b * table_stride;
-    if (special != NULL)
-      special(dtype, q, q_off, k_cache, v_cache, slots, start, len, kv_width, kh * head_dim,
-              scale, out, out_off);
-    else
-      attend_one((int)group, nvec, dtype, q, q_off, k_cache, v_cache, slots, start, len,
-                 kv_width, kh * head_dim, scale, out, out_off);
-  }
+  /* One task per (kv head, row), so that tasks are balanced by the dynamic claiming. */
+  parallel_range(attention_tasks, &a, kv_heads * rows, 1, threads,
+                 attended * kv_heads >= PARALLEL_MIN_ATTN);
 }
 
 /* Limits the Python side checks before calling paged_decode_attention. */

@@ -5,8 +5,9 @@
  * Conventions of every kernel: tensors are row-major and contiguous in their last dimension;
  * `dtype` is 0 for float32 and 1 for bfloat16 (activations, weights and the KV pool share it).
  * Math is float32; results are rounded to the storage dtype once, on store (round to nearest
- * even). Parallelism: OpenMP with the thread count the caller passes (torch's own pool size), so
- * the process never runs more compute threads than torch does.
+ * even). Parallelism: `parallel_range` on the pool of threadpool.c, with the thread count the
+ * caller passes (torch's own pool size), so the process never runs more compute threads than
+ * torch does.
  */
 #ifndef SGLITE_KERNELS_COMMON_H
 #define SGLITE_KERNELS_COMMON_H
@@ -14,6 +15,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "threadpool.h"
 
 /* Work (elements, or token x kv-head pairs for attention) below which a pass runs on the calling
  * thread: waking the pool costs more than it saves, and far more when another process holds a
@@ -111,4 +114,29 @@ static inline float vsum(vec_t a) { return a; }
 static inline void vstore(float *p, vec_t a) { *p = a; }
 #endif
 
+typedef void (*range_fn)(void *ctx, int64_t begin, int64_t end);
+typedef struct {
+  range_fn fn;
+  void *ctx;
+  int64_t n, per_chunk;
+} range_job_t;
+
+static void range_chunk(void *p, int64_t c) {
+  const range_job_t *job = p;
+  const int64_t begin = c * job->per_chunk;
+  const int64_t end = begin + job->per_chunk < job->n ? begin + job->per_chunk : job->n;
+  job->fn(job->ctx, begin, end);
+}
+
+/* fn(ctx, begin, end) over [0, n) in chunks of `per_chunk`, on the thread pool when `parallel`
+ * (else in one call on this thread). */
+static inline void parallel_range(range_fn fn, void *ctx, int64_t n, int64_t per_chunk,
+                                  int threads, int parallel) {
+  if (!parallel || threads <= 1 || n <= per_chunk) {
+    fn(ctx, 0, n);
+    return;
+  }
+  range_job_t job = {fn, ctx, n, per_chunk};
+  parallel_chunks(range_chunk, &job, (n + per_chunk - 1) / per_chunk, threads);
+}
 #endif

@@ -51,23 +51,30 @@ void paged_decode_attention(int dtype, const void *q, int64_t q_stride, const vo
                             int64_t kv_heads, int64_t head_dim, float scale, int64_t window,
                             int threads);
 
-/* y = x W^T for a dense weight in the activation dtype, a few rows: one pass over W. */
-static void dense_gemv(int dtype, const void *x, const void *w, void *y, int64_t rows,
-                       int64_t n_out, int64_t k, int threads) {
-#pragma omp parallel for num_threads(threads) schedule(static) if (n_out * k >= 65536)
-  for (int64_t n = 0; n < n_out; n++) {
+typedef struct {
+  int dtype;
+  const void *x, *w;
+  void *y;
+  int64_t rows, n_out, k;
+} dense_args;
+
+static void dense_rows(void *p, int64_t n0, int64_t n1) {
+  const dense_args *a = p;
+  const int dtype = a->dtype;
+  const int64_t k = a->k, rows = a->rows;
+  for (int64_t n = n0; n < n1; n++) {
     float sum[QGEMV_MAX_ROWS];
     int64_t i = 0;
 #if defined(__AVX512BF16__)
     if (dtype) {
       __m512 acc[QGEMV_MAX_ROWS];
       for (int64_t m = 0; m < rows; m++) acc[m] = _mm512_setzero_ps();
-      const uint16_t *wn = (const uint16_t *)w + n * k;
+      const uint16_t *wn = (const uint16_t *)a->w + n * k;
       for (; i + 32 <= k; i += 32) {
         const __m512bh wv = (__m512bh)_mm512_loadu_si512((const void *)(wn + i));
         for (int64_t m = 0; m < rows; m++) {
           const __m512bh xv =
-              (__m512bh)_mm512_loadu_si512((const void *)((const uint16_t *)x + m * k + i));
+              (__m512bh)_mm512_loadu_si512((const void *)((const uint16_t *)a->x + m * k + i));
           acc[m] = _mm512_dpbf16_ps(acc[m], xv, wv);
         }
       }
@@ -80,10 +87,17 @@ static void dense_gemv(int dtype, const void *x, const void *w, void *y, int64_t
     for (int64_t m = 0; m < rows; m++) {
       float s = sum[m];
 #pragma omp simd reduction(+ : s)
-      for (int64_t j = i; j < k; j++) s += load(x, m * k + j, dtype) * load(w, n * k + j, dtype);
-      store(y, m * n_out + n, s, dtype);
+      for (int64_t j = i; j < k; j++) s += load(a->x, m * k + j, dtype) * load(a->w, n * k + j, dtype);
+      store(a->y, m * a->n_out + n, s, dtype);
     }
   }
+}
+
+/* y = x W^T for a dense weight in the activation dtype, a few rows: one pass over W. */
+static void dense_gemv(int dtype, const void *x, const void *w, void *y, int64_t rows,
+                       int64_t n_out, int64_t k, int threads) {
+  dense_args a = {dtype, x, w, y, rows, n_out, k};
+  parallel_range(dense_rows, &a, n_out, 64, threads, n_out * k >= 65536);
 }
 
 static int linear_rows(int dtype, const linear_t *l, const void *x, void *y, int64_t rows,

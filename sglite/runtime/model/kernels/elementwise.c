@@ -2,45 +2,117 @@
  * Each touches its data once instead of once per PyTorch op. See common.h for conventions. */
 #include "common.h"
 
+/* Rows per parallel chunk: enough work per chunk to be worth handing to another thread. */
+static int64_t rows_per_chunk(int64_t row_elems) {
+  const int64_t rows = PARALLEL_MIN_ELEMS / (row_elems > 0 ? row_elems : 1);
+  return rows > 0 ? rows : 1;
+}
+
+typedef struct {
+  int dtype;
+  const void *x;
+  void *residual;
+  const void *weight;
+  void *out;
+  int64_t dim;
+  float eps;
+} add_rms_norm_args;
+
+static void add_rms_norm_rows(void *p, int64_t begin, int64_t end) {
+  const add_rms_norm_args *a = p;
+  const int dtype = a->dtype;
+  const int64_t dim = a->dim;
+  float buf[dim];
+  for (int64_t r = begin; r < end; r++) {
+    const int64_t off = r * dim;
+    load_row(a->residual, off, dim, buf, dtype);
+    if (a->x != NULL) {
+      for (int64_t i = 0; i < dim; i++) {
+        buf[i] = round_to(buf[i] + load(a->x, off + i, dtype), dtype);
+        store(a->residual, off + i, buf[i], dtype);
+      }
+    }
+    float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t i = 0; i < dim; i++) ss += buf[i] * buf[i];
+    const float inv = 1.0f / sqrtf(ss / (float)dim + a->eps);
+    for (int64_t i = 0; i < dim; i++)
+      store(a->out, off + i, round_to(buf[i] * inv, dtype) * load(a->weight, i, dtype), dtype);
+  }
+}
+
 /*
  * residual[r] += x[r] (when x is not NULL), then out[r] = rms_norm(residual[r]) * weight.
  * The sum is rounded to the storage dtype before the norm, as an unfused model computes it.
  */
 void add_rms_norm(int dtype, const void *x, void *residual, const void *weight, void *out,
                   int64_t rows, int64_t dim, float eps, int threads) {
-#pragma omp parallel for num_threads(threads) schedule(static) if (rows * dim >= PARALLEL_MIN_ELEMS)
-  for (int64_t r = 0; r < rows; r++) {
-    float buf[dim];
-    int64_t off = r * dim;
-    double ss = 0.0;
-    for (int64_t i = 0; i < dim; i++) {
-      float v = load(residual, off + i, dtype);
-      if (x != NULL) {
-        v = round_to(v + load(x, off + i, dtype), dtype);
-        store(residual, off + i, v, dtype);
-      }
-      buf[i] = v;
-      ss += (double)v * v;
-    }
-    float inv = 1.0f / sqrtf((float)(ss / (double)dim) + eps);
-    for (int64_t i = 0; i < dim; i++) {
-      float normed = round_to(buf[i] * inv, dtype);
-      store(out, off + i, normed * load(weight, i, dtype), dtype);
-    }
+  add_rms_norm_args a = {dtype, x, residual, weight, out, dim, eps};
+  parallel_range(add_rms_norm_rows, &a, rows, rows_per_chunk(dim), threads,
+                 rows * dim >= PARALLEL_MIN_ELEMS);
+}
+
+typedef struct {
+  int dtype;
+  const void *gate_up;
+  void *out;
+  int64_t inter;
+} silu_mul_args;
+
+static void silu_mul_rows(void *p, int64_t begin, int64_t end) {
+  const silu_mul_args *a = p;
+  const int64_t inter = a->inter;
+  float g[inter], u[inter];
+  for (int64_t r = begin; r < end; r++) {
+    load_row(a->gate_up, r * 2 * inter, inter, g, a->dtype);
+    load_row(a->gate_up, r * 2 * inter + inter, inter, u, a->dtype);
+#pragma omp simd
+    for (int64_t i = 0; i < inter; i++) g[i] = g[i] / (1.0f + fast_expf(-g[i])) * u[i];
+    for (int64_t i = 0; i < inter; i++) store(a->out, r * inter + i, g[i], a->dtype);
   }
 }
 
 /* out[r, i] = silu(gate_up[r, i]) * gate_up[r, inter + i]. */
 void silu_mul(int dtype, const void *gate_up, void *out, int64_t rows, int64_t inter,
               int threads) {
-#pragma omp parallel for num_threads(threads) schedule(static) if (rows * inter >= PARALLEL_MIN_ELEMS)
-  for (int64_t r = 0; r < rows; r++) {
-    const int64_t in_off = r * 2 * inter, out_off = r * inter;
-    for (int64_t i = 0; i < inter; i++) {
-      float g = load(gate_up, in_off + i, dtype);
-      float u = load(gate_up, in_off + inter + i, dtype);
-      store(out, out_off + i, g / (1.0f + fast_expf(-g)) * u, dtype);
+  silu_mul_args a = {dtype, gate_up, out, inter};
+  parallel_range(silu_mul_rows, &a, rows, rows_per_chunk(inter), threads,
+                 rows * inter >= PARALLEL_MIN_ELEMS);
+}
+
+typedef struct {
+  int dtype;
+  void *qkv;
+  int64_t heads, kv_heads, head_dim;
+  const int64_t *positions;
+  const float *cos_table, *sin_table;
+  void *k_cache, *v_cache;
+  const int64_t *out_slots;
+} rope_args;
+
+static void rope_rows(void *p, int64_t begin, int64_t end) {
+  const rope_args *a = p;
+  const int dtype = a->dtype;
+  const int64_t head_dim = a->head_dim, half = head_dim / 2;
+  const int64_t width = (a->heads + 2 * a->kv_heads) * head_dim;
+  const int64_t kv_width = a->kv_heads * head_dim;
+  const size_t elem = dtype ? 2 : 4;
+  for (int64_t t = begin; t < end; t++) {
+    const float *c = a->cos_table + a->positions[t] * half;
+    const float *s = a->sin_table + a->positions[t] * half;
+    const int64_t row = t * width;
+    for (int64_t h = 0; h < a->heads + a->kv_heads; h++) {
+      const int64_t base = row + h * head_dim;
+      for (int64_t i = 0; i < half; i++) {
+        const float x1 = load(a->qkv, base + i, dtype), x2 = load(a->qkv, base + half + i, dtype);
+        store(a->qkv, base + i, x1 * c[i] - x2 * s[i], dtype);
+        store(a->qkv, base + half + i, x2 * c[i] + x1 * s[i], dtype);
+      }
     }
+    const char *k_src = (const char *)a->qkv + (row + a->heads * head_dim) * elem;
+    const char *v_src = k_src + kv_width * elem;
+    memcpy((char *)a->k_cache + a->out_slots[t] * kv_width * elem, k_src, kv_width * elem);
+    memcpy((char *)a->v_cache + a->out_slots[t] * kv_width * elem, v_src, kv_width * elem);
   }
 }
 
@@ -53,27 +125,9 @@ void rope_store_kv(int dtype, void *qkv, int64_t tokens, int64_t heads, int64_t 
                    int64_t head_dim, const int64_t *positions, const float *cos_table,
                    const float *sin_table, void *k_cache, void *v_cache,
                    const int64_t *out_slots, int threads) {
-  const int64_t half = head_dim / 2;
+  rope_args a = {dtype,     qkv,       heads,   kv_heads, head_dim, positions,
+                 cos_table, sin_table, k_cache, v_cache,  out_slots};
   const int64_t width = (heads + 2 * kv_heads) * head_dim;
-  const int64_t kv_width = kv_heads * head_dim;
-  const size_t elem = dtype ? 2 : 4;
-#pragma omp parallel for num_threads(threads) schedule(static) if (tokens * width >= PARALLEL_MIN_ELEMS)
-  for (int64_t t = 0; t < tokens; t++) {
-    const float *c = cos_table + positions[t] * half;
-    const float *s = sin_table + positions[t] * half;
-    const int64_t row = t * width;
-    for (int64_t h = 0; h < heads + kv_heads; h++) {
-      const int64_t base = row + h * head_dim;
-      for (int64_t i = 0; i < half; i++) {
-        float x1 = load(qkv, base + i, dtype), x2 = load(qkv, base + half + i, dtype);
-        store(qkv, base + i, x1 * c[i] - x2 * s[i], dtype);
-        store(qkv, base + half + i, x2 * c[i] + x1 * s[i], dtype);
-      }
-    }
-    const char *k_src = (const char *)qkv + (row + heads * head_dim) * elem;
-    const char *v_src = k_src + kv_width * elem;
-    memcpy((char *)k_cache + out_slots[t] * kv_width * elem, k_src, kv_width * elem);
-    memcpy((char *)v_cache + out_slots[t] * kv_width * elem, v_src, kv_width * elem);
-  }
+  parallel_range(rope_rows, &a, tokens, rows_per_chunk(width), threads,
+                 tokens * width >= PARALLEL_MIN_ELEMS);
 }
-

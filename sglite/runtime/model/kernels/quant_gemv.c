@@ -275,19 +275,47 @@ static const int4_fn int4_by_rows[QGEMV_MAX_ROWS] = {FOR_EACH_ROWS(LIST_INT4)};
 /* Output rows per parallel chunk: whole cache lines of y and enough work per task. */
 #define N_CHUNK 64
 
+/* Arguments of one GEMV for the thread pool (each kernel uses the fields it needs). */
+typedef struct {
+  int dtype;
+  const float *xf;   /* x in float32 */
+  const int8_t *xq;  /* x rounded to int8 per group (VNNI int4) */
+  const float *dxx;  /* their scales */
+  const float *xsum; /* per-group sums of x (int4), or the VNNI pairs */
+  const void *weight;
+  const void *scale;
+  void *unused;
+  void *y;
+  int64_t n_out, k, rows;
+} gemv_args;
+
+static void int8_range(void *p, int64_t n0, int64_t n1) {
+  const gemv_args *a = p;
+  int8_by_rows[a->rows - 1](a->dtype, a->xf, a->weight, a->scale, a->y, n0, n1, a->n_out, a->k);
+}
+
+static void int4_range(void *p, int64_t n0, int64_t n1) {
+  const gemv_args *a = p;
+  int4_by_rows[a->rows - 1](a->dtype, a->xf, a->xsum, a->weight, a->scale, a->y, n0, n1,
+                            a->n_out, a->k);
+}
+
+#ifdef __AVX512VNNI__
+static void int4_vnni_range(void *p, int64_t n0, int64_t n1) {
+  const gemv_args *a = p;
+  int4_vnni_by_rows[a->rows - 1](a->dtype, a->xq, a->dxx, a->xsum, a->weight, a->scale, a->y,
+                                 n0, n1, a->n_out, a->k);
+}
+#endif
+
 /* Returns 0 on success, -1 when out of memory or rows > QGEMV_MAX_ROWS. */
 int int8_gemv(int dtype, const void *x, const int8_t *q, const float *scale, void *y,
               int64_t rows, int64_t n_out, int64_t k, int threads) {
   if (rows < 1 || rows > QGEMV_MAX_ROWS) return -1;
   float *xf = load_x(dtype, x, rows, k);
   if (xf == NULL) return -1;
-  const int8_fn fn = int8_by_rows[rows - 1];
-  const int64_t chunks = (n_out + N_CHUNK - 1) / N_CHUNK;
-#pragma omp parallel for num_threads(threads) schedule(static) if (n_out * k >= 65536)
-  for (int64_t c = 0; c < chunks; c++) {
-    const int64_t n0 = c * N_CHUNK, n1 = n0 + N_CHUNK < n_out ? n0 + N_CHUNK : n_out;
-    fn(dtype, xf, q, scale, y, n0, n1, n_out, k);
-  }
+  gemv_args a = {dtype, xf, NULL, NULL, NULL, q, scale, NULL, y, n_out, k, rows};
+  parallel_range(int8_range, &a, n_out, N_CHUNK, threads, n_out * k >= 65536);
   free(xf);
   return 0;
 }
@@ -310,7 +338,6 @@ int int4_gemv(int dtype, const void *x, const uint8_t *packed, const uint16_t *s
       for (int64_t j = 0; j < Q4_GROUP; j++) s += xf[m * k + g * Q4_GROUP + j];
       xsum[m * groups + g] = s;
     }
-  const int64_t chunks = (n_out + N_CHUNK - 1) / N_CHUNK;
 #ifdef __AVX512VNNI__
   if (groups % 2 == 0) {
     int8_t *xq = (int8_t *)malloc((size_t)(rows * k));
@@ -319,12 +346,8 @@ int int4_gemv(int dtype, const void *x, const uint8_t *packed, const uint16_t *s
     const int ok = xq != NULL && dxx != NULL && xsum2 != NULL;
     if (ok) {
       quantize_x_groups(xf, xsum, rows, k, xq, dxx, xsum2);
-      const int4_vnni_fn fn = int4_vnni_by_rows[rows - 1];
-#pragma omp parallel for num_threads(threads) schedule(static) if (n_out * k >= 65536)
-      for (int64_t c = 0; c < chunks; c++) {
-        const int64_t n0 = c * N_CHUNK, n1 = n0 + N_CHUNK < n_out ? n0 + N_CHUNK : n_out;
-        fn(dtype, xq, dxx, xsum2, packed, scale_offset, y, n0, n1, n_out, k);
-      }
+      gemv_args a = {dtype, NULL, xq, dxx, xsum2, packed, scale_offset, NULL, y, n_out, k, rows};
+      parallel_range(int4_vnni_range, &a, n_out, N_CHUNK, threads, n_out * k >= 65536);
     }
     free(xq);
     free(dxx);
@@ -334,34 +357,43 @@ int int4_gemv(int dtype, const void *x, const uint8_t *packed, const uint16_t *s
     return ok ? 0 : -1;
   }
 #endif
-  const int4_fn fn = int4_by_rows[rows - 1];
-#pragma omp parallel for num_threads(threads) schedule(static) if (n_out * k >= 65536)
-  for (int64_t c = 0; c < chunks; c++) {
-    const int64_t n0 = c * N_CHUNK, n1 = n0 + N_CHUNK < n_out ? n0 + N_CHUNK : n_out;
-    fn(dtype, xf, xsum, packed, scale_offset, y, n0, n1, n_out, k);
-  }
+  gemv_args a = {dtype, xf, NULL, NULL, xsum, packed, scale_offset, NULL, y, n_out, k, rows};
+  parallel_range(int4_range, &a, n_out, N_CHUNK, threads, n_out * k >= 65536);
   free(xf);
   free(xsum);
   return 0;
 }
 
-/* The dense weight [N, K] (in dtype) an int4 weight stands for: for matmuls with many rows. */
-void int4_dequantize(int dtype, const uint8_t *packed, const uint16_t *scale_offset, void *out,
-                     int64_t n_out, int64_t k, int threads) {
-  const int64_t groups = k / Q4_GROUP;
-#pragma omp parallel for num_threads(threads) schedule(static) if (n_out * k >= 65536)
-  for (int64_t n = 0; n < n_out; n++) {
+typedef struct {
+  int dtype;
+  const uint8_t *packed;
+  const uint16_t *scale_offset;
+  void *out;
+  int64_t k;
+} dequant_args;
+
+static void dequant_rows(void *p, int64_t n0, int64_t n1) {
+  const dequant_args *a = p;
+  const int64_t k = a->k, groups = k / Q4_GROUP;
+  for (int64_t n = n0; n < n1; n++) {
     for (int64_t g = 0; g < groups; g++) {
-      const float scale = f16_to_f32(scale_offset[(n * groups + g) * 2]);
-      const float offset = f16_to_f32(scale_offset[(n * groups + g) * 2 + 1]);
-      const uint8_t *b = packed + n * (k / 2) + g * (Q4_GROUP / 2);
+      const float scale = f16_to_f32(a->scale_offset[(n * groups + g) * 2]);
+      const float offset = f16_to_f32(a->scale_offset[(n * groups + g) * 2 + 1]);
+      const uint8_t *b = a->packed + n * (k / 2) + g * (Q4_GROUP / 2);
       const int64_t base = n * k + g * Q4_GROUP;
       for (int64_t j = 0; j < Q4_GROUP / 2; j++) {
-        store(out, base + j, (float)(b[j] & 0x0f) * scale + offset, dtype);
-        store(out, base + j + Q4_GROUP / 2, (float)(b[j] >> 4) * scale + offset, dtype);
+        store(a->out, base + j, (float)(b[j] & 0x0f) * scale + offset, a->dtype);
+        store(a->out, base + j + Q4_GROUP / 2, (float)(b[j] >> 4) * scale + offset, a->dtype);
       }
     }
   }
+}
+
+/* The dense weight [N, K] (in dtype) an int4 weight stands for: for matmuls with many rows. */
+void int4_dequantize(int dtype, const uint8_t *packed, const uint16_t *scale_offset, void *out,
+                     int64_t n_out, int64_t k, int threads) {
+  dequant_args a = {dtype, packed, scale_offset, out, k};
+  parallel_range(dequant_rows, &a, n_out, N_CHUNK, threads, n_out * k >= 65536);
 }
 
 int64_t qgemv_max_rows(void) { return QGEMV_MAX_ROWS; }
