@@ -52,8 +52,17 @@ static inline __attribute__((always_inline)) void attend_one(
       for (int64_t j = 0; j < n; j++) block_max = sc[g][j] > block_max ? sc[g][j] : block_max;
       const float correction = fast_expf(m[g] - block_max);
       float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < n; j++) {
+      int64_t j = 0;
+#ifdef __AVX512F__
+      __m512 vsum_ = _mm512_setzero_ps();
+      for (; j + 16 <= n; j += 16) {
+        const __m512 e = vexp(_mm512_sub_ps(_mm512_loadu_ps(sc[g] + j), _mm512_set1_ps(block_max)));
+        _mm512_storeu_ps(sc[g] + j, e);
+        vsum_ = _mm512_add_ps(vsum_, e);
+      }
+      sum = _mm512_reduce_add_ps(vsum_);
+#endif
+      for (; j < n; j++) {
         sc[g][j] = fast_expf(sc[g][j] - block_max);
         sum += sc[g][j];
       }

@@ -65,11 +65,13 @@ static inline void load_row(const void *p, int64_t off, int64_t n, float *dst, i
   }
 }
 
-/* exp(x) for float32 to ~2 ulp, branch-free so loops over it vectorize (libm's expf does not
- * without -ffast-math, which would also break the -inf handling the softmax needs). */
+/* exp(x) for float32 to ~2 ulp, written so loops over it vectorize (libm's expf does not
+ * without -ffast-math, which would also break the -inf handling the softmax needs): clamps,
+ * round-to-nearest by the 1.5 * 2^23 trick, a degree-6 polynomial, and 2^n built in the
+ * exponent bits. exp(-inf) gives ~1e-38, which every caller treats as 0. */
 static inline float fast_expf(float x) {
-  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-  const float n = floorf(x * 1.44269504088896341f + 0.5f);
+  x = fminf(fmaxf(x, -87.0f), 88.0f);
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
@@ -78,10 +80,11 @@ static inline float fast_expf(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  int32_t bits = ((int32_t)n + 127) << 23;
-  float scale;
-  memcpy(&scale, &bits, 4);
-  return p * scale;
+  union {
+    int32_t i;
+    float f;
+  } scale = {.i = ((int32_t)n + 127) << 23};
+  return p * scale.f;
 }
 
 #ifdef __AVX512F__
@@ -101,6 +104,22 @@ static inline vec_t vfma(vec_t a, vec_t b, vec_t c) { return _mm512_fmadd_ps(a, 
 static inline vec_t vmul(vec_t a, vec_t b) { return _mm512_mul_ps(a, b); }
 static inline float vsum(vec_t a) { return _mm512_reduce_add_ps(a); }
 static inline void vstore(float *p, vec_t a) { _mm512_storeu_ps(p, a); }
+/* fast_expf on 16 lanes; 2^n is applied with vscalefps. */
+static inline __m512 vexp(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
 #else
 /* Portable fallback: one "vector" is one float. */
 #define VEC 1
