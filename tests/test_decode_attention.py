@@ -26,7 +26,9 @@ def _batch(prefix_len: int, suffix_lens: list[int]):
     return slots, mask
 
 
-@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+# float32: the two formulations sum in different orders (and SDPA's order depends on the
+# thread count), so allow a few ulps of the outputs' scale.
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 5e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("suffix_lens", [[1, 4, 9, 2], [0, 0, 0], [5, 0]])
 def test_matches_plain_attention(dtype, tol, suffix_lens):
     torch.manual_seed(0)
