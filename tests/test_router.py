@@ -70,10 +70,10 @@ class RouterProcess:
         """One worker's `/list_workers` entry."""
         return next(w for w in self.workers() if w["url"] == url)
 
-    def stop(self) -> int:
-        """SIGTERM and wait; returns the exit code."""
+    def stop(self, sig: signal.Signals = signal.SIGTERM) -> int:
+        """Send `sig` and wait; returns the exit code."""
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self.proc.send_signal(sig)
             try:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
@@ -224,6 +224,9 @@ def test_bad_input_answers_400(ca_router):
     r = requests.post(url + "/v1/chat/completions", json={"messages": "hi"}, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     assert requests.get(url + "/no_such_route", timeout=30).status_code == 404
+    big = b'{"text": "' + b"x" * (16 * 1024 * 1024) + b'"}'
+    r = requests.post(url + "/generate", data=big, timeout=60)
+    assert r.status_code == 413 and r.json()["error"]["type"] == "invalid_request_error"
     for query in ("", "?url=not-a-url", "?url=http://x:1/path"):
         r = requests.post(url + "/add_worker" + query, timeout=30)
         assert r.status_code == 400 and "url" in r.json()["error"]["message"], r.text
@@ -294,7 +297,7 @@ def test_no_healthy_worker_answers_503():
         assert requests.get(router.url + "/health", timeout=30).status_code == 503
         assert requests.get(router.url + "/v1/models", timeout=30).status_code == 503
     finally:
-        assert router.stop() == 0, router.output()
+        assert router.stop(signal.SIGINT) == 0, router.output()  # Ctrl-C is a clean exit too
 
 
 # ---------------------------------------------------------------------------- failures

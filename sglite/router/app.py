@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
 
 import sglite
 from sglite.router import keys as routing_keys
@@ -27,6 +28,7 @@ from sglite.router.metrics import RouterMetrics
 from sglite.router.policy import CacheAware, Policy, make_policy
 from sglite.router.radix_tree import Key
 from sglite.router.workers import Worker, WorkerRegistry
+from sglite.runtime.server.app import BodyLimitMiddleware
 from sglite.runtime.server.errors import APIError, install_error_handlers
 from sglite.runtime.server.streaming import ClientDisconnected, run_until_disconnect
 
@@ -134,9 +136,11 @@ async def _generation(request: Request) -> Response:
     state = _state(request)
     raw, body = await _json_body(request)
     up = _upstream(request, raw, GENERATION_ROUTES[request.url.path](body))
-    if body.get("stream") is True:
-        return await state.forwarder.forward_stream(up)
-    return await run_until_disconnect(request, state.forwarder.forward(up))
+    stream = body.get("stream") is True
+    work = state.forwarder.forward_stream(up) if stream else state.forwarder.forward(up)
+    # A client gone before the answer (or a stream's first event) cancels the work, which
+    # closes the worker connection, so the worker aborts the request too.
+    return await run_until_disconnect(request, work)
 
 
 async def _passthrough(request: Request) -> Response:
@@ -235,7 +239,7 @@ async def list_workers(request: Request) -> Response:
 
 async def metrics(request: Request) -> Response:
     """Prometheus text format."""
-    return Response(_state(request).metrics.render(), media_type="text/plain; version=0.0.4")
+    return Response(_state(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
 def create_app(state: RouterState) -> FastAPI:
@@ -285,4 +289,5 @@ def create_app(state: RouterState) -> FastAPI:
     app.add_api_route("/remove_worker", remove_worker, methods=["POST"])
     app.add_api_route("/list_workers", list_workers, methods=["GET"])
     app.add_api_route("/metrics", metrics, methods=["GET"])
+    app.add_middleware(BodyLimitMiddleware, limit=state.args.max_request_body_bytes)
     return app

@@ -33,6 +33,7 @@ class RouterArgs:
     connect_timeout: float = 5.0
     request_timeout: float = 1800.0
     shutdown_timeout: float = 30.0
+    max_request_body_bytes: int = 16 * 1024 * 1024  # as the workers: larger bodies answer 413
     log_level: str = "info"
 
     def validate(self) -> None:
@@ -52,6 +53,8 @@ class RouterArgs:
             raise ValueError("request_timeout must be > 0 and shutdown_timeout >= 0")
         if self.health_failure_threshold < 1:
             raise ValueError("health_failure_threshold must be >= 1")
+        if self.max_request_body_bytes < 1:
+            raise ValueError("max_request_body_bytes must be >= 1")
         if self.max_retries < 0:
             raise ValueError("max_retries must be >= 0")
         if self.log_level.lower() not in LOG_LEVELS:

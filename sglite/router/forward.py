@@ -172,7 +172,8 @@ class Forwarder:
         handed_over = False  # once the stream is returned, its on_close owns the clean-up
         try:
             answer = await self.client.send(self._request(worker, up), stream=True)
-            if answer.status_code == 200:
+            is_sse = answer.headers.get("content-type", "").startswith("text/event-stream")
+            if answer.status_code == 200 and is_sse:
                 events = sse_events(answer.aiter_raw())
                 first = await anext(events, b"")
                 handed_over = True

@@ -42,6 +42,7 @@ HELP = {
     "connect_timeout": "seconds to connect to a worker before it is considered down",
     "request_timeout": "seconds a worker may stay silent while generating (then 504)",
     "shutdown_timeout": "seconds requests in flight may run on after SIGTERM",
+    "max_request_body_bytes": "larger request bodies are refused with 413",
     "log_level": "debug, info, warning or error",
 }
 
