@@ -120,6 +120,7 @@ def run_policy(
     port = free_port()
     router_url = f"http://127.0.0.1:{port}"
     flags = ["--port", str(port), "--policy", policy, "--log-level", "warning"]
+    flags += args.router_args.split()
     router = start(["sglite.router", *flags, "--worker-urls", *worker_urls], router_url + "/health")
     try:
         httpx.post(router_url + "/flush_cache", timeout=60).raise_for_status()
@@ -193,6 +194,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--worker-args", default="--num-threads 1 --log-level warning",
                    help="extra flags for each worker")  # fmt: skip
+    p.add_argument("--router-args", default="", help="extra flags for each router")
     p.add_argument("--max-total-tokens", type=int, default=None,
                    help="each worker's KV pool (default: the worker's own sizing)")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="4 groups x 8, 300-token prefixes")
@@ -232,7 +234,7 @@ def main(argv: list[str] | None = None) -> None:
         f"\n{args.num_groups} groups x {args.per_group} requests, {args.prefix_len}-token prefix "
         f"+ {args.question_len}-token question, {args.output_len} output tokens, "
         f"{len(prompts)} requests at once; worker KV pools: {args.max_total_tokens or 'default'} "
-        f"tokens; median of {args.repeats}\n"
+        f"tokens; router flags: {args.router_args or 'defaults'}; median of {args.repeats}\n"
     )
     print_table({p: median_run(r) for p, r in runs.items()})
     if len(runs["cache_aware"]) > 1:

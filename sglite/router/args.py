@@ -23,6 +23,7 @@ class RouterArgs:
     balance_abs_threshold: int = 32
     balance_rel_threshold: float = 1.5
     max_tree_size: int = 2**24
+    low_match_policy: str = "least_load"
     # health and failures
     health_check_interval: float = 10.0
     health_check_timeout: float = 5.0
@@ -67,4 +68,5 @@ class RouterArgs:
             balance_abs_threshold=self.balance_abs_threshold,
             balance_rel_threshold=self.balance_rel_threshold,
             max_tree_size=self.max_tree_size,
+            low_match=self.low_match_policy,
         )

@@ -20,7 +20,7 @@ import uvicorn
 
 from sglite.router.app import RouterState, build_state, create_app
 from sglite.router.args import LOG_LEVELS, RouterArgs
-from sglite.router.policy import POLICIES
+from sglite.router.policy import LOW_MATCH_CHOICES, POLICIES
 from sglite.runtime.server.launch import bind_socket
 
 HELP = {
@@ -35,6 +35,8 @@ HELP = {
     "exceeds this ...",
     "balance_rel_threshold": "... and max exceeds min times this",
     "max_tree_size": "cache_aware: characters of request text remembered per worker",
+    "low_match_policy": "cache_aware: where a request without a good prefix match goes: the "
+    "least-loaded worker, or the one holding the least text (SGLang router's choice)",
     "health_check_interval": "seconds between health checks of each worker",
     "health_check_timeout": "seconds a worker's /health may take",
     "health_failure_threshold": "failed health checks in a row that take a worker out",
@@ -59,7 +61,9 @@ def parse_args(argv: Sequence[str] | None, prog: str) -> RouterArgs:
         if f.name == "worker_urls":
             parser.add_argument(flag, nargs="*", default=[], metavar="URL", help=HELP[f.name])
             continue
-        choices = {"policy": POLICIES, "log_level": LOG_LEVELS}.get(f.name)
+        choices = {
+            "policy": POLICIES, "log_level": LOG_LEVELS, "low_match_policy": LOW_MATCH_CHOICES
+        }.get(f.name)  # fmt: skip
         parser.add_argument(
             flag,
             dest=f.name,

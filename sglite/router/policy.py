@@ -24,6 +24,7 @@ LEAST_LOAD = "least_load"
 # When a worker's tree outgrows max_tree_size it is trimmed to this fraction of it, so trimming
 # (a walk over the worker's nodes) happens once per many inserts, not on every one.
 EVICT_LOW_WATERMARK = 0.9
+LOW_MATCH_CHOICES = ("least_load", "smallest_tree")
 
 
 @dataclass(frozen=True)
@@ -113,8 +114,14 @@ class CacheAwareConfig:
     balance_abs_threshold: int = 32
     balance_rel_threshold: float = 1.5
     max_tree_size: int = 2**24
+    # Where a request without a good prefix match goes: the least-loaded worker, or (SGLang
+    # router's choice) the worker holding the least text, i.e. the fewest distinct prefixes.
+    low_match: str = "least_load"
 
     def __post_init__(self) -> None:
+        if self.low_match not in LOW_MATCH_CHOICES:
+            choices = ", ".join(LOW_MATCH_CHOICES)
+            raise ValueError(f"low_match must be one of {choices} (got {self.low_match!r})")
         if not 0.0 <= self.cache_threshold <= 1.0:
             raise ValueError(f"cache_threshold must be in [0, 1] (got {self.cache_threshold})")
         if self.balance_abs_threshold < 0:
@@ -131,7 +138,8 @@ class CacheAware:
     1. Loads imbalanced (max - min > abs threshold and max > min * rel threshold): least loaded.
     2. Else the worker holding the longest prefix of the key, if it covers more than
        `cache_threshold` of the key.
-    3. Else the least-loaded worker (ties: the smallest tree, i.e. the most room to cache).
+    3. Else the least-loaded worker (ties: the smallest tree, i.e. the most room to cache); or,
+       with `low_match="smallest_tree"`, the worker with the smallest tree (ties: least loaded).
     The key is then recorded as held by the chosen worker (`routed`); a worker's share of the
     tree over `max_tree_size` items loses its least recently used leaves.
     """
@@ -152,7 +160,11 @@ class CacheAware:
             best = max(candidates, key=lambda c: (matched.get(c.url, 0), -c.load))
             if matched.get(best.url, 0) / len(key) > self.config.cache_threshold:
                 return Decision(best.url, PREFIX_MATCH)
-        return Decision(least_loaded(candidates, sizes).url, LOW_MATCH)
+        if self.config.low_match == "smallest_tree":
+            choice = min(candidates, key=lambda c: (sizes[c.url], c.load))
+        else:
+            choice = least_loaded(candidates, sizes)
+        return Decision(choice.url, LOW_MATCH)
 
     def routed(self, url: str, keys: list[Key]) -> None:
         """Record that `url` now (approximately) caches every key."""
