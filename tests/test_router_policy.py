@@ -143,12 +143,23 @@ def test_cache_aware_routes_to_longest_match_above_threshold():
     assert (decision.url, decision.kind) == (B, PREFIX_MATCH)
 
 
-def test_cache_aware_falls_back_to_least_load_below_threshold():
+def test_cache_aware_new_prefix_goes_to_smallest_tree_by_default():
     policy = CacheAware(CacheAwareConfig(cache_threshold=0.5))
+    policy.routed(A, ["short prefix"])
+    key = "short prefix" + " and a much longer distinct question that follows it"
+    decision = policy.select([Candidate(A, 0), Candidate(B, 3)], key)  # 12/63 matched: too little
+    assert (decision.url, decision.kind) == (B, LOW_MATCH)  # B holds less text, though busier
+    policy.routed(B, ["another, much longer prefix of text"])
+    assert policy.select(idle(A, B), "unrelated text").url == A
+
+
+def test_cache_aware_least_load_fallback_below_threshold():
+    policy = CacheAware(CacheAwareConfig(cache_threshold=0.5, low_match="least_load"))
     policy.routed(A, ["short prefix"])
     key = "short prefix" + " and a much longer distinct question that follows it"
     decision = policy.select([Candidate(A, 2), Candidate(B, 1)], key)
     assert (decision.url, decision.kind) == (B, LOW_MATCH)
+    assert policy.select([Candidate(A, 0), Candidate(B, 1)], key).url == A
     # with equal loads, the worker with less cached text gets new prefixes
     assert policy.select(idle(A, B), "unrelated text").url == B
 
@@ -222,6 +233,8 @@ def test_make_policy_and_config_validation():
         make_policy("random")
     with pytest.raises(ValueError, match="cache_threshold"):
         CacheAwareConfig(cache_threshold=1.5)
+    with pytest.raises(ValueError, match="low_match"):
+        CacheAwareConfig(low_match="random")
     with pytest.raises(ValueError, match="twice"):
         RouterArgs(worker_urls=["http://a:1", "http://a:1/"]).validate()
 

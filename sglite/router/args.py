@@ -23,7 +23,7 @@ class RouterArgs:
     balance_abs_threshold: int = 32
     balance_rel_threshold: float = 1.5
     max_tree_size: int = 2**24
-    low_match_policy: str = "least_load"
+    low_match_policy: str = "smallest_tree"
     # health and failures
     health_check_interval: float = 10.0
     health_check_timeout: float = 5.0

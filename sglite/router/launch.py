@@ -36,7 +36,7 @@ HELP = {
     "balance_rel_threshold": "... and max exceeds min times this",
     "max_tree_size": "cache_aware: characters of request text remembered per worker",
     "low_match_policy": "cache_aware: where a request without a good prefix match goes: the "
-    "least-loaded worker, or the one holding the least text (SGLang router's choice)",
+    "worker holding the least text (SGLang router's choice), or the least-loaded one",
     "health_check_interval": "seconds between health checks of each worker",
     "health_check_timeout": "seconds a worker's /health may take",
     "health_failure_threshold": "failed health checks in a row that take a worker out",

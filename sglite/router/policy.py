@@ -114,9 +114,11 @@ class CacheAwareConfig:
     balance_abs_threshold: int = 32
     balance_rel_threshold: float = 1.5
     max_tree_size: int = 2**24
-    # Where a request without a good prefix match goes: the least-loaded worker, or (SGLang
-    # router's choice) the worker holding the least text, i.e. the fewest distinct prefixes.
-    low_match: str = "least_load"
+    # Where a request without a good prefix match (a new prefix) goes: the worker holding the
+    # least text, i.e. the fewest distinct prefixes (SGLang router's choice), or the least-loaded
+    # one. In a burst the loads only reflect the groups seen so far, so least_load can give one
+    # worker 5 of 8 equal groups; smallest_tree splits them 4/4 (tests/test_router_policy.py).
+    low_match: str = "smallest_tree"
 
     def __post_init__(self) -> None:
         if self.low_match not in LOW_MATCH_CHOICES:
@@ -138,8 +140,9 @@ class CacheAware:
     1. Loads imbalanced (max - min > abs threshold and max > min * rel threshold): least loaded.
     2. Else the worker holding the longest prefix of the key, if it covers more than
        `cache_threshold` of the key.
-    3. Else the least-loaded worker (ties: the smallest tree, i.e. the most room to cache); or,
-       with `low_match="smallest_tree"`, the worker with the smallest tree (ties: least loaded).
+    3. Else (a new prefix) the worker with the smallest tree, i.e. the fewest distinct prefixes
+       (ties: least loaded); or, with `low_match="least_load"`, the least-loaded worker (ties:
+       the smallest tree).
     The key is then recorded as held by the chosen worker (`routed`); a worker's share of the
     tree over `max_tree_size` items loses its least recently used leaves.
     """
