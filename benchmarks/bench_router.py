@@ -5,6 +5,7 @@ over the cores) and, for each policy, a router in front of them; flushes the wor
 sends a grouped shared-prefix workload all at once from a thread pool: `--num-groups` groups of
 `--per-group` requests, each a group prefix of `--prefix-len` tokens plus a short distinct
 question, generating `--output-len` tokens (`ignore_eos`). Reports requests/s, output tokens/s,
+the CPU seconds the workers used (steadier than wall time when other jobs share the machine),
 the workers' total prompt cache hit rate and how the router split the requests, as a Markdown
 table with ratios against round_robin.
 
@@ -43,6 +44,7 @@ class RunResult:
     output_tokens: int
     hit_rate: float
     split: list[int]  # requests routed to each worker
+    worker_cpu: float  # CPU seconds the workers' processes used during the run
 
     @property
     def requests_per_s(self) -> float:
@@ -113,8 +115,32 @@ def counters(worker_urls: list[str]) -> tuple[int, int]:
     return cached, queried
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds of the processes and their children (the schedulers) so far.
+
+    Less sensitive than wall time to other load on the machine: a worker waiting for a core
+    accrues no CPU time.
+    """
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        family = [pid]
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                family += [int(c) for c in f.read().split()]
+        for member in family:
+            with open(f"/proc/{member}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
+
+
 def run_policy(
-    policy: str, worker_urls: list[str], prompts: list[str], args: argparse.Namespace
+    policy: str,
+    worker_urls: list[str],
+    worker_pids: list[int],
+    prompts: list[str],
+    args: argparse.Namespace,
 ) -> RunResult:
     """Start a router with `policy`, send the workload through it, stop the router."""
     port = free_port()
@@ -125,6 +151,7 @@ def run_policy(
     try:
         httpx.post(router_url + "/flush_cache", timeout=60).raise_for_status()
         before = counters(worker_urls)
+        cpu_before = cpu_seconds(worker_pids)
         sampling = {"max_new_tokens": args.output_len, "temperature": 0, "ignore_eos": True}
 
         def send(prompt: str) -> int:
@@ -138,13 +165,14 @@ def run_policy(
         with ThreadPoolExecutor(len(prompts)) as pool:
             tokens = list(pool.map(send, prompts))
         seconds = time.perf_counter() - t0
+        cpu = cpu_seconds(worker_pids) - cpu_before
         after = counters(worker_urls)
         listed = httpx.get(router_url + "/list_workers", timeout=60).json()["workers"]
     finally:
         stop(router)
     hit_rate = (after[0] - before[0]) / max(1, after[1] - before[1])
     split = [w["routed"] for w in listed]
-    return RunResult(policy, seconds, len(prompts), sum(tokens), hit_rate, split)
+    return RunResult(policy, seconds, len(prompts), sum(tokens), hit_rate, split, cpu)
 
 
 def warm_up(worker_urls: list[str], prompts: list[str], args: argparse.Namespace) -> None:
@@ -170,15 +198,19 @@ def median_run(runs: list[RunResult]) -> RunResult:
 def print_table(results: dict[str, RunResult]) -> None:
     """Markdown table with ratios against round_robin."""
     base = results["round_robin"]
-    print("| policy | wall s | req/s | output tok/s | vs round_robin | cache hit rate | split |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| policy | wall s | req/s | output tok/s | vs round_robin | worker CPU s | "
+        "CPU vs round_robin | cache hit rate | split |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     for policy in POLICIES:
         r = results[policy]
         ratio = r.tokens_per_s / base.tokens_per_s
+        cpu_ratio = base.worker_cpu / r.worker_cpu  # > 1: less work for the same requests
         split = "/".join(str(n) for n in r.split)
         print(
             f"| {policy} | {r.seconds:.1f} | {r.requests_per_s:.2f} | {r.tokens_per_s:.1f} | "
-            f"{ratio:.2f}x | {r.hit_rate:.1%} | {split} |"
+            f"{ratio:.2f}x | {r.worker_cpu:.1f} | {cpu_ratio:.2f}x | {r.hit_rate:.1%} | {split} |"
         )
 
 
@@ -222,9 +254,13 @@ def main(argv: list[str] | None = None) -> None:
         runs: dict[str, list[RunResult]] = {p: [] for p in POLICIES}
         for _ in range(args.repeats):
             for policy in POLICIES:  # interleaved, so drifting machine load hits all alike
-                result = run_policy(policy, urls, prompts, args)
+                pids = [w.pid for w in workers]
+                result = run_policy(policy, urls, pids, prompts, args)
                 runs[policy].append(result)
-                done = f"{policy}: {result.seconds:.1f} s, hit rate {result.hit_rate:.1%}"
+                done = (
+                    f"{policy}: {result.seconds:.1f} s, worker CPU {result.worker_cpu:.1f} s, "
+                    f"hit rate {result.hit_rate:.1%}"
+                )
                 print(done, flush=True)
     finally:
         for proc in workers:
