@@ -13,12 +13,16 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
 import requests
+import uvicorn
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
 from server_fixtures import ServerProcess, free_port
 
 # One torch thread each: two workers share this machine's 2 cores, and oversubscribed torch
@@ -139,6 +143,25 @@ def prefix(seed: int, words: int = 250) -> str:
     """A distinct long text (~300 tokens at 250 words)."""
     rng = random.Random(seed)
     return " ".join(rng.choice(WORDS) for _ in range(words)) + "\n"
+
+
+def test_cli_router_help_and_bad_flags():
+    help_text = subprocess.run(
+        [sys.executable, "-m", "sglite.cli", "router", "--help"],
+        capture_output=True, text=True, timeout=60,
+    ).stdout  # fmt: skip
+    for flag in ("--worker-urls", "--policy", "--cache-threshold", "--health-check-interval"):
+        assert flag in help_text
+    for bad, message in [
+        (["--policy", "random"], "invalid choice"),
+        (["--cache-threshold", "2"], "cache_threshold"),
+        (["--worker-urls", "localhost:1"], "url"),
+    ]:
+        done = subprocess.run(
+            [sys.executable, "-m", "sglite.router", *bad],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 2 and message in done.stderr, done.stderr
 
 
 # ---------------------------------------------------------------------------- same answers
@@ -301,6 +324,61 @@ def test_no_healthy_worker_answers_503():
 
 
 # ---------------------------------------------------------------------------- failures
+class OverloadedWorker:
+    """A real HTTP server that is healthy but answers every /generate with 503, as an sglite
+    worker does past --max-queued-requests or while it shuts down."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        app = FastAPI()
+
+        @app.get("/health")
+        def health() -> str:
+            return "OK"
+
+        @app.post("/generate")
+        def generate() -> JSONResponse:
+            self.calls += 1
+            body = {"error": {"message": "overloaded", "type": "service_unavailable_error"}}
+            return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
+
+        self.url = f"http://127.0.0.1:{free_port()}"
+        port = int(self.url.rsplit(":", 1)[1])
+        self.server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+def test_worker_503_is_retried_elsewhere_but_4xx_is_not(workers):
+    overloaded = OverloadedWorker()
+    router = RouterProcess(overloaded.url, workers[0].url, policy="round_robin")
+    try:
+        for i in range(4):  # round robin sends half of them to the overloaded one first
+            generate(router.url, f"Retry me {i}:", max_new_tokens=2)
+        entry = router.worker(overloaded.url)
+        assert overloaded.calls >= 2 and entry["retries"] == overloaded.calls
+        assert entry["healthy"] is True  # busy is not dead
+        bad = {"text": "x", "sampling_params": {"temperature": -1}}
+        for _ in range(2):
+            r = requests.post(router.url + "/generate", json=bad, timeout=30)
+            assert r.status_code == 400, r.text
+            assert r.json()["error"]["param"] == "sampling_params.temperature"
+        assert router.worker(workers[0].url)["retries"] == 0  # its 400s were not retried
+        requests.post(router.url + "/remove_worker", params={"url": workers[0].url}, timeout=30)
+        r = requests.post(router.url + "/generate", json={"text": "hi"}, timeout=30)
+        assert r.status_code == 503 and r.headers["retry-after"] == "1"  # passed on as-is
+        assert r.json()["error"]["message"] == "overloaded"
+    finally:
+        assert router.stop() == 0, router.output()
+        overloaded.stop()
+
+
 def test_killed_worker_loses_no_request_and_comes_back(workers, rr_router):
     """SIGKILL one worker under load: non-streamed requests are retried on the other, a stream
     it was serving ends with an error event; the worker restarted on its URL gets traffic."""

@@ -104,38 +104,34 @@ class Forwarder:
         return worker
 
     async def forward(self, up: Upstream, routed: bool = True) -> Response:
-        """Send `up` to a worker and return its answer (retrying on another as documented)."""
-        tried: set[str] = set()
-        last: _Retry | None = None
-        for _attempt in range(self.max_retries + 1):
-            if last is not None and not self._has_untried(tried) and last.response is not None:
-                return last.response  # an overloaded worker's 503 and nobody else to ask
-            worker = self.choose(up.keys, tried, routed)
-            tried.add(worker.url)
-            try:
-                return await self._attempt(worker, up)
-            except _Retry as retry:
-                worker.retries += 1
-                last = retry
-                logger.info("retrying %s %s elsewhere: %s", up.method, up.path, retry.reason)
-        return self._gave_up(last)
+        """Send `up` to a worker and return its answer (retrying on another as documented);
+        `routed=False` skips the policy (routes that touch no cache)."""
+        return await self._with_retries(up, self._attempt, routed)
 
     async def forward_stream(self, up: Upstream) -> Response:
         """Like `forward` for `stream: true`: returns the worker's SSE stream relayed event by
         event, once its first event arrived (failures before that are retried)."""
+        return await self._with_retries(up, self._open_stream, routed=True)
+
+    async def _with_retries(
+        self,
+        up: Upstream,
+        attempt: Callable[[Worker, Upstream], Awaitable[Response]],
+        routed: bool,
+    ) -> Response:
         tried: set[str] = set()
         last: _Retry | None = None
-        for _attempt in range(self.max_retries + 1):
-            if last is not None and not self._has_untried(tried) and last.response is not None:
-                return last.response
-            worker = self.choose(up.keys, tried)
+        for _ in range(self.max_retries + 1):
+            if last is not None and last.response is not None and not self._has_untried(tried):
+                return last.response  # e.g. an overloaded worker's 503, and nobody else to ask
+            worker = self.choose(up.keys, tried, routed)
             tried.add(worker.url)
             try:
-                return await self._open_stream(worker, up)
+                return await attempt(worker, up)
             except _Retry as retry:
                 worker.retries += 1
                 last = retry
-                logger.info("retrying stream %s elsewhere: %s", up.path, retry.reason)
+                logger.info("retrying %s %s elsewhere: %s", up.method, up.path, retry.reason)
         return self._gave_up(last)
 
     # ------------------------------------------------------------------ one attempt
