@@ -238,7 +238,7 @@ def test_cache_aware_hit_rate_beats_round_robin(workers, ca_router, rr_router):
 # ---------------------------------------------------------------------------- errors, membership
 def test_bad_input_answers_400(ca_router):
     url = ca_router.url
-    for body in (b"{not json", b"[1, 2]", b""):
+    for body in (b"{not json", b"[1, 2]", b"", b"\xff\xfe{", b"[" * 100_000):
         r = requests.post(url + "/generate", data=body, timeout=30)
         assert r.status_code == 400, (body, r.text)
         assert set(r.json()["error"]) >= {"message", "type", "param"}

@@ -118,7 +118,7 @@ async def _json_body(request: Request) -> tuple[bytes, dict[str, Any]]:
         raise APIError(400, "the request body is missing; send a JSON object")
     try:
         body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:  # also bad UTF-8 and absurdly deep nesting
         raise APIError(400, f"the request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object")
@@ -129,7 +129,9 @@ def _upstream(request: Request, body: bytes, keys: list[Key] | tuple[Key, ...] =
     headers = pick_headers(request.headers, FORWARDED_HEADERS)
     if body:
         headers["content-type"] = "application/json"
-    return Upstream(request.method, request.url.path, body, headers, tuple(keys))
+    query = request.url.query
+    path = request.url.path + (f"?{query}" if query else "")
+    return Upstream(request.method, path, body, headers, tuple(keys))
 
 
 async def _generation(request: Request) -> Response:
