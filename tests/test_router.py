@@ -28,6 +28,7 @@ from server_fixtures import ServerProcess, free_port
 # One torch thread each: two workers share this machine's 2 cores, and oversubscribed torch
 # threads spin against each other (16 tokens took 15 s instead of 1 s with 2 threads each).
 WORKER_ARGS = ("--num-threads", "1")
+BODY_LIMIT = 100_000
 GREEDY = {"temperature": 0, "max_new_tokens": 16}
 WORDS = (
     "river stone lamp orbit garden violet cable quartz harbor meadow signal copper lantern "
@@ -39,13 +40,19 @@ WORDS = (
 class RouterProcess:
     """`python -m sglite.router` on a free loopback port, stopped with SIGTERM."""
 
-    def __init__(self, *worker_urls: str, policy: str = "cache_aware", wait: bool = True) -> None:
+    def __init__(
+        self,
+        *worker_urls: str,
+        policy: str = "cache_aware",
+        wait: bool = True,
+        extra: tuple[str, ...] = (),
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         args = [
             sys.executable, "-m", "sglite.router", "--port", str(self.port), "--policy", policy,
             "--health-check-interval", "0.5", "--health-failure-threshold", "2",
-            "--log-level", "warning", "--worker-urls", *worker_urls,
+            "--log-level", "warning", *extra, "--worker-urls", *worker_urls,
         ]  # fmt: skip
         self.log = tempfile.NamedTemporaryFile(prefix="sglite-router-", suffix=".log", delete=False)
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
@@ -99,7 +106,10 @@ def workers():
 
 @pytest.fixture(scope="module")
 def ca_router(workers):
-    router = RouterProcess(*(w.url for w in workers), policy="cache_aware")
+    # A small body limit, so the 413 test's body fits in the socket buffers: a body much larger
+    # than those is refused while the client still writes it (a reset, not a readable 413).
+    limit = ("--max-request-body-bytes", str(BODY_LIMIT))
+    router = RouterProcess(*(w.url for w in workers), policy="cache_aware", extra=limit)
     yield router
     assert router.stop() == 0, router.output()
 
@@ -247,7 +257,7 @@ def test_bad_input_answers_400(ca_router):
     r = requests.post(url + "/v1/chat/completions", json={"messages": "hi"}, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     assert requests.get(url + "/no_such_route", timeout=30).status_code == 404
-    big = b'{"text": "' + b"x" * (16 * 1024 * 1024) + b'"}'
+    big = b'{"text": "' + b"x" * (2 * BODY_LIMIT) + b'"}'
     r = requests.post(url + "/generate", data=big, timeout=60)
     assert r.status_code == 413 and r.json()["error"]["type"] == "invalid_request_error"
     for query in ("", "?url=not-a-url", "?url=http://x:1/path"):
