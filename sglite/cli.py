@@ -1,4 +1,5 @@
-"""Command line: `sglite serve [flags]` starts the HTTP server.
+"""Command line: `sglite serve [flags]` starts the HTTP server; `sglite router [flags]` starts
+the router in front of several servers (`sglite/router/launch.py` has its flags).
 
 Flags are generated from `ServerArgs` (field `foo_bar` is `--foo-bar`), so the CLI, the Engine's
 keywords and `python -m sglite.launch_server` (SGLang's flag names) always agree.
@@ -148,15 +149,21 @@ def serve(argv: Sequence[str] | None = None, prog: str = "sglite serve") -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`sglite <command>`: `serve` starts the HTTP server; `version` prints the version."""
+    """`sglite <command>`: `serve` starts the HTTP server; `router` the router in front of
+    several servers; `version` prints the version."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: sglite {serve,version} ...\n\n  serve    serve a model over HTTP "
-              "(sglite serve --help)\n  version  print the version")  # fmt: skip
+        print("usage: sglite {serve,router,version} ...\n\n  serve    serve a model over HTTP "
+              "(sglite serve --help)\n  router   route requests to several servers "
+              "(sglite router --help)\n  version  print the version")  # fmt: skip
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command == "serve":
         return serve(rest)
+    if command == "router":
+        from sglite.router.launch import main as router_main
+
+        return router_main(rest)
     if command == "version":
         import sglite
 

@@ -28,10 +28,13 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """`python -m sglite.launch_server` on a free loopback port, stopped with SIGTERM."""
+    """`python -m sglite.launch_server` on a loopback port (a free one unless given), stopped with
+    SIGTERM."""
 
-    def __init__(self, *extra_args: str, api_key: str | None = None) -> None:
-        self.port = free_port()
+    def __init__(
+        self, *extra_args: str, api_key: str | None = None, port: int | None = None
+    ) -> None:
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
         args = [
