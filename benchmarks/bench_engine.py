@@ -48,6 +48,15 @@ class Row:
     unit: str
 
 
+class EchoList(list):
+    """A list of rows that prints each row as it arrives (a later failure keeps the earlier)."""
+
+    def append(self, row: Row) -> None:
+        """Add and print."""
+        print(f"  {row.metric} | {row.system} | {row.value:,.2f} {row.unit}", flush=True)
+        super().append(row)
+
+
 def make_words(n_tokens: int, seed: int) -> str:
     """Synthetic text of roughly n_tokens tokens (no dataset download needed)."""
     rng = random.Random(seed)
@@ -238,25 +247,22 @@ def bench_llama_cpp(args: argparse.Namespace, rows: list[Row]) -> None:
         print("llama.cpp not built (bash benchmarks/build_llama_cpp.sh): skipped")
         return
     threads = str(args.threads)
-    cmd = [
-        bench,
-        "-m",
-        default_model_path(),
-        "-p",
-        "1000",
-        "-n",
-        "128",
-        "-t",
-        threads,
-        "-o",
-        "json",
-    ]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-    for result in json.loads(done.stdout):
+    # llama.cpp's default CPU path repacks weights for AMX where the CPU has it; on some CPUs
+    # that path crashes (seen on Sapphire Rapids-class VMs): then measure with --repack 0.
+    extra: tuple[str, ...] = ()
+    results = _llama_bench(bench, threads, ())
+    if results is None:
+        extra = ("--repack", "0")
+        results = _llama_bench(bench, threads, extra)
+    if results is None:
+        print("llama-bench failed with and without weight repacking: skipped")
+        return
+    name = "llama.cpp Q4_1" + (" (repack off)" if extra else "")
+    for result in results:
         if result.get("n_prompt"):
-            rows.append(Row("prefill 1000 tokens", "llama.cpp Q4_1", result["avg_ts"], "tok/s"))
+            rows.append(Row("prefill 1000 tokens", name, result["avg_ts"], "tok/s"))
         elif result.get("n_gen"):
-            rows.append(Row("batch-1 decode", "llama.cpp Q4_1", result["avg_ts"], "tok/s"))
+            rows.append(Row("batch-1 decode", name, result["avg_ts"], "tok/s"))
     if server is None or args.quick:
         return
     from benchmarks.bench_json import _post, start_llama_server
@@ -265,8 +271,9 @@ def bench_llama_cpp(args: argparse.Namespace, rows: list[Row]) -> None:
     tok = load_tokenizer()
     work = shared_prefix_workload(tok, args.requests)
     ns = argparse.Namespace(threads=args.threads, llama_ctx_per_slot=2048)
+    server_extra = ("--no-repack",) if extra else ()
     with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as log:
-        proc, base = start_llama_server(server, ns, 16, log)
+        proc, base = start_llama_server(server, ns, 16, log, server_extra)
     try:
         body = {"temperature": 0, "n_predict": args.new_tokens, "ignore_eos": True}
         body["cache_prompt"] = True
@@ -281,12 +288,22 @@ def bench_llama_cpp(args: argparse.Namespace, rows: list[Row]) -> None:
         out_tokens = sum(a["timings"]["predicted_n"] for a in answers)
         cached = sum(a["timings"].get("cache_n", 0) for a in answers)
         prompt = sum(a["timings"].get("cache_n", 0) + a["timings"]["prompt_n"] for a in answers)
-        name = "llama.cpp server (16 slots)"
+        name = "llama.cpp server (16 slots)" + (" (repack off)" if extra else "")
         rows.append(Row("shared-prefix workload", name, out_tokens / elapsed, "out tok/s"))
         rows.append(Row("shared-prefix cache hit rate", name, 100 * cached / prompt, "%"))
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def _llama_bench(bench: str, threads: str, extra: tuple[str, ...]) -> list[dict] | None:
+    """llama-bench pp1000 / tg128 results on the default GGUF, or None if it failed."""
+    cmd = [bench, "-m", default_model_path(), "-p", "1000", "-n", "128", "-t", threads, *extra]
+    done = subprocess.run([*cmd, "-o", "json"], capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        print(f"{' '.join(cmd)} exited with {done.returncode}")
+        return None
+    return json.loads(done.stdout)
 
 
 # ------------------------------------------------------------------------------ transformers
@@ -405,7 +422,7 @@ def main() -> None:
     if args.quick:
         args.requests, args.new_tokens, args.repeats, args.accuracy_tokens = 16, 16, 1, 8
     torch.set_num_threads(args.threads)
-    rows: list[Row] = []
+    rows: list[Row] = EchoList()
     machine = bench_machine(rows)
     for quantization in ("none", "int8", "int4"):
         bench_sglite(args, rows, quantization)

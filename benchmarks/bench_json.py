@@ -511,7 +511,9 @@ def _post(url: str, body: dict, timeout: float = 3600) -> dict:
         return json.loads(resp.read())
 
 
-def start_llama_server(binary: str, args: argparse.Namespace, slots: int, log) -> tuple:
+def start_llama_server(
+    binary: str, args: argparse.Namespace, slots: int, log, extra: tuple[str, ...] = ()
+) -> tuple:
     """Start llama-server on the default GGUF; returns (process, base url) once healthy."""
     from sglite.runtime.model.loader import default_model_path
 
@@ -520,7 +522,7 @@ def start_llama_server(binary: str, args: argparse.Namespace, slots: int, log) -
     cmd = [
         binary, "-m", default_model_path(), "--host", "127.0.0.1", "--port", str(port),
         "-t", str(threads), "-tb", str(threads), "-np", str(slots),
-        "-c", str(slots * args.llama_ctx_per_slot), "-ngl", "0",
+        "-c", str(slots * args.llama_ctx_per_slot), "-ngl", "0", *extra,
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"

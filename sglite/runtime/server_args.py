@@ -15,6 +15,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 GRAMMAR_BACKENDS = ("llguidance", "xgrammar")
 JUMP_FORWARD_MODES = ("exact", "retokenize")
 QUANTIZATIONS = ("none", "int8", "int4")
+GEMM_PACKING = ("auto", "on", "off")
 
 
 @dataclass
@@ -53,6 +54,9 @@ class ServerArgs:
     # -1 = always quantized and the dense weights freed (less memory, slower prefill).
     quantization: str = "none"
     quantized_max_rows: int = 8
+    # oneDNN-packed copies of the dense weights for batches of 2-256 rows (faster, one more copy
+    # of the weights in memory): auto = for models under 4 GiB of dense weights.
+    gemm_packing: str = "auto"
     log_level: str = "warning"
     # Limits on what one request may ask for (past them: HTTP 400 / ValueError).
     max_n: int = 64  # most choices (`n`) per request
@@ -96,6 +100,10 @@ class ServerArgs:
             )
         if self.quantization != "none" and self.device != "cpu":
             raise ValueError("quantization uses PyTorch's CPU kernels; it needs device='cpu'")
+        if self.gemm_packing not in GEMM_PACKING:
+            raise ValueError(
+                f"gemm_packing must be one of {GEMM_PACKING}, got {self.gemm_packing!r}"
+            )
         if self.quantized_max_rows < -1:
             raise ValueError(f"quantized_max_rows must be >= -1, got {self.quantized_max_rows}")
         if self.grammar_compile_timeout <= 0:

@@ -26,7 +26,13 @@ from sglite.runtime.model import kernels
 from sglite.runtime.model.attention import AttentionPlan, decode_attention, extend_attention
 from sglite.runtime.model.config import ModelConfig
 from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
-from sglite.runtime.model.linear import Linear, linear
+from sglite.runtime.model.linear import (
+    PACKED_MAX_ROWS,
+    Linear,
+    linear,
+    pack_for_onednn,
+    packed_linear,
+)
 from sglite.runtime.model.native_decode import NativeDecoder
 from sglite.runtime.model.quantization import Int4Parts, Int8Weight, QuantizedWeight, make_quantized
 from sglite.runtime.model.rope import RopeTables
@@ -187,6 +193,7 @@ class CausalLM(nn.Module):
         # Quantized copy of the output projection for small batches (see `quantize_model`).
         self.lm_head_quantized: QuantizedWeight | None = None
         self.lm_head_quantized_max_rows = 0
+        self.lm_head_packed: torch.Tensor | None = None
         # Small DECODE batches run their layers in one native call (native_decode.py); built on
         # first use, after any quantization. False = not built yet; None = not available.
         self.use_native_decode = True
@@ -257,9 +264,21 @@ class CausalLM(nn.Module):
 
     def _lm_head(self, h: torch.Tensor) -> torch.Tensor:
         q = self.lm_head_quantized
-        if q is not None and h.shape[0] <= self.lm_head_quantized_max_rows:
+        rows = h.shape[0]
+        if q is not None and rows <= self.lm_head_quantized_max_rows:
             return q.matmul(h)
+        if self.lm_head_packed is not None and 1 < rows <= PACKED_MAX_ROWS:
+            return packed_linear(h.contiguous(), self.lm_head_packed, None)
         return linear(h, self.lm_head_weight())
+
+    def finalize_weights(self, pack: bool) -> None:
+        """Put dense weights in their fast layouts (see `Linear.finalize`); call after loading
+        and quantizing. `pack` adds oneDNN-packed copies (faster mid-size batches, more memory)."""
+        for module in self.modules():
+            if isinstance(module, Linear) and module is not self.lm_head:
+                module.finalize(pack)
+        self.lm_head_packed = pack_for_onednn(self.lm_head_weight().data) if pack else None
+        self._native_decoder = False  # weight pointers changed
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy Hugging Face-named tensors into the (fused) parameters.

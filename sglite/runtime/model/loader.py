@@ -88,6 +88,19 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device | str = "cpu") 
     return _DTYPES[name]
 
 
+# auto packing doubles the dense weights in memory: only for models small enough to afford it.
+AUTO_PACK_MAX_BYTES = 4 << 30
+
+
+def _should_pack(setting: str, model: CausalLM) -> bool:
+    if setting not in ("auto", "on", "off"):
+        raise ValueError(f"gemm_packing must be auto, on or off, got {setting!r}")
+    if setting != "auto":
+        return setting == "on"
+    dense = sum(p.numel() * p.element_size() for p in model.parameters())
+    return dense <= AUTO_PACK_MAX_BYTES
+
+
 def _check_quantization(kind: str, dtype: torch.dtype, device: torch.device) -> None:
     if kind not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {kind!r}; use one of {', '.join(QUANTIZATIONS)}")
@@ -150,12 +163,15 @@ def load_model(
     progress: bool = True,
     quantization: str = "none",
     quantized_max_rows: int = 8,
+    gemm_packing: str = "auto",
 ) -> LoadedModel:
     """Load weights, config and tokenizer. `model_path=None` loads the default model.
 
     `quantization` (none, int8, int4) adds weight-only quantized copies of the projections for
     matmuls of at most `quantized_max_rows` rows (see `CausalLM.quantize`); int4 takes a GGUF's
-    own Q4_0/Q4_1 values where the file has them.
+    own Q4_0/Q4_1 values where the file has them. `gemm_packing` (auto, on, off) adds
+    oneDNN-packed copies of the dense weights for mid-size batches; auto packs models whose
+    dense weights take under `AUTO_PACK_MAX_BYTES`.
 
     Raises FileNotFoundError for a missing path, ValueError for an unsupported architecture or a
     file that is not valid GGUF/safetensors.
@@ -182,6 +198,7 @@ def load_model(
     if quantization != "none":
         source = gguf_loader.gguf_int4_source(reader, config) if reader is not None else None
         model.quantize(quantization, quantized_max_rows, source)
+    model.finalize_weights(pack=_should_pack(gemm_packing, model))
     if tokenizer_path is None and reader is not None:
         tokenizer = gguf_loader.load_gguf_tokenizer(path, reader)  # reuse the parsed metadata
     else:

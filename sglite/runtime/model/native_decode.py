@@ -72,10 +72,10 @@ def _describe(layer: Linear, quantized: bool) -> LinearDesc | None:
         return LinearDesc(INT8, n, k, q.values.data_ptr(), q.scale.data_ptr(), bias)
     if quantized and q is not None:
         return None  # a quantized format the C side does not know
-    if layer.weight.numel() == 0:
-        return None  # dense weight dropped
-    n, k = layer.weight.shape
-    return LinearDesc(DENSE, n, k, layer.weight.data_ptr(), None, bias)
+    if layer.weight_t is None:
+        return None  # dense weight dropped, or not finalized into the transposed layout
+    k, n = layer.weight_t.shape
+    return LinearDesc(DENSE, n, k, layer.weight_t.data_ptr(), None, bias)
 
 
 class NativeDecoder:
@@ -134,6 +134,7 @@ class NativeDecoder:
         group = cfg.num_heads // cfg.num_kv_heads
         if (
             group > lib.attention_max_group()
+            or cfg.num_heads > lib.attention_max_heads()
             or cfg.head_dim > lib.attention_max_head_dim()
             or cfg.head_dim % lib.attention_vec_width()
         ):

@@ -94,6 +94,7 @@ def run_scheduler(args: ServerArgs, in_addr: str, out_addr: str, parent_pid: int
             args.tokenizer_path,
             quantization=args.quantization,
             quantized_max_rows=args.quantized_max_rows,
+            gemm_packing=args.gemm_packing,
         )
         scheduler = Scheduler(args, loaded)
         # Everything allocated so far (model, tokenizer, tables) lives as long as the process:

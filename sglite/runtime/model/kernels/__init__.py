@@ -165,6 +165,7 @@ def paged_decode_attention(
     heads = q.shape[1] // head_dim
     if (
         heads // kv_heads > lib.attention_max_group()
+        or heads > lib.attention_max_heads()
         or head_dim > lib.attention_max_head_dim()
         or head_dim % lib.attention_vec_width()
     ):

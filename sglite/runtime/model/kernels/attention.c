@@ -2,141 +2,112 @@
  * Decode attention over the paged KV pool: one query token per row reads its K/V rows straight
  * from the pool through the row's slot table (cost grows with the tokens attended; nothing is
  * copied). See common.h for conventions.
+ *
+ * Work is split by row and, when there are few rows, by token range too (split-K, as
+ * flash-decoding does; partial softmax states are merged at the end). Within a task, tokens go
+ * in blocks of ATTN_BLOCK, and each block is attended by every kv head in turn: a slot's K/V for
+ * all heads are adjacent in the pool, so a block's cache lines are read from memory once.
  */
 #include "common.h"
 
 #define ATTN_BLOCK 64
 #define MAX_GROUP 16
 #define MAX_HEAD_DIM 256
+#define MAX_HEADS 128
+/* Tokens per split when a row's context is cut into ranges for parallelism. */
+#define SPLIT_MIN_TOKENS 256
+
+/* Online-softmax state of one query head over the tokens seen so far. */
+typedef struct {
+  float m, l;
+} softmax_state;
 
 /*
- * Decode attention of one (kv head, row) task: the `group` query heads sharing kv head `kh`
- * attend to slots[start:len]. Each K/V row is loaded once and used by all of them; online
- * softmax over blocks of ATTN_BLOCK tokens, so no buffer grows with the context.
- * Always inlined into callers that fix `group` and `nvec`, so q and the accumulators stay in
- * registers and the loops unroll.
+ * One block of n tokens for the `group` query heads of one kv head: scores, softmax update and
+ * V accumulation. q (scaled) and acc are [group][head_dim] floats; always inlined into callers
+ * that fix `group` and `nvec`, so they live in registers for the block.
  */
-static inline __attribute__((always_inline)) void attend_one(
-    const int group, const int64_t nvec, int dtype, const void *q, int64_t q_off,
-    const void *k_cache, const void *v_cache, const int64_t *slots, int64_t start, int64_t len,
-    int64_t kv_width, int64_t kv_off, float scale, void *out, int64_t out_off) {
+static inline __attribute__((always_inline)) void attend_block(
+    const int group, const int64_t nvec, int dtype, const float *q, float *acc,
+    softmax_state *st, const void *k_cache, const void *v_cache, const int64_t *slots, int64_t n,
+    int64_t kv_width, int64_t kv_off) {
   const int64_t head_dim = nvec * VEC;
   const size_t elem = dtype ? 2 : 4;
-  vec_t qv[MAX_GROUP][MAX_HEAD_DIM / VEC], acc[MAX_GROUP][MAX_HEAD_DIM / VEC];
+  vec_t qv[MAX_GROUP][MAX_HEAD_DIM / VEC], av[MAX_GROUP][MAX_HEAD_DIM / VEC];
   vec_t kv[MAX_HEAD_DIM / VEC];
-  float m[MAX_GROUP], l[MAX_GROUP], sc[MAX_GROUP][ATTN_BLOCK];
-  const vec_t vscale = vset(scale);
-  for (int g = 0; g < group; g++) {
+  float sc[MAX_GROUP][ATTN_BLOCK];
+  for (int g = 0; g < group; g++)
     for (int64_t v = 0; v < nvec; v++) {
-      qv[g][v] = vmul(vload(q, q_off + g * head_dim + v * VEC, dtype), vscale);
-      acc[g][v] = vzero();
+      qv[g][v] = vload(q, g * head_dim + v * VEC, 0);
+      av[g][v] = vload(acc, g * head_dim + v * VEC, 0);
     }
-    m[g] = -INFINITY;
-    l[g] = 0.0f;
-  }
-  for (int64_t t0 = start; t0 < len; t0 += ATTN_BLOCK) {
-    const int64_t n = (len - t0 < ATTN_BLOCK) ? len - t0 : ATTN_BLOCK;
-    for (int64_t j = 0; j < n; j++) {
-      if (j + 4 < n)
-        __builtin_prefetch((const char *)k_cache + (slots[t0 + j + 4] * kv_width + kv_off) * elem);
-      const int64_t k_off = slots[t0 + j] * kv_width + kv_off;
-      for (int64_t v = 0; v < nvec; v++) kv[v] = vload(k_cache, k_off + v * VEC, dtype);
-      for (int g = 0; g < group; g++) {
-        vec_t dot = vmul(qv[g][0], kv[0]);
-        for (int64_t v = 1; v < nvec; v++) dot = vfma(qv[g][v], kv[v], dot);
-        sc[g][j] = vsum(dot);
-      }
-    }
+  for (int64_t j = 0; j < n; j++) {
+    if (j + 4 < n)
+      __builtin_prefetch((const char *)k_cache + (slots[j + 4] * kv_width + kv_off) * elem);
+    const int64_t k_off = slots[j] * kv_width + kv_off;
+    for (int64_t v = 0; v < nvec; v++) kv[v] = vload(k_cache, k_off + v * VEC, dtype);
     for (int g = 0; g < group; g++) {
-      float block_max = m[g];
-      for (int64_t j = 0; j < n; j++) block_max = sc[g][j] > block_max ? sc[g][j] : block_max;
-      const float correction = fast_expf(m[g] - block_max);
-      float sum = 0.0f;
-      int64_t j = 0;
-#ifdef __AVX512F__
-      __m512 vsum_ = _mm512_setzero_ps();
-      for (; j + 16 <= n; j += 16) {
-        const __m512 e = vexp(_mm512_sub_ps(_mm512_loadu_ps(sc[g] + j), _mm512_set1_ps(block_max)));
-        _mm512_storeu_ps(sc[g] + j, e);
-        vsum_ = _mm512_add_ps(vsum_, e);
-      }
-      sum = _mm512_reduce_add_ps(vsum_);
-#endif
-      for (; j < n; j++) {
-        sc[g][j] = fast_expf(sc[g][j] - block_max);
-        sum += sc[g][j];
-      }
-      l[g] = l[g] * correction + sum;
-      m[g] = block_max;
-      const vec_t vc = vset(correction);
-      for (int64_t v = 0; v < nvec; v++) acc[g][v] = vmul(acc[g][v], vc);
-    }
-    for (int64_t j = 0; j < n; j++) {
-      if (j + 4 < n)
-        __builtin_prefetch((const char *)v_cache + (slots[t0 + j + 4] * kv_width + kv_off) * elem);
-      const int64_t v_off = slots[t0 + j] * kv_width + kv_off;
-      for (int64_t v = 0; v < nvec; v++) kv[v] = vload(v_cache, v_off + v * VEC, dtype);
-      for (int g = 0; g < group; g++) {
-        const vec_t p = vset(sc[g][j]);
-        for (int64_t v = 0; v < nvec; v++) acc[g][v] = vfma(p, kv[v], acc[g][v]);
-      }
+      vec_t dot = vmul(qv[g][0], kv[0]);
+      for (int64_t v = 1; v < nvec; v++) dot = vfma(qv[g][v], kv[v], dot);
+      sc[g][j] = vsum(dot);
     }
   }
   for (int g = 0; g < group; g++) {
-    const float inv = l[g] > 0.0f ? 1.0f / l[g] : 0.0f;
-    float tmp[MAX_HEAD_DIM];
-    for (int64_t v = 0; v < nvec; v++) vstore(tmp + v * VEC, acc[g][v]);
-    for (int64_t d = 0; d < head_dim; d++) store(out, out_off + g * head_dim + d, tmp[d] * inv, dtype);
+    float block_max = st[g].m;
+    for (int64_t j = 0; j < n; j++) block_max = sc[g][j] > block_max ? sc[g][j] : block_max;
+    const float correction = fast_expf(st[g].m - block_max);
+    float sum = 0.0f;
+    int64_t j = 0;
+#ifdef __AVX512F__
+    __m512 partial = _mm512_setzero_ps();
+    for (; j + 16 <= n; j += 16) {
+      const __m512 e = vexp(_mm512_sub_ps(_mm512_loadu_ps(sc[g] + j), _mm512_set1_ps(block_max)));
+      _mm512_storeu_ps(sc[g] + j, e);
+      partial = _mm512_add_ps(partial, e);
+    }
+    sum = _mm512_reduce_add_ps(partial);
+#endif
+    for (; j < n; j++) {
+      sc[g][j] = fast_expf(sc[g][j] - block_max);
+      sum += sc[g][j];
+    }
+    st[g].l = st[g].l * correction + sum;
+    st[g].m = block_max;
+    const vec_t vc = vset(correction);
+    for (int64_t v = 0; v < nvec; v++) av[g][v] = vmul(av[g][v], vc);
   }
+  for (int64_t j = 0; j < n; j++) {
+    if (j + 4 < n)
+      __builtin_prefetch((const char *)v_cache + (slots[j + 4] * kv_width + kv_off) * elem);
+    const int64_t v_off = slots[j] * kv_width + kv_off;
+    for (int64_t v = 0; v < nvec; v++) kv[v] = vload(v_cache, v_off + v * VEC, dtype);
+    for (int g = 0; g < group; g++) {
+      const vec_t p = vset(sc[g][j]);
+      for (int64_t v = 0; v < nvec; v++) av[g][v] = vfma(p, kv[v], av[g][v]);
+    }
+  }
+  for (int g = 0; g < group; g++)
+    for (int64_t v = 0; v < nvec; v++) vstore(acc + g * head_dim + v * VEC, av[g][v]);
 }
+
+typedef void (*block_fn)(int, const float *, float *, softmax_state *, const void *, const void *,
+                         const int64_t *, int64_t, int64_t, int64_t);
 
 /* Specializations for common (query heads per kv head, head_dim / VEC) pairs. */
-#define ATTEND_SPECIAL(G, NV)                                                                  \
-  static void attend_g##G##_v##NV(int dtype, const void *q, int64_t q_off, const void *kc,    \
-                                  const void *vc, const int64_t *slots, int64_t start,        \
-                                  int64_t len, int64_t kv_width, int64_t kv_off, float scale, \
-                                  void *out, int64_t out_off) {                               \
-    attend_one(G, NV, dtype, q, q_off, kc, vc, slots, start, len, kv_width, kv_off, scale,     \
-               out, out_off);                                                                  \
+#define BLOCK_SPECIAL(G, NV)                                                                   \
+  static void block_g##G##_v##NV(int dtype, const float *q, float *acc, softmax_state *st,    \
+                                 const void *kc, const void *vc, const int64_t *slots,        \
+                                 int64_t n, int64_t kv_width, int64_t kv_off) {               \
+    attend_block(G, NV, dtype, q, acc, st, kc, vc, slots, n, kv_width, kv_off);                \
   }
-#define ATTEND_GROUPS(NV)                                                                      \
-  ATTEND_SPECIAL(1, NV) ATTEND_SPECIAL(2, NV) ATTEND_SPECIAL(3, NV) ATTEND_SPECIAL(4, NV)     \
-  ATTEND_SPECIAL(5, NV) ATTEND_SPECIAL(6, NV) ATTEND_SPECIAL(7, NV) ATTEND_SPECIAL(8, NV)
+#define BLOCK_GROUPS(NV)                                                                       \
+  BLOCK_SPECIAL(1, NV) BLOCK_SPECIAL(2, NV) BLOCK_SPECIAL(3, NV) BLOCK_SPECIAL(4, NV)         \
+  BLOCK_SPECIAL(5, NV) BLOCK_SPECIAL(6, NV) BLOCK_SPECIAL(7, NV) BLOCK_SPECIAL(8, NV)
 #if VEC == 16
-ATTEND_GROUPS(4)  /* head_dim 64 */
-ATTEND_GROUPS(8)  /* head_dim 128 */
+BLOCK_GROUPS(4) /* head_dim 64 */
+BLOCK_GROUPS(8) /* head_dim 128 */
 #endif
 
-typedef void (*attend_fn)(int, const void *, int64_t, const void *, const void *,
-                          const int64_t *, int64_t, int64_t, int64_t, int64_t, float, void *,
-                          int64_t);
-
-static attend_fn special_attend(int64_t group, int64_t nvec) {
-#if VEC == 16
-  static const attend_fn by_group64[8] = {attend_g1_v4, attend_g2_v4, attend_g3_v4,
-                                          attend_g4_v4, attend_g5_v4, attend_g6_v4,
-                                          attend_g7_v4, attend_g8_v4};
-  static const attend_fn by_group128[8] = {attend_g1_v8, attend_g2_v8, attend_g3_v8,
-                                           attend_g4_v8, attend_g5_v8, attend_g6_v8,
-                                           attend_g7_v8, attend_g8_v8};
-  if (group >= 1 && group <= 8 && nvec == 4) return by_group64[group - 1];
-  if (group >= 1 && group <= 8 && nvec == 8) return by_group128[group - 1];
-#endif
-  (void)group;
-  (void)nvec;
-  return NULL;
-}
-
-/*
- * Decode attention over the paged pool: row b attends to the K/V at slots table[b, start:len[b]]
- * (start = len - window when a sliding window is set, else 0) with its `heads` query heads;
- * query head h reads kv head h / (heads / kv_heads).
- * q: [rows, q_stride] with head h at q[b, h * head_dim]; out: [rows, heads * head_dim];
- * caches: [slots, kv_heads, head_dim]; table: [rows, table_stride] int64.
- * One task per (kv head, row), rows of one kv head adjacent so rows sharing a prefix reuse it
- * from cache. Requires heads / kv_heads <= MAX_GROUP and head_dim <= MAX_HEAD_DIM, a multiple of
- * VEC (the caller checks).
- */
 typedef struct {
   int dtype;
   const void *q;
@@ -146,48 +117,185 @@ typedef struct {
   int64_t table_stride;
   const int64_t *lens;
   void *out;
-  int64_t rows, heads, group, head_dim, nvec, kv_width, window;
+  int64_t rows, heads, kv_heads, group, head_dim, nvec, window;
   float scale;
-  attend_fn special;
+  int64_t splits;       /* token ranges per row (1 = no split) */
+  float *partial;       /* splits > 1: per (row, split): heads x (m, l) then heads x head_dim */
+  block_fn special;     /* specialized for (group, nvec), or NULL */
 } attention_args;
 
-static void attention_tasks(void *p, int64_t begin, int64_t end) {
-  const attention_args *a = p;
-  for (int64_t task = begin; task < end; task++) {
-    const int64_t kh = task / a->rows, b = task % a->rows;
-    const int64_t len = a->lens[b];
-    const int64_t start = (a->window > 0 && len > a->window) ? len - a->window : 0;
-    const int64_t q_off = b * a->q_stride + kh * a->group * a->head_dim;
-    const int64_t out_off = b * a->heads * a->head_dim + kh * a->group * a->head_dim;
-    const int64_t *slots = a->table + b * a->table_stride;
-    if (a->special != NULL)
-      a->special(a->dtype, a->q, q_off, a->k_cache, a->v_cache, slots, start, len, a->kv_width,
-                 kh * a->head_dim, a->scale, a->out, out_off);
-    else
-      attend_one((int)a->group, a->nvec, a->dtype, a->q, q_off, a->k_cache, a->v_cache, slots,
-                 start, len, a->kv_width, kh * a->head_dim, a->scale, a->out, out_off);
+static void generic_block(const attention_args *a, const float *q, float *acc, softmax_state *st,
+                          const int64_t *slots, int64_t n, int64_t kv_off) {
+  if (a->special != NULL)
+    a->special(a->dtype, q, acc, st, a->k_cache, a->v_cache, slots, n,
+               a->kv_heads * a->head_dim, kv_off);
+  else
+    attend_block((int)a->group, a->nvec, a->dtype, q, acc, st, a->k_cache, a->v_cache, slots, n,
+                 a->kv_heads * a->head_dim, kv_off);
+}
+
+/* Row b over tokens [begin, end) of its (windowed) context: all heads, block by block. */
+static void attend_range(const attention_args *a, int64_t b, int64_t begin, int64_t end,
+                         float *q, float *acc, softmax_state *st) {
+  const int64_t heads = a->heads, head_dim = a->head_dim;
+  for (int64_t h = 0; h < heads; h++) {
+    for (int64_t d = 0; d < head_dim; d++) {
+      q[h * head_dim + d] = load(a->q, b * a->q_stride + h * head_dim + d, a->dtype) * a->scale;
+      acc[h * head_dim + d] = 0.0f;
+    }
+    st[h].m = -INFINITY;
+    st[h].l = 0.0f;
+  }
+  const int64_t *slots = a->table + b * a->table_stride;
+  for (int64_t t0 = begin; t0 < end; t0 += ATTN_BLOCK) {
+    const int64_t n = (end - t0 < ATTN_BLOCK) ? end - t0 : ATTN_BLOCK;
+    for (int64_t kh = 0; kh < a->kv_heads; kh++) {
+      const int64_t h0 = kh * a->group;
+      generic_block(a, q + h0 * head_dim, acc + h0 * head_dim, st + h0, slots + t0, n,
+                    kh * head_dim);
+    }
   }
 }
 
+static void context_range(const attention_args *a, int64_t b, int64_t *begin, int64_t *end) {
+  const int64_t len = a->lens[b];
+  *begin = (a->window > 0 && len > a->window) ? len - a->window : 0;
+  *end = len;
+}
+
+static void attention_tasks(void *p, int64_t first, int64_t last) {
+  const attention_args *a = p;
+  const int64_t heads = a->heads, head_dim = a->head_dim;
+  float *qbuf = malloc((size_t)(2 * heads * head_dim) * sizeof(float));
+  softmax_state *st = malloc((size_t)heads * sizeof(softmax_state));
+  if (qbuf == NULL || st == NULL) {
+    free(qbuf);
+    free(st);
+    return;
+  }
+  float *acc = qbuf + heads * head_dim;
+  for (int64_t task = first; task < last; task++) {
+    const int64_t b = task / a->splits, s = task % a->splits;
+    int64_t begin, end;
+    context_range(a, b, &begin, &end);
+    if (a->splits > 1) {
+      const int64_t span = (end - begin + a->splits - 1) / a->splits;
+      const int64_t lo = begin + s * span, hi = lo + span < end ? lo + span : end;
+      attend_range(a, b, lo, hi > lo ? hi : lo, qbuf, acc, st);
+      float *dst = a->partial + task * heads * (2 + head_dim);
+      for (int64_t h = 0; h < heads; h++) {
+        dst[2 * h] = st[h].m;
+        dst[2 * h + 1] = st[h].l;
+      }
+      memcpy(dst + 2 * heads, acc, (size_t)(heads * head_dim) * sizeof(float));
+      continue;
+    }
+    attend_range(a, b, begin, end, qbuf, acc, st);
+    for (int64_t h = 0; h < heads; h++) {
+      const float inv = st[h].l > 0.0f ? 1.0f / st[h].l : 0.0f;
+      for (int64_t d = 0; d < head_dim; d++)
+        store(a->out, b * heads * head_dim + h * head_dim + d, acc[h * head_dim + d] * inv,
+              a->dtype);
+    }
+  }
+  free(qbuf);
+  free(st);
+}
+
+/* Combine the split partial states of every row into the output. */
+static void merge_splits(const attention_args *a) {
+  const int64_t heads = a->heads, head_dim = a->head_dim, stride = heads * (2 + head_dim);
+  for (int64_t b = 0; b < a->rows; b++)
+    for (int64_t h = 0; h < heads; h++) {
+      const float *base = a->partial + b * a->splits * stride;
+      float mx = -INFINITY;
+      for (int64_t s = 0; s < a->splits; s++)
+        if (base[s * stride + 2 * h + 1] > 0.0f && base[s * stride + 2 * h] > mx)
+          mx = base[s * stride + 2 * h];
+      float total = 0.0f;
+      float o[MAX_HEAD_DIM] = {0};
+      for (int64_t s = 0; s < a->splits; s++) {
+        const float *part = base + s * stride;
+        if (part[2 * h + 1] <= 0.0f) continue; /* an empty range */
+        const float w = fast_expf(part[2 * h] - mx);
+        total += part[2 * h + 1] * w;
+        for (int64_t d = 0; d < head_dim; d++) o[d] += part[2 * heads + h * head_dim + d] * w;
+      }
+      const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+      for (int64_t d = 0; d < head_dim; d++)
+        store(a->out, b * heads * head_dim + h * head_dim + d, o[d] * inv, a->dtype);
+    }
+}
+
+static block_fn special_block(int64_t group, int64_t nvec) {
+#if VEC == 16
+  static const block_fn by_group64[8] = {block_g1_v4, block_g2_v4, block_g3_v4, block_g4_v4,
+                                         block_g5_v4, block_g6_v4, block_g7_v4, block_g8_v4};
+  static const block_fn by_group128[8] = {block_g1_v8, block_g2_v8, block_g3_v8, block_g4_v8,
+                                          block_g5_v8, block_g6_v8, block_g7_v8, block_g8_v8};
+  if (group >= 1 && group <= 8 && nvec == 4) return by_group64[group - 1];
+  if (group >= 1 && group <= 8 && nvec == 8) return by_group128[group - 1];
+#endif
+  (void)group;
+  (void)nvec;
+  return NULL;
+}
+
+/*
+ * Row b attends to the K/V at slots table[b, start:len[b]] (start = len - window when a sliding
+ * window is set, else 0) with its `heads` query heads; query head h reads kv head
+ * h / (heads / kv_heads). q: [rows, q_stride] with head h at q[b, h * head_dim]; out:
+ * [rows, heads * head_dim]; caches: [slots, kv_heads, head_dim]; table: [rows, table_stride]
+ * int64. Requires heads / kv_heads <= MAX_GROUP, heads <= MAX_HEADS and head_dim <=
+ * MAX_HEAD_DIM, a multiple of VEC (the caller checks).
+ */
 void paged_decode_attention(int dtype, const void *q, int64_t q_stride, const void *k_cache,
                             const void *v_cache, const int64_t *table, int64_t table_stride,
                             const int64_t *lens, void *out, int64_t rows, int64_t heads,
                             int64_t kv_heads, int64_t head_dim, float scale, int64_t window,
                             int threads) {
-  const int64_t group = heads / kv_heads;
-  const int64_t nvec = head_dim / VEC;
-  attention_args a = {dtype,        q,     q_stride, k_cache,  v_cache,
-                      table,        table_stride,    lens,     out,      rows,
-                      heads,        group, head_dim, nvec,     kv_heads * head_dim,
-                      window,       scale, special_attend(group, nvec)};
-  int64_t attended = 0;
-  for (int64_t b = 0; b < rows; b++) attended += lens[b];
-  /* One task per (kv head, row), so that tasks are balanced by the dynamic claiming. */
-  parallel_range(attention_tasks, &a, kv_heads * rows, 1, threads,
-                 attended * kv_heads >= PARALLEL_MIN_ATTN);
+  const int64_t group = heads / kv_heads, nvec = head_dim / VEC;
+  attention_args a = {.dtype = dtype,
+                      .q = q,
+                      .q_stride = q_stride,
+                      .k_cache = k_cache,
+                      .v_cache = v_cache,
+                      .table = table,
+                      .table_stride = table_stride,
+                      .lens = lens,
+                      .out = out,
+                      .rows = rows,
+                      .heads = heads,
+                      .kv_heads = kv_heads,
+                      .group = group,
+                      .head_dim = head_dim,
+                      .nvec = nvec,
+                      .window = window,
+                      .scale = scale,
+                      .splits = 1,
+                      .partial = NULL,
+                      .special = special_block(group, nvec)};
+  int64_t attended = 0, longest = 0;
+  for (int64_t b = 0; b < rows; b++) {
+    int64_t begin, end;
+    context_range(&a, b, &begin, &end);
+    attended += end - begin;
+    longest = end - begin > longest ? end - begin : longest;
+  }
+  const int parallel = threads > 1 && attended * kv_heads >= PARALLEL_MIN_ATTN;
+  if (parallel && rows < 2 * threads && longest >= 2 * SPLIT_MIN_TOKENS) {
+    int64_t splits = (2 * threads + rows - 1) / rows;
+    if (splits > longest / SPLIT_MIN_TOKENS) splits = longest / SPLIT_MIN_TOKENS;
+    a.partial = malloc((size_t)(rows * splits * heads * (2 + head_dim)) * sizeof(float));
+    if (a.partial != NULL) a.splits = splits;
+  }
+  parallel_range(attention_tasks, &a, rows * a.splits, 1, threads, parallel);
+  if (a.splits > 1) merge_splits(&a);
+  free(a.partial);
 }
 
 /* Limits the Python side checks before calling paged_decode_attention. */
 int64_t attention_max_group(void) { return MAX_GROUP; }
 int64_t attention_max_head_dim(void) { return MAX_HEAD_DIM; }
 int64_t attention_vec_width(void) { return VEC; }
+int64_t attention_max_heads(void) { return MAX_HEADS; }

@@ -147,8 +147,13 @@ static void range_chunk(void *p, int64_t c) {
   job->fn(job->ctx, begin, end);
 }
 
-/* fn(ctx, begin, end) over [0, n) in chunks of `per_chunk`, on the thread pool when `parallel`
- * (else in one call on this thread). */
+/* Set (per thread) while decode_layers runs: kernels then share work on threadpool.c's pool.
+ * Called from Python, between PyTorch ops, they use OpenMP instead: torch's own OpenMP threads
+ * are awake right after its ops, while the pool's would need waking for every kernel. */
+extern __thread int sglite_in_native_step;
+
+/* fn(ctx, begin, end) over [0, n) in chunks of `per_chunk`, in parallel when `parallel` (else
+ * in one call on this thread). */
 static inline void parallel_range(range_fn fn, void *ctx, int64_t n, int64_t per_chunk,
                                   int threads, int parallel) {
   if (!parallel || threads <= 1 || n <= per_chunk) {
@@ -156,6 +161,12 @@ static inline void parallel_range(range_fn fn, void *ctx, int64_t n, int64_t per
     return;
   }
   range_job_t job = {fn, ctx, n, per_chunk};
-  parallel_chunks(range_chunk, &job, (n + per_chunk - 1) / per_chunk, threads);
+  const int64_t chunks = (n + per_chunk - 1) / per_chunk;
+  if (sglite_in_native_step) {
+    parallel_chunks(range_chunk, &job, chunks, threads);
+    return;
+  }
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+  for (int64_t c = 0; c < chunks; c++) range_chunk(&job, c);
 }
 #endif

@@ -33,12 +33,12 @@ SOURCES = [
 ]
 HEADERS = [_HERE / "common.h", _HERE / "threadpool.h"]
 # -fno-math-errno lets lrintf/fmaxf/sqrtf compile to single instructions (errno is never read);
-# -fopenmp-simd honours `omp simd` hints without the OpenMP runtime (threadpool.c does threads).
+# -fopenmp links libgomp, which torch has loaded already (one OpenMP runtime in the process).
 FLAGS = [
     "-O3",
     "-march=native",
     "-fno-math-errno",
-    "-fopenmp-simd",
+    "-fopenmp",
     "-pthread",
     "-shared",
     "-fPIC",
@@ -66,7 +66,13 @@ _STATUS_SIGNATURES = {
 }
 
 # Constants the attention kernel was built with (its query-group and head-size limits).
-_LIMITS = ("attention_max_group", "attention_max_head_dim", "attention_vec_width", "qgemv_max_rows")
+_LIMITS = (
+    "attention_max_group",
+    "attention_max_head_dim",
+    "attention_vec_width",
+    "attention_max_heads",
+    "qgemv_max_rows",
+)
 
 
 def _cpu_fingerprint() -> str:
