@@ -50,8 +50,8 @@ HELP = {
     "num_threads": "torch threads in the scheduler process (default: all cores)",
     "quantization": "weight-only quantization of the projections for small-batch decode "
     "(int4 takes a GGUF's own Q4_0/Q4_1 values; CPU only)",
-    "gemm_packing": "oneDNN-packed copies of the dense weights for batches of 2-256 rows "
-    "(faster; one more copy of the weights): auto = for models under 4 GiB",
+    "gemm_packing": "transposed and oneDNN-packed copies of the dense weights for prefill and "
+    "batches of 2-256 rows (faster; two more copies of the weights): auto = models up to 1 GiB",
     "quantized_max_rows": "matmuls of at most this many rows use the quantized weights, larger "
     "ones the dense copy (-1: quantized only, dense weights freed)",
     "log_level": "debug, info, warning or error",

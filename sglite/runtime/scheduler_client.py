@@ -40,6 +40,20 @@ from sglite.runtime.server_args import ServerArgs
 OutputCallback = Callable[[RequestOutput], None]
 
 
+# libgomp's idle threads spin ~300k rounds before sleeping by default; between torch's ops and
+# the native kernels (own thread pool) that spinning takes the cores the kernels need. 20k keeps
+# torch's threads warm across back-to-back ops (measured: batch-1 decode 11.2 -> 9.5 ms/step,
+# 32-row decode unchanged). A value the user set wins.
+GOMP_SPINCOUNT = "20000"
+
+
+def scheduler_environment() -> dict[str, str]:
+    """The scheduler process's environment: ours, plus OpenMP tuning unless set already."""
+    env = dict(os.environ)
+    env.setdefault("GOMP_SPINCOUNT", GOMP_SPINCOUNT)
+    return env
+
+
 class SchedulerDiedError(RuntimeError):
     """The scheduler process exited; requests in flight end with this error."""
 
@@ -68,7 +82,9 @@ class SchedulerClient:
         self.on_death: Callable[[str], None] | None = None
         payload = json.dumps(dataclasses.asdict(args))
         cmd = [sys.executable, "-m", "sglite.runtime.scheduler.process", payload]
-        self.process = subprocess.Popen(cmd + [in_addr, out_addr, str(os.getpid())])
+        self.process = subprocess.Popen(
+            cmd + [in_addr, out_addr, str(os.getpid())], env=scheduler_environment()
+        )
         self.info = self._wait_ready(startup_timeout)
         self.alive = True
         self._thread = threading.Thread(target=self._receive_loop, daemon=True, name="sched-recv")

@@ -4,11 +4,12 @@ copy, each call taking the fastest for its row count.
 Invariant: `Linear.forward(x)` computes `x @ weight.T + bias` whichever path runs; the quantized
 path (when `quantized` is set) differs from the dense one only by its rounding of the weights.
 
-Dense layouts (after `finalize`): the weight is stored transposed and contiguous (`weight_t`,
-`[in, out]`; `weight` stays a `[out, in]` view of it), which oneDNN/MKL multiply fastest for
-prefill-sized batches (measured 1.36x faster than the usual layout at 1000 rows, bf16, 2 cores);
-optionally also packed for oneDNN's blocked kernels (`packed`), 1.3-1.5x faster for 8-256 rows,
-at the cost of a second copy of the weights.
+Dense layouts: `weight` (`[out, in]`, contiguous) serves one-row products and the native decode
+step, which stream it row by row. With `finalize(extra_layouts=True)` two more copies are kept:
+the weight transposed (`weight_t`, `[in, out]`), which MKL/oneDNN multiply fastest for
+prefill-sized batches (1.36x at 1000 rows, bf16, 2 cores), and packed for oneDNN's blocked
+kernels (`packed`), 1.3-1.5x faster for 2-256 rows. They cost two more copies of the weights,
+so the loader keeps them only for models that can afford it (`--gemm-packing`).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class Linear(nn.Linear):
 
     quantized: QuantizedWeight | None = None
     quantized_max_rows: int = 0
-    weight_t: torch.Tensor | None = None  # contiguous [in, out] storage of `weight`
+    weight_t: torch.Tensor | None = None  # contiguous [in, out] copy for large batches
     packed: torch.Tensor | None = None  # oneDNN-blocked copy for mid-size batches
 
     def set_quantized(self, weight: QuantizedWeight, max_rows: int) -> None:
@@ -78,15 +79,14 @@ class Linear(nn.Linear):
         self.weight = nn.Parameter(self.weight.new_empty(0), requires_grad=False)
         self.weight_t = self.packed = None
 
-    def finalize(self, pack: bool) -> None:
-        """Store the dense weight transposed (and packed for oneDNN when `pack`); call once the
-        weights are loaded (and quantized). `weight` keeps its values and shape."""
-        if self.weight.numel() == 0 or self.weight.device.type != "cpu":
+    def finalize(self, extra_layouts: bool) -> None:
+        """Add the transposed and oneDNN-packed copies of the dense weight (when
+        `extra_layouts`); call once the weights are loaded (and quantized)."""
+        if not extra_layouts or self.weight.numel() == 0 or self.weight.device.type != "cpu":
+            self.weight_t = self.packed = None
             return
-        weight_t = self.weight.data.t().contiguous()
-        self.packed = pack_for_onednn(self.weight.data) if pack else None
-        self.weight = nn.Parameter(weight_t.t(), requires_grad=False)
-        self.weight_t = weight_t
+        self.weight_t = self.weight.data.t().contiguous()
+        self.packed = pack_for_onednn(self.weight.data)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """`[T, in] -> [T, out]`."""

@@ -272,8 +272,8 @@ class CausalLM(nn.Module):
         return linear(h, self.lm_head_weight())
 
     def finalize_weights(self, pack: bool) -> None:
-        """Put dense weights in their fast layouts (see `Linear.finalize`); call after loading
-        and quantizing. `pack` adds oneDNN-packed copies (faster mid-size batches, more memory)."""
+        """Add the dense weights' extra layouts (see `Linear.finalize`) when `pack`; call after
+        loading and quantizing. They make large and mid-size batches faster and cost memory."""
         for module in self.modules():
             if isinstance(module, Linear) and module is not self.lm_head:
                 module.finalize(pack)

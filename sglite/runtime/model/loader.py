@@ -88,8 +88,8 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device | str = "cpu") 
     return _DTYPES[name]
 
 
-# auto packing doubles the dense weights in memory: only for models small enough to afford it.
-AUTO_PACK_MAX_BYTES = 4 << 30
+# The extra layouts triple the dense weights in memory: auto keeps them for small models only.
+AUTO_PACK_MAX_BYTES = 1 << 30
 
 
 def _should_pack(setting: str, model: CausalLM) -> bool:
@@ -170,8 +170,8 @@ def load_model(
     `quantization` (none, int8, int4) adds weight-only quantized copies of the projections for
     matmuls of at most `quantized_max_rows` rows (see `CausalLM.quantize`); int4 takes a GGUF's
     own Q4_0/Q4_1 values where the file has them. `gemm_packing` (auto, on, off) adds
-    oneDNN-packed copies of the dense weights for mid-size batches; auto packs models whose
-    dense weights take under `AUTO_PACK_MAX_BYTES`.
+    transposed and oneDNN-packed copies of the dense weights for large and mid-size batches;
+    auto adds them for models whose weights take at most `AUTO_PACK_MAX_BYTES`.
 
     Raises FileNotFoundError for a missing path, ValueError for an unsupported architecture or a
     file that is not valid GGUF/safetensors.

@@ -72,10 +72,10 @@ def _describe(layer: Linear, quantized: bool) -> LinearDesc | None:
         return LinearDesc(INT8, n, k, q.values.data_ptr(), q.scale.data_ptr(), bias)
     if quantized and q is not None:
         return None  # a quantized format the C side does not know
-    if layer.weight_t is None:
-        return None  # dense weight dropped, or not finalized into the transposed layout
-    k, n = layer.weight_t.shape
-    return LinearDesc(DENSE, n, k, layer.weight_t.data_ptr(), None, bias)
+    if layer.weight.numel() == 0:
+        return None  # dense weight dropped
+    n, k = layer.weight.shape
+    return LinearDesc(DENSE, n, k, layer.weight.data_ptr(), None, bias)
 
 
 class NativeDecoder:

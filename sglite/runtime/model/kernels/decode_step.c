@@ -23,7 +23,7 @@ enum { LINEAR_DENSE = 0, LINEAR_INT8 = 1, LINEAR_INT4 = 2 };
 typedef struct {
   int64_t kind;  /* LINEAR_* */
   int64_t n_out, k;
-  const void *weight; /* dense: [k, n_out] dtype (transposed); int8: int8 values; int4: nibbles */
+  const void *weight; /* dense: [n_out, k] dtype; int8: int8 values; int4: packed nibbles */
   const void *scale;  /* int8: float32 [n_out]; int4: f16 (scale, offset) pairs; else NULL */
   const void *bias;   /* dtype [n_out] or NULL */
 } linear_t;
@@ -55,59 +55,51 @@ void paged_decode_attention(int dtype, const void *q, int64_t q_stride, const vo
 
 typedef struct {
   int dtype;
-  const void *x, *wt; /* wt: the weight transposed, [k, n_out] */
+  const void *x, *w;
   void *y;
   int64_t rows, n_out, k;
 } dense_args;
 
-#define DENSE_BLOCK 64 /* output columns per inner block: 4 vectors per row */
-
-/* y[m, n0:n1] for a transposed weight: y += x[m, k] * wt[k, :], row k of wt streamed once. */
-static void dense_columns(void *p, int64_t n0, int64_t n1) {
+static void dense_rows(void *p, int64_t n0, int64_t n1) {
   const dense_args *a = p;
   const int dtype = a->dtype;
-  const int64_t k = a->k, rows = a->rows, n_out = a->n_out;
-  for (int64_t c0 = n0; c0 < n1; c0 += DENSE_BLOCK) {
-    const int64_t width = n1 - c0 < DENSE_BLOCK ? n1 - c0 : DENSE_BLOCK;
-    int64_t c = 0;
-#ifdef __AVX512F__
-    if (width == DENSE_BLOCK) {
-      __m512 acc[QGEMV_MAX_ROWS][4];
-      for (int64_t m = 0; m < rows; m++)
-        for (int v = 0; v < 4; v++) acc[m][v] = _mm512_setzero_ps();
-      for (int64_t i = 0; i < k; i++) {
-        if (i + 8 < k)
-          __builtin_prefetch((const char *)a->wt + ((i + 8) * n_out + c0) * (dtype ? 2 : 4));
-        __m512 w[4];
-        for (int v = 0; v < 4; v++) w[v] = vload(a->wt, i * n_out + c0 + v * 16, dtype);
+  const int64_t k = a->k, rows = a->rows;
+  for (int64_t n = n0; n < n1; n++) {
+    float sum[QGEMV_MAX_ROWS];
+    int64_t i = 0;
+#if defined(__AVX512BF16__)
+    if (dtype) {
+      __m512 acc[QGEMV_MAX_ROWS];
+      for (int64_t m = 0; m < rows; m++) acc[m] = _mm512_setzero_ps();
+      const uint16_t *wn = (const uint16_t *)a->w + n * k;
+      for (; i + 32 <= k; i += 32) {
+        const __m512bh wv = (__m512bh)_mm512_loadu_si512((const void *)(wn + i));
         for (int64_t m = 0; m < rows; m++) {
-          const __m512 xs = _mm512_set1_ps(load(a->x, m * k + i, dtype));
-          for (int v = 0; v < 4; v++) acc[m][v] = _mm512_fmadd_ps(xs, w[v], acc[m][v]);
+          const __m512bh xv =
+              (__m512bh)_mm512_loadu_si512((const void *)((const uint16_t *)a->x + m * k + i));
+          acc[m] = _mm512_dpbf16_ps(acc[m], xv, wv);
         }
       }
-      for (int64_t m = 0; m < rows; m++) {
-        float tmp[DENSE_BLOCK];
-        for (int v = 0; v < 4; v++) _mm512_storeu_ps(tmp + v * 16, acc[m][v]);
-        for (int64_t j = 0; j < DENSE_BLOCK; j++) store(a->y, m * n_out + c0 + j, tmp[j], dtype);
-      }
-      c = DENSE_BLOCK;
-    }
+      for (int64_t m = 0; m < rows; m++) sum[m] = _mm512_reduce_add_ps(acc[m]);
+    } else
 #endif
-    for (; c < width; c++)
-      for (int64_t m = 0; m < rows; m++) {
-        float s = 0.0f;
-        for (int64_t i = 0; i < k; i++)
-          s += load(a->x, m * k + i, dtype) * load(a->wt, i * n_out + c0 + c, dtype);
-        store(a->y, m * n_out + c0 + c, s, dtype);
-      }
+    {
+      for (int64_t m = 0; m < rows; m++) sum[m] = 0.0f;
+    }
+    for (int64_t m = 0; m < rows; m++) {
+      float s = sum[m];
+#pragma omp simd reduction(+ : s)
+      for (int64_t j = i; j < k; j++) s += load(a->x, m * k + j, dtype) * load(a->w, n * k + j, dtype);
+      store(a->y, m * a->n_out + n, s, dtype);
+    }
   }
 }
 
-/* y = x W^T for a dense weight stored transposed (wt = [k, n_out]), a few rows. */
-static void dense_gemv(int dtype, const void *x, const void *wt, void *y, int64_t rows,
+/* y = x W^T for a dense weight in the activation dtype, a few rows: one pass over W. */
+static void dense_gemv(int dtype, const void *x, const void *w, void *y, int64_t rows,
                        int64_t n_out, int64_t k, int threads) {
-  dense_args a = {dtype, x, wt, y, rows, n_out, k};
-  parallel_range(dense_columns, &a, n_out, 4 * DENSE_BLOCK, threads, n_out * k >= 65536);
+  dense_args a = {dtype, x, w, y, rows, n_out, k};
+  parallel_range(dense_rows, &a, n_out, 64, threads, n_out * k >= 65536);
 }
 
 static int linear_rows(int dtype, const linear_t *l, const void *x, void *y, int64_t rows,
