@@ -104,6 +104,29 @@ static inline vec_t vfma(vec_t a, vec_t b, vec_t c) { return _mm512_fmadd_ps(a, 
 static inline vec_t vmul(vec_t a, vec_t b) { return _mm512_mul_ps(a, b); }
 static inline float vsum(vec_t a) { return _mm512_reduce_add_ps(a); }
 static inline void vstore(float *p, vec_t a) { _mm512_storeu_ps(p, a); }
+/* Round 16 floats to bf16 (nearest even), as 16 packed halves. */
+static inline __m256i to_bf16x16(__m512 v) {
+#ifdef __AVX512BF16__
+  return (__m256i)_mm512_cvtneps_pbh(v);
+#else
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+#endif
+}
+/* Store 16 floats at p[i] in the storage dtype. */
+static inline void vstore_as(void *p, int64_t i, __m512 v, int dtype) {
+  if (dtype)
+    _mm256_storeu_si256((__m256i *)((uint16_t *)p + i), to_bf16x16(v));
+  else
+    _mm512_storeu_ps((float *)p + i, v);
+}
+/* v rounded through the storage dtype (identity for float32). */
+static inline __m512 vround_to(__m512 v, int dtype) {
+  if (!dtype) return v;
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(to_bf16x16(v)), 16));
+}
 /* fast_expf on 16 lanes; 2^n is applied with vscalefps. */
 static inline __m512 vexp(__m512 x) {
   x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));

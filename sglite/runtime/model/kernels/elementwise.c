@@ -22,23 +22,47 @@ static void add_rms_norm_rows(void *p, int64_t begin, int64_t end) {
   const add_rms_norm_args *a = p;
   const int dtype = a->dtype;
   const int64_t dim = a->dim;
-  float buf[dim];
+  float *buf = malloc((size_t)dim * sizeof(float));
+  if (buf == NULL) return; /* a few KB */
   for (int64_t r = begin; r < end; r++) {
     const int64_t off = r * dim;
-    load_row(a->residual, off, dim, buf, dtype);
-    if (a->x != NULL) {
-      for (int64_t i = 0; i < dim; i++) {
-        buf[i] = round_to(buf[i] + load(a->x, off + i, dtype), dtype);
-        store(a->residual, off + i, buf[i], dtype);
-      }
-    }
+    int64_t i = 0;
     float ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
-    for (int64_t i = 0; i < dim; i++) ss += buf[i] * buf[i];
+#ifdef __AVX512F__
+    __m512 acc = _mm512_setzero_ps();
+    for (; i + 16 <= dim; i += 16) {
+      __m512 v = vload(a->residual, off + i, dtype);
+      if (a->x != NULL) {
+        v = vround_to(_mm512_add_ps(v, vload(a->x, off + i, dtype)), dtype);
+        vstore_as(a->residual, off + i, v, dtype);
+      }
+      _mm512_storeu_ps(buf + i, v);
+      acc = _mm512_fmadd_ps(v, v, acc);
+    }
+    ss = _mm512_reduce_add_ps(acc);
+#endif
+    for (; i < dim; i++) {
+      float v = load(a->residual, off + i, dtype);
+      if (a->x != NULL) {
+        v = round_to(v + load(a->x, off + i, dtype), dtype);
+        store(a->residual, off + i, v, dtype);
+      }
+      buf[i] = v;
+      ss += v * v;
+    }
     const float inv = 1.0f / sqrtf(ss / (float)dim + a->eps);
-    for (int64_t i = 0; i < dim; i++)
+    i = 0;
+#ifdef __AVX512F__
+    const __m512 vinv = _mm512_set1_ps(inv);
+    for (; i + 16 <= dim; i += 16) {
+      const __m512 normed = vround_to(_mm512_mul_ps(_mm512_loadu_ps(buf + i), vinv), dtype);
+      vstore_as(a->out, off + i, _mm512_mul_ps(normed, vload(a->weight, i, dtype)), dtype);
+    }
+#endif
+    for (; i < dim; i++)
       store(a->out, off + i, round_to(buf[i] * inv, dtype) * load(a->weight, i, dtype), dtype);
   }
+  free(buf);
 }
 
 /*
@@ -62,25 +86,25 @@ typedef struct {
 static void silu_mul_rows(void *p, int64_t begin, int64_t end) {
   const silu_mul_args *a = p;
   const int64_t inter = a->inter;
-  float *g = malloc((size_t)(2 * inter) * sizeof(float));
-  if (g == NULL) return; /* cannot happen in practice: a few KB */
-  float *u = g + inter;
+  const int dtype = a->dtype;
   for (int64_t r = begin; r < end; r++) {
-    load_row(a->gate_up, r * 2 * inter, inter, g, a->dtype);
-    load_row(a->gate_up, r * 2 * inter + inter, inter, u, a->dtype);
+    const int64_t in_off = r * 2 * inter, out_off = r * inter;
     int64_t i = 0;
 #ifdef __AVX512F__
     for (; i + 16 <= inter; i += 16) {
-      const __m512 gv = _mm512_loadu_ps(g + i);
-      const __m512 e = vexp(_mm512_sub_ps(_mm512_setzero_ps(), gv));
-      const __m512 silu = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
-      _mm512_storeu_ps(g + i, _mm512_mul_ps(silu, _mm512_loadu_ps(u + i)));
+      const __m512 g = vload(a->gate_up, in_off + i, dtype);
+      const __m512 u = vload(a->gate_up, in_off + inter + i, dtype);
+      const __m512 e = vexp(_mm512_sub_ps(_mm512_setzero_ps(), g));
+      const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+      vstore_as(a->out, out_off + i, _mm512_mul_ps(silu, u), dtype);
     }
 #endif
-    for (; i < inter; i++) g[i] = g[i] / (1.0f + fast_expf(-g[i])) * u[i];
-    for (int64_t i = 0; i < inter; i++) store(a->out, r * inter + i, g[i], a->dtype);
+    for (; i < inter; i++) {
+      const float g = load(a->gate_up, in_off + i, dtype);
+      const float u = load(a->gate_up, in_off + inter + i, dtype);
+      store(a->out, out_off + i, g / (1.0f + fast_expf(-g)) * u, dtype);
+    }
   }
-  free(g);
 }
 
 /* out[r, i] = silu(gate_up[r, i]) * gate_up[r, inter + i]. */
@@ -114,7 +138,16 @@ static void rope_rows(void *p, int64_t begin, int64_t end) {
     const int64_t row = t * width;
     for (int64_t h = 0; h < a->heads + a->kv_heads; h++) {
       const int64_t base = row + h * head_dim;
-      for (int64_t i = 0; i < half; i++) {
+      int64_t i = 0;
+#ifdef __AVX512F__
+      for (; i + 16 <= half; i += 16) {
+        const __m512 x1 = vload(a->qkv, base + i, dtype), x2 = vload(a->qkv, base + half + i, dtype);
+        const __m512 cv = _mm512_loadu_ps(c + i), sv = _mm512_loadu_ps(s + i);
+        vstore_as(a->qkv, base + i, _mm512_fmsub_ps(x1, cv, _mm512_mul_ps(x2, sv)), dtype);
+        vstore_as(a->qkv, base + half + i, _mm512_fmadd_ps(x2, cv, _mm512_mul_ps(x1, sv)), dtype);
+      }
+#endif
+      for (; i < half; i++) {
         const float x1 = load(a->qkv, base + i, dtype), x2 = load(a->qkv, base + half + i, dtype);
         store(a->qkv, base + i, x1 * c[i] - x2 * s[i], dtype);
         store(a->qkv, base + half + i, x2 * c[i] + x1 * s[i], dtype);
