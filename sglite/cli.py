@@ -19,6 +19,7 @@ from typing import Any
 from sglite.runtime.server_args import (
     DTYPES,
     GEMM_PACKING,
+    DP_POLICIES,
     GRAMMAR_BACKENDS,
     JUMP_FORWARD_MODES,
     QUANTIZATIONS,
@@ -47,7 +48,14 @@ HELP = {
     "disable_jump_forward": "decode constrained output token by token (no jump-forward)",
     "jump_forward_mode": "exact: forced tokens verified by the model (outputs unchanged); "
     "retokenize: SGLang's original unverified append (outputs may drift)",
-    "num_threads": "torch threads in the scheduler process (default: all cores)",
+    "num_threads": "compute threads per scheduler process (default: the cores shared among the "
+    "node's tp ranks and dp replicas)",
+    "tp_size": "tensor parallel ranks (one process each; gloo on CPU, NCCL on CUDA)",
+    "dp_size": "data parallel replicas of the model behind this server",
+    "dp_policy": "how requests are spread over dp replicas",
+    "nnodes": "nodes of a multi-node tensor-parallel group",
+    "node_rank": "this node's index (0 serves HTTP; others run their ranks only)",
+    "dist_init_addr": "HOST:PORT where the ranks meet (default: a free local port)",
     "quantization": "weight-only quantization of the projections for small-batch decode "
     "(int4 takes a GGUF's own Q4_0/Q4_1 values; CPU only)",
     "gemm_packing": "transposed and oneDNN-packed copies of the dense weights for prefill and "
@@ -75,6 +83,7 @@ CHOICES = {
     "jump_forward_mode": JUMP_FORWARD_MODES,
     "quantization": QUANTIZATIONS,
     "gemm_packing": GEMM_PACKING,
+    "dp_policy": DP_POLICIES,
 }
 ALIASES = {"model_path": ["--model"], "tokenizer_path": ["--tokenizer"]}
 

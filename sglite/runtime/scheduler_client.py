@@ -15,6 +15,7 @@ import dataclasses
 import itertools
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -54,6 +55,47 @@ def scheduler_environment() -> dict[str, str]:
     return env
 
 
+def free_port() -> int:
+    """A free TCP port on the loopback interface (for the ranks' rendezvous)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def local_ranks(args: ServerArgs) -> list[int]:
+    """The tensor-parallel ranks this node runs (node 0's first one is rank 0)."""
+    per_node = args.tp_size // args.nnodes
+    first = args.node_rank * per_node
+    return list(range(first, first + per_node))
+
+
+def launch_followers(args: ServerArgs, ranks: list[int]) -> list[subprocess.Popen]:
+    """Start scheduler processes for tensor-parallel ranks other than 0."""
+    payload = json.dumps(dataclasses.asdict(args))
+    module = "sglite.runtime.scheduler.process"
+    return [
+        subprocess.Popen(
+            [sys.executable, "-m", module, "--follower", payload, str(rank), str(os.getpid())],
+            env=scheduler_environment(),
+        )
+        for rank in ranks
+    ]
+
+
+def stop_processes(processes: list[subprocess.Popen], timeout: float = 10.0) -> None:
+    """Terminate processes (follower ranks), killing any that do not exit in time."""
+    for proc in processes:
+        if proc.poll() is None:
+            proc.terminate()
+    deadline = time.monotonic() + timeout
+    for proc in processes:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 class SchedulerDiedError(RuntimeError):
     """The scheduler process exited; requests in flight end with this error."""
 
@@ -62,6 +104,8 @@ class SchedulerClient:
     """Owns the scheduler child process and the ZeroMQ sockets to it."""
 
     def __init__(self, args: ServerArgs, startup_timeout: float = 600.0) -> None:
+        if args.tp_size > 1 and not args.dist_init_addr:
+            args = dataclasses.replace(args, dist_init_addr=f"127.0.0.1:{free_port()}")
         self.args = args
         self._tmpdir = tempfile.mkdtemp(prefix="sglite-")
         self._ctx = zmq.Context()
@@ -85,7 +129,13 @@ class SchedulerClient:
         self.process = subprocess.Popen(
             cmd + [in_addr, out_addr, str(os.getpid())], env=scheduler_environment()
         )
-        self.info = self._wait_ready(startup_timeout)
+        # The other tensor-parallel ranks of this node (rank 0 is the process above).
+        self.followers = launch_followers(args, local_ranks(args)[1:])
+        try:
+            self.info = self._wait_ready(startup_timeout)
+        except Exception:
+            stop_processes(self.followers)
+            raise
         self.alive = True
         self._thread = threading.Thread(target=self._receive_loop, daemon=True, name="sched-recv")
         self._thread.start()
@@ -152,6 +202,7 @@ class SchedulerClient:
             if not self._recv.poll(500):
                 if self.process.poll() is not None:
                     reason = f"the scheduler process exited (code {self.process.returncode})"
+                    stop_processes(self.followers)  # they would wait for rank 0 forever
                     self._on_death(reason)
                     if self.on_death is not None:
                         self.on_death(reason)
@@ -204,6 +255,7 @@ class SchedulerClient:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        stop_processes(self.followers, timeout)
         if was_alive:
             self._on_death("the engine was shut down")
         if self._thread.is_alive():

@@ -16,6 +16,12 @@ GRAMMAR_BACKENDS = ("llguidance", "xgrammar")
 JUMP_FORWARD_MODES = ("exact", "retokenize")
 QUANTIZATIONS = ("none", "int8", "int4")
 GEMM_PACKING = ("auto", "on", "off")
+DP_POLICIES = ("cache_aware", "round_robin", "least_load")
+
+
+def _is_host_port(value: str) -> bool:
+    host, _, port = value.rpartition(":")
+    return bool(host) and port.isdigit() and 0 < int(port) < 65536
 
 
 @dataclass
@@ -48,7 +54,17 @@ class ServerArgs:
     # exact: forced tokens are a draft the model verifies (outputs unchanged); retokenize:
     # SGLang's original jump-forward, forced text appended unverified (faster, outputs drift).
     jump_forward_mode: str = "exact"
-    num_threads: int | None = None  # torch threads in the scheduler process; None = all cores
+    # Compute threads per scheduler process; None = this machine's cores shared evenly among
+    # the scheduler processes it runs (tp ranks x dp replicas).
+    num_threads: int | None = None
+    # Parallelism: tensor parallel ranks (one scheduler process each, torch.distributed), data
+    # parallel replicas behind one front, and multi-node tensor parallelism (SGLang's flags).
+    tp_size: int = 1
+    dp_size: int = 1
+    dp_policy: str = "cache_aware"
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None  # HOST:PORT of rank 0's rendezvous; None = local port
     # Weight-only quantization of the projections (none, int8, int4; CPU). Matmuls of at most
     # `quantized_max_rows` rows (decode of small batches) use it, larger ones the dense weights;
     # -1 = always quantized and the dense weights freed (less memory, slower prefill).
@@ -100,6 +116,21 @@ class ServerArgs:
             )
         if self.quantization != "none" and self.device != "cpu":
             raise ValueError("quantization uses PyTorch's CPU kernels; it needs device='cpu'")
+        for name in ("tp_size", "dp_size", "nnodes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"node_rank must be in 0..{self.nnodes - 1}, got {self.node_rank}")
+        if self.tp_size % self.nnodes:
+            raise ValueError(f"tp_size ({self.tp_size}) must be a multiple of nnodes")
+        if self.nnodes > 1 and not self.dist_init_addr:
+            raise ValueError("multi-node tensor parallelism needs --dist-init-addr HOST:PORT")
+        if self.nnodes > 1 and self.dp_size > 1:
+            raise ValueError("dp_size > 1 is supported on one node only")
+        if self.dp_policy not in DP_POLICIES:
+            raise ValueError(f"dp_policy must be one of {DP_POLICIES}, got {self.dp_policy!r}")
+        if self.dist_init_addr is not None and not _is_host_port(self.dist_init_addr):
+            raise ValueError(f"dist_init_addr must be HOST:PORT, got {self.dist_init_addr!r}")
         if self.gemm_packing not in GEMM_PACKING:
             raise ValueError(
                 f"gemm_packing must be one of {GEMM_PACKING}, got {self.gemm_packing!r}"
@@ -137,5 +168,9 @@ class ServerArgs:
         return args
 
     def resolved_num_threads(self) -> int:
-        """Torch intra-op threads for the scheduler process (all cores unless set)."""
-        return self.num_threads or max(1, os.cpu_count() or 1)
+        """Compute threads of one scheduler process: as set, else the cores shared by the
+        scheduler processes of this node (tp ranks per node x dp replicas)."""
+        if self.num_threads:
+            return self.num_threads
+        local = max(1, self.tp_size // self.nnodes) * self.dp_size
+        return max(1, (os.cpu_count() or 1) // local)

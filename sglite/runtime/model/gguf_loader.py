@@ -196,9 +196,11 @@ def iter_gguf_weights(
         yield name, weight
 
 
-def gguf_int4_source(reader: Any, config: ModelConfig) -> Callable[[list[str]], Int4Parts | None]:
-    """A lookup for `CausalLM.quantize`: the file's own 4-bit values of the Hugging Face tensors
-    `names` (one fused projection), or None unless every one of them is Q4_0 / Q4_1."""
+def gguf_int4_source(
+    reader: Any, config: ModelConfig
+) -> Callable[[list[str]], list[Int4Parts] | None]:
+    """A lookup for `CausalLM.quantize`: the file's own 4-bit values of each Hugging Face tensor
+    in `names` (one fused projection), or None unless every one of them is Q4_0 / Q4_1."""
     arch = _field(reader, "general.architecture")
     unpermute = arch in _PERMUTED_QK_ARCHS
     by_name = {}
@@ -207,7 +209,7 @@ def gguf_int4_source(reader: Any, config: ModelConfig) -> Callable[[list[str]], 
         if name is not None:
             by_name[name] = tensor
 
-    def lookup(names: list[str]) -> Int4Parts | None:
+    def lookup(names: list[str]) -> list[Int4Parts] | None:
         tensors = [by_name.get(n) for n in names]
         if any(t is None or t.tensor_type.name not in ("Q4_0", "Q4_1") for t in tensors):
             return None
@@ -228,7 +230,7 @@ def gguf_int4_source(reader: Any, config: ModelConfig) -> Callable[[list[str]], 
                     part.group_size,
                 )
             parts.append(part)
-        return Int4Parts.concat(parts)
+        return parts
 
     return lookup
 

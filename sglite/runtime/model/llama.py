@@ -6,10 +6,11 @@ boundaries. Q/K/V and gate/up are fused into one linear each at load time, and t
 work between matmuls runs as fused passes (`kernels`): residual add + RMSNorm, RoPE + KV store,
 SiLU * up. The residual stream is one tensor updated in place across layers.
 
-Tensor-parallel layout (not implemented yet, but the module structure is ready for it): `qkv_proj`
-and `gate_up_proj` are column-parallel (each rank would own a slice of heads / of the intermediate
-dimension, sliced per fused part), `o_proj` and `down_proj` are row-parallel followed by an
-all-reduce. `num_heads`/`num_kv_heads` on the attention module are the per-rank counts.
+Tensor parallelism (`distributed/sharding.py`): `qkv_proj` and `gate_up_proj` are
+column-parallel (each rank owns a slice of heads / of the intermediate dimension, sliced per fused
+part), `o_proj` and `down_proj` are row-parallel followed by an all-reduce, the embedding and the
+output projection are split by vocabulary rows. `self.config` is the rank's own config (its
+heads and MLP width); `num_heads`/`num_kv_heads` on the attention module are per-rank counts.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import torch
 from torch import nn
 
 from sglite.runtime.cache.kv_pool import KVPool
+from sglite.runtime.distributed.parallel import SINGLE, TensorParallelGroup
+from sglite.runtime.distributed.sharding import TensorParallelPlan
 from sglite.runtime.model import kernels
 from sglite.runtime.model.attention import AttentionPlan, decode_attention, extend_attention
 from sglite.runtime.model.config import ModelConfig
@@ -56,8 +59,11 @@ class RMSNorm(nn.Module):
 class LlamaAttention(nn.Module):
     """Self-attention with fused QKV, RoPE, GQA, reading and writing the paged KV pool."""
 
-    def __init__(self, config: ModelConfig, layer_id: int) -> None:
+    def __init__(
+        self, config: ModelConfig, layer_id: int, tp: TensorParallelGroup = SINGLE
+    ) -> None:
         super().__init__()
+        self.tp = tp
         self.layer_id = layer_id
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
@@ -117,14 +123,15 @@ class LlamaAttention(nn.Module):
                     q.index_select(0, rows), k_cache, v_cache, plan, self.window, self.scale
                 )
                 out.index_copy_(0, rows, single)
-        return self.o_proj(out)
+        return self.tp.all_reduce(self.o_proj(out))
 
 
 class LlamaMLP(nn.Module):
     """SwiGLU feed-forward with gate and up fused into one projection."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, tp: TensorParallelGroup = SINGLE) -> None:
         super().__init__()
+        self.tp = tp
         self.intermediate_size = config.intermediate_size
         self.gate_up_proj = Linear(
             config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias
@@ -133,18 +140,20 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """`[T, hidden] -> [T, hidden]`."""
-        return self.down_proj(kernels.silu_mul(self.gate_up_proj(x)))
+        return self.tp.all_reduce(self.down_proj(kernels.silu_mul(self.gate_up_proj(x))))
 
 
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm transformer block: attention then MLP, each added to the residual stream."""
 
-    def __init__(self, config: ModelConfig, layer_id: int) -> None:
+    def __init__(
+        self, config: ModelConfig, layer_id: int, tp: TensorParallelGroup = SINGLE
+    ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = LlamaAttention(config, layer_id)
+        self.self_attn = LlamaAttention(config, layer_id, tp)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = LlamaMLP(config)
+        self.mlp = LlamaMLP(config, tp)
 
     def forward(
         self,
@@ -176,18 +185,33 @@ _LAYER_NAME = re.compile(r"^layers\.(\d+)\.(.+)\.(weight|bias)$")
 class CausalLM(nn.Module):
     """Decoder-only LM: `forward(batch, pool)` returns float32 logits of `batch.logit_rows`."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        tp_plan: TensorParallelPlan | None = None,
+        tp: TensorParallelGroup = SINGLE,
+    ) -> None:
         super().__init__()
+        self.tp_plan = tp_plan
+        self.tp = tp
+        if tp_plan is not None:
+            # Every rank's vocabulary width, for gathering the logits.
+            self.vocab_widths = tp_plan.vocab_widths(config.vocab_size)
+            config = tp_plan.local_config(config)
+            vocab_rows = tp_plan.vocab[1] - tp_plan.vocab[0]
+        else:
+            vocab_rows = config.vocab_size
+            self.vocab_widths = [vocab_rows]
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = nn.Embedding(vocab_rows, config.hidden_size)
         self.layers = nn.ModuleList(
-            [LlamaDecoderLayer(config, i) for i in range(config.num_layers)]
+            [LlamaDecoderLayer(config, i, tp) for i in range(config.num_layers)]
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = (
             None
             if config.tie_word_embeddings
-            else Linear(config.hidden_size, config.vocab_size, bias=False)
+            else Linear(config.hidden_size, vocab_rows, bias=False)
         )
         self.rope: RopeTables | None = None
         # Quantized copy of the output projection for small batches (see `quantize_model`).
@@ -200,13 +224,21 @@ class CausalLM(nn.Module):
         self._native_decoder: NativeDecoder | None | bool = False
 
     @classmethod
-    def empty(cls, config: ModelConfig, dtype: torch.dtype, device: torch.device | str) -> CausalLM:
-        """A model with uninitialized weights on `device`, ready for `load_weights`.
+    def empty(
+        cls,
+        config: ModelConfig,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        tp_plan: TensorParallelPlan | None = None,
+        tp: TensorParallelGroup = SINGLE,
+    ) -> CausalLM:
+        """A model (this rank's shard of it, with `tp_plan`) with uninitialized weights on
+        `device`, ready for `load_weights`.
 
         Built on the meta device first so no time is spent on random initialization.
         """
         with torch.device("meta"):
-            model = cls(config).to(dtype)  # casting on meta allocates nothing
+            model = cls(config, tp_plan, tp).to(dtype)  # casting on meta allocates nothing
         model = model.to_empty(device=device)
         model.requires_grad_(False)
         model.eval()
@@ -233,13 +265,23 @@ class CausalLM(nn.Module):
         assert self.rope is not None
         self.rope.ensure(max(batch.seq_lens))
         plan = AttentionPlan(batch, self.device)
-        residual = self.embed_tokens(batch.input_ids)  # a fresh tensor: updated in place
+        residual = self._embed(batch.input_ids)  # a fresh tensor: updated in place
         decoder = self._decoder() if batch.mode is ForwardMode.DECODE else None
         if decoder is None or not decoder.run(residual, batch, pool):
             self._layers_forward(residual, batch, plan, pool)
         h = residual.index_select(0, batch.logit_rows)
         h = kernels.add_rms_norm(None, h, self.norm.weight, self.norm.eps)
-        return self._lm_head(h).float()
+        return self.tp.all_gather_columns(self._lm_head(h), self.vocab_widths).float()
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.tp_plan is None:
+            return self.embed_tokens(ids)
+        # Vocabulary-parallel: each rank looks up the ids it owns, zeros elsewhere, then a sum.
+        start, end = self.tp_plan.vocab
+        mine = (ids >= start) & (ids < end)
+        local = self.embed_tokens((ids - start).clamp(0, end - start - 1))
+        local.mul_(mine.unsqueeze(1).to(local.dtype))
+        return self.tp.all_reduce(local)
 
     def _layers_forward(
         self, residual: torch.Tensor, batch: ForwardBatch, plan: AttentionPlan, pool: KVPool
@@ -256,7 +298,7 @@ class CausalLM(nn.Module):
                 residual.add_(x)
 
     def _decoder(self) -> NativeDecoder | None:
-        if not self.use_native_decode:
+        if not self.use_native_decode or self.tp.enabled:  # no all-reduce inside the C step
             return None
         if self._native_decoder is False:
             self._native_decoder = NativeDecoder.create(self)
@@ -298,6 +340,8 @@ class CausalLM(nn.Module):
                 logger.warning("ignoring unexpected checkpoint tensor %s", name)
                 continue
             param = params[target]
+            if self.tp_plan is not None:
+                tensor = self.tp_plan.shard(name, tensor)
             dest = param.data if part is None else self._part(target, param, part)
             if tuple(dest.shape) != tuple(tensor.shape):
                 raise ValueError(
@@ -319,14 +363,15 @@ class CausalLM(nn.Module):
         self,
         kind: str,
         max_rows: int,
-        int4_source: Callable[[list[str]], Int4Parts | None] | None = None,
+        int4_source: Callable[[list[str]], list[Int4Parts] | None] | None = None,
     ) -> None:
         """Give every projection a weight-only quantized copy (`kind` int8 or int4) used for
         matmuls of at most `max_rows` rows (-1: all, and the dense weights are freed), and the
         output projection an int8 copy (4-bit logits lose too much).
 
-        `int4_source(names)` may return the checkpoint's own 4-bit values for the Hugging Face
-        tensors `names` that make up one projection (GGUF Q4_0/Q4_1), so they are not requantized.
+        `int4_source(names)` may return the checkpoint's own 4-bit values for each of the Hugging
+        Face tensors `names` that make up one projection (GGUF Q4_0/Q4_1), so they are not
+        requantized (with tensor parallelism, this rank's part of them).
         """
         if kind == "none":
             return
@@ -334,7 +379,7 @@ class CausalLM(nn.Module):
         for name, module in self.named_modules():
             if not isinstance(module, Linear) or name == "lm_head":
                 continue
-            parts = int4_source(self._checkpoint_names(name)) if int4_source else None
+            parts = self._int4_parts(int4_source, name) if int4_source else None
             weight = make_quantized(kind, module.weight.data, self.dtype, parts)
             if weight is None:
                 shape = tuple(module.weight.shape)
@@ -343,6 +388,20 @@ class CausalLM(nn.Module):
             module.set_quantized(weight, max_rows)
         self.lm_head_quantized = Int8Weight(self.lm_head_weight().data, self.dtype)
         self.lm_head_quantized_max_rows = max_rows if max_rows >= 0 else 1 << 62
+
+    def _int4_parts(
+        self, source: Callable[[list[str]], list[Int4Parts] | None], module: str
+    ) -> Int4Parts | None:
+        names = self._checkpoint_names(module)
+        parts = source(names)
+        if parts is None:
+            return None
+        if self.tp_plan is not None:
+            sharded = [self.tp_plan.shard_int4(n, p) for n, p in zip(names, parts, strict=True)]
+            if any(p is None for p in sharded):
+                return None
+            parts = sharded  # type: ignore[assignment]
+        return Int4Parts.concat(parts)  # type: ignore[arg-type]
 
     @staticmethod
     def _checkpoint_names(module: str) -> list[str]:

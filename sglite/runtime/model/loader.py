@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from sglite.runtime.distributed.parallel import SINGLE, TensorParallelGroup
+from sglite.runtime.distributed.sharding import TensorParallelPlan
 from sglite.runtime.model.config import ModelConfig
 from sglite.runtime.model.llama import CausalLM
 from sglite.runtime.model.quantization import QUANTIZATIONS
@@ -164,6 +166,7 @@ def load_model(
     quantization: str = "none",
     quantized_max_rows: int = 8,
     gemm_packing: str = "auto",
+    tp: TensorParallelGroup = SINGLE,
 ) -> LoadedModel:
     """Load weights, config and tokenizer. `model_path=None` loads the default model.
 
@@ -172,6 +175,8 @@ def load_model(
     own Q4_0/Q4_1 values where the file has them. `gemm_packing` (auto, on, off) adds
     transposed and oneDNN-packed copies of the dense weights for large and mid-size batches;
     auto adds them for models whose weights take at most `AUTO_PACK_MAX_BYTES`.
+    With a tensor-parallel group `tp`, only this rank's shard of every weight is kept (each
+    checkpoint tensor is read, cut and dropped in turn) and the returned config is the rank's.
 
     Raises FileNotFoundError for a missing path, ValueError for an unsupported architecture or a
     file that is not valid GGUF/safetensors.
@@ -193,7 +198,8 @@ def load_model(
     else:
         raise ValueError(f"{path} is neither a GGUF file nor a Hugging Face model directory")
     _check_quantization(quantization, torch_dtype, dev)
-    model = CausalLM.empty(config, torch_dtype, dev)
+    plan = TensorParallelPlan.create(config, tp.rank, tp.size) if tp.enabled else None
+    model = CausalLM.empty(config, torch_dtype, dev, plan, tp)
     model.load_weights(weights)
     if quantization != "none":
         source = gguf_loader.gguf_int4_source(reader, config) if reader is not None else None
@@ -207,4 +213,4 @@ def load_model(
         if eos not in tokenizer.eos_token_ids:
             tokenizer.eos_token_ids.append(eos)
     logger.info("loaded %s (%s) as %s on %s", path, config.arch, torch_dtype, dev)
-    return LoadedModel(config, model, tokenizer, os.path.abspath(path), torch_dtype, dev)
+    return LoadedModel(model.config, model, tokenizer, os.path.abspath(path), torch_dtype, dev)

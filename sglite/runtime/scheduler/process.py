@@ -67,7 +67,68 @@ def _handle_control(scheduler: Any, msg: ControlInput) -> ControlOutput:
         return ControlOutput(token=msg.token, ok=False, error=f"{type(exc).__name__}: {exc}")
 
 
-def run_scheduler(args: ServerArgs, in_addr: str, out_addr: str, parent_pid: int) -> None:
+def _load(args: ServerArgs, rank: int) -> tuple[Any, Any]:
+    """Join the tensor-parallel group (when there is one) and load this rank's model."""
+    import torch
+
+    from sglite.runtime.distributed.parallel import init_tensor_parallel
+    from sglite.runtime.model.loader import load_model
+
+    torch.set_num_threads(args.resolved_num_threads())
+    torch.manual_seed(args.random_seed)
+    tp = init_tensor_parallel(rank, args.tp_size, args.dist_init_addr or "", args.device)
+    loaded = load_model(
+        args.model_path,
+        args.dtype,
+        args.device,
+        args.tokenizer_path,
+        progress=rank == 0,
+        quantization=args.quantization,
+        quantized_max_rows=args.quantized_max_rows,
+        gemm_packing=args.gemm_packing,
+        tp=tp,
+    )
+    return tp, loaded
+
+
+def _weight_bytes(loaded: Any) -> int:
+    return sum(p.numel() * p.element_size() for p in loaded.model.parameters())
+
+
+def run_follower(args: ServerArgs, rank: int, parent_pid: int) -> None:
+    """A tensor-parallel rank other than 0: hold a shard, run every forward rank 0 broadcasts.
+
+    The collectives here pair one to one with rank 0's: the pool capacity broadcast and the
+    weight-size gather at start-up (`Scheduler.__init__`, `run_scheduler`), then one batch
+    broadcast per forward, and None to stop.
+    """
+    _die_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    import torch
+
+    from sglite.runtime.cache.kv_pool import KVPool
+
+    tp, loaded = _load(args, rank)
+    cfg = loaded.config
+    capacity = tp.broadcast_object()
+    pool = KVPool(
+        capacity, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, loaded.dtype, loaded.device
+    )
+    tp.gather_object(_weight_bytes(loaded))
+    gc.collect()
+    gc.freeze()
+    with torch.inference_mode():
+        while True:
+            batch = tp.broadcast_object()
+            if batch is None:
+                return
+            loaded.model(batch, pool)
+
+
+def run_scheduler(
+    args: ServerArgs, in_addr: str, out_addr: str, parent_pid: int, rank: int = 0
+) -> None:
     """Load the model and serve requests until a shutdown control message arrives."""
     _die_with_parent(parent_pid)
     # Ctrl-C reaches the whole process group; the parent owns shutdown and tells us over ZMQ.
@@ -82,21 +143,11 @@ def run_scheduler(args: ServerArgs, in_addr: str, out_addr: str, parent_pid: int
         import torch
 
         from sglite.runtime.model.kernels import native_available as native_kernels_available
-        from sglite.runtime.model.loader import load_model
         from sglite.runtime.scheduler.scheduler import Scheduler
 
-        torch.set_num_threads(args.resolved_num_threads())
-        torch.manual_seed(args.random_seed)
-        loaded = load_model(
-            args.model_path,
-            args.dtype,
-            args.device,
-            args.tokenizer_path,
-            quantization=args.quantization,
-            quantized_max_rows=args.quantized_max_rows,
-            gemm_packing=args.gemm_packing,
-        )
-        scheduler = Scheduler(args, loaded)
+        tp, loaded = _load(args, rank)
+        scheduler = Scheduler(args, loaded, tp)
+        weight_bytes = tp.gather_object(_weight_bytes(loaded))
         # Everything allocated so far (model, tokenizer, tables) lives as long as the process:
         # keep it out of the garbage collector's scans, which otherwise cost ~5% of a decode step.
         gc.collect()
@@ -122,6 +173,8 @@ def run_scheduler(args: ServerArgs, in_addr: str, out_addr: str, parent_pid: int
                 "quantization": args.quantization,
                 "native_kernels": native_kernels_available(),
                 "num_threads": torch.get_num_threads(),
+                "tp_size": tp.size,
+                "weight_bytes_per_rank": weight_bytes,
             },
         )
     )
@@ -149,6 +202,7 @@ def _loop(scheduler: Any, recv: zmq.Socket, send: zmq.Socket) -> None:
                     for req in list(pending):
                         scheduler.abort(req.rid, "the server is shutting down")
                     send.send_pyobj(BatchOutput(scheduler.collect_outputs()))
+                    scheduler.stop_followers()
                     send.send_pyobj(ControlOutput(token=msg.token, ok=True))
                     return
                 send.send_pyobj(_handle_control(scheduler, msg))
@@ -176,7 +230,12 @@ def _error_output(rid: str, exc: Exception) -> BatchOutput:
 
 
 def main() -> None:
-    """`python -m sglite.runtime.scheduler.process ARGS_JSON IN_ADDR OUT_ADDR PARENT_PID`."""
+    """`python -m sglite.runtime.scheduler.process ARGS_JSON IN_ADDR OUT_ADDR PARENT_PID` (rank
+    0), or `... --follower ARGS_JSON RANK PARENT_PID` (another tensor-parallel rank)."""
+    if sys.argv[1] == "--follower":
+        args = ServerArgs(**json.loads(sys.argv[2]))
+        run_follower(args, int(sys.argv[3]), int(sys.argv[4]))
+        return
     args = ServerArgs(**json.loads(sys.argv[1]))
     run_scheduler(args, sys.argv[2], sys.argv[3], int(sys.argv[4]))
 

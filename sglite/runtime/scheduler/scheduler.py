@@ -21,6 +21,7 @@ import torch
 from sglite.runtime.cache.kv_pool import KVPool
 from sglite.runtime.cache.radix_cache import RadixCache
 from sglite.runtime.constrained import GrammarError, GrammarManager, create_backend
+from sglite.runtime.distributed.parallel import SINGLE, TensorParallelGroup
 from sglite.runtime.detokenizer import IncrementalDetokenizer, StopChecker
 from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from sglite.runtime.model.loader import LoadedModel
@@ -60,14 +61,19 @@ def default_pool_capacity(loaded: LoadedModel, context_len: int) -> int:
 class Scheduler:
     """Owns the model, KV pool, radix cache and queues; `step()` advances every request."""
 
-    def __init__(self, args: ServerArgs, loaded: LoadedModel) -> None:
+    def __init__(
+        self, args: ServerArgs, loaded: LoadedModel, tp: TensorParallelGroup = SINGLE
+    ) -> None:
         self.args = args
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.config = loaded.config
         self.device = torch.device(loaded.device)
+        # Tensor-parallel rank 0: every forward is first broadcast to the other ranks.
+        self.tp = tp
         self.context_len = args.context_length or self.config.max_position_embeddings
         capacity = args.max_total_tokens or default_pool_capacity(loaded, self.context_len)
+        capacity = tp.broadcast_object(capacity)  # every rank's pool has rank 0's slot count
         self.pool = KVPool(
             capacity,
             self.config.num_layers,
@@ -484,7 +490,14 @@ class Scheduler:
     # ------------------------------------------------------------------ sampling & finishing
     def _forward(self, fb: ForwardBatch) -> torch.Tensor:
         self.counters["forward_passes"] += 1
+        if self.tp.enabled:
+            self.tp.broadcast_object(fb)
         return self.model(fb, self.pool)
+
+    def stop_followers(self) -> None:
+        """Tell the other tensor-parallel ranks to exit (they wait in a broadcast)."""
+        if self.tp.enabled:
+            self.tp.broadcast_object(None)
 
     def _sample_and_append(self, reqs: list[Req], logits: torch.Tensor) -> None:
         failed = apply_grammar_masks(reqs, logits, self.config.vocab_size)

@@ -19,6 +19,7 @@ from typing import Any
 
 import uvicorn
 
+from sglite.runtime.scheduler_client import launch_followers, local_ranks, stop_processes
 from sglite.runtime.server.app import create_app
 from sglite.runtime.server.state import ServerState, build_state
 from sglite.runtime.server_args import ServerArgs
@@ -97,6 +98,28 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(0)
 
 
+def run_worker_node(args: ServerArgs) -> int:
+    """A node other than 0 of a multi-node tensor-parallel group: run its ranks, no HTTP.
+
+    Returns when they exit (node 0 stopped them) or on SIGTERM / Ctrl-C (they are stopped).
+    """
+    ranks = local_ranks(args)
+    print(
+        f"sglite: node {args.node_rank}/{args.nnodes}: tensor-parallel ranks {ranks} joining "
+        f"{args.dist_init_addr}",
+        file=sys.stderr,
+        flush=True,
+    )
+    followers = launch_followers(args, ranks)
+    try:
+        codes = [proc.wait() for proc in followers]
+    except (KeyboardInterrupt, SystemExit):
+        codes = [0]
+    finally:
+        stop_processes(followers)
+    return 0 if all(code == 0 for code in codes) else 1
+
+
 def launch_server(args: ServerArgs) -> int:
     """Serve `args.model_path` over HTTP until interrupted; blocks. Returns the exit code:
     0 after SIGTERM / Ctrl-C, 1 when the scheduler died and was not restarted.
@@ -109,6 +132,8 @@ def launch_server(args: ServerArgs) -> int:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     level = args.log_level.upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.node_rank > 0:
+        return run_worker_node(args)
     sock = bind_socket(args.host, args.port)
     port = sock.getsockname()[1]
     host = f"[{args.host}]" if ":" in args.host else args.host
