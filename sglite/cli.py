@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from sglite.runtime.server_args import (
+    DP_POLICIES,
     DTYPES,
     GEMM_PACKING,
-    DP_POLICIES,
     GRAMMAR_BACKENDS,
     JUMP_FORWARD_MODES,
     QUANTIZATIONS,

@@ -21,8 +21,8 @@ import torch
 from sglite.runtime.cache.kv_pool import KVPool
 from sglite.runtime.cache.radix_cache import RadixCache
 from sglite.runtime.constrained import GrammarError, GrammarManager, create_backend
-from sglite.runtime.distributed.parallel import SINGLE, TensorParallelGroup
 from sglite.runtime.detokenizer import IncrementalDetokenizer, StopChecker
+from sglite.runtime.distributed.parallel import SINGLE, TensorParallelGroup
 from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from sglite.runtime.model.loader import LoadedModel
 from sglite.runtime.sampling.params import SamplingParams
