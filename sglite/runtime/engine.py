@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from sglite.runtime.scheduler_client import SchedulerClient
+from sglite.runtime.data_parallel import create_client
 from sglite.runtime.server_args import ServerArgs
 from sglite.runtime.tokenizer_manager import GenerateRequest, TokenizerManager
 
@@ -35,7 +35,7 @@ class Engine:
             tokenizer_future = pool.submit(
                 load_tokenizer, self.server_args.tokenizer_path or self.server_args.model_path
             )
-            self.client = SchedulerClient(self.server_args)
+            self.client = create_client(self.server_args)
             self.tokenizer = tokenizer_future.result()
         self.tokenizer_manager = TokenizerManager(self.server_args, self.tokenizer, self.client)
         self._loop = asyncio.new_event_loop()

@@ -103,7 +103,10 @@ class SchedulerDiedError(RuntimeError):
 class SchedulerClient:
     """Owns the scheduler child process and the ZeroMQ sockets to it."""
 
-    def __init__(self, args: ServerArgs, startup_timeout: float = 600.0) -> None:
+    def __init__(self, args: ServerArgs, startup_timeout: float = 600.0, wait: bool = True) -> None:
+        """Start the scheduler process(es); with `wait`, also wait until they are ready (else
+        call `wait_ready`). Processes are started from the calling thread on purpose: the
+        kernel's parent-death signal fires when the *thread* that started a child exits."""
         if args.tp_size > 1 and not args.dist_init_addr:
             args = dataclasses.replace(args, dist_init_addr=f"127.0.0.1:{free_port()}")
         self.args = args
@@ -131,8 +134,15 @@ class SchedulerClient:
         )
         # The other tensor-parallel ranks of this node (rank 0 is the process above).
         self.followers = launch_followers(args, local_ranks(args)[1:])
+        self.info: dict[str, Any] = {}
+        self._startup_timeout = startup_timeout
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Block until the scheduler reports ready (raises, cleaning up, if it fails)."""
         try:
-            self.info = self._wait_ready(startup_timeout)
+            self.info = self._wait_ready(self._startup_timeout)
         except Exception:
             stop_processes(self.followers)
             raise

@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sglite.runtime.constrained import CONSTRAINT_KINDS, validate_constraint
 from sglite.runtime.sampling.params import SamplingParams
@@ -21,6 +21,9 @@ from sglite.runtime.scheduler.io import GenerateInput, RequestOutput
 from sglite.runtime.scheduler_client import SchedulerClient
 from sglite.runtime.server_args import ServerArgs
 from sglite.runtime.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from sglite.runtime.data_parallel import DataParallelClient
 
 # Called on the event loop for every scheduler increment: (increment, seconds since the request was
 # submitted, seconds since its previous token-bearing increment or None for the first one). The
@@ -62,7 +65,9 @@ class _RequestState:
 class TokenizerManager:
     """Validates, tokenizes and tracks requests; one instance per engine or server."""
 
-    def __init__(self, args: ServerArgs, tokenizer: Tokenizer, client: SchedulerClient) -> None:
+    def __init__(
+        self, args: ServerArgs, tokenizer: Tokenizer, client: SchedulerClient | DataParallelClient
+    ) -> None:
         self.args = args
         self.tokenizer = tokenizer
         self.client = client

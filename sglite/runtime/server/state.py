@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from sglite.runtime.data_parallel import DataParallelClient, create_client
 from sglite.runtime.scheduler_client import SchedulerClient
 from sglite.runtime.server.errors import APIError
 from sglite.runtime.server.metrics import ServerMetrics
@@ -34,7 +35,7 @@ class ServerState:
 
     args: ServerArgs
     tokenizer: Tokenizer
-    client: SchedulerClient
+    client: SchedulerClient | DataParallelClient
     tokenizer_manager: TokenizerManager
     model_name: str  # the id clients send as `model` and see in /v1/models
     model_aliases: frozenset[str]  # other `model` values accepted for this model
@@ -123,7 +124,7 @@ class ServerState:
         old = self.client
         try:
             await asyncio.to_thread(old.shutdown, 1.0)  # reap the dead process, close sockets
-            client = await asyncio.to_thread(SchedulerClient, self.args)
+            client = await asyncio.to_thread(create_client, self.args)
         except Exception:
             logger.exception("restarting the scheduler failed; stopping the server")
             self.restarting = False
@@ -218,7 +219,7 @@ def build_state(args: ServerArgs) -> ServerState:
 
     with ThreadPoolExecutor(1) as pool:  # the tokenizer loads while the model loads
         tokenizer_future = pool.submit(load_tokenizer, args.tokenizer_path or args.model_path)
-        client = SchedulerClient(args)
+        client = create_client(args)
         try:
             tokenizer = tokenizer_future.result()
         except BaseException:
