@@ -15,6 +15,8 @@
 #include "common.h"
 
 #define QGEMV_MAX_ROWS 8
+/* Rows decode_layers takes: dense layers any, quantized ones at most QGEMV_MAX_ROWS. */
+#define NATIVE_MAX_ROWS 8
 
 __thread int sglite_in_native_step = 0;
 
@@ -60,37 +62,44 @@ typedef struct {
   int64_t rows, n_out, k;
 } dense_args;
 
+/* Output column range of a dense GEMV, rows handled in blocks of ROW_BLOCK (one accumulator
+ * each); each weight row is read from memory once and from L1 for the later row blocks. */
+#define ROW_BLOCK 8
 static void dense_rows(void *p, int64_t n0, int64_t n1) {
   const dense_args *a = p;
   const int dtype = a->dtype;
   const int64_t k = a->k, rows = a->rows;
   for (int64_t n = n0; n < n1; n++) {
-    float sum[QGEMV_MAX_ROWS];
-    int64_t i = 0;
+    for (int64_t r0 = 0; r0 < rows; r0 += ROW_BLOCK) {
+      const int64_t nr = rows - r0 < ROW_BLOCK ? rows - r0 : ROW_BLOCK;
+      float sum[ROW_BLOCK];
+      int64_t i = 0;
 #if defined(__AVX512BF16__)
-    if (dtype) {
-      __m512 acc[QGEMV_MAX_ROWS];
-      for (int64_t m = 0; m < rows; m++) acc[m] = _mm512_setzero_ps();
-      const uint16_t *wn = (const uint16_t *)a->w + n * k;
-      for (; i + 32 <= k; i += 32) {
-        const __m512bh wv = (__m512bh)_mm512_loadu_si512((const void *)(wn + i));
-        for (int64_t m = 0; m < rows; m++) {
-          const __m512bh xv =
-              (__m512bh)_mm512_loadu_si512((const void *)((const uint16_t *)a->x + m * k + i));
-          acc[m] = _mm512_dpbf16_ps(acc[m], xv, wv);
+      if (dtype) {
+        __m512 acc[ROW_BLOCK];
+        for (int64_t m = 0; m < nr; m++) acc[m] = _mm512_setzero_ps();
+        const uint16_t *wn = (const uint16_t *)a->w + n * k;
+        for (; i + 32 <= k; i += 32) {
+          const __m512bh wv = (__m512bh)_mm512_loadu_si512((const void *)(wn + i));
+          for (int64_t m = 0; m < nr; m++) {
+            const uint16_t *xm = (const uint16_t *)a->x + (r0 + m) * k + i;
+            acc[m] = _mm512_dpbf16_ps(acc[m], (__m512bh)_mm512_loadu_si512((const void *)xm), wv);
+          }
         }
-      }
-      for (int64_t m = 0; m < rows; m++) sum[m] = _mm512_reduce_add_ps(acc[m]);
-    } else
+        for (int64_t m = 0; m < nr; m++) sum[m] = _mm512_reduce_add_ps(acc[m]);
+      } else
 #endif
-    {
-      for (int64_t m = 0; m < rows; m++) sum[m] = 0.0f;
-    }
-    for (int64_t m = 0; m < rows; m++) {
-      float s = sum[m];
+      {
+        for (int64_t m = 0; m < nr; m++) sum[m] = 0.0f;
+      }
+      for (int64_t m = 0; m < nr; m++) {
+        float s = sum[m];
+        const int64_t row = r0 + m;
 #pragma omp simd reduction(+ : s)
-      for (int64_t j = i; j < k; j++) s += load(a->x, m * k + j, dtype) * load(a->w, n * k + j, dtype);
-      store(a->y, m * a->n_out + n, s, dtype);
+        for (int64_t j = i; j < k; j++)
+          s += load(a->x, row * k + j, dtype) * load(a->w, n * k + j, dtype);
+        store(a->y, row * a->n_out + n, s, dtype);
+      }
     }
   }
 }
@@ -126,7 +135,7 @@ int decode_layers(int dtype, int64_t rows, int64_t hidden, int64_t heads, int64_
                   const layer_t *layers, void *residual, const int64_t *positions,
                   const float *cos_table, const float *sin_table, const int64_t *out_slots,
                   const int64_t *table, int64_t table_stride, const int64_t *lens, int threads) {
-  if (rows < 1 || rows > QGEMV_MAX_ROWS) return -1;
+  if (rows < 1 || rows > NATIVE_MAX_ROWS) return -1;
   sglite_in_native_step = 1;
   const size_t elem = dtype ? 2 : 4;
   const int64_t qkv_width = (heads + 2 * kv_heads) * head_dim;
@@ -173,3 +182,5 @@ int decode_layers(int dtype, int64_t rows, int64_t hidden, int64_t heads, int64_
   sglite_in_native_step = 0;
   return status;
 }
+
+int64_t native_decode_max_rows(void) { return NATIVE_MAX_ROWS; }

@@ -72,6 +72,7 @@ _LIMITS = (
     "attention_vec_width",
     "attention_max_heads",
     "qgemv_max_rows",
+    "native_decode_max_rows",
 )
 
 
