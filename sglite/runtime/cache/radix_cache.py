@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 
 from sglite.runtime.cache.kv_pool import KVPool
 
+_SERIALS = itertools.count()
+
 
 class MemoryTier(enum.Enum):
     """Where a node's KV entries live: the device pool, the host tier, or disk page files.
@@ -74,6 +76,8 @@ class TreeNode:
     # Host-tier copy of the span (TieredRadixCache only): one host slot per token, or None.
     # A node off the device has `slots == []` and a host copy; the plain cache never sets it.
     host_slots: list[int] | None = None
+    # Creation order: a deterministic tie-breaker for eviction heaps (set order is not).
+    serial: int = field(default_factory=lambda: next(_SERIALS), repr=False)
 
     @property
     def is_leaf(self) -> bool:

@@ -25,7 +25,6 @@ Invariants added to the plain cache's (verified by `check_invariants`, see tier_
 from __future__ import annotations
 
 import heapq
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -251,8 +250,7 @@ class TieredRadixCache(RadixCache):
         (or dropping them, written to disk, when there is none or it cannot take them)."""
         if num_tokens <= 0:
             return 0
-        seq = itertools.count()
-        heap = [(self._priority(n, "device"), next(seq), n) for n in self._evictable_leaves]
+        heap = [(self._priority(n, "device"), n.serial, n) for n in self._evictable_leaves]
         heapq.heapify(heap)
         freed = 0
         while freed < num_tokens and heap:
@@ -263,7 +261,7 @@ class TieredRadixCache(RadixCache):
             self._aging = max(self._aging, key) if self.config.eviction_policy == "benefit" else 0
             freed += self._demote(node)
             if parent is not self.root and self._is_evictable_leaf(parent):
-                heapq.heappush(heap, (self._priority(parent, "device"), next(seq), parent))
+                heapq.heappush(heap, (self._priority(parent, "device"), parent.serial, parent))
         self.stats.evicted_tokens += freed
         self.tier_stats["device"].evicted_tokens += freed
         return freed
@@ -299,8 +297,7 @@ class TieredRadixCache(RadixCache):
 
     def _evict_host(self, num_tokens: int) -> None:
         """Drop host-only leaves (lowest priority first) until `num_tokens` host slots are free."""
-        seq = itertools.count()
-        heap = [(self._priority(n, "host"), next(seq), n) for n in self._host_leaves]
+        heap = [(self._priority(n, "host"), n.serial, n) for n in self._host_leaves]
         heapq.heapify(heap)
         freed = 0
         while freed < num_tokens and heap:
@@ -311,7 +308,7 @@ class TieredRadixCache(RadixCache):
             freed += len(node.key)
             self._retire(node)
             if parent in self._host_leaves:
-                heapq.heappush(heap, (self._priority(parent, "host"), next(seq), parent))
+                heapq.heappush(heap, (self._priority(parent, "host"), parent.serial, parent))
 
     def _drop_subtree(self, node: TreeNode) -> None:
         """Remove `node` and its descendants (children first), persisting their pages."""
