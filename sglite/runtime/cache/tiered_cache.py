@@ -286,14 +286,33 @@ class TieredRadixCache(RadixCache):
         self._refresh(node.parent)
         return n
 
-    def _host_alloc(self, n: int) -> list[int] | None:
-        """`n` host slots, evicting host-only leaves if needed; None if it cannot be done."""
+    def _host_alloc(self, n: int, make_room: bool = True) -> list[int] | None:
+        """`n` host slots, or None. With `make_room`, host-only leaves leave the tree (to disk)
+        first, then host copies of spans that are also on the device are dropped."""
         assert self.host is not None
         if n > self.host.capacity:
             return None
-        if self.host.num_free < n:
+        if self.host.num_free < n and make_room:
             self._evict_host(n - self.host.num_free)
+            if self.host.num_free < n:
+                self._drop_host_copies(n - self.host.num_free)
         return self.host.alloc(n)
+
+    def _drop_host_copies(self, num_tokens: int) -> None:
+        """Free host copies of spans that are on the device too (lowest priority first): they
+        only save a copy at eviction time, while a demoted span has no other fast copy."""
+        assert self.host is not None
+        copies = [n for n in self._iter_nodes() if n.slots and n.host_slots is not None]
+        copies.sort(key=lambda n: (self._priority(n, "host"), n.serial))
+        freed = 0
+        for node in copies:
+            if freed >= num_tokens:
+                break
+            self.host.free(node.host_slots)
+            freed += len(node.host_slots)
+            self.tier_stats["host"].evicted_tokens += len(node.host_slots)
+            node.host_slots = None
+            self._refresh(node)
 
     def _evict_host(self, num_tokens: int) -> None:
         """Drop host-only leaves (lowest priority first) until `num_tokens` host slots are free."""
@@ -355,7 +374,9 @@ class TieredRadixCache(RadixCache):
     def _write_through(self, node: TreeNode) -> None:
         """Copy a span that just reached the device to the lower tiers."""
         if self.host is not None and node.host_slots is None:
-            host_slots = self._host_alloc(len(node.slots))
+            # Free host room only: evicting to make room for a span that is on the device
+            # anyway would trade a copy that saves a recompute for one that saves a copy.
+            host_slots = self._host_alloc(len(node.slots), make_room=False)
             if host_slots is not None:
                 self.io.to_host(node.slots, host_slots)
                 node.host_slots = host_slots
