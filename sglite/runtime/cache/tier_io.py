@@ -91,15 +91,13 @@ class TierIO:
         return torch.stack([k, v])
 
     # ------------------------------------------------------------------ disk
-    def write_page(
-        self, page_hash: str, tokens: Sequence[int], segments: Sequence[Segment]
-    ) -> bool:
-        """Persist one page gathered from `segments`; False (logged once) on an I/O error."""
+    def write_page(self, page_hash: str, tokens: Sequence[int], kv: torch.Tensor) -> bool:
+        """Persist one page (`kv` as `gather` returns it); False (logged once) on an I/O error."""
         assert self.disk is not None
         if self.disk.has(page_hash):
             return True
         try:
-            written = self.disk.write_page(page_hash, tokens, self.gather(segments))
+            written = self.disk.write_page(page_hash, tokens, kv)
         except OSError as exc:
             if not self._disk_errors_logged:
                 logger.warning("hicache: cannot write KV pages to disk: %s", exc)

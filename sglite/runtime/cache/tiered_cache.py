@@ -397,12 +397,16 @@ class TieredRadixCache(RadixCache):
             return
         ids = [t for p in path for t in p.key]
         hashes = self.disk.page_hashes(ids[: page_ends[-1]])
-        for page_end in page_ends:
-            page_hash = hashes[page_end // size - 1]
-            if self.disk.has(page_hash):
-                continue
-            segments = _segments(path, page_end - size, page_end)
-            if not self.io.write_page(page_hash, ids[page_end - size : page_end], segments):
+        missing = [e for e in page_ends if not self.disk.has(hashes[e // size - 1])]
+        if not missing:
+            return
+        # One gather for every missing page (per-layer copies cost per call, not per token).
+        lo, hi = missing[0] - size, missing[-1]
+        kv = self.io.gather(_segments(path, lo, hi))
+        for page_end in missing:
+            page = kv[:, :, page_end - size - lo : page_end - lo]
+            tokens = ids[page_end - size : page_end]
+            if not self.io.write_page(hashes[page_end // size - 1], tokens, page):
                 return
 
     # ------------------------------------------------------------------ flush / sizes / checks
