@@ -14,6 +14,7 @@ import os
 import pytest
 import torch
 
+from sglite.runtime.cache.disk_store import DiskKVStore
 from sglite.runtime.cache.kv_pool import KVPool
 
 # SmolLM2-135M: 30 layers, 3 KV heads of 64 -> 46080 bytes of float32 K/V per token.
@@ -107,52 +108,56 @@ def test_tiers_keep_outputs_under_concurrent_load(tiered_engine, engine_no_cache
 @pytest.mark.slow
 def test_disk_tier_survives_restart_rejects_corruption_and_other_models(tmp_path):
     """Same model + same directory after a restart: disk hits and the same output. A damaged
-    page is caught by its checksum and recomputed. A different model reads nothing."""
+    page is caught by its checksum and recomputed from there. A different model reads nothing.
+    Sequences shorter than --min-cached-prefix are not cached."""
     cache_dir = str(tmp_path / "kv")
-    prompt = document(42)
     shared_ids = [3 + (i * 7) % 300 for i in range(96)]  # valid ids for both models below
-    flags = dict(hicache_dir=cache_dir, hicache_page_size=PAGE, min_cached_prefix=48)
+    flags = dict(
+        max_total_tokens=4096, hicache_dir=cache_dir, hicache_page_size=PAGE, min_cached_prefix=48
+    )
+    short = "Tell me a short story about a cat who lives on a boat."
 
     first = _engine(**flags)
     try:
-        cold = first.generate(prompt, GREEDY)
+        ids = first.tokenizer.encode(document(42))
+        cold = first.generate(input_ids=ids, sampling_params=GREEDY)
         first.generate(input_ids=shared_ids, sampling_params=GREEDY)
-        short = first.generate("Hi", GREEDY)
-        assert first.generate("Hi", GREEDY)["meta_info"]["cached_tokens"] == 0  # too short
-        assert short["text"]
+        first.generate(short, GREEDY)
+        assert first.generate(short, GREEDY)["meta_info"]["cached_tokens"] == 0  # too short
         first.check_invariants()
     finally:
         first.shutdown()
     assert cold["meta_info"]["cached_tokens"] == 0
+    full_pages = (len(ids) - 1) // PAGE  # a request matches at most len - 1 tokens
 
     warm_engine = _engine(**flags)
     try:
-        warm = warm_engine.generate(prompt, GREEDY)
+        warm = warm_engine.generate(input_ids=ids, sampling_params=GREEDY)
         warm_engine.check_invariants()
     finally:
         warm_engine.shutdown()
     assert warm["text"] == cold["text"]
-    assert warm["meta_info"]["cached_tokens_details"]["disk"] >= PAGE * 5, warm["meta_info"]
+    assert warm["meta_info"]["cached_tokens_details"] == {
+        "device": 0, "host": 0, "disk": full_pages * PAGE
+    }  # fmt: skip
 
-    model_dirs = [d for d in glob.glob(os.path.join(cache_dir, "*")) if os.path.isdir(d)]
-    assert len(model_dirs) == 1
-    pages = sorted(glob.glob(os.path.join(model_dirs[0], "*", "*.page")))
-    victim = max(pages, key=os.path.getmtime)  # any page; its chain breaks there
-    with open(victim, "r+b") as f:
+    (model_dir,) = [d for d in glob.glob(os.path.join(cache_dir, "*")) if os.path.isdir(d)]
+    store = DiskKVStore(cache_dir, os.path.basename(model_dir), PAGE, 30, 3, 64, torch.float32)
+    victim = store._path(store.page_hashes(ids)[3])
+    with open(victim, "r+b") as f:  # one flipped byte in the middle of page 3
         f.seek(os.path.getsize(victim) // 2)
         byte = f.read(1)
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([byte[0] ^ 0xFF]))
     checked = _engine(**flags)
     try:
-        again = checked.generate(prompt, GREEDY)
-        again2 = checked.generate(input_ids=shared_ids, sampling_params=GREEDY)
+        again = checked.generate(input_ids=ids, sampling_params=GREEDY)
         tiers = _tiers(checked)
         checked.check_invariants()
     finally:
         checked.shutdown()
     assert again["text"] == cold["text"]
-    assert again2["meta_info"]["cached_tokens"] > 0 or again["meta_info"]["cached_tokens"] > 0
+    assert again["meta_info"]["cached_tokens_details"]["disk"] == 3 * PAGE  # pages 0-2 only
     assert tiers["disk"]["corrupt_pages"] == 1 and not os.path.exists(victim)
 
     from test_model_parity import make_hf_model

@@ -64,8 +64,17 @@ class TierCostModel:
         return max(0, tokens) * self.prefill_s_per_token
 
     def should_load(self, tier: str, tokens: int) -> bool:
-        """True when loading `tokens` tokens from `tier` beats recomputing them."""
-        return tokens > 0 and self.load_seconds(tier, tokens) < self.recompute_seconds(tokens)
+        """True when loading `tokens` tokens from `tier` beats recomputing them.
+
+        Until a prefill has been timed there is nothing to compare with, and a copy is far
+        cheaper than a forward pass on any machine we know, so the first requests load (the
+        first request after a restart is exactly the one the disk tier is for).
+        """
+        if tokens <= 0:
+            return False
+        if self.prefill_samples == 0:
+            return True
+        return self.load_seconds(tier, tokens) < self.recompute_seconds(tokens)
 
     def miss_cost_per_token(self, backed_by: str | None) -> float:
         """What evicting one token costs when it is next needed: a load from the tier that keeps
