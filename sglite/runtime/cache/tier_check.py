@@ -13,8 +13,8 @@ if TYPE_CHECKING:
     from sglite.runtime.cache.tiered_cache import TieredRadixCache
 
 # Comparing device and host copies reads both; past this many tokens only a prefix of the
-# nodes is compared, so a check on a large production cache stays fast.
-MAX_COMPARED_TOKENS = 8192
+# nodes is compared, so a check (also run by /get_server_info) stays a few milliseconds.
+MAX_COMPARED_TOKENS = 1024
 
 
 def check_tiers(cache: TieredRadixCache, check_data: bool = True) -> None:
