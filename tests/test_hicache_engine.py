@@ -96,7 +96,7 @@ def test_tiers_keep_outputs_under_concurrent_load(tiered_engine, engine_no_cache
     """Many requests over a working set four times the pool, sharing prefixes: every output
     equals the no-cache one and no slot or page leaks (checked after the test)."""
     base = [document(i) for i in range(10, 14)]
-    prompts = [base[i % 4] + f" Question {i}: why?" for i in range(12)]
+    prompts = [base[i % 4] + f" Question {i}: why?" for i in range(8)]
     reference = engine_no_cache.generate(prompts, GREEDY)
     outs = tiered_engine.generate(prompts, GREEDY)
     assert [o["text"] for o in outs] == [r["text"] for r in reference]
@@ -158,7 +158,10 @@ def test_disk_tier_survives_restart_rejects_corruption_and_other_models(tmp_path
         checked.shutdown()
     assert again["text"] == cold["text"]
     assert again["meta_info"]["cached_tokens_details"]["disk"] == 3 * PAGE  # pages 0-2 only
-    assert tiers["disk"]["corrupt_pages"] == 1 and not os.path.exists(victim)
+    assert tiers["disk"]["corrupt_pages"] == 1
+    # The recomputed span was written through again: the page is whole once more.
+    rescanned = DiskKVStore(cache_dir, os.path.basename(model_dir), PAGE, 30, 3, 64, torch.float32)
+    assert rescanned.has(store.page_hashes(ids)[3]) and rescanned.verify_all() == []
 
     from test_model_parity import make_hf_model
 
