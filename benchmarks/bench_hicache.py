@@ -147,9 +147,11 @@ def token_bytes(quantize: bool) -> int:
     return HostKVPool.token_bytes(30, 3, 64, torch.bfloat16, quantize)
 
 
-def compare(name: str, rounds, pool: int, max_new: int, conc: int, threads: int | None) -> list:
+def compare(
+    name: str, rounds, pool: int, working_set: int, max_new: int, conc: int, threads: int | None
+) -> list:
     """Each configuration on one workload; returns table rows."""
-    host_tokens = 2 * sum(len(p) for batch in rounds for p in batch)  # chars > tokens: roomy
+    host_tokens = 2 * working_set + pool  # room for the whole working set and its answers
     configs = {
         "pool only": {},
         "pool + host": {"hicache_size": host_tokens * token_bytes(False) / 1e9},
@@ -189,7 +191,9 @@ def restart(num_prompts: int, words: int, threads: int | None) -> tuple[float, f
     with tempfile.TemporaryDirectory(prefix="hicache-bench-") as cache_dir:
         ttft = {}
         for phase in ("cold", "warm"):
-            engine = sglite.Engine(hicache_dir=cache_dir, num_threads=threads)
+            engine = sglite.Engine(
+                max_total_tokens=16384, hicache_dir=cache_dir, num_threads=threads
+            )
             try:
                 run = Run()
                 for prompt in prompts:  # one at a time: TTFT without queueing
@@ -226,7 +230,9 @@ def main() -> None:
         pool = max(int(sizes[name] / args.pool_ratio), longest + 64)
         print(f"{name}: working set {sizes[name]} tokens, pool {pool} "
               f"({sizes[name] / pool:.1f}x), {sum(map(len, rounds))} requests")  # fmt: skip
-        rows += compare(name, rounds, pool, max_new, args.concurrency, args.num_threads)
+        rows += compare(
+            name, rounds, pool, sizes[name], max_new, args.concurrency, args.num_threads
+        )
 
     print()
     header = ("workload", "config", "tok/s", "x", "TTFT ms", "TTFT x", "cached d/h/disk", "same")
