@@ -21,8 +21,11 @@ from sglite.runtime.server_args import (
     DTYPES,
     GEMM_PACKING,
     GRAMMAR_BACKENDS,
+    HICACHE_LOAD_POLICIES,
+    HICACHE_WRITE_POLICIES,
     JUMP_FORWARD_MODES,
     QUANTIZATIONS,
+    RADIX_EVICTION_POLICIES,
     SCHEDULE_POLICIES,
     ServerArgs,
 )
@@ -42,6 +45,19 @@ HELP = {
     "schedule_policy": "order of the waiting queue",
     "starvation_timeout": "seconds after which a waiting request is served first",
     "disable_radix_cache": "do not reuse KV cache across requests",
+    "hicache_size": "host tier of the KV cache in GB: spans evicted from the pool are kept "
+    "there and copied back on a hit (0 = off)",
+    "hicache_quantize": "store the host tier as int8 (about half of bf16; lossy, outputs may "
+    "drift)",
+    "hicache_dir": "disk tier of the KV cache: page files with checksums under this directory, "
+    "reused after a restart with the same model",
+    "hicache_page_size": "tokens per disk page",
+    "hicache_write_policy": "write_through: copy spans to the lower tiers when cached; "
+    "write_back: copy when evicted from the tier above",
+    "hicache_load_policy": "auto: load a span from a tier only when cheaper than recomputing "
+    "it (measured); always / never",
+    "radix_eviction_policy": "lru, or benefit: evict what is hit least and cheapest to restore",
+    "min_cached_prefix": "do not cache sequences shorter than this many tokens",
     "random_seed": "seed of the sampling generator",
     "grammar_backend": "engine for regex / JSON schema / EBNF constraints",
     "grammar_compile_timeout": "seconds a grammar may take to compile before the request fails",
@@ -84,6 +100,9 @@ CHOICES = {
     "quantization": QUANTIZATIONS,
     "gemm_packing": GEMM_PACKING,
     "dp_policy": DP_POLICIES,
+    "hicache_write_policy": HICACHE_WRITE_POLICIES,
+    "hicache_load_policy": HICACHE_LOAD_POLICIES,
+    "radix_eviction_policy": RADIX_EVICTION_POLICIES,
 }
 ALIASES = {"model_path": ["--model"], "tokenizer_path": ["--tokenizer"]}
 

@@ -17,6 +17,9 @@ JUMP_FORWARD_MODES = ("exact", "retokenize")
 QUANTIZATIONS = ("none", "int8", "int4")
 GEMM_PACKING = ("auto", "on", "off")
 DP_POLICIES = ("cache_aware", "round_robin", "least_load")
+HICACHE_WRITE_POLICIES = ("write_through", "write_back")
+HICACHE_LOAD_POLICIES = ("auto", "always", "never")
+RADIX_EVICTION_POLICIES = ("lru", "benefit")
 
 
 def _is_host_port(value: str) -> bool:
@@ -43,6 +46,20 @@ class ServerArgs:
     # A request that has waited this long (seconds) is admitted next whatever the policy says.
     starvation_timeout: float = 10.0
     disable_radix_cache: bool = False
+    # Hierarchical cache (docs/hicache.md): a host tier of this many GB (10^9 bytes; 0 = none),
+    # optionally int8 (lossy), and a disk tier of page files under `hicache_dir` that survives
+    # restarts. write_through copies spans down at insert, write_back when evicted.
+    hicache_size: float = 0.0
+    hicache_quantize: bool = False
+    hicache_dir: str | None = None
+    hicache_page_size: int = 32  # tokens per disk page
+    hicache_write_policy: str = "write_through"
+    # auto: load a span from a tier only when that is cheaper than recomputing it.
+    hicache_load_policy: str = "auto"
+    # Adaptive caching: eviction order (lru, or benefit = hits x cost to restore) and the
+    # shortest sequence worth caching (shorter ones are not inserted).
+    radix_eviction_policy: str = "lru"
+    min_cached_prefix: int = 0
     init_new_token_ratio: float = 0.7
     min_new_token_ratio: float = 0.1
     new_token_ratio_decay: float = 0.002
@@ -153,8 +170,36 @@ class ServerArgs:
                 raise ValueError(f"{name} must be positive, got {value}")
         if self.graceful_shutdown_timeout < 0:
             raise ValueError("graceful_shutdown_timeout must be >= 0")
+        self._validate_hicache()
         if self.context_length is not None and self.context_length <= 1:
             raise ValueError(f"context_length must be > 1, got {self.context_length}")
+
+    def _validate_hicache(self) -> None:
+        for name, choices in (
+            ("hicache_write_policy", HICACHE_WRITE_POLICIES),
+            ("hicache_load_policy", HICACHE_LOAD_POLICIES),
+            ("radix_eviction_policy", RADIX_EVICTION_POLICIES),
+        ):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
+        if not self.hicache_size >= 0:  # also rejects NaN
+            raise ValueError(f"hicache_size must be >= 0 (GB), got {self.hicache_size}")
+        if self.hicache_page_size < 1:
+            raise ValueError(f"hicache_page_size must be >= 1, got {self.hicache_page_size}")
+        if self.min_cached_prefix < 0:
+            raise ValueError(f"min_cached_prefix must be >= 0, got {self.min_cached_prefix}")
+        if self.hicache_quantize and self.hicache_size <= 0:
+            raise ValueError("hicache_quantize needs a host tier (hicache_size > 0)")
+        if self.hicache_dir is not None and not self.hicache_dir:
+            raise ValueError("hicache_dir must be a directory path, got an empty string")
+        tiered = self.hicache_size > 0 or self.hicache_dir is not None
+        if tiered and self.tp_size > 1:
+            # Promotion copies a host/disk span into rank 0's pool only; the other ranks' shards
+            # of that span would be missing.
+            raise ValueError("hicache_size / hicache_dir are not supported with tp_size > 1")
+        if self.disable_radix_cache and (tiered or self.radix_eviction_policy != "lru"):
+            raise ValueError("hicache_size / hicache_dir / radix_eviction_policy need the radix "
+                             "cache; drop disable_radix_cache")  # fmt: skip
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> ServerArgs:

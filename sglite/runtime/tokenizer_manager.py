@@ -312,6 +312,7 @@ class TokenizerManager:
             prompt_tokens=out.prompt_tokens,
             completion_tokens=out.completion_tokens,
             cached_tokens=out.cached_tokens,
+            cached_tokens_details=out.cached_tokens_details,
             finish_reason=out.finish_reason,
             jump_forward_drafted_tokens=out.jump_forward_drafted,
             jump_forward_accepted_tokens=out.jump_forward_accepted,
@@ -354,6 +355,9 @@ class TokenizerManager:
             "prompt_tokens": state.meta.get("prompt_tokens", len(state.req.input_ids)),
             "completion_tokens": state.meta.get("completion_tokens", 0),
             "cached_tokens": state.meta.get("cached_tokens", 0),
+            # Where the cached tokens came from: {"device", "host", "disk"}, summing to the total.
+            "cached_tokens_details": state.meta.get("cached_tokens_details")
+            or {"device": state.meta.get("cached_tokens", 0), "host": 0, "disk": 0},
             "e2e_latency": time.perf_counter() - state.start,
         }
         if any(state.req.sampling_params.get(k) is not None for k in CONSTRAINT_KINDS):

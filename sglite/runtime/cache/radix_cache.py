@@ -37,11 +37,19 @@ from dataclasses import dataclass, field
 
 from sglite.runtime.cache.kv_pool import KVPool
 
+_SERIALS = itertools.count()
+
 
 class MemoryTier(enum.Enum):
-    """Where a node's KV entries live. Only DEVICE exists today; a host tier comes later."""
+    """Where a node's KV entries live: the device pool, the host tier, or disk page files.
+
+    The plain `RadixCache` keeps everything on DEVICE; `TieredRadixCache` (tiered_cache.py)
+    also keeps spans in HOST memory, and DISK pages outside the tree (content-addressed).
+    """
 
     DEVICE = "device"
+    HOST = "host"
+    DISK = "disk"
 
 
 @dataclass(eq=False)
@@ -62,14 +70,29 @@ class TreeNode:
     # deterministic, which keeps eviction order testable. Every token of a node was last touched
     # at this time, because lookups split nodes at the end of what they touched.
     last_access: float = 0.0
-    # Number of match_prefix walks that passed through this node, scheduler probes included.
+    # Number of match_prefix walks that passed through this node, scheduler probes included
+    # (the tiered cache counts admissions only).
     hit_count: int = 0
-    tier: MemoryTier = MemoryTier.DEVICE
+    # Host-tier copy of the span (TieredRadixCache only): one host slot per token, or None.
+    # A node off the device has `slots == []` and a host copy; the plain cache never sets it.
+    host_slots: list[int] | None = None
+    # Creation order: a deterministic tie-breaker for eviction heaps (set order is not).
+    serial: int = field(default_factory=lambda: next(_SERIALS), repr=False)
 
     @property
     def is_leaf(self) -> bool:
         """True when the node has no children."""
         return not self.children
+
+    @property
+    def on_device(self) -> bool:
+        """True when the span's KV is in the device pool (always, in the plain cache)."""
+        return bool(self.slots)
+
+    @property
+    def tier(self) -> MemoryTier:
+        """The fastest tier holding this span's KV."""
+        return MemoryTier.DEVICE if self.slots else MemoryTier.HOST
 
 
 @dataclass
@@ -79,10 +102,20 @@ class MatchResult:
     `slots` are the KV slots of the matched prefix (owned by the tree; valid while `node` is locked
     or until the next eviction). `node` is the deepest matched node, covering exactly the matched
     prefix; it is the root when nothing matched.
+
+    The tiered cache also matches spans that are off the device: `slots`/`node` then cover the
+    device part only, and `host_len` more tokens follow in host-only nodes down to `last_node`
+    (`last_node is node` and `host_len == 0` in the plain cache).
     """
 
     slots: list[int]
     node: TreeNode
+    last_node: TreeNode | None = None
+    host_len: int = 0
+
+    def __post_init__(self) -> None:
+        if self.last_node is None:
+            self.last_node = self.node
 
 
 @dataclass
@@ -301,9 +334,7 @@ class RadixCache:
         leaves: set[TreeNode] = set()
         for node in self._iter_nodes():
             assert node.key, "non-root node with an empty key"
-            assert len(node.key) == len(node.slots), (
-                f"key/slots length mismatch {len(node.key)} != {len(node.slots)} at {node.key[:8]}"
-            )
+            self._check_node_spans(node)
             parent = node.parent
             assert parent is not None, f"node {node.key[:8]} has no parent"
             assert parent.children.get(node.key[0]) is node, (
@@ -326,7 +357,7 @@ class RadixCache:
                 protected += len(node.slots)
             else:
                 evictable += len(node.slots)
-                if not node.children:
+                if self._is_evictable_leaf(node):
                     leaves.add(node)
         assert 0 not in seen, "reserved slot 0 is in the tree"
         assert all(1 <= s <= self.pool.capacity for s in seen), "tree slot outside the pool"
@@ -386,8 +417,21 @@ class RadixCache:
             walk = walk.parent
         return path
 
+    def _check_node_spans(self, node: TreeNode) -> None:
+        """Per-node span check of `check_invariants` (the tiered cache allows host-only nodes)."""
+        assert len(node.key) == len(node.slots), (
+            f"key/slots length mismatch {len(node.key)} != {len(node.slots)} at {node.key[:8]}"
+        )
+
+    def _is_evictable_leaf(self, node: TreeNode) -> bool:
+        """Whether `evict` may take `node` now: unlocked, on the device, no child on the device
+        (in the plain cache every node is on the device, so: an unlocked leaf)."""
+        if node is self.root or node.lock_ref != 0 or not node.slots:
+            return False
+        return not any(child.slots for child in node.children.values())
+
     def _refresh_leaf(self, node: TreeNode) -> None:
-        if node is not self.root and not node.children and node.lock_ref == 0:
+        if self._is_evictable_leaf(node):
             self._evictable_leaves.add(node)
         else:
             self._evictable_leaves.discard(node)
@@ -415,11 +459,13 @@ class RadixCache:
             lock_ref=node.lock_ref,
             last_access=node.last_access,
             hit_count=node.hit_count,
-            tier=node.tier,
+            host_slots=None if node.host_slots is None else node.host_slots[:n],
         )
         parent.children[upper.key[0]] = upper
         node.key = node.key[n:]
         node.slots = node.slots[n:]
+        if node.host_slots is not None:
+            node.host_slots = node.host_slots[n:]
         node.parent = upper
         upper.children[node.key[0]] = node
         return upper

@@ -62,6 +62,8 @@ class RequestOutput:
     finish_reason: dict[str, Any] | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    # cached_tokens split by tier: {"device": .., "host": .., "disk": ..} (sums to cached_tokens)
+    cached_tokens_details: dict[str, int] | None = None
     completion_tokens: int = 0
     jump_forward_drafted: int = 0  # cumulative forced tokens drafted / accepted
     jump_forward_accepted: int = 0

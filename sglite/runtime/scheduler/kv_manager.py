@@ -5,23 +5,31 @@ Invariants kept here:
   `req.kv_slots[req.cached_len:]` are owned by the request.
 - free + cached + owned by requests == pool capacity (`check_invariants`).
 With the radix cache disabled nothing is ever cached: `cached_len` stays 0 and a request's slots
-return to the pool when it leaves.
+return to the pool when it leaves. With `min_cached_prefix = N`, sequences shorter than N tokens
+are not inserted (their slots return to the pool).
+With a tiered cache (`TieredRadixCache`), the match also promotes host and disk spans into the
+pool before it is locked, and `req.match_split` says how many tokens came from which tier.
 """
 
 from __future__ import annotations
 
 from sglite.runtime.cache.kv_pool import KVPool
 from sglite.runtime.cache.radix_cache import RadixCache
+from sglite.runtime.cache.tiered_cache import TieredRadixCache
 from sglite.runtime.scheduler.request import Req
 
 
 class RequestKVManager:
     """Slot bookkeeping for requests on top of `KVPool` and `RadixCache`."""
 
-    def __init__(self, pool: KVPool, cache: RadixCache, cache_enabled: bool) -> None:
+    def __init__(
+        self, pool: KVPool, cache: RadixCache, cache_enabled: bool, min_cached_prefix: int = 0
+    ) -> None:
         self.pool = pool
         self.cache = cache
         self.cache_enabled = cache_enabled
+        self.min_cached_prefix = min_cached_prefix
+        self.tiered = cache if isinstance(cache, TieredRadixCache) and cache_enabled else None
 
     def match_and_lock(self, req: Req) -> int:
         """Attach the longest usable cached prefix to `req` and lock it. Returns its length.
@@ -30,17 +38,36 @@ class RequestKVManager:
         `logprob_start_len` when input logprobs are still wanted (their logits are needed too).
         """
         req.kv_slots, req.cached_len, req.last_node = [], 0, None
+        req.match_split = {"device": 0, "host": 0, "disk": 0}
         if not self.cache_enabled:
             return 0
         limit = req.num_fill - 1
         if req.wants_input_logprobs:
             limit = min(limit, req.logprob_start_len)
-        match = self.cache.match_prefix(req.fill_ids[:limit])
-        self.cache.lock(match.node)
-        req.kv_slots = list(match.slots)
-        req.cached_len = len(match.slots)
-        req.last_node = match.node
+        if self.tiered is not None:
+            found = self.tiered.load_prefix(req.fill_ids[:limit])
+            slots, node = found.slots, found.node
+            req.match_split = found.details()
+        else:
+            match = self.cache.match_prefix(req.fill_ids[:limit])
+            slots, node = match.slots, match.node
+            req.match_split["device"] = len(slots)
+        self.cache.lock(node)
+        req.kv_slots = list(slots)
+        req.cached_len = len(slots)
+        req.last_node = node
         return req.cached_len
+
+    def record_admission(self, req: Req) -> None:
+        """Count a request's first admission: its cache hit per tier."""
+        req.cached_tokens_details = dict(req.match_split)
+        if self.tiered is not None and req.last_node is not None:
+            self.tiered.record_hits(req.last_node, req.match_split)
+
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        """Feed a prefill pass's cost per token to the tiered cache's cost model."""
+        if self.tiered is not None:
+            self.tiered.costs.observe_prefill(tokens, seconds)
 
     def unlock(self, req: Req) -> None:
         """Drop the request's hold on its cached prefix (its own slots must be gone already)."""
@@ -62,7 +89,7 @@ class RequestKVManager:
         """The request leaves (finished or retracted): its computed tokens go to the cache
         (prompt and output, so later turns and forks reuse them), duplicates are freed."""
         computed = len(req.kv_slots)
-        if computed and self.cache_enabled:
+        if computed and self.cache_enabled and computed >= self.min_cached_prefix:
             already = self.cache.insert(req.fill_ids[:computed], req.kv_slots)
             self.pool.free(req.kv_slots[req.cached_len : already])
         elif computed:
@@ -77,9 +104,9 @@ class RequestKVManager:
 
     def cache_unfinished(self, req: Req) -> None:
         """Insert a running request's computed tokens now so others can share them at once."""
-        if not self.cache_enabled:
-            return
         computed = len(req.kv_slots)
+        if not self.cache_enabled or computed < self.min_cached_prefix:
+            return
         fill = req.fill_ids[:computed]
         already = self.cache.insert(fill, req.kv_slots)
         self.pool.free(req.kv_slots[req.cached_len : already])
@@ -100,4 +127,9 @@ class RequestKVManager:
                 f"slot leak: free {free} + cached {cached} + requests {own} "
                 f"!= capacity {self.pool.capacity}"
             )
-        return {"free": free, "cached": cached, "held_by_requests": own}
+        out = {"free": free, "cached": cached, "held_by_requests": own}
+        if self.tiered is not None:
+            out["host_cached"] = self.tiered.host_size()
+            if self.tiered.host is not None:
+                out["host_free"] = self.tiered.host.num_free
+        return out

@@ -79,6 +79,9 @@ class Req:
     cached_len: int = 0
     last_node: TreeNode | None = None
     cached_tokens: int = 0  # reported: prompt tokens served from the cache at first admission
+    # ... and per tier ({"device", "host", "disk"}); `match_split` is the latest match's split.
+    cached_tokens_details: dict[str, int] | None = None
+    match_split: dict[str, int] = field(default_factory=dict)
     admitted_once: bool = False
     finish_reason: dict[str, Any] | None = None
     output_text: str = ""  # detokenized output after stop trimming
@@ -132,6 +135,7 @@ class Req:
             finish_reason=self.finish_reason,
             prompt_tokens=len(self.prompt_ids),
             cached_tokens=self.cached_tokens,
+            cached_tokens_details=self.cached_tokens_details,
             completion_tokens=len(self.output_ids),
             jump_forward_drafted=self.jump_forward_drafted,
             jump_forward_accepted=self.jump_forward_accepted,

@@ -18,8 +18,9 @@ from typing import Any
 
 import torch
 
+from sglite.runtime.cache.factory import build_cache
 from sglite.runtime.cache.kv_pool import KVPool
-from sglite.runtime.cache.radix_cache import RadixCache
+from sglite.runtime.cache.tiered_cache import TieredRadixCache
 from sglite.runtime.constrained import GrammarError, GrammarManager, create_backend
 from sglite.runtime.detokenizer import IncrementalDetokenizer, StopChecker
 from sglite.runtime.distributed.parallel import SINGLE, TensorParallelGroup
@@ -82,9 +83,11 @@ class Scheduler:
             loaded.dtype,
             self.device,
         )
-        self.cache = RadixCache(self.pool)
+        self.cache = build_cache(args, self.pool, loaded)
         self.cache_enabled = not args.disable_radix_cache
-        self.kv = RequestKVManager(self.pool, self.cache, self.cache_enabled)
+        self.kv = RequestKVManager(
+            self.pool, self.cache, self.cache_enabled, args.min_cached_prefix
+        )
         self.sampler = Sampler(self.config.vocab_size, self.device)
         self.eos_token_ids = list(self.tokenizer.eos_token_ids)
         backend = create_backend(
@@ -258,6 +261,7 @@ class Scheduler:
                 req.cached_tokens = matched
                 req.admitted_once = True
                 self.cache.record_query(len(req.prompt_ids), matched)
+                self.kv.record_admission(req)
             if n < extend:
                 self.chunked = req
             batch.append((req, n))
@@ -300,7 +304,9 @@ class Scheduler:
             logit_rows,
             self.device,
         )
+        start_time = time.perf_counter()
         logits = self._forward(fb)
+        self.kv.observe_prefill(offset, time.perf_counter() - start_time)
         self.counters["prefill_passes"] += 1
         to_sample: list[tuple[Req, int]] = []
         for (req, n), (first_row, start, _) in zip(batch, row_plan):
@@ -664,4 +670,11 @@ class Scheduler:
             "queried_prompt_tokens": stats.queried_tokens,
             "new_token_ratio": self.new_token_ratio,
             **self.counters,
+            **self._tier_info(),
         }
+
+    def _tier_info(self) -> dict[str, Any]:
+        """Per-tier sizes and counters of the hierarchical cache (docs/hicache.md)."""
+        if not isinstance(self.cache, TieredRadixCache):
+            return {}
+        return {"hicache": self.cache.tier_info(), "hicache_costs": self.cache.costs.snapshot()}

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from sglite.runtime.scheduler.io import RequestOutput
@@ -57,6 +57,44 @@ class _SchedulerCollector(Collector):
             value = info.get(key)
             if value is not None:
                 yield GaugeMetricFamily(PREFIX + name, doc, value=float(value))
+        yield from _tier_metrics(info.get("hicache") or {})
+
+
+# Per-tier series of the hierarchical cache: (metric, help, key in tier_info, is a counter).
+TIER_SERIES = (
+    ("hicache_tokens", "Tokens held in the tier", "tokens", False),
+    ("hicache_bytes", "Bytes held in the tier", "bytes", False),
+    ("hicache_hit_tokens", "Admitted prompt tokens served from the tier", "hit_tokens", True),
+    ("hicache_promotions", "Spans loaded from the tier into the pool", "promotions", True),
+    ("hicache_promoted_tokens", "Tokens loaded from the tier into the pool", "promoted_tokens",
+     True),
+    ("hicache_demotions", "Spans written into the tier on eviction from above", "demotions", True),
+    ("hicache_stored_tokens", "Tokens written into the tier (demotion or write-through)",
+     "stored_tokens", True),
+    ("hicache_evicted_tokens", "Tokens dropped from the tier", "evicted_tokens", True),
+    ("hicache_bytes_in", "Bytes written into the tier", "bytes_in", True),
+    ("hicache_bytes_out", "Bytes read out of the tier", "bytes_out", True),
+    ("hicache_skipped_loads", "Spans recomputed because loading would cost more",
+     "skipped_loads", True),
+    ("hicache_corrupt_pages", "Disk pages that failed their checksum (discarded)",
+     "corrupt_pages", True),
+)  # fmt: skip
+
+
+def _tier_metrics(tiers: dict[str, dict[str, Any]]):
+    """One labelled family per series, a sample per tier that reports it."""
+    if not tiers:
+        return
+    for name, doc, key, counter in TIER_SERIES:
+        kind = CounterMetricFamily if counter else GaugeMetricFamily
+        family = kind(PREFIX + name, doc, labels=["tier"])
+        seen = False
+        for tier, values in tiers.items():
+            if key in values:
+                family.add_metric([tier], float(values[key]))
+                seen = True
+        if seen:
+            yield family
 
 
 class ServerMetrics:

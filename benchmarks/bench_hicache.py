@@ -1,0 +1,258 @@
+"""Hierarchical KV cache benchmark: tiers versus the pool alone when the working set exceeds it,
+and warm versus cold TTFT after a restart (issue 10).
+
+Workloads (identical prompts in every configuration, greedy, `ignore_eos` so every request
+generates the same number of tokens):
+- multi-turn chat: synthetic conversations (benchmarks/programs/multi_turn_chat.py) played
+  turn by turn, round robin over conversations, so a conversation's context must survive every
+  other conversation's turn to be reused. Each turn's prompt is the previous prompt, a fixed
+  answer and the next user turn.
+- few-shot: tasks with a long block of examples each, questions interleaved across tasks.
+The pool is sized to a quarter of the working set (the distinct tokens of all final contexts).
+
+Configurations: `pool only` (the plain radix cache), `pool + host` (a host tier holding the
+working set), `pool + host int8` (quantized host tier: output drift is reported as the share of
+answers identical to `pool only`).
+Restart: long prompts run once on an engine with a fresh `--hicache-dir` (cold; pages are
+written through), then again on a new engine over the same directory (warm; disk hits).
+
+Run: python -m benchmarks.bench_hicache [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import sglite
+from benchmarks.programs.common import rng_for
+from benchmarks.programs.multi_turn_chat import synthetic_conversation
+from sglite.runtime.cache.host_pool import HostKVPool
+from sglite.runtime.model.loader import load_tokenizer
+
+SYSTEM = "System: You are a helpful assistant. Answer briefly and precisely.\n"
+ANSWER = "Here is a short answer: it depends on the details, but the main idea is simple."
+
+
+@dataclass
+class Run:
+    """What one configuration did on one workload."""
+
+    seconds: float = 0.0
+    tokens: int = 0  # prompt + generated tokens processed
+    ttft: list[float] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    cached: dict[str, int] = field(default_factory=lambda: {"device": 0, "host": 0, "disk": 0})
+
+    @property
+    def throughput(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+
+def chat_rounds(num_conversations: int, seed: int) -> list[list[str]]:
+    """Prompts per round: round t holds turn t of every conversation that has one."""
+    convs = [synthetic_conversation(seed, i) for i in range(num_conversations)]
+    prompts = [SYSTEM for _ in convs]
+    rounds: list[list[str]] = []
+    for turn in range(max(len(c) for c in convs)):
+        batch = []
+        for i, conv in enumerate(convs):
+            if turn < len(conv):
+                prompts[i] += f"User: {conv[turn]}\nAssistant:"
+                batch.append(prompts[i])
+                prompts[i] += f" {ANSWER}\n"
+        rounds.append(batch)
+    return rounds
+
+
+def few_shot_rounds(num_tasks: int, examples: int, questions: int, seed: int) -> list[list[str]]:
+    """Round q asks question q of every task; each task's prompt starts with its examples."""
+    rounds: list[list[str]] = [[] for _ in range(questions)]
+    for task in range(num_tasks):
+        rng = rng_for(seed, "few-shot", task)
+        shots = "".join(
+            f"Q: What is {rng.randint(10, 99)} plus {rng.randint(10, 99)} in task {task}?\n"
+            f"A: The answer is {rng.randint(20, 198)}, computed step by step with care.\n"
+            for _ in range(examples)
+        )
+        for q in range(questions):
+            rounds[q].append(f"Task {task}.\n{shots}Q: What is {q} plus {task}?\nA:")
+    return rounds
+
+
+async def _one(engine, prompt: str, params: dict, run: Run) -> None:
+    start = time.perf_counter()
+    first = None
+    last: dict = {}
+    async for chunk in await engine.async_generate(prompt, params, stream=True):
+        if first is None:
+            first = time.perf_counter() - start
+        last = chunk
+    meta = last["meta_info"]
+    run.ttft.append(first or 0.0)
+    run.tokens += meta["prompt_tokens"] + meta["completion_tokens"]
+    for tier, n in (meta.get("cached_tokens_details") or {}).items():
+        run.cached[tier] += n
+
+
+async def _play(engine, rounds: list[list[str]], max_new: int, concurrency: int) -> Run:
+    run = Run()
+    params = {"temperature": 0, "max_new_tokens": max_new, "ignore_eos": True}
+    gate = asyncio.Semaphore(concurrency)
+
+    async def guarded(prompt: str) -> None:
+        async with gate:
+            await _one(engine, prompt, params, run)
+
+    start = time.perf_counter()
+    for batch in rounds:
+        await asyncio.gather(*(guarded(p) for p in batch))
+    run.seconds = time.perf_counter() - start
+    return run
+
+
+def play(engine, rounds, max_new: int, concurrency: int) -> Run:
+    """Run every round (requests within a round concurrently) and collect the answers."""
+    run = asyncio.run(_play(engine, rounds, max_new, concurrency))
+    params = {"temperature": 0, "max_new_tokens": max_new, "ignore_eos": True}
+    # Answers for the drift check, from a second pass (the streamed pass measured time only).
+    run.texts = [o["text"] for o in engine.generate(rounds[-1], params)]
+    return run
+
+
+def working_set_tokens(tokenizer, rounds: list[list[str]]) -> int:
+    """Distinct prompt tokens of the workload (shared prefixes counted once)."""
+    seen: set[tuple[int, ...]] = set()
+    total = 0
+    for batch in rounds:
+        for prompt in batch:
+            ids = tokenizer.encode(prompt)
+            for cut in range(0, len(ids), 16):  # 16-token granularity is plenty here
+                key = tuple(ids[: cut + 16])
+                if key not in seen:
+                    seen.add(key)
+                    total += min(16, len(ids) - cut)
+    return total
+
+
+def token_bytes(quantize: bool) -> int:
+    """Host bytes per token of the default model (30 layers, 3 KV heads of 64, bf16)."""
+    import torch
+
+    return HostKVPool.token_bytes(30, 3, 64, torch.bfloat16, quantize)
+
+
+def compare(
+    name: str, rounds, pool: int, working_set: int, max_new: int, conc: int, threads: int | None
+) -> list:
+    """Each configuration on one workload; returns table rows."""
+    host_tokens = 2 * working_set + pool  # room for the whole working set and its answers
+    configs = {
+        "pool only": {},
+        "pool + host": {"hicache_size": host_tokens * token_bytes(False) / 1e9},
+        "pool + host int8": {
+            "hicache_size": host_tokens * token_bytes(True) / 1e9,
+            "hicache_quantize": True,
+        },
+    }
+    runs: dict[str, Run] = {}
+    for label, flags in configs.items():
+        engine = sglite.Engine(max_total_tokens=pool, num_threads=threads, **flags)
+        try:
+            runs[label] = play(engine, rounds, max_new, conc)
+        finally:
+            engine.shutdown()
+    base = runs["pool only"]
+    rows = []
+    for label, run in runs.items():
+        same = sum(a == b for a, b in zip(run.texts, base.texts)) / max(1, len(base.texts))
+        rows.append(
+            (name, label, run.throughput, run.throughput / base.throughput,
+             statistics.mean(run.ttft), statistics.mean(run.ttft) / statistics.mean(base.ttft),
+             run.cached, same)
+        )  # fmt: skip
+    return rows
+
+
+def restart(num_prompts: int, words: int, threads: int | None) -> tuple[float, float, dict]:
+    """Mean TTFT of long prompts on a fresh disk tier (cold), then after a restart (warm)."""
+    rng = rng_for(0, "restart")
+    vocab = "river stone cloud light paper music garden window signal market winter".split()
+    prompts = [
+        f"Document {i}: " + " ".join(rng.choice(vocab) for _ in range(words)) + "\nSummary:"
+        for i in range(num_prompts)
+    ]
+    params = {"temperature": 0, "max_new_tokens": 1}
+    with tempfile.TemporaryDirectory(prefix="hicache-bench-") as cache_dir:
+        ttft = {}
+        for phase in ("cold", "warm"):
+            engine = sglite.Engine(
+                max_total_tokens=16384, hicache_dir=cache_dir, num_threads=threads
+            )
+            try:
+                run = Run()
+                for prompt in prompts:  # one at a time: TTFT without queueing
+                    asyncio.run(_one(engine, prompt, params, run))
+                ttft[phase] = statistics.mean(run.ttft)
+                cached = dict(run.cached)
+            finally:
+                engine.shutdown()
+    return ttft["cold"], ttft["warm"], cached
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small workloads (a smoke run)")
+    parser.add_argument("--pool-ratio", type=float, default=4.0, help="working set / pool")
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--num-threads", type=int, default=None)
+    args = parser.parse_args()
+    quick = args.quick
+    load_before = os.getloadavg()
+    print(f"load average before: {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}")
+
+    workloads = {
+        "multi-turn chat": (chat_rounds(6 if quick else 16, seed=1), 8 if quick else 16),
+        "few-shot": (few_shot_rounds(3 if quick else 6, 12, 2 if quick else 4, seed=2), 8),
+    }
+    tokenizer = load_tokenizer()
+    sizes = {name: working_set_tokens(tokenizer, rounds) for name, (rounds, _) in workloads.items()}
+    prompts = [p for rounds, _ in workloads.values() for batch in rounds for p in batch]
+    longest = max(len(tokenizer.encode(p)) for p in prompts)
+
+    rows = []
+    for name, (rounds, max_new) in workloads.items():
+        pool = max(int(sizes[name] / args.pool_ratio), longest + 64)
+        print(f"{name}: working set {sizes[name]} tokens, pool {pool} "
+              f"({sizes[name] / pool:.1f}x), {sum(map(len, rounds))} requests")  # fmt: skip
+        rows += compare(
+            name, rounds, pool, sizes[name], max_new, args.concurrency, args.num_threads
+        )
+
+    print()
+    header = ("workload", "config", "tok/s", "x", "TTFT ms", "TTFT x", "cached d/h/disk", "same")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for name, label, tput, ratio, ttft, ttft_ratio, cached, same in rows:
+        split = f"{cached['device']}/{cached['host']}/{cached['disk']}"
+        print(f"| {name} | {label} | {tput:.0f} | {ratio:.2f} | {1000 * ttft:.0f} | "
+              f"{ttft_ratio:.2f} | {split} | {same:.0%} |")  # fmt: skip
+
+    cold, warm, cached = restart(4 if quick else 8, 250 if quick else 700, args.num_threads)
+    print()
+    print("| restart | TTFT ms | warm / cold |")
+    print("|---|---|---|")
+    print(f"| cold (fresh --hicache-dir) | {1000 * cold:.0f} | |")
+    print(f"| warm (restarted, same dir) | {1000 * warm:.0f} | {warm / cold:.2f} |")
+    print(f"warm run cached tokens by tier: {cached}")
+    load_after = os.getloadavg()
+    print(f"load average after: {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
