@@ -179,20 +179,51 @@ def test_disk_tier_survives_restart_rejects_corruption_and_other_models(tmp_path
     assert len(dirs) == 2, "each model keeps its pages in its own directory"
 
 
-def test_metrics_and_server_info_report_tiers():
-    """/metrics renders the per-tier series from the scheduler's info."""
-    from sglite.runtime.server.metrics import ServerMetrics
+@pytest.mark.slow
+def test_http_server_reports_tiers(tmp_path):
+    """A real server with a small pool over a host tier: a prefix evicted from the pool comes
+    back as host hits in `meta_info.cached_tokens_details`, and `/get_server_info` and
+    `/metrics` report the tier's hits, promotions, demotions and bytes."""
+    import requests
+    from server_fixtures import ServerProcess
 
-    info = {
-        "hicache": {
-            "device": {"tokens": 10, "hit_tokens": 5, "evicted_tokens": 3},
-            "host": {"tokens": 7, "bytes": 700, "hit_tokens": 4, "promotions": 1, "bytes_out": 70},
-            "disk": {"tokens": 32, "hit_tokens": 16, "corrupt_pages": 1, "bytes_in": 4096},
-        }
-    }
-    text = ServerMetrics(lambda: info, lambda: 0, "m").render().decode()
-    assert 'sglite:hicache_hit_tokens_total{tier="host"} 4.0' in text
-    assert 'sglite:hicache_hit_tokens_total{tier="disk"} 16.0' in text
-    assert 'sglite:hicache_tokens{tier="device"} 10.0' in text
-    assert 'sglite:hicache_corrupt_pages_total{tier="disk"} 1.0' in text
-    assert 'sglite:hicache_promotions_total{tier="host"} 1.0' in text
+    server = ServerProcess(
+        "--max-total-tokens", str(POOL_TOKENS), "--dtype", "float32",
+        "--hicache-size", str(HOST_TOKENS * TOKEN_BYTES / 1e9),
+        "--hicache-write-policy", "write_back", "--hicache-load-policy", "always",
+    )  # fmt: skip
+    try:
+        metas = []
+        for i in [1, 2, 3, 1]:  # 2 and 3 push 1 out of the pool into the host tier
+            r = requests.post(
+                server.url + "/generate",
+                json={"text": document(i), "sampling_params": GREEDY},
+                timeout=120,
+            )
+            assert r.status_code == 200, r.text
+            metas.append(r.json()["meta_info"])
+        assert metas[0]["cached_tokens"] == 0
+        assert metas[3]["cached_tokens_details"]["host"] > 80, metas[3]
+        info = requests.get(server.url + "/get_server_info", timeout=30).json()
+        host = info["hicache"]["host"]
+        assert host["hit_tokens"] > 80 and host["promotions"] >= 1 and host["demotions"] >= 2
+        assert host["bytes_in"] > 0 and host["bytes_out"] > 0
+        metrics = requests.get(server.url + "/metrics", timeout=30).text
+        hits = [
+            line for line in metrics.splitlines()
+            if line.startswith('sglite:hicache_hit_tokens_total{tier="host"')
+        ]  # fmt: skip
+        assert len(hits) == 1 and float(hits[0].split()[-1]) == host["hit_tokens"], hits
+        assert 'sglite:hicache_demotions_total{tier="host"}' in metrics
+    finally:
+        server.stop()
+
+
+def test_tiers_are_refused_with_tensor_parallelism():
+    """Promotion fills rank 0's pool only, so tiers under TP are a clear configuration error."""
+    from sglite.runtime.server_args import ServerArgs
+
+    with pytest.raises(ValueError, match="tp_size"):
+        ServerArgs.from_kwargs(tp_size=2, hicache_size=1.0)
+    with pytest.raises(ValueError, match="tp_size"):
+        ServerArgs.from_kwargs(tp_size=2, hicache_dir="/tmp/x")
