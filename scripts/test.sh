@@ -7,4 +7,4 @@ bash scripts/install.sh
 # The optional xgrammar backend too, so its tests run rather than skip.
 bash scripts/install_xgrammar.sh >/dev/null
 PY="${PYTHON:-python3}"
-exec "$PY" -m pytest -q -ra "$@"
+exec "$PY" -m pytest -q -ra --durations=20 "$@"
