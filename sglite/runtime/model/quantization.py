@@ -17,6 +17,7 @@ native kernel reads them in the file's own nibble order with f16 scale and offse
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,18 +60,18 @@ class Int4Parts:
         return self.values.float() * scale + offset
 
 
-class QuantizedWeight:
+class QuantizedWeight(abc.ABC):
     """A weight `[N, K]` stored quantized; `matmul(x)` computes `x @ W.T` for `x [M, K]`."""
 
     kind: str = ""
 
+    @abc.abstractmethod
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """`[M, K] -> [M, N]` in x's dtype."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def nbytes(self) -> int:
         """Bytes of memory the quantized weight takes."""
-        raise NotImplementedError
 
 
 class Int8Weight(QuantizedWeight):
