@@ -3,8 +3,10 @@
 Decode reads each row's K/V straight from the pool through its slot table: on CPU with the
 native kernel (`kernels.paged_decode_attention`, nothing copied), elsewhere with a padded gather
 and SDPA. Rows that share a long prefix (few-shot, forks, `n > 1`) are grouped so that prefix is
-attended once per group with batched matmuls (`decode_attention.py`). EXTEND runs SDPA per
-sequence over its cached prefix plus its new tokens.
+attended once per group with batched matmuls (`decode_attention.py`). EXTEND runs the native
+kernel (`kernels.extend_attention`: every sequence in one call, K/V read from the pool) for
+bfloat16 on CPUs with AVX512-BF16, else SDPA per sequence over its cached prefix plus its new
+tokens.
 """
 
 from __future__ import annotations
@@ -50,6 +52,32 @@ class AttentionPlan:
         self._decode: dict[int | None, torch.Tensor | None] = {}
         self._groups: DecodeGroups | None | bool = False  # False = not computed yet
         self._lens: torch.Tensor | None = None
+        self._extend_layout: kernels.ExtendLayout | None = None
+
+    def extend_layout(self) -> kernels.ExtendLayout:
+        """Slots, rows and lengths of the EXTEND sequences not served by the decode path."""
+        if self._extend_layout is None:
+            b = self.batch
+            batched = set(b.decode_seqs or ())
+            seqs, starts, start = [], [], 0
+            for i, ext in enumerate(b.extend_lens):
+                if i not in batched:
+                    seqs.append(i)
+                    starts.append(start)
+                start += ext
+            lens = [b.seq_lens[i] for i in seqs]
+            offsets = [0]
+            for n in lens[:-1]:
+                offsets.append(offsets[-1] + n)
+            as_long = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
+            self._extend_layout = kernels.ExtendLayout(
+                slots=torch.cat([b.kv_slots[i].cpu() for i in seqs]) if seqs else as_long([]),
+                slot_offsets=as_long(offsets),
+                q_starts=as_long(starts),
+                prefix_lens=as_long([b.prefix_lens[i] for i in seqs]),
+                extend_lens=as_long([b.extend_lens[i] for i in seqs]),
+            )
+        return self._extend_layout
 
     def decode_groups(self) -> DecodeGroups | None:
         """Groups of DECODE rows sharing a prefix (computed once per forward), or None."""
@@ -124,8 +152,14 @@ def extend_attention(
     """EXTEND rows: `q [T, heads, D]`, this pass's `k`/`v [T, kv_heads, D]` (already in the
     pool). Returns `[T, heads, D]`; rows served by the decode path are left for the caller."""
     batch = plan.batch
-    seqs = plan.extend(window)
     heads, dim = q.shape[1], q.shape[2]
+    if q.device.type == "cpu" and q.dtype == torch.bfloat16:
+        native = kernels.extend_attention(
+            q.flatten(1), k_cache, v_cache, plan.extend_layout(), heads, scale, window
+        )
+        if native is not None:
+            return native.view(q.shape[0], heads, dim)
+    seqs = plan.extend(window)
     if batch.decode_rows is None and len(seqs) == 1:
         out = None  # one sequence: its output is the whole result, no copy needed
     else:

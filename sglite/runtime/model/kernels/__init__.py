@@ -9,6 +9,7 @@ round to the storage dtype at the same points, so results agree to float32 round
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -190,6 +191,65 @@ def paged_decode_attention(
         torch.get_num_threads(),
     )
     return out
+
+
+@dataclass
+class ExtendLayout:
+    """Where the sequences of an EXTEND batch are, for `extend_attention` (built once per
+    forward, shared by every layer): all int64 CPU tensors."""
+
+    slots: torch.Tensor  # every listed sequence's slots (prefix + new), concatenated
+    slot_offsets: torch.Tensor  # [S] start of each sequence in `slots`
+    q_starts: torch.Tensor  # [S] first row of each sequence's new tokens in q / out
+    prefix_lens: torch.Tensor  # [S]
+    extend_lens: torch.Tensor  # [S]
+
+
+def extend_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    layout: ExtendLayout,
+    heads: int,
+    scale: float,
+    window: int | None,
+) -> torch.Tensor | None:
+    """Causal attention of each listed sequence's new tokens over its whole context, read from
+    the pool (this pass's K/V already stored there).
+
+    `q` is `[T, heads * head_dim]` (row stride may be larger: a view into fused QKV). Returns
+    `[T, heads * head_dim]` whose rows of unlisted sequences are left unset, or None when the
+    native kernel cannot serve these tensors (bfloat16 with AVX512-BF16 only): the caller then
+    uses its PyTorch path.
+    """
+    lib = _lib_for(q, k_cache, v_cache)
+    if lib is None or q.dtype != torch.bfloat16 or q.stride(-1) != 1:
+        return None
+    if not k_cache.is_contiguous() or not v_cache.is_contiguous():
+        return None
+    kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2]
+    out = q.new_empty(q.shape[0], heads * head_dim)
+    status = lib.extend_attention(
+        _DTYPE_CODES[q.dtype],
+        q.data_ptr(),
+        q.stride(0),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        layout.slots.data_ptr(),
+        layout.slot_offsets.data_ptr(),
+        layout.q_starts.data_ptr(),
+        layout.prefix_lens.data_ptr(),
+        layout.extend_lens.data_ptr(),
+        layout.extend_lens.shape[0],
+        out.data_ptr(),
+        heads,
+        kv_heads,
+        head_dim,
+        scale,
+        window or 0,
+        torch.get_num_threads(),
+    )
+    return out if status == 0 else None
 
 
 def _gemv_lib(x: torch.Tensor) -> ctypes.CDLL | None:

@@ -27,6 +27,7 @@ _HERE = Path(__file__).parent
 SOURCES = [
     _HERE / "elementwise.c",
     _HERE / "attention.c",
+    _HERE / "extend_attention.c",
     _HERE / "quant_gemv.c",
     _HERE / "decode_step.c",
     _HERE / "threadpool.c",
@@ -63,6 +64,7 @@ _STATUS_SIGNATURES = {
     "int8_gemv": "iPPPPIIIi",
     "int4_gemv": "iPPPPIIIi",
     "decode_layers": "iIIIIIIFFIPPPPPPPIPi",
+    "extend_attention": "iPIPPPPPPPIPIIIFIi",
 }
 
 # Constants the attention kernel was built with (its query-group and head-size limits).
