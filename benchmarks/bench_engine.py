@@ -2,7 +2,8 @@
 
 Measured on the default model (SmolLM2-135M-Instruct, the Q4_1 GGUF), same thread count for all:
 - the machine: torch matmul GFLOP/s (float32, bfloat16) and memory read GB/s, from which the
-  prefill roofline (bf16 GFLOP/s / 0.269 GFLOP per token) and the batch-1 decode limits follow;
+  prefill roofline (the faster matmul's GFLOP/s / 0.269 GFLOP per token) and the batch-1
+  decode limits follow;
 - sglite (`dtype=auto`: bfloat16 where the CPU has it) with weights dense, int8 and int4: prefill
   of a 1000-token prompt, batch-1 decode, 32 concurrent decoding requests, and the shared-prefix
   workload (64 x (800 shared + 30 own tokens), 64 new tokens, greedy);
@@ -96,18 +97,29 @@ def bench_machine(rows: list[Row]) -> dict[str, float]:
     """Matmul GFLOP/s and memory bandwidth with torch, on this run's threads."""
     out = {}
     for dtype in (torch.float32, torch.bfloat16):
-        a = torch.randn(2048, 2048, dtype=dtype)
+        # 1024^3 first: where bf16 is emulated (~1 GFLOP/s) a 2048^3 product takes a minute.
+        size = 1024
+        a = torch.randn(size, size, dtype=dtype)
+        start = time.perf_counter()
         a @ a
-        t = _best(lambda a=a: a @ a, 5)
+        if time.perf_counter() - start < 0.05:
+            size = 2048
+            a = torch.randn(size, size, dtype=dtype)
+            a @ a
+        t = _best(lambda a=a: a @ a, 5 if size == 2048 else 2)
         name = str(dtype).replace("torch.", "")
-        out[name] = 2 * 2048**3 / t / 1e9
-        rows.append(Row(f"matmul 2048^3 {name}", "torch", out[name], "GFLOP/s"))
+        out[name] = 2 * size**3 / t / 1e9
+        rows.append(Row(f"matmul {size}^3 {name}", "torch", out[name], "GFLOP/s"))
     x = torch.ones(1 << 27, dtype=torch.float32)  # 512 MB: beyond any cache
     t = _best(lambda: x.sum(), 5)
     out["read_gbs"] = x.numel() * 4 / t / 1e9
     rows.append(Row("memory read", "torch", out["read_gbs"], "GB/s"))
-    out["prefill_roofline"] = out["bfloat16"] / GFLOP_PER_TOKEN
-    rows.append(Row("prefill roofline (bf16 matmul)", "torch", out["prefill_roofline"], "tok/s"))
+    # The issue defines the roofline by the bf16 matmul; on CPUs without native bf16 (where
+    # PyTorch emulates it at a fraction of float32's rate and sglite runs float32) the faster
+    # of the two is the machine's limit.
+    best = max(out["bfloat16"], out["float32"])
+    out["prefill_roofline"] = best / GFLOP_PER_TOKEN
+    rows.append(Row("prefill roofline (best matmul)", "torch", out["prefill_roofline"], "tok/s"))
     return out
 
 
@@ -351,7 +363,7 @@ def targets(rows: list[Row], machine: dict[str, float]) -> list[str]:
 
     prefill = _value(rows, "prefill 1000 tokens", "sglite")
     check(
-        "prefill >= 70% of the bf16 matmul roofline",
+        "prefill >= 70% of the matmul roofline (bf16, or float32 where faster)",
         prefill,
         0.7 * machine["prefill_roofline"],
         f"roofline {machine['prefill_roofline']:,.0f} tok/s",

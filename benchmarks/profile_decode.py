@@ -10,7 +10,13 @@ Run: python -m benchmarks.profile_decode [--batch 1] [--tokens 64] [--quantizati
 
 from __future__ import annotations
 
-import argparse
+import os
+
+# As the server's scheduler process runs (scheduler_client.scheduler_environment): libgomp reads
+# this when torch loads it, and its default spinning steals the core the kernels' pool needs.
+os.environ.setdefault("GOMP_SPINCOUNT", "20000")
+
+import argparse  # noqa: E402
 import functools
 import gc
 import os

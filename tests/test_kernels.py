@@ -110,11 +110,14 @@ def test_paged_decode_attention(dtype, tol, heads, kv_heads, dim, window):
 
 
 def test_attention_declines_what_it_cannot_serve():
-    q = torch.randn(2, 4 * 40)  # head_dim 40 is not a multiple of the vector width
-    cache = torch.randn(10, 2, 40)
     table = torch.ones(2, 3, dtype=torch.long)
     lens = torch.tensor([3, 2])
-    assert kernels.paged_decode_attention(q, cache, cache, table, lens, 0.1) is None
+    width = native.load().attention_vec_width()
+    if width > 1:  # a head_dim that is not a multiple of the vector width
+        odd = width + width // 2
+        q = torch.randn(2, 4 * odd)
+        cache = torch.randn(10, 2, odd)
+        assert kernels.paged_decode_attention(q, cache, cache, table, lens, 0.1) is None
     half = torch.randn(2, 4 * 64, dtype=torch.float16)
     cache16 = torch.randn(10, 2, 64, dtype=torch.float16)
     assert kernels.paged_decode_attention(half, cache16, cache16, table, lens, 0.1) is None
@@ -183,3 +186,15 @@ def test_kernels_are_correct_when_called_from_several_threads():
         outs = list(pool.map(run, range(16)))
     for out, ref in zip(outs, refs, strict=True):
         _close(out, ref, 1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_dense_gemv_matches_matmul(rows):
+    torch.manual_seed(rows)
+    x = torch.randn(rows, 200)  # k not a multiple of any vector width: the tails run too
+    w = torch.randn(1000, 200)
+    out = kernels.dense_gemv(x, w)
+    assert out is not None
+    torch.testing.assert_close(out, x @ w.T, rtol=1e-5, atol=1e-4)
+    assert kernels.dense_gemv(torch.randn(9, 200), w) is None  # more rows than it serves
+    assert kernels.dense_gemv(x.bfloat16(), w.bfloat16()) is None  # float32 only

@@ -311,7 +311,8 @@ class CausalLM(nn.Module):
             return q.matmul(h)
         if self.lm_head_packed is not None and 1 < rows <= PACKED_MAX_ROWS:
             return packed_linear(h.contiguous(), self.lm_head_packed, None)
-        return linear(h, self.lm_head_weight())
+        out = kernels.dense_gemv(h, self.lm_head_weight())
+        return out if out is not None else linear(h, self.lm_head_weight())
 
     def finalize_weights(self, pack: bool) -> None:
         """Add the dense weights' extra layouts (see `Linear.finalize`) when `pack`; call after

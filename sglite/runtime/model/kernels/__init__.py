@@ -261,6 +261,37 @@ def _gemv_lib(x: torch.Tensor) -> ctypes.CDLL | None:
     return lib
 
 
+DENSE_GEMV_MAX_ROWS = 8
+
+
+def dense_gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+    """`x @ weight.T` for a few float32 rows `x [M, K]` (M <= DENSE_GEMV_MAX_ROWS), reading
+    `weight [N, K]` once with all cores; None when the native kernel cannot serve it. For the
+    output projection of decode, where PyTorch's float32 GEMV reaches about half the machine's
+    memory bandwidth."""
+    lib = _lib_for(x, weight)
+    rows, k = x.shape
+    if (
+        lib is None
+        or x.dtype != torch.float32
+        or not 1 <= rows <= DENSE_GEMV_MAX_ROWS
+        or not (x.is_contiguous() and weight.is_contiguous())
+    ):
+        return None
+    out = x.new_empty(rows, weight.shape[0])
+    status = lib.dense_gemv_rows(
+        0,
+        x.data_ptr(),
+        weight.data_ptr(),
+        out.data_ptr(),
+        rows,
+        weight.shape[0],
+        k,
+        torch.get_num_threads(),
+    )
+    return out if status == 0 else None
+
+
 def int8_gemv(x: torch.Tensor, values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor | None:
     """`x @ (values * scale[:, None]).T` for a few rows `x [M, K]` (float32/bfloat16); `values`
     int8 `[N, K]`, `scale` float32 `[N]`. None when the native kernel cannot serve it."""

@@ -58,14 +58,14 @@ static inline __attribute__((always_inline)) void attend_block(
     const float correction = fast_expf(st[g].m - block_max);
     float sum = 0.0f;
     int64_t j = 0;
-#ifdef __AVX512F__
-    __m512 partial = _mm512_setzero_ps();
-    for (; j + 16 <= n; j += 16) {
-      const __m512 e = vexp(_mm512_sub_ps(_mm512_loadu_ps(sc[g] + j), _mm512_set1_ps(block_max)));
-      _mm512_storeu_ps(sc[g] + j, e);
-      partial = _mm512_add_ps(partial, e);
+#if VEC > 1
+    vec_t partial = vzero();
+    for (; j + VEC <= n; j += VEC) {
+      const vec_t e = vexp(vsub(vload(sc[g], j, 0), vset(block_max)));
+      vstore(sc[g] + j, e);
+      partial = vadd(partial, e);
     }
-    sum = _mm512_reduce_add_ps(partial);
+    sum = vsum(partial);
 #endif
     for (; j < n; j++) {
       sc[g][j] = fast_expf(sc[g][j] - block_max);
@@ -93,19 +93,19 @@ static inline __attribute__((always_inline)) void attend_block(
 typedef void (*block_fn)(int, const float *, float *, softmax_state *, const void *, const void *,
                          const int64_t *, int64_t, int64_t, int64_t);
 
-/* Specializations for common (query heads per kv head, head_dim / VEC) pairs. */
-#define BLOCK_SPECIAL(G, NV)                                                                   \
-  static void block_g##G##_v##NV(int dtype, const float *q, float *acc, softmax_state *st,    \
+/* Specializations for common (query heads per kv head, head_dim) pairs. */
+#define BLOCK_SPECIAL(G, HD)                                                                   \
+  static void block_g##G##_d##HD(int dtype, const float *q, float *acc, softmax_state *st,    \
                                  const void *kc, const void *vc, const int64_t *slots,        \
                                  int64_t n, int64_t kv_width, int64_t kv_off) {               \
-    attend_block(G, NV, dtype, q, acc, st, kc, vc, slots, n, kv_width, kv_off);                \
+    attend_block(G, HD / VEC, dtype, q, acc, st, kc, vc, slots, n, kv_width, kv_off);          \
   }
-#define BLOCK_GROUPS(NV)                                                                       \
-  BLOCK_SPECIAL(1, NV) BLOCK_SPECIAL(2, NV) BLOCK_SPECIAL(3, NV) BLOCK_SPECIAL(4, NV)         \
-  BLOCK_SPECIAL(5, NV) BLOCK_SPECIAL(6, NV) BLOCK_SPECIAL(7, NV) BLOCK_SPECIAL(8, NV)
-#if VEC == 16
-BLOCK_GROUPS(4) /* head_dim 64 */
-BLOCK_GROUPS(8) /* head_dim 128 */
+#define BLOCK_GROUPS(HD)                                                                       \
+  BLOCK_SPECIAL(1, HD) BLOCK_SPECIAL(2, HD) BLOCK_SPECIAL(3, HD) BLOCK_SPECIAL(4, HD)         \
+  BLOCK_SPECIAL(5, HD) BLOCK_SPECIAL(6, HD) BLOCK_SPECIAL(7, HD) BLOCK_SPECIAL(8, HD)
+#if VEC > 1
+BLOCK_GROUPS(64)
+BLOCK_GROUPS(128)
 #endif
 
 typedef struct {
@@ -228,13 +228,14 @@ static void merge_splits(const attention_args *a) {
 }
 
 static block_fn special_block(int64_t group, int64_t nvec) {
-#if VEC == 16
-  static const block_fn by_group64[8] = {block_g1_v4, block_g2_v4, block_g3_v4, block_g4_v4,
-                                         block_g5_v4, block_g6_v4, block_g7_v4, block_g8_v4};
-  static const block_fn by_group128[8] = {block_g1_v8, block_g2_v8, block_g3_v8, block_g4_v8,
-                                          block_g5_v8, block_g6_v8, block_g7_v8, block_g8_v8};
-  if (group >= 1 && group <= 8 && nvec == 4) return by_group64[group - 1];
-  if (group >= 1 && group <= 8 && nvec == 8) return by_group128[group - 1];
+#if VEC > 1
+  static const block_fn by_group64[8] = {block_g1_d64, block_g2_d64, block_g3_d64, block_g4_d64,
+                                         block_g5_d64, block_g6_d64, block_g7_d64, block_g8_d64};
+  static const block_fn by_group128[8] = {block_g1_d128, block_g2_d128, block_g3_d128,
+                                          block_g4_d128, block_g5_d128, block_g6_d128,
+                                          block_g7_d128, block_g8_d128};
+  if (group >= 1 && group <= 8 && nvec * VEC == 64) return by_group64[group - 1];
+  if (group >= 1 && group <= 8 && nvec * VEC == 128) return by_group128[group - 1];
 #endif
   (void)group;
   (void)nvec;

@@ -1,6 +1,8 @@
 /*
  * Shared helpers of the CPU kernels: bfloat16 conversion, a small vector abstraction (AVX-512
- * when the compiler targets it, else scalar), a vectorizable exp, and the work thresholds.
+ * when the compiler targets it, else AVX2 with FMA, else scalar), a vectorizable exp, and the
+ * work thresholds. Code written against vec_t (vload, vfma, vexp, vstore_as, ...) runs on all
+ * three; `#if VEC > 1` guards the vector loops whose scalar tails finish the rows.
  *
  * Conventions of every kernel: tensors are row-major and contiguous in their last dimension;
  * `dtype` is 0 for float32 and 1 for bfloat16 (activations, weights and the KV pool share it).
@@ -102,6 +104,10 @@ static inline vec_t vzero(void) { return _mm512_setzero_ps(); }
 static inline vec_t vset(float x) { return _mm512_set1_ps(x); }
 static inline vec_t vfma(vec_t a, vec_t b, vec_t c) { return _mm512_fmadd_ps(a, b, c); }
 static inline vec_t vmul(vec_t a, vec_t b) { return _mm512_mul_ps(a, b); }
+static inline vec_t vadd(vec_t a, vec_t b) { return _mm512_add_ps(a, b); }
+static inline vec_t vsub(vec_t a, vec_t b) { return _mm512_sub_ps(a, b); }
+static inline vec_t vdiv(vec_t a, vec_t b) { return _mm512_div_ps(a, b); }
+static inline vec_t vfmsub(vec_t a, vec_t b, vec_t c) { return _mm512_fmsub_ps(a, b, c); }
 static inline float vsum(vec_t a) { return _mm512_reduce_add_ps(a); }
 static inline void vstore(float *p, vec_t a) { _mm512_storeu_ps(p, a); }
 /* Round 16 floats to bf16 (nearest even), as 16 packed halves. */
@@ -142,6 +148,72 @@ static inline __m512 vexp(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
   p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
   return _mm512_scalef_ps(p, n);
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define VEC 8
+typedef __m256 vec_t;
+static inline vec_t vload(const void *p, int64_t i, int dtype) {
+  if (dtype) {
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  return _mm256_loadu_ps((const float *)p + i);
+}
+static inline vec_t vzero(void) { return _mm256_setzero_ps(); }
+static inline vec_t vset(float x) { return _mm256_set1_ps(x); }
+static inline vec_t vfma(vec_t a, vec_t b, vec_t c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vec_t vmul(vec_t a, vec_t b) { return _mm256_mul_ps(a, b); }
+static inline vec_t vadd(vec_t a, vec_t b) { return _mm256_add_ps(a, b); }
+static inline vec_t vsub(vec_t a, vec_t b) { return _mm256_sub_ps(a, b); }
+static inline vec_t vdiv(vec_t a, vec_t b) { return _mm256_div_ps(a, b); }
+static inline vec_t vfmsub(vec_t a, vec_t b, vec_t c) { return _mm256_fmsub_ps(a, b, c); }
+static inline float vsum(vec_t a) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+static inline void vstore(float *p, vec_t a) { _mm256_storeu_ps(p, a); }
+/* Round 8 floats to bf16 (nearest even), as 8 packed halves (NaN payloads are not kept). */
+static inline __m128i to_bf16x8(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i r = _mm256_srli_epi32(
+      _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)), 16);
+  /* packus works per 128-bit lane: keep quadwords 0 and 2, which hold the 8 results. */
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+  return _mm256_castsi256_si128(packed);
+}
+/* Store 8 floats at p[i] in the storage dtype. */
+static inline void vstore_as(void *p, int64_t i, __m256 v, int dtype) {
+  if (dtype)
+    _mm_storeu_si128((__m128i *)((uint16_t *)p + i), to_bf16x8(v));
+  else
+    _mm256_storeu_ps((float *)p + i, v);
+}
+/* v rounded through the storage dtype (identity for float32). */
+static inline __m256 vround_to(__m256 v, int dtype) {
+  if (!dtype) return v;
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(to_bf16x8(v)), 16));
+}
+/* fast_expf on 8 lanes; 2^n is built in the exponent bits (n stays in [-126, 127]). */
+static inline __m256 vexp(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 #else
 /* Portable fallback: one "vector" is one float. */

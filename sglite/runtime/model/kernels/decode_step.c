@@ -91,6 +91,21 @@ static void dense_rows(void *p, int64_t n0, int64_t n1) {
 #endif
       {
         for (int64_t m = 0; m < nr; m++) sum[m] = 0.0f;
+#if VEC > 1
+        /* Two accumulators per row hide the FMA latency; the weight vector is loaded (and
+         * widened from bf16) once for all rows of the block. */
+        vec_t acc[ROW_BLOCK][2];
+        for (int64_t m = 0; m < nr; m++) acc[m][0] = acc[m][1] = vzero();
+        for (; i + 2 * VEC <= k; i += 2 * VEC) {
+          const vec_t w0 = vload(a->w, n * k + i, dtype), w1 = vload(a->w, n * k + i + VEC, dtype);
+          for (int64_t m = 0; m < nr; m++) {
+            const int64_t xo = (r0 + m) * k + i;
+            acc[m][0] = vfma(w0, vload(a->x, xo, dtype), acc[m][0]);
+            acc[m][1] = vfma(w1, vload(a->x, xo + VEC, dtype), acc[m][1]);
+          }
+        }
+        for (int64_t m = 0; m < nr; m++) sum[m] = vsum(vadd(acc[m][0], acc[m][1]));
+#endif
       }
       for (int64_t m = 0; m < nr; m++) {
         float s = sum[m];
@@ -109,6 +124,14 @@ static void dense_gemv(int dtype, const void *x, const void *w, void *y, int64_t
                        int64_t n_out, int64_t k, int threads) {
   dense_args a = {dtype, x, w, y, rows, n_out, k};
   parallel_range(dense_rows, &a, n_out, 64, threads, n_out * k >= 65536);
+}
+
+/* dense_gemv for callers outside a decode step (the output projection); 0 = done. */
+int dense_gemv_rows(int dtype, const void *x, const void *w, void *y, int64_t rows, int64_t n_out,
+                    int64_t k, int threads) {
+  if (rows < 1 || rows > ROW_BLOCK) return -1;
+  dense_gemv(dtype, x, w, y, rows, n_out, k, threads);
+  return 0;
 }
 
 static int linear_rows(int dtype, const linear_t *l, const void *x, void *y, int64_t rows,

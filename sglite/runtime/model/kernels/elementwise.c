@@ -28,18 +28,18 @@ static void add_rms_norm_rows(void *p, int64_t begin, int64_t end) {
     const int64_t off = r * dim;
     int64_t i = 0;
     float ss = 0.0f;
-#ifdef __AVX512F__
-    __m512 acc = _mm512_setzero_ps();
-    for (; i + 16 <= dim; i += 16) {
-      __m512 v = vload(a->residual, off + i, dtype);
+#if VEC > 1
+    vec_t acc = vzero();
+    for (; i + VEC <= dim; i += VEC) {
+      vec_t v = vload(a->residual, off + i, dtype);
       if (a->x != NULL) {
-        v = vround_to(_mm512_add_ps(v, vload(a->x, off + i, dtype)), dtype);
+        v = vround_to(vadd(v, vload(a->x, off + i, dtype)), dtype);
         vstore_as(a->residual, off + i, v, dtype);
       }
-      _mm512_storeu_ps(buf + i, v);
-      acc = _mm512_fmadd_ps(v, v, acc);
+      vstore(buf + i, v);
+      acc = vfma(v, v, acc);
     }
-    ss = _mm512_reduce_add_ps(acc);
+    ss = vsum(acc);
 #endif
     for (; i < dim; i++) {
       float v = load(a->residual, off + i, dtype);
@@ -52,11 +52,11 @@ static void add_rms_norm_rows(void *p, int64_t begin, int64_t end) {
     }
     const float inv = 1.0f / sqrtf(ss / (float)dim + a->eps);
     i = 0;
-#ifdef __AVX512F__
-    const __m512 vinv = _mm512_set1_ps(inv);
-    for (; i + 16 <= dim; i += 16) {
-      const __m512 normed = vround_to(_mm512_mul_ps(_mm512_loadu_ps(buf + i), vinv), dtype);
-      vstore_as(a->out, off + i, _mm512_mul_ps(normed, vload(a->weight, i, dtype)), dtype);
+#if VEC > 1
+    const vec_t vinv = vset(inv);
+    for (; i + VEC <= dim; i += VEC) {
+      const vec_t normed = vround_to(vmul(vload(buf, i, 0), vinv), dtype);
+      vstore_as(a->out, off + i, vmul(normed, vload(a->weight, i, dtype)), dtype);
     }
 #endif
     for (; i < dim; i++)
@@ -90,13 +90,13 @@ static void silu_mul_rows(void *p, int64_t begin, int64_t end) {
   for (int64_t r = begin; r < end; r++) {
     const int64_t in_off = r * 2 * inter, out_off = r * inter;
     int64_t i = 0;
-#ifdef __AVX512F__
-    for (; i + 16 <= inter; i += 16) {
-      const __m512 g = vload(a->gate_up, in_off + i, dtype);
-      const __m512 u = vload(a->gate_up, in_off + inter + i, dtype);
-      const __m512 e = vexp(_mm512_sub_ps(_mm512_setzero_ps(), g));
-      const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
-      vstore_as(a->out, out_off + i, _mm512_mul_ps(silu, u), dtype);
+#if VEC > 1
+    for (; i + VEC <= inter; i += VEC) {
+      const vec_t g = vload(a->gate_up, in_off + i, dtype);
+      const vec_t u = vload(a->gate_up, in_off + inter + i, dtype);
+      const vec_t e = vexp(vsub(vzero(), g));
+      const vec_t silu = vdiv(g, vadd(vset(1.0f), e));
+      vstore_as(a->out, out_off + i, vmul(silu, u), dtype);
     }
 #endif
     for (; i < inter; i++) {
@@ -139,12 +139,12 @@ static void rope_rows(void *p, int64_t begin, int64_t end) {
     for (int64_t h = 0; h < a->heads + a->kv_heads; h++) {
       const int64_t base = row + h * head_dim;
       int64_t i = 0;
-#ifdef __AVX512F__
-      for (; i + 16 <= half; i += 16) {
-        const __m512 x1 = vload(a->qkv, base + i, dtype), x2 = vload(a->qkv, base + half + i, dtype);
-        const __m512 cv = _mm512_loadu_ps(c + i), sv = _mm512_loadu_ps(s + i);
-        vstore_as(a->qkv, base + i, _mm512_fmsub_ps(x1, cv, _mm512_mul_ps(x2, sv)), dtype);
-        vstore_as(a->qkv, base + half + i, _mm512_fmadd_ps(x2, cv, _mm512_mul_ps(x1, sv)), dtype);
+#if VEC > 1
+      for (; i + VEC <= half; i += VEC) {
+        const vec_t x1 = vload(a->qkv, base + i, dtype), x2 = vload(a->qkv, base + half + i, dtype);
+        const vec_t cv = vload(c, i, 0), sv = vload(s, i, 0);
+        vstore_as(a->qkv, base + i, vfmsub(x1, cv, vmul(x2, sv)), dtype);
+        vstore_as(a->qkv, base + half + i, vfma(x2, cv, vmul(x1, sv)), dtype);
       }
 #endif
       for (; i < half; i++) {

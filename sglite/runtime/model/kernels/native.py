@@ -63,6 +63,7 @@ _SIGNATURES = {
 _STATUS_SIGNATURES = {
     "int8_gemv": "iPPPPIIIi",
     "int4_gemv": "iPPPPIIIi",
+    "dense_gemv_rows": "iPPPIIIi",
     "decode_layers": "iIIIIIIFFIPPPPPPPIPi",
     "extend_attention": "iPIPPPPPPPIPIIIFIi",
 }

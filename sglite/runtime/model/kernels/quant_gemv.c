@@ -9,6 +9,8 @@
  *   with W = q * scale + offset (Q4_0's (q - 8) * d is scale d, offset -8 d).
  *   packed: uint8 [N, K / 2]; scale_offset: f16 [N, K / 32, 2].
  * x and y are float32 or bfloat16 (`dtype`); accumulation is float32. See common.h.
+ * Vector paths: AVX-512 (int4 with VNNI), AVX2 with FMA (int4 by vpmaddubsw), else scalar. The
+ * integer int4 paths round x to int8 per group of 32; the float ones keep it in float32.
  */
 #include "common.h"
 #ifdef __F16C__
@@ -77,6 +79,39 @@ static inline __attribute__((always_inline)) void int8_block(
       for (int m = 0; m < R; m++) {
         acc[m][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xf + m * k + i), acc[m][0]);
         acc[m][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xf + m * k + i + 16), acc[m][1]);
+      }
+    }
+#elif VEC == 8
+    if (R <= 2) { /* four FMA chains per row: two would wait on the FMA latency */
+      __m256 extra[2][2];
+      for (int m = 0; m < R; m++) extra[m][0] = extra[m][1] = _mm256_setzero_ps();
+      for (; i + 32 <= k; i += 32)
+        for (int h = 0; h < 2; h++) {
+          const int8_t *qh = qn + i + 16 * h;
+          const __m256 w0 =
+              _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)qh)));
+          const __m256 w1 =
+              _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qh + 8))));
+          for (int m = 0; m < R; m++) {
+            const float *xh = xf + m * k + i + 16 * h;
+            __m256 *c = h ? extra[m] : acc[m];
+            c[0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xh), c[0]);
+            c[1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xh + 8), c[1]);
+          }
+        }
+      for (int m = 0; m < R; m++) {
+        acc[m][0] = _mm256_add_ps(acc[m][0], extra[m][0]);
+        acc[m][1] = _mm256_add_ps(acc[m][1], extra[m][1]);
+      }
+    }
+    for (; i + 16 <= k; i += 16) {
+      const __m256 w0 =
+          _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qn + i))));
+      const __m256 w1 = _mm256_cvtepi32_ps(
+          _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qn + i + 8))));
+      for (int m = 0; m < R; m++) {
+        acc[m][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xf + m * k + i), acc[m][0]);
+        acc[m][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xf + m * k + i + 8), acc[m][1]);
       }
     }
 #endif
@@ -213,6 +248,75 @@ static inline __attribute__((always_inline)) void int4_block_vnni(
   }
 #endif
 
+#if !defined(__AVX512VNNI__) && VEC == 8
+#define INT4_INTEGER_DOT 1
+/*
+ * int4 on AVX2, with the arithmetic of int4_block_vnni one group of 32 at a time: the 4-bit
+ * weights (unsigned bytes) times xq by `vpmaddubsw` (pairs of products in int16: at most
+ * 2 x 15 x 127, no saturation) and `vpmaddwd` with ones (int32), scaled by s_g dx_g in float.
+ */
+static inline __attribute__((always_inline)) void int4_block_avx2(
+    const int R, int dtype, const int8_t *xq, const float *dxx, const float *xsum2,
+    const uint8_t *packed, const uint16_t *scale_offset, void *y, int64_t n0, int64_t n1,
+    int64_t n_out, int64_t k) {
+  const int64_t groups = k / Q4_GROUP, pairs = groups / 2, halves = 2 * groups;
+  float so[halves];
+  const __m128i mask = _mm_set1_epi8(0x0f);
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t n = n0; n < n1; n++) {
+    const uint8_t *pn = packed + n * (k / 2);
+    const uint16_t *son = scale_offset + n * halves;
+    /* Chains per row: enough to cover the FMA latency, few enough to stay in registers. */
+    enum { CHAINS = 4 };
+    const int chains = R <= 2 ? CHAINS : 2;
+    __m256 acc[QGEMV_MAX_ROWS][CHAINS];
+    for (int m = 0; m < R; m++)
+      for (int c = 0; c < CHAINS; c++) acc[m][c] = _mm256_setzero_ps();
+    /* Widen the (scale, offset) pairs; the offset part (their dot product with xsum2) goes into
+     * chain 3 as vectors, as a scalar loop it would cost more than the groups themselves. */
+    float off[QGEMV_MAX_ROWS] = {0};
+    int64_t c = 0;
+    for (; c + 8 <= halves; c += 8) {
+      const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(son + c)));
+      _mm256_storeu_ps(so + c, v);
+      for (int m = 0; m < R; m++)
+        acc[m][3] = _mm256_fmadd_ps(v, _mm256_loadu_ps(xsum2 + m * halves + c), acc[m][3]);
+    }
+    for (; c < halves; c++) {
+      so[c] = f16_to_f32(son[c]);
+      for (int m = 0; m < R; m++) off[m] += so[c] * xsum2[m * halves + c];
+    }
+    for (int64_t g = 0; g < groups; g++) {
+      const __m128i bytes = _mm_loadu_si128((const __m128i *)(pn + g * (Q4_GROUP / 2)));
+      const __m256i w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bytes, 4), mask),
+                                         _mm_and_si128(bytes, mask));
+      const __m256 s = _mm256_set1_ps(so[2 * g]);
+      const int a = (int)(g % chains);
+      for (int m = 0; m < R; m++) {
+        const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + m * k + g * Q4_GROUP));
+        const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(w, xv), ones);
+        const __m256 scale = _mm256_mul_ps(s, _mm256_loadu_ps(dxx + (m * pairs + g / 2) * 16 +
+                                                               (g % 2) * 8));
+        acc[m][a] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[m][a]);
+      }
+    }
+    for (int m = 0; m < R; m++) {
+      const __m256 total =
+          _mm256_add_ps(_mm256_add_ps(acc[m][0], acc[m][1]), _mm256_add_ps(acc[m][2], acc[m][3]));
+      store(y, m * n_out + n, vsum(total) + off[m], dtype);
+    }
+  }
+}
+#define INT4_VNNI_SPECIAL(R)                                                                  \
+  static void int4_vnni_rows##R(int dtype, const int8_t *xq, const float *dxx,               \
+                                const float *xsum, const uint8_t *p, const uint16_t *so,     \
+                                void *y, int64_t n0, int64_t n1, int64_t n_out, int64_t k) { \
+    int4_block_avx2(R, dtype, xq, dxx, xsum, p, so, y, n0, n1, n_out, k);                     \
+  }
+#elif defined(__AVX512VNNI__)
+#define INT4_INTEGER_DOT 1
+#endif
+
 #define FOR_EACH_ROWS(X) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8)
 #define INT8_SPECIAL(R)                                                                       \
   static void int8_rows##R(int dtype, const float *xf, const int8_t *q, const float *scale,   \
@@ -227,7 +331,7 @@ static inline __attribute__((always_inline)) void int4_block_vnni(
   }
 FOR_EACH_ROWS(INT8_SPECIAL)
 FOR_EACH_ROWS(INT4_SPECIAL)
-#ifdef __AVX512VNNI__
+#ifdef INT4_INTEGER_DOT
 FOR_EACH_ROWS(INT4_VNNI_SPECIAL)
 typedef void (*int4_vnni_fn)(int, const int8_t *, const float *, const float *, const uint8_t *,
                              const uint16_t *, void *, int64_t, int64_t, int64_t, int64_t);
@@ -300,7 +404,7 @@ static void int4_range(void *p, int64_t n0, int64_t n1) {
                             a->n_out, a->k);
 }
 
-#ifdef __AVX512VNNI__
+#ifdef INT4_INTEGER_DOT
 static void int4_vnni_range(void *p, int64_t n0, int64_t n1) {
   const gemv_args *a = p;
   int4_vnni_by_rows[a->rows - 1](a->dtype, a->xq, a->dxx, a->xsum, a->weight, a->scale, a->y,
@@ -338,7 +442,7 @@ int int4_gemv(int dtype, const void *x, const uint8_t *packed, const uint16_t *s
       for (int64_t j = 0; j < Q4_GROUP; j++) s += xf[m * k + g * Q4_GROUP + j];
       xsum[m * groups + g] = s;
     }
-#ifdef __AVX512VNNI__
+#ifdef INT4_INTEGER_DOT
   if (groups % 2 == 0) {
     int8_t *xq = (int8_t *)malloc((size_t)(rows * k));
     float *dxx = (float *)malloc((size_t)(rows * groups * 8) * sizeof(float));
