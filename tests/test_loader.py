@@ -412,3 +412,20 @@ def test_smollm2_gguf_tokenizer_and_cache(tmp_path, monkeypatch, smol_reader):
     (entry / "tokenizer.json").write_text("{broken")
     assert load_tokenizer(None).encode(text) == tok.encode(text)
     shutil.rmtree(tmp_path / "tokenizers")
+
+
+def test_fast_gguf_reader_reads_what_gguf_reads(smol_reader):
+    """read_gguf's reader (a plain-ndarray view of the map) sees the same fields and tensors as
+    gguf's own reader, and its tensor data still lives in the file map, not a copy."""
+    import gguf
+
+    plain = gguf.GGUFReader(default_model_path())
+    assert smol_reader.fields.keys() == plain.fields.keys()
+    for key, field in plain.fields.items():
+        ours = smol_reader.fields[key]
+        assert ours.types == field.types and ours.data == field.data, key
+        assert all(np.array_equal(a, b) for a, b in zip(ours.parts, field.parts, strict=True))
+    assert [t.name for t in smol_reader.tensors] == [t.name for t in plain.tensors]
+    for ours, theirs in zip(smol_reader.tensors, plain.tensors, strict=True):
+        assert np.array_equal(ours.data, theirs.data)
+        assert not ours.data.flags.owndata  # a view of the mapped file
