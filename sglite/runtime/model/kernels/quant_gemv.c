@@ -255,6 +255,23 @@ static inline __attribute__((always_inline)) void int4_block_vnni(
  * weights (unsigned bytes) times xq by `vpmaddubsw` (pairs of products in int16: at most
  * 2 x 15 x 127, no saturation) and `vpmaddwd` with ones (int32), scaled by s_g dx_g in float.
  */
+/* Group g of one weight row against every x row, into chain `a` of each row's accumulators. */
+static inline __attribute__((always_inline)) void int4_group_avx2(
+    const int R, __m256 acc[][4], const int a, int64_t g, const uint8_t *pn, const float *so,
+    const int8_t *xq, const float *dxx, int64_t pairs, int64_t k, __m128i mask, __m256i ones) {
+  const __m128i bytes = _mm_loadu_si128((const __m128i *)(pn + g * (Q4_GROUP / 2)));
+  const __m256i w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bytes, 4), mask),
+                                     _mm_and_si128(bytes, mask));
+  const __m256 s = _mm256_set1_ps(so[2 * g]);
+  for (int m = 0; m < R; m++) {
+    const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + m * k + g * Q4_GROUP));
+    const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(w, xv), ones);
+    const __m256 scale =
+        _mm256_mul_ps(s, _mm256_loadu_ps(dxx + (m * pairs + g / 2) * 16 + (g % 2) * 8));
+    acc[m][a] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[m][a]);
+  }
+}
+
 static inline __attribute__((always_inline)) void int4_block_avx2(
     const int R, int dtype, const int8_t *xq, const float *dxx, const float *xsum2,
     const uint8_t *packed, const uint16_t *scale_offset, void *y, int64_t n0, int64_t n1,
@@ -268,7 +285,6 @@ static inline __attribute__((always_inline)) void int4_block_avx2(
     const uint16_t *son = scale_offset + n * halves;
     /* Chains per row: enough to cover the FMA latency, few enough to stay in registers. */
     enum { CHAINS = 4 };
-    const int chains = R <= 2 ? CHAINS : 2;
     __m256 acc[QGEMV_MAX_ROWS][CHAINS];
     for (int m = 0; m < R; m++)
       for (int c = 0; c < CHAINS; c++) acc[m][c] = _mm256_setzero_ps();
@@ -286,20 +302,18 @@ static inline __attribute__((always_inline)) void int4_block_avx2(
       so[c] = f16_to_f32(son[c]);
       for (int m = 0; m < R; m++) off[m] += so[c] * xsum2[m * halves + c];
     }
-    for (int64_t g = 0; g < groups; g++) {
-      const __m128i bytes = _mm_loadu_si128((const __m128i *)(pn + g * (Q4_GROUP / 2)));
-      const __m256i w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bytes, 4), mask),
-                                         _mm_and_si128(bytes, mask));
-      const __m256 s = _mm256_set1_ps(so[2 * g]);
-      const int a = (int)(g % chains);
-      for (int m = 0; m < R; m++) {
-        const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + m * k + g * Q4_GROUP));
-        const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(w, xv), ones);
-        const __m256 scale = _mm256_mul_ps(s, _mm256_loadu_ps(dxx + (m * pairs + g / 2) * 16 +
-                                                               (g % 2) * 8));
-        acc[m][a] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[m][a]);
-      }
-    }
+    /* Groups go to the chains in a fixed order (unrolled), so each chain's accumulator is a
+     * register: an index computed per group (g % chains) kept them in memory. */
+    int64_t g = 0;
+    if (R <= 2)
+      for (; g + 4 <= groups; g += 4)
+        for (int a = 0; a < 4; a++)
+          int4_group_avx2(R, acc, a, g + a, pn, so, xq, dxx, pairs, k, mask, ones);
+    else
+      for (; g + 2 <= groups; g += 2)
+        for (int a = 0; a < 2; a++)
+          int4_group_avx2(R, acc, a, g + a, pn, so, xq, dxx, pairs, k, mask, ones);
+    for (; g < groups; g++) int4_group_avx2(R, acc, 0, g, pn, so, xq, dxx, pairs, k, mask, ones);
     for (int m = 0; m < R; m++) {
       const __m256 total =
           _mm256_add_ps(_mm256_add_ps(acc[m][0], acc[m][1]), _mm256_add_ps(acc[m][2], acc[m][3]));
