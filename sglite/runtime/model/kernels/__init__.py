@@ -261,23 +261,16 @@ def _gemv_lib(x: torch.Tensor) -> ctypes.CDLL | None:
     return lib
 
 
-DENSE_GEMV_MAX_ROWS = 8
-
-
 def dense_gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
-    """`x @ weight.T` for a few float32 rows `x [M, K]` (M <= DENSE_GEMV_MAX_ROWS), reading
-    `weight [N, K]` once with all cores; None when the native kernel cannot serve it. For the
-    output projection of decode, where PyTorch's float32 GEMV reaches about half the machine's
-    memory bandwidth."""
-    lib = _lib_for(x, weight)
-    rows, k = x.shape
-    if (
-        lib is None
-        or x.dtype != torch.float32
-        or not 1 <= rows <= DENSE_GEMV_MAX_ROWS
-        or not (x.is_contiguous() and weight.is_contiguous())
-    ):
+    """`x @ weight.T` for a few float32 rows `x [M, K]` (as many as the quantized GEMVs take),
+    reading `weight [N, K]` once with all cores; None when the native kernel cannot serve it.
+    For the output projection of decode, where PyTorch's float32 GEMV reaches about half the
+    machine's memory bandwidth."""
+    lib = _gemv_lib(x)
+    float32 = x.dtype == weight.dtype == torch.float32
+    if lib is None or not float32 or not weight.is_contiguous():
         return None
+    rows, k = x.shape
     out = x.new_empty(rows, weight.shape[0])
     status = lib.dense_gemv_rows(
         0,
