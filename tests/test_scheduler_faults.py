@@ -180,3 +180,35 @@ def test_nan_logits_fail_only_their_request(scheduler, monkeypatch):
     for rid in ("plain", "other"):
         assert together[rid]["ids"] == alone[rid]["ids"], rid
     assert scheduler.check_invariants()["held_by_requests"] == 0
+
+
+def test_non_streamed_request_gets_first_and_final_increment_only(scheduler):
+    """`stream=False` (every non-streaming client): two messages, the first token (time to first
+    token) and the rest with the finish reason, holding the same tokens, text and logprobs as
+    the per-step increments of a streamed twin."""
+    tok = scheduler.tokenizer.hf
+    params = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
+    ids = tok.encode("Count: one, two,")
+    runs: dict[bool, list[RequestOutput]] = {}
+    for stream in (True, False):
+        scheduler.add_request(
+            GenerateInput(f"s{stream}", ids, params, return_logprob=True, stream=stream)
+        )
+        runs[stream] = []
+        while scheduler.has_work:
+            runs[stream] += scheduler.step()
+    streamed, whole = runs[True], runs[False]
+    assert len(streamed) == 12 and len(whole) == 2
+    assert len(whole[0].new_token_ids) == 1 and whole[0].finish_reason is None
+    assert whole[1].finish_reason == {"type": "length", "length": 12}
+    join = lambda outs, f: [x for o in outs for x in getattr(o, f)]  # noqa: E731
+    assert join(whole, "new_token_ids") == join(streamed, "new_token_ids")
+    # (The second run reads the prompt from the cache: logprobs agree to rounding.)
+    lp_whole, lp_streamed = (
+        join(whole, "output_token_logprobs"),
+        join(streamed, "output_token_logprobs"),
+    )
+    assert [t for _, t in lp_whole] == [t for _, t in lp_streamed]
+    assert [v for v, _ in lp_whole] == pytest.approx([v for v, _ in lp_streamed], abs=1e-4)
+    assert "".join(o.new_text for o in whole) == "".join(o.new_text for o in streamed)
+    assert scheduler.check_invariants()["held_by_requests"] == 0

@@ -29,11 +29,11 @@ class Engine:
 
     def __init__(self, model_path: str | None = None, **kwargs: Any) -> None:
         self.server_args = ServerArgs.from_kwargs(model_path=model_path, **kwargs)
-        from sglite.runtime.model.loader import load_tokenizer
-
-        with ThreadPoolExecutor(1) as pool:  # load the tokenizer while the model loads
+        # Import torch and load the tokenizer here while the scheduler process starts and loads
+        # the model (seconds each; in sequence they added up).
+        with ThreadPoolExecutor(1) as pool:
             tokenizer_future = pool.submit(
-                load_tokenizer, self.server_args.tokenizer_path or self.server_args.model_path
+                _load_tokenizer, self.server_args.tokenizer_path or self.server_args.model_path
             )
             self.client = create_client(self.server_args)
             self.tokenizer = tokenizer_future.result()
@@ -183,3 +183,9 @@ def _shutdown_ref(ref: weakref.ref) -> None:
     engine = ref()
     if engine is not None:
         engine.shutdown()
+
+
+def _load_tokenizer(path: str | None) -> Any:
+    from sglite.runtime.model.loader import load_tokenizer
+
+    return load_tokenizer(path)

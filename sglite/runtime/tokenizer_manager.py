@@ -229,7 +229,7 @@ class TokenizerManager:
         return out
 
     # ------------------------------------------------------------------ running
-    def _submit(self, req: GenerateRequest) -> _RequestState:
+    def _submit(self, req: GenerateRequest, stream: bool) -> _RequestState:
         loop = asyncio.get_running_loop()
         state = _RequestState(req=req, queue=asyncio.Queue(), start=time.perf_counter())
 
@@ -244,6 +244,7 @@ class TokenizerManager:
             logprob_start_len=req.logprob_start_len,
             top_logprobs_num=req.top_logprobs_num,
             arrival_time=time.monotonic(),
+            stream=stream,
         )
         self.client.submit(inp, on_output)
         self.in_flight[req.rid] = state
@@ -276,7 +277,7 @@ class TokenizerManager:
         If the consumer stops early (client disconnect, cancellation), the request is aborted so
         its KV slots are freed.
         """
-        state = self._submit(req)
+        state = self._submit(req, stream=True)
         try:
             while True:
                 out = await self._next_output(state)
@@ -289,7 +290,7 @@ class TokenizerManager:
 
     async def generate_one(self, req: GenerateRequest) -> dict[str, Any]:
         """Run one request to completion and return its whole result."""
-        state = self._submit(req)
+        state = self._submit(req, stream=False)
         try:
             while not state.finished:
                 out = await self._next_output(state)

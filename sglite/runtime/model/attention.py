@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import CausalBias, causal_lower_right
 
 from sglite.runtime.model import kernels
 from sglite.runtime.model.decode_attention import (
@@ -34,8 +33,24 @@ class _SeqAttn:
     start: int
     end: int
     prefix_len: int
-    # None = plain causal; else a lower-right causal bias or an [extend_len, seq_len] bool mask.
-    mask: torch.Tensor | CausalBias | None
+    # None = plain causal; else an [extend_len, seq_len] bool mask or (CUDA) a lower-right
+    # CausalBias.
+    mask: torch.Tensor | None
+
+
+def _lower_right_causal(q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
+    """The causal mask of `q_len` queries that are the last of `kv_len` keys.
+
+    On CUDA, PyTorch's `causal_lower_right` bias runs flash attention without a mask; on the CPU
+    it only materializes this same bool mask, and importing it costs 3.5 s (it loads
+    torch._dynamo) in every process, so the CPU builds the mask directly.
+    """
+    if device.type == "cuda":
+        from torch.nn.attention.bias import causal_lower_right
+
+        return causal_lower_right(q_len, kv_len)  # type: ignore[return-value]
+    full = torch.ones(q_len, kv_len, dtype=torch.bool, device=device)
+    return full.tril(kv_len - q_len)
 
 
 class AttentionPlan:
@@ -105,11 +120,10 @@ class AttentionPlan:
                 if i in batched:  # served by the decode path
                     start += ext
                     continue
-                mask: torch.Tensor | CausalBias | None = None
+                mask: torch.Tensor | None = None
                 if window is None and prefix > 0:
-                    # Causal aligned to the end: query j sees keys 0..prefix+j. SDPA handles this
-                    # without materializing a mask (measured 1.5x faster than a bool mask).
-                    mask = causal_lower_right(ext, total)
+                    # Causal aligned to the end: query j sees keys 0..prefix+j.
+                    mask = _lower_right_causal(ext, total, self.device)
                 elif window is not None and (prefix > 0 or total > window):
                     q_pos = torch.arange(prefix, total, device=self.device)[:, None]
                     k_pos = torch.arange(total, device=self.device)[None, :]

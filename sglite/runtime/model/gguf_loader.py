@@ -22,7 +22,11 @@ import numpy as np
 import torch
 
 from sglite.runtime.model.config import ModelConfig
-from sglite.runtime.model.quantization import Int4Parts, int4_parts_from_gguf
+from sglite.runtime.model.quantization import (
+    Int4Parts,
+    dequantize_gguf_int4,
+    int4_parts_from_gguf,
+)
 from sglite.runtime.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -200,15 +204,19 @@ def iter_gguf_weights(
         if name is None:
             logger.warning("ignoring unknown GGUF tensor %s", tensor.name)
             continue
-        try:
-            array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-        except NotImplementedError as exc:
-            raise ValueError(f"cannot dequantize {tensor.name}: {exc}") from exc
         shape = tuple(int(d) for d in reversed(tensor.shape))  # ggml lists the fastest dim first
-        array = np.ascontiguousarray(array, dtype=np.float32).reshape(shape)
-        if not array.flags.writeable:
-            array = array.copy()  # F32 tensors are views of the read-only file map
-        weight = torch.from_numpy(array)
+        weight = None
+        if len(shape) == 2:
+            weight = dequantize_gguf_int4(tensor.data, tensor.tensor_type.name, shape)
+        if weight is None:
+            try:
+                array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+            except NotImplementedError as exc:
+                raise ValueError(f"cannot dequantize {tensor.name}: {exc}") from exc
+            array = np.ascontiguousarray(array, dtype=np.float32).reshape(shape)
+            if not array.flags.writeable:
+                array = array.copy()  # F32 tensors are views of the read-only file map
+            weight = torch.from_numpy(array)
         if unpermute and ".self_attn.q_proj." in name:
             weight = _unpermute_rows(weight, config.num_heads)
         elif unpermute and ".self_attn.k_proj." in name:

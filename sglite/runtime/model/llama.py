@@ -182,6 +182,31 @@ _FUSED = {
 _LAYER_NAME = re.compile(r"^layers\.(\d+)\.(.+)\.(weight|bias)$")
 
 
+def _materialize(model: nn.Module, dtype: torch.dtype, device: torch.device) -> None:
+    """Give every meta parameter and buffer of `model` uninitialized storage on `device`
+    (floating ones in `dtype`); tied parameters stay tied.
+
+    `Module.to_empty` would do this through `empty_like` on meta tensors, whose Python meta
+    kernel imports sympy and torch.fx on first use: a second of every start-up.
+    """
+    made: dict[int, torch.Tensor] = {}
+
+    def fresh(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in made:
+            kind = dtype if t.is_floating_point() else t.dtype
+            new = torch.empty(t.shape, dtype=kind, device=device)
+            made[id(t)] = (
+                nn.Parameter(new, requires_grad=False) if isinstance(t, nn.Parameter) else new
+            )
+        return made[id(t)]
+
+    for module in model.modules():
+        for table in (module._parameters, module._buffers):
+            for name, t in table.items():
+                if t is not None:
+                    table[name] = fresh(t)
+
+
 class CausalLM(nn.Module):
     """Decoder-only LM: `forward(batch, pool)` returns float32 logits of `batch.logit_rows`."""
 
@@ -203,7 +228,10 @@ class CausalLM(nn.Module):
             vocab_rows = config.vocab_size
             self.vocab_widths = [vocab_rows]
         self.config = config
-        self.embed_tokens = nn.Embedding(vocab_rows, config.hidden_size)
+        # `_weight` skips the random init: on the meta device (`empty`) `normal_` runs a Python
+        # meta kernel whose first call imports torch._dynamo (1-3 s of every start-up).
+        weight = torch.empty(vocab_rows, config.hidden_size)
+        self.embed_tokens = nn.Embedding(vocab_rows, config.hidden_size, _weight=weight)
         self.layers = nn.ModuleList(
             [LlamaDecoderLayer(config, i, tp) for i in range(config.num_layers)]
         )
@@ -238,8 +266,8 @@ class CausalLM(nn.Module):
         Built on the meta device first so no time is spent on random initialization.
         """
         with torch.device("meta"):
-            model = cls(config, tp_plan, tp).to(dtype)  # casting on meta allocates nothing
-        model = model.to_empty(device=device)
+            model = cls(config, tp_plan, tp)
+        _materialize(model, dtype, torch.device(device))
         model.requires_grad_(False)
         model.eval()
         model.rope = RopeTables(config, torch.device(device))

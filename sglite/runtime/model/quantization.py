@@ -193,6 +193,31 @@ def int4_parts_from_gguf(data: np.ndarray, type_name: str, shape: tuple[int, int
     )
 
 
+def dequantize_gguf_int4(
+    data: np.ndarray, type_name: str, shape: tuple[int, int]
+) -> torch.Tensor | None:
+    """A GGUF Q4_0 / Q4_1 tensor as float32 by the native kernel (4x faster than gguf's numpy
+    code and bitwise equal to it: the products and sums involved are exact in float32), or None
+    where that does not apply (other types, no native library)."""
+    if type_name not in ("Q4_0", "Q4_1") or not kernels.native_available():
+        return None
+    n, k = shape
+    header = 4 if type_name == "Q4_1" else 2
+    blocks = np.ascontiguousarray(data).reshape(n, k // GGUF_BLOCK, -1)
+    if blocks.shape[-1] != header + 16:
+        return None
+    scale = blocks[..., 0:2].copy().view(np.float16)
+    if type_name == "Q4_1":
+        offset = blocks[..., 2:4].copy().view(np.float16)
+    else:
+        if not np.isfinite(scale.astype(np.float32) * 8).all():
+            return None
+        offset = (scale * np.float16(-8)).astype(np.float16)  # exact in float16
+    scale_offset = torch.from_numpy(np.concatenate([scale, offset], axis=-1))
+    packed = torch.from_numpy(blocks[..., header:].reshape(n, k // 2).copy())
+    return kernels.int4_dequantize(packed, scale_offset, torch.float32)
+
+
 def make_quantized(
     kind: str, dense: torch.Tensor, act_dtype: torch.dtype, parts: Int4Parts | None = None
 ) -> QuantizedWeight | None:

@@ -2,8 +2,9 @@
 
 They travel pickled over ZeroMQ. The client tokenizes and sends `GenerateInput`; the scheduler
 answers with `BatchOutput`s, one per forward step, each carrying the increments of every request
-that advanced in that step. Control requests (`ControlInput`) are answered by `ControlOutput`
-with the same `token`.
+that advanced in that step (for a request with `stream=False`: only its first and its final
+increment, which then holds everything in between). Control requests (`ControlInput`) are
+answered by `ControlOutput` with the same `token`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ class GenerateInput:
     logprob_start_len: int = -1  # -1 = output logprobs only
     top_logprobs_num: int = 0
     arrival_time: float = 0.0
+    # False: the client wants only the whole answer, so the scheduler sends the first increment
+    # (time to first token) and the last, not one message per step.
+    stream: bool = True
 
 
 @dataclass

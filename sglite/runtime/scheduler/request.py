@@ -67,6 +67,7 @@ class Req:
     return_logprob: bool = False
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
+    stream: bool = True  # False: only the first and the final increment are sent
 
     output_ids: list[int] = field(default_factory=list)
     # Constrained decoding: the matcher has consumed exactly `output_ids` (ticket while compiling).

@@ -136,6 +136,7 @@ class Scheduler:
             return_logprob=inp.return_logprob,
             logprob_start_len=inp.logprob_start_len,
             top_logprobs_num=inp.top_logprobs_num,
+            stream=inp.stream,
         )
         problem = self._admission_problem(req)
         if problem:
@@ -636,9 +637,19 @@ class Scheduler:
 
     # ------------------------------------------------------------------ outputs
     def collect_outputs(self) -> list[RequestOutput]:
-        """The increments of every request that changed since the last call."""
-        outs = [req.take_output() for req in self.outbox.values()]
-        self.outbox.clear()
+        """The increments of every request that changed since the last call.
+
+        A non-streamed request past its first token stays in the outbox until it finishes: its
+        client needs only the whole answer, and a message per step costs the client process
+        CPU time that the step's kernels want on a small machine.
+        """
+        outs, held = [], {}
+        for rid, req in self.outbox.items():
+            if req.stream or req.finished or req.sent_token_len == 0:
+                outs.append(req.take_output())
+            else:
+                held[rid] = req
+        self.outbox = held
         return outs
 
     # ------------------------------------------------------------------ control
