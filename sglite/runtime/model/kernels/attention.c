@@ -90,6 +90,63 @@ static inline __attribute__((always_inline)) void attend_block(
     for (int64_t v = 0; v < nvec; v++) vstore(acc + g * head_dim + v * VEC, av[g][v]);
 }
 
+/*
+ * attend_block one query head at a time, for 8-wide vectors: AVX2 has 16 vector registers, and
+ * attend_block's q and acc of every head of a group (2 x group x head_dim / 8 of them) spill to
+ * the stack for every token. Here a head's q or acc (head_dim / 8 registers) stays in registers
+ * while the block's K or V rows, read once from memory per block, come again from L1 per head.
+ */
+static inline __attribute__((always_inline)) void attend_block_per_head(
+    const int group, const int64_t nvec, int dtype, const float *q, float *acc,
+    softmax_state *st, const void *k_cache, const void *v_cache, const int64_t *slots, int64_t n,
+    int64_t kv_width, int64_t kv_off) {
+  const int64_t head_dim = nvec * VEC;
+  float sc[ATTN_BLOCK];
+  for (int g = 0; g < group; g++) {
+    vec_t qv[MAX_HEAD_DIM / VEC];
+    for (int64_t v = 0; v < nvec; v++) qv[v] = vload(q, g * head_dim + v * VEC, 0);
+    float block_max = st[g].m;
+    for (int64_t j = 0; j < n; j++) {
+      const int64_t k_off = slots[j] * kv_width + kv_off;
+      vec_t even = vmul(qv[0], vload(k_cache, k_off, dtype));
+      vec_t odd = vzero();
+      for (int64_t v = 1; v < nvec; v++) {
+        const vec_t kv = vload(k_cache, k_off + v * VEC, dtype);
+        if (v % 2) odd = vfma(qv[v], kv, odd);
+        else even = vfma(qv[v], kv, even);
+      }
+      sc[j] = vsum(vadd(even, odd));
+      block_max = sc[j] > block_max ? sc[j] : block_max;
+    }
+    const float correction = fast_expf(st[g].m - block_max);
+    float sum = 0.0f;
+    int64_t j = 0;
+    vec_t partial = vzero();
+    for (; j + VEC <= n; j += VEC) {
+      const vec_t e = vexp(vsub(vload(sc, j, 0), vset(block_max)));
+      vstore(sc + j, e);
+      partial = vadd(partial, e);
+    }
+    sum = vsum(partial);
+    for (; j < n; j++) {
+      sc[j] = fast_expf(sc[j] - block_max);
+      sum += sc[j];
+    }
+    st[g].l = st[g].l * correction + sum;
+    st[g].m = block_max;
+    vec_t av[MAX_HEAD_DIM / VEC];
+    const vec_t vc = vset(correction);
+    for (int64_t v = 0; v < nvec; v++) av[v] = vmul(vload(acc, g * head_dim + v * VEC, 0), vc);
+    for (int64_t jj = 0; jj < n; jj++) {
+      const int64_t v_off = slots[jj] * kv_width + kv_off;
+      const vec_t pv = vset(sc[jj]);
+      for (int64_t v = 0; v < nvec; v++)
+        av[v] = vfma(pv, vload(v_cache, v_off + v * VEC, dtype), av[v]);
+    }
+    for (int64_t v = 0; v < nvec; v++) vstore(acc + g * head_dim + v * VEC, av[v]);
+  }
+}
+
 typedef void (*block_fn)(int, const float *, float *, softmax_state *, const void *, const void *,
                          const int64_t *, int64_t, int64_t, int64_t);
 
@@ -98,7 +155,10 @@ typedef void (*block_fn)(int, const float *, float *, softmax_state *, const voi
   static void block_g##G##_d##HD(int dtype, const float *q, float *acc, softmax_state *st,    \
                                  const void *kc, const void *vc, const int64_t *slots,        \
                                  int64_t n, int64_t kv_width, int64_t kv_off) {               \
-    attend_block(G, HD / VEC, dtype, q, acc, st, kc, vc, slots, n, kv_width, kv_off);          \
+    if (VEC == 8)                                                                              \
+      attend_block_per_head(G, HD / VEC, dtype, q, acc, st, kc, vc, slots, n, kv_width, kv_off); \
+    else                                                                                       \
+      attend_block(G, HD / VEC, dtype, q, acc, st, kc, vc, slots, n, kv_width, kv_off);        \
   }
 #define BLOCK_GROUPS(HD)                                                                       \
   BLOCK_SPECIAL(1, HD) BLOCK_SPECIAL(2, HD) BLOCK_SPECIAL(3, HD) BLOCK_SPECIAL(4, HD)         \
