@@ -87,10 +87,19 @@ class Int8Weight(QuantizedWeight):
         self.scale_act = scale.to(act_dtype)  # PyTorch's kernel wants the activation dtype
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """`x @ W.T`: the native GEMV for a few rows, else `_weight_int8pack_mm`."""
+        """`x @ W.T`: the native GEMV, in chunks of rows past what one call takes, else
+        `_weight_int8pack_mm` (which ran 30x slower than the chunks at 32 rows on AVX2)."""
         out = kernels.int8_gemv(x, self.values, self.scale)
         if out is not None:
             return out
+        chunk = kernels.qgemv_max_rows()
+        if chunk and x.dim() == 2 and x.shape[0] > chunk and x.is_contiguous():
+            parts = [
+                kernels.int8_gemv(x[i : i + chunk], self.values, self.scale)
+                for i in range(0, x.shape[0], chunk)
+            ]
+            if all(p is not None for p in parts):
+                return torch.cat(parts)  # type: ignore[arg-type]
         return torch.ops.aten._weight_int8pack_mm(x, self.values, self.scale_act)
 
     def nbytes(self) -> int:

@@ -252,6 +252,12 @@ def extend_attention(
     return out if status == 0 else None
 
 
+def qgemv_max_rows() -> int:
+    """Most rows one native GEMV call takes (0 without the native library)."""
+    lib = native.load()
+    return int(lib.qgemv_max_rows()) if lib is not None else 0
+
+
 def _gemv_lib(x: torch.Tensor) -> ctypes.CDLL | None:
     lib = _lib_for(x)
     if lib is None or x.dim() != 2 or not x.is_contiguous():
