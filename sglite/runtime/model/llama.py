@@ -42,7 +42,8 @@ from sglite.runtime.model.rope import RopeTables
 
 logger = logging.getLogger(__name__)
 
-# With a quantized model in float32, output projections of up to this many rows use the int8 copy.
+# Quantized float32 models without packed weights: output projections of up to this many rows
+# use the int8 copy.
 LM_HEAD_INT8_FLOAT32_ROWS = 32
 
 
@@ -352,6 +353,13 @@ class CausalLM(nn.Module):
             if isinstance(module, Linear) and module is not self.lm_head:
                 module.finalize(pack)
         self.lm_head_packed = pack_for_onednn(self.lm_head_weight().data) if pack else None
+        unpacked_float32 = self.lm_head_packed is None and self.dtype == torch.float32
+        if self.lm_head_quantized is not None and unpacked_float32 and kernels.native_available():
+            # Unpacked float32 GEMMs of this wide, short shape ran at ~50 GFLOP/s on 2 AVX2
+            # cores: the int8 GEMV in chunks of rows was 1.45x faster at 32 rows, 3.5x at 9
+            # (packed for oneDNN, float32 beats it from 16 rows on).
+            limit = self.lm_head_quantized_max_rows
+            self.lm_head_quantized_max_rows = max(limit, LM_HEAD_INT8_FLOAT32_ROWS)
         self._native_decoder = False  # weight pointers changed
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -420,11 +428,6 @@ class CausalLM(nn.Module):
             module.set_quantized(weight, max_rows)
         self.lm_head_quantized = Int8Weight(self.lm_head_weight().data, self.dtype)
         self.lm_head_quantized_max_rows = max_rows if max_rows >= 0 else 1 << 62
-        if self.dtype == torch.float32 and kernels.native_available():
-            # float32 GEMMs of this wide, short shape ran at ~50 GFLOP/s on 2 AVX2 cores: the int8
-            # GEMV in chunks of rows was 1.45x faster at 32 rows (3.5x at 9), equal at 64.
-            limit = self.lm_head_quantized_max_rows
-            self.lm_head_quantized_max_rows = max(limit, LM_HEAD_INT8_FLOAT32_ROWS)
 
     def _int4_parts(
         self, source: Callable[[list[str]], list[Int4Parts] | None], module: str
