@@ -33,8 +33,8 @@ class _SeqAttn:
     start: int
     end: int
     prefix_len: int
-    # None = plain causal; else an [extend_len, seq_len] bool mask or (CUDA) a lower-right
-    # CausalBias.
+    # None = plain causal; else an [extend_len, seq_len] bool mask, or on CUDA a lower-right
+    # CausalBias (a Tensor subclass SDPA dispatches on).
     mask: torch.Tensor | None
 
 
@@ -48,7 +48,7 @@ def _lower_right_causal(q_len: int, kv_len: int, device: torch.device) -> torch.
     if device.type == "cuda":
         from torch.nn.attention.bias import causal_lower_right
 
-        return causal_lower_right(q_len, kv_len)  # type: ignore[return-value]
+        return causal_lower_right(q_len, kv_len)  # a torch.Tensor subclass
     full = torch.ones(q_len, kv_len, dtype=torch.bool, device=device)
     return full.tril(kv_len - q_len)
 

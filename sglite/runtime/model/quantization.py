@@ -183,16 +183,9 @@ def int4_parts_from_gguf(data: np.ndarray, type_name: str, shape: tuple[int, int
     Scales and offsets come out exactly (f16 values, and -8 * scale is exact).
     """
     n, k = shape
-    blocks = np.ascontiguousarray(data).reshape(n, k // GGUF_BLOCK, -1)
-    header = 4 if type_name == "Q4_1" else 2
-    if type_name not in ("Q4_0", "Q4_1") or blocks.shape[-1] != header + 16:
-        raise ValueError(f"not a Q4_0/Q4_1 tensor: {type_name} with {blocks.shape[-1]}-byte blocks")
-    scale = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    if type_name == "Q4_1":
-        offset = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-    else:
-        offset = -8 * scale
-    nibbles = blocks[..., header:]
+    scale16, offset16, nibbles = _gguf_q4_blocks(data, type_name, shape)
+    scale = scale16[..., 0].astype(np.float32)
+    offset = -8 * scale if offset16 is None else offset16[..., 0].astype(np.float32)
     values = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).reshape(n, k)
     return Int4Parts(
         torch.from_numpy(values.astype(np.int32)),
@@ -200,6 +193,21 @@ def int4_parts_from_gguf(data: np.ndarray, type_name: str, shape: tuple[int, int
         torch.from_numpy(offset),
         GGUF_BLOCK,
     )
+
+
+def _gguf_q4_blocks(
+    data: np.ndarray, type_name: str, shape: tuple[int, int]
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    """The fields of a GGUF Q4_0 / Q4_1 tensor's blocks: f16 scales and (Q4_1) offsets
+    `[N, K / 32, 1]`, and the nibble bytes `[N, K / 32, 16]`. Raises ValueError otherwise."""
+    n, k = shape
+    blocks = np.ascontiguousarray(data).reshape(n, k // GGUF_BLOCK, -1)
+    header = 4 if type_name == "Q4_1" else 2
+    if type_name not in ("Q4_0", "Q4_1") or blocks.shape[-1] != header + 16:
+        raise ValueError(f"not a Q4_0/Q4_1 tensor: {type_name} with {blocks.shape[-1]}-byte blocks")
+    scale = blocks[..., 0:2].copy().view(np.float16)
+    offset = blocks[..., 2:4].copy().view(np.float16) if type_name == "Q4_1" else None
+    return scale, offset, blocks[..., header:]
 
 
 def dequantize_gguf_int4(
@@ -211,19 +219,13 @@ def dequantize_gguf_int4(
     if type_name not in ("Q4_0", "Q4_1") or not kernels.native_available():
         return None
     n, k = shape
-    header = 4 if type_name == "Q4_1" else 2
-    blocks = np.ascontiguousarray(data).reshape(n, k // GGUF_BLOCK, -1)
-    if blocks.shape[-1] != header + 16:
-        return None
-    scale = blocks[..., 0:2].copy().view(np.float16)
-    if type_name == "Q4_1":
-        offset = blocks[..., 2:4].copy().view(np.float16)
-    else:
-        if not np.isfinite(scale.astype(np.float32) * 8).all():
+    scale, offset, nibbles = _gguf_q4_blocks(data, type_name, shape)
+    if offset is None:  # Q4_0: offset -8 * scale, exact in float16 unless it overflows
+        offset = scale * np.float16(-8)
+        if not np.isfinite(offset).all():
             return None
-        offset = (scale * np.float16(-8)).astype(np.float16)  # exact in float16
     scale_offset = torch.from_numpy(np.concatenate([scale, offset], axis=-1))
-    packed = torch.from_numpy(blocks[..., header:].reshape(n, k // 2).copy())
+    packed = torch.from_numpy(nibbles.reshape(n, k // 2).copy())
     return kernels.int4_dequantize(packed, scale_offset, torch.float32)
 
 
