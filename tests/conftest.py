@@ -1,4 +1,4 @@
-"""Shared fixtures: real engines on the default model, started once per session.
+"""Shared fixtures: real engines on the default model, started once per session or module.
 
 Every test that uses an engine fixture gets the KV slot accounting checked afterwards
 (free + cached + held by requests == pool capacity).
@@ -6,11 +6,19 @@ Every test that uses an engine fixture gets the KV slot accounting checked after
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import os
 
 import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+# KV pool of the shared engines: the whole 8192-token context, 377 MB in float32. The engines
+# used by one module only are module-scoped, so at most a few are alive at once (CI has 24 GB
+# for everything: these, the tests' own servers and models, and pytest).
+POOL_TOKENS = 8192
 
 
 def _start_engine(**kwargs):
@@ -22,7 +30,7 @@ def _start_engine(**kwargs):
 @pytest.fixture(scope="session")
 def engine():
     """The default model in float32 (exact comparisons), radix cache on, a roomy pool."""
-    eng = _start_engine(max_total_tokens=16384)
+    eng = _start_engine(max_total_tokens=POOL_TOKENS)
     yield eng
     eng.shutdown()
 
@@ -30,12 +38,12 @@ def engine():
 @pytest.fixture(scope="session")
 def engine_no_cache():
     """The same model with the radix cache disabled (ablation / reference)."""
-    eng = _start_engine(max_total_tokens=16384, disable_radix_cache=True)
+    eng = _start_engine(max_total_tokens=POOL_TOKENS, disable_radix_cache=True)
     yield eng
     eng.shutdown()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def engine_small_pool():
     """A pool far smaller than the workload: forces eviction, retraction and chunking."""
     eng = _start_engine(max_total_tokens=400, chunked_prefill_size=64, max_running_requests=16)
@@ -43,18 +51,18 @@ def engine_small_pool():
     eng.shutdown()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def engine_no_jump_forward():
     """Constrained decoding token by token (the reference for jump-forward)."""
-    eng = _start_engine(max_total_tokens=16384, disable_jump_forward=True)
+    eng = _start_engine(max_total_tokens=POOL_TOKENS, disable_jump_forward=True)
     yield eng
     eng.shutdown()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def engine_retokenize():
     """SGLang's original jump-forward: forced text appended unverified."""
-    eng = _start_engine(max_total_tokens=16384, jump_forward_mode="retokenize")
+    eng = _start_engine(max_total_tokens=POOL_TOKENS, jump_forward_mode="retokenize")
     yield eng
     eng.shutdown()
 
@@ -66,6 +74,30 @@ ENGINE_FIXTURES = (
     "engine_no_jump_forward",
     "engine_retokenize",
 )
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _collect_models_in_cycles():
+    """After a module that grew this process by 256 MB or more (it loaded models in-process),
+    collect garbage and give freed heap back to the system: models caught in reference cycles
+    would otherwise stay until the next full collection, and glibc keeps freed weights' pages
+    (~0.5 GB per model), while the suite's processes share 24 GB."""
+    if not os.path.exists("/proc/self/statm"):
+        yield
+        return
+    before = _rss_bytes()
+    yield
+    if _rss_bytes() - before >= 256 << 20:
+        gc.collect()
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):  # not glibc
+            pass
 
 
 @pytest.fixture(autouse=True)

@@ -39,7 +39,7 @@ class ServerProcess:
         self.api_key = api_key
         args = [
             sys.executable, "-m", "sglite.launch_server", "--port", str(self.port),
-            "--dtype", "float32", "--max-total-tokens", "16384", "--log-level", "warning",
+            "--dtype", "float32", "--max-total-tokens", "8192", "--log-level", "warning",
             *extra_args,
         ]  # fmt: skip
         if api_key:

@@ -167,7 +167,7 @@ def test_server_info_reports_cache_and_pool(engine):
     for key in ("cache_hit_rate", "pool_usage", "num_running_reqs", "num_queued_reqs"):
         assert key in info
     assert 0 <= info["cache_hit_rate"] <= 1
-    assert info["max_total_num_tokens"] == 16384
+    assert info["max_total_num_tokens"] == 8192
 
 
 def test_flush_cache_empties_it(engine):

@@ -76,16 +76,15 @@ def _reference_logits(token_ids: list[int]) -> torch.Tensor:
     from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
     from sglite.runtime.model.loader import load_model
 
-    global _REF
-    if "_REF" not in globals():
-        _REF = load_model(None, "float32", "cpu")
-    cfg = _REF.config
+    ref = load_model(None, "float32", "cpu", progress=False)
+    cfg = ref.config
     pool = KVPool(len(token_ids) + 1, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, torch.float32)
     slots = pool.alloc(len(token_ids))
     fb = ForwardBatch.build(
         ForwardMode.EXTEND, [token_ids], [0], [slots], list(range(len(token_ids)))
     )
-    return _REF.model(fb, pool)
+    with torch.inference_mode():
+        return ref.model(fb, pool)
 
 
 def test_logprobs_equal_log_softmax_of_reference_logits(engine):

@@ -364,17 +364,25 @@ def test_unknown_gguf_architecture_is_named(tmp_path):
 
 
 @pytest.fixture(scope="module")
+def smol_gguf():
+    """The default GGUF, opened once for the metadata tests."""
+    from sglite.runtime.model.gguf_index import open_gguf
+
+    return open_gguf(default_model_path())
+
+
+@pytest.fixture(scope="module")
 def smol_reader():
-    """The default GGUF, parsed once for the metadata tests."""
-    from sglite.runtime.model.gguf_loader import read_gguf
+    """The default GGUF, parsed by gguf's reader."""
+    from sglite.runtime.model.gguf_index import read_gguf
 
     return read_gguf(default_model_path())
 
 
-def test_smollm2_gguf_config(smol_reader):
+def test_smollm2_gguf_config(smol_gguf):
     from sglite.runtime.model.gguf_loader import gguf_config
 
-    cfg = gguf_config(smol_reader)
+    cfg = gguf_config(smol_gguf)
     assert cfg.arch == "LlamaForCausalLM"
     assert (cfg.num_layers, cfg.hidden_size, cfg.intermediate_size) == (30, 576, 1536)
     assert (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (9, 3, 64)
@@ -383,12 +391,12 @@ def test_smollm2_gguf_config(smol_reader):
     assert cfg.eos_token_ids == [2] and cfg.bos_token_id == 1
 
 
-def test_smollm2_gguf_tokenizer_and_cache(tmp_path, monkeypatch, smol_reader):
+def test_smollm2_gguf_tokenizer_and_cache(tmp_path, monkeypatch, smol_gguf):
     from sglite.runtime.model.gguf_loader import load_gguf_tokenizer
 
     monkeypatch.setenv("SGLITE_CACHE_DIR", str(tmp_path))
     start = time.perf_counter()
-    tok = load_gguf_tokenizer(default_model_path(), smol_reader)
+    tok = load_gguf_tokenizer(default_model_path(), smol_gguf)
     first = time.perf_counter() - start
     start = time.perf_counter()
     cached = load_tokenizer(None)  # the default model path, served from the cache
@@ -429,6 +437,53 @@ def test_fast_gguf_reader_reads_what_gguf_reads(smol_reader):
     for ours, theirs in zip(smol_reader.tensors, plain.tensors, strict=True):
         assert np.array_equal(ours.data, theirs.data)
         assert not ours.data.flags.owndata  # a view of the mapped file
+
+
+def test_gguf_index_cache_serves_what_gguf_reads(tmp_path, monkeypatch, smol_reader):
+    """A second open takes the tensor table from the cache and sees exactly gguf's tensors and
+    metadata; a damaged entry is rebuilt; another file (same name, new content) gets its own."""
+    import gguf
+
+    from sglite.runtime.model import gguf_index
+
+    monkeypatch.setenv("SGLITE_CACHE_DIR", str(tmp_path / "cache"))
+    path = str(tmp_path / "model.gguf")
+    shutil.copyfile(default_model_path(), path)
+    parsed = gguf_index.open_gguf(path)
+    (entry,) = (tmp_path / "cache" / "gguf").iterdir()
+
+    def parse_fails(_path):
+        raise AssertionError("parsed again although the cache has this file")
+
+    with monkeypatch.context() as m:
+        m.setattr(gguf_index, "_parse", parse_fails)
+        cached = gguf_index.open_gguf(path)
+    assert cached.metadata == parsed.metadata
+    assert cached.field("general.architecture") == "llama"
+    assert cached.field("tokenizer.ggml.eos_token_id") == 2
+    assert "tokenizer.ggml.tokens" not in cached.metadata  # the 49152-item vocabulary
+    assert len(cached.tensors) == len(smol_reader.tensors)
+    for ours, theirs in zip(cached.tensors, smol_reader.tensors, strict=True):
+        assert (ours.name, ours.tensor_type, ours.n_bytes) == (
+            theirs.name, theirs.tensor_type, theirs.n_bytes
+        )  # fmt: skip
+        assert ours.shape == tuple(int(d) for d in theirs.shape)
+        assert ours.data.dtype == theirs.data.dtype and ours.data.shape == theirs.data.shape
+        assert np.array_equal(ours.data, theirs.data)
+        assert not ours.data.flags.writeable and not ours.data.flags.owndata
+    assert isinstance(cached.tensors[0].tensor_type, gguf.GGMLQuantizationType)
+
+    entry.write_text("{broken")
+    assert gguf_index.open_gguf(path).metadata == parsed.metadata
+    json.loads(entry.read_text())  # rewritten whole
+    # A different file at the same path (new size and time) is parsed, not served stale.
+    with open(path, "ab") as f:
+        f.write(b"\0" * 64)
+    os.utime(path, ns=(1, 1))
+    with monkeypatch.context() as m:
+        m.setattr(gguf_index, "_parse", parse_fails)
+        with pytest.raises(AssertionError, match="parsed again"):
+            gguf_index.open_gguf(path)
 
 
 @pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1"])

@@ -86,9 +86,9 @@ def _greedy(engine: sglite.Engine) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def single_default():
-    with sglite.Engine(dtype="float32", log_level="error") as engine:
-        yield _greedy(engine), sum(engine.get_server_info()["weight_bytes_per_rank"])
+def single_default(engine):
+    """TP=1 greedy outputs and weight bytes, from the session's float32 engine."""
+    return _greedy(engine), sum(engine.get_server_info()["weight_bytes_per_rank"])
 
 
 def test_tp2_default_model_matches_tp1_and_halves_weights(single_default):
@@ -152,32 +152,51 @@ def _grouped_prompts(groups: int, per_group: int) -> list[str]:
     ]
 
 
-def _hit_rate(policy: str, prompts: list[str]) -> tuple[float, list[int]]:
-    with sglite.Engine(dtype="float32", dp_size=2, dp_policy=policy, log_level="error") as engine:
-        engine.generate(prompts, {"temperature": 0, "max_new_tokens": 2})
-        info = engine.get_server_info()
-        assert engine.client.control("check_invariants")["held_by_requests"] == 0
-        return info["cache_hit_rate"], [r["routed_requests"] for r in info["dp_replicas"]]
+@pytest.fixture(scope="module")
+def dp_cache_aware():
+    """Two replicas behind the cache-aware policy (the default), shared by the DP tests."""
+    with sglite.Engine(dtype="float32", dp_size=2, log_level="error") as engine:
+        yield engine
 
 
-def test_dp_cache_aware_keeps_prefixes_together_and_beats_round_robin():
+def _routed(engine: sglite.Engine) -> list[int]:
+    return [r["routed_requests"] for r in engine.get_server_info()["dp_replicas"]]
+
+
+def _hit_rate(engine: sglite.Engine, prompts: list[str]) -> tuple[float, list[int]]:
+    engine.flush_cache()
+    before = engine.get_server_info()
+    routed = _routed(engine)
+    engine.generate(prompts, {"temperature": 0, "max_new_tokens": 2})
+    after = engine.get_server_info()
+    assert engine.client.control("check_invariants")["held_by_requests"] == 0
+    cached = after["cached_prompt_tokens"] - before["cached_prompt_tokens"]
+    queried = after["queried_prompt_tokens"] - before["queried_prompt_tokens"]
+    return cached / queried, [b - a for a, b in zip(routed, _routed(engine))]
+
+
+def test_dp_cache_aware_keeps_prefixes_together_and_beats_round_robin(dp_cache_aware):
     prompts = _grouped_prompts(4, 4)
-    aware, aware_split = _hit_rate("cache_aware", prompts)
-    robin, robin_split = _hit_rate("round_robin", prompts)
+    aware, aware_split = _hit_rate(dp_cache_aware, prompts)
+    with sglite.Engine(
+        dtype="float32", dp_size=2, dp_policy="round_robin", log_level="error"
+    ) as engine:
+        robin, robin_split = _hit_rate(engine, prompts)
     assert sum(aware_split) == sum(robin_split) == 16
     assert robin_split == [8, 8]
     # Each group's prefix is computed once with cache_aware, once per replica with round robin.
     assert aware > robin + 0.1, (aware, robin)
 
 
-def test_dp_same_prefix_lands_on_one_replica():
-    with sglite.Engine(dtype="float32", dp_size=2, log_level="error") as engine:
-        prefix = "You are a careful assistant who answers briefly. " * 12
-        first = engine.generate(prefix + "Hi!", {"temperature": 0, "max_new_tokens": 2})
-        later = engine.generate(
-            [prefix + f"Question {i}?" for i in range(3)], {"temperature": 0, "max_new_tokens": 2}
-        )
-        assert first["meta_info"]["cached_tokens"] == 0
-        assert all(o["meta_info"]["cached_tokens"] > 100 for o in later)
-        routed = [r["routed_requests"] for r in engine.get_server_info()["dp_replicas"]]
-        assert sorted(routed) == [0, 4]
+def test_dp_same_prefix_lands_on_one_replica(dp_cache_aware):
+    engine = dp_cache_aware
+    engine.flush_cache()
+    routed = _routed(engine)
+    prefix = "You are a careful assistant who answers briefly. " * 12
+    first = engine.generate(prefix + "Hi!", {"temperature": 0, "max_new_tokens": 2})
+    later = engine.generate(
+        [prefix + f"Question {i}?" for i in range(3)], {"temperature": 0, "max_new_tokens": 2}
+    )
+    assert first["meta_info"]["cached_tokens"] == 0
+    assert all(o["meta_info"]["cached_tokens"] > 100 for o in later)
+    assert sorted(b - a for a, b in zip(routed, _routed(engine))) == [0, 4]

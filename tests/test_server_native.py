@@ -65,7 +65,7 @@ def test_server_info(url):
             "max_total_num_tokens", "model_path", "max_running_requests"]  # fmt: skip
     for key in keys:
         assert key in info, key
-    assert info["max_total_tokens"] == 16384
+    assert info["max_total_tokens"] == 8192
     assert "api_key" not in info
     assert info["kv_invariants"]["ok"] is True
     assert info["internal_states"][0]["num_running_reqs"] == info["num_running_reqs"]

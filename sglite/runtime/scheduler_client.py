@@ -122,6 +122,7 @@ class SchedulerClient:
         self._callbacks: dict[str, OutputCallback] = {}
         self._controls: dict[int, Future] = {}
         self._tokens = itertools.count(1)
+        self._shutdown_token = 0
         self._lock = threading.Lock()
         self.alive = False
         self.death_reason: str | None = None
@@ -196,6 +197,8 @@ class SchedulerClient:
         fut: Future = Future()
         with self._lock:
             self._controls[token] = fut
+            if kind == "shutdown":  # its answer is the scheduler's last message
+                self._shutdown_token = token
         self._send_obj(ControlInput(kind=kind, token=token, args=args))
         out: ControlOutput = fut.result(timeout)
         if not out.ok:
@@ -230,6 +233,8 @@ class SchedulerClient:
                     fut = self._controls.pop(msg.token, None)
                 if fut is not None:
                     fut.set_result(msg)
+                if msg.token == self._shutdown_token:
+                    return  # nothing follows: do not wait for the next poll to time out
 
     def _dispatch(self, out: RequestOutput) -> None:
         with self._lock:

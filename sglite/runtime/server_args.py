@@ -87,8 +87,8 @@ class ServerArgs:
     # -1 = always quantized and the dense weights freed (less memory, slower prefill).
     quantization: str = "none"
     quantized_max_rows: int = 8
-    # Transposed and oneDNN-packed copies of the dense weights, for prefill and batches of 2-256
-    # rows (faster; two more copies of the weights in memory): auto = for models up to 1 GiB.
+    # oneDNN-packed (and in bf16 transposed) copies of the dense weights for batches of 2+ rows
+    # (faster; one or two more copies of the weights in memory): auto = for models up to 1 GiB.
     gemm_packing: str = "auto"
     log_level: str = "warning"
     # Limits on what one request may ask for (past them: HTTP 400 / ValueError).

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from sglite.runtime.model.config import ModelConfig
+from sglite.runtime.model.gguf_index import GGUFFile, open_gguf, sglite_cache_dir
 from sglite.runtime.model.quantization import (
     Int4Parts,
     dequantize_gguf_int4,
@@ -58,116 +59,60 @@ _BLOCK_TENSOR = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
 _SKIPPED = {"rope_freqs.weight"}
 
 
-def _fast_reader_class() -> type:
-    """`gguf.GGUFReader` whose file map is a plain ndarray view of its `np.memmap`.
-
-    Why: the reader slices its map once per metadata item, and the vocabulary and merges are
-    ~100k items; every slice of an `np.memmap` runs memmap's Python-level `__getitem__` and
-    `__array_finalize__`, half of the reader's time (~1.5 s of 3 for the default model). A
-    plain view slices in C, still reads the same mapped pages, and keeps the map alive."""
-    import gguf
-    import numpy as np
-
-    class FastGGUFReader(gguf.GGUFReader):
-        @property
-        def data(self) -> Any:
-            return self._plain_data
-
-        @data.setter
-        def data(self, value: Any) -> None:
-            self._plain_data = value.view(np.ndarray) if isinstance(value, np.memmap) else value
-
-    return FastGGUFReader
-
-
-def read_gguf(path: str) -> Any:
-    """Open a GGUF file; raises ValueError when it is not a valid (complete) GGUF file."""
-    try:
-        reader = _fast_reader_class()(path)
-    except Exception as exc:  # the reader raises many types on garbage input
-        raise ValueError(f"{path} is not a valid GGUF file: {exc}") from exc
-    for tensor in reader.tensors:
-        # A truncated file maps shorter arrays instead of failing at open time.
-        if tensor.data.nbytes != tensor.n_bytes:
-            raise ValueError(
-                f"{path} is not a valid GGUF file: tensor {tensor.name} is truncated "
-                f"({tensor.data.nbytes} of {tensor.n_bytes} bytes)"
-            )
-    return reader
-
-
-def _field(reader: Any, key: str, default: Any = None) -> Any:
-    """A metadata value as a python scalar, str or list (default when absent)."""
-    import gguf
-
-    field = reader.fields.get(key)
-    if field is None or not field.types:
-        return default
-    as_str = lambda part: bytes(part).decode("utf-8")  # noqa: E731
-    kind = field.types[0]
-    if kind == gguf.GGUFValueType.ARRAY:
-        if field.types[-1] == gguf.GGUFValueType.STRING:
-            return [as_str(field.parts[i]) for i in field.data]
-        return [v for i in field.data for v in field.parts[i].tolist()]
-    if kind == gguf.GGUFValueType.STRING:
-        return as_str(field.parts[-1])
-    return field.parts[-1].tolist()[0]
-
-
-def gguf_config(reader: Any, path: str = "<gguf>") -> ModelConfig:
+def gguf_config(gf: GGUFFile, path: str = "<gguf>") -> ModelConfig:
     """Build the ModelConfig from GGUF metadata (`{arch}.*` and `tokenizer.ggml.*` keys)."""
-    arch = _field(reader, "general.architecture")
+    arch = gf.field("general.architecture")
     if arch not in GGUF_ARCHS:
         raise ValueError(
             f"{path}: unsupported GGUF architecture {arch!r}; supported: {', '.join(GGUF_ARCHS)}"
         )
-    hidden = int(_field(reader, f"{arch}.embedding_length"))
-    heads = int(_field(reader, f"{arch}.attention.head_count"))
-    kv_heads = int(_field(reader, f"{arch}.attention.head_count_kv", heads))
-    head_dim = int(_field(reader, f"{arch}.attention.key_length", hidden // heads))
-    rope_dim = _field(reader, f"{arch}.rope.dimension_count", head_dim)
+    hidden = int(gf.field(f"{arch}.embedding_length"))
+    heads = int(gf.field(f"{arch}.attention.head_count"))
+    kv_heads = int(gf.field(f"{arch}.attention.head_count_kv", heads))
+    head_dim = int(gf.field(f"{arch}.attention.key_length", hidden // heads))
+    rope_dim = gf.field(f"{arch}.rope.dimension_count", head_dim)
     if int(rope_dim) != head_dim:
         raise ValueError(f"{path}: partial rotary embeddings ({rope_dim}/{head_dim}) unsupported")
-    tensor_names = {t.name for t in reader.tensors}
-    vocab = _field(reader, f"{arch}.vocab_size")
+    tensor_names = {t.name for t in gf.tensors}
+    vocab = gf.field(f"{arch}.vocab_size")
     if vocab is None:
-        embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
+        embd = next(t for t in gf.tensors if t.name == "token_embd.weight")
         vocab = int(embd.shape[-1])  # ggml order: [hidden, vocab]
-    eos = [_field(reader, f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
+    eos = [gf.field(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
     return ModelConfig(
         arch=GGUF_ARCHS[arch],
         vocab_size=int(vocab),
         hidden_size=hidden,
-        intermediate_size=int(_field(reader, f"{arch}.feed_forward_length")),
-        num_layers=int(_field(reader, f"{arch}.block_count")),
+        intermediate_size=int(gf.field(f"{arch}.feed_forward_length")),
+        num_layers=int(gf.field(f"{arch}.block_count")),
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
-        rms_norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
-        rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
-        rope_scaling=_gguf_rope_scaling(reader, arch),
-        max_position_embeddings=int(_field(reader, f"{arch}.context_length", 2048)),
+        rms_norm_eps=float(gf.field(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
+        rope_theta=float(gf.field(f"{arch}.rope.freq_base", 10000.0)),
+        rope_scaling=_gguf_rope_scaling(gf, arch),
+        max_position_embeddings=int(gf.field(f"{arch}.context_length", 2048)),
         tie_word_embeddings="output.weight" not in tensor_names,
         attention_bias="blk.0.attn_q.bias" in tensor_names,
         o_proj_bias="blk.0.attn_output.bias" in tensor_names,
         mlp_bias="blk.0.ffn_down.bias" in tensor_names,
-        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
+        bos_token_id=gf.field("tokenizer.ggml.bos_token_id"),
         eos_token_ids=[int(e) for e in dict.fromkeys(eos) if e is not None],
     )
 
 
-def _gguf_rope_scaling(reader: Any, arch: str) -> dict[str, Any] | None:
-    freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+def _gguf_rope_scaling(gf: GGUFFile, arch: str) -> dict[str, Any] | None:
+    freqs = next((t for t in gf.tensors if t.name == "rope_freqs.weight"), None)
     if freqs is not None:
         # Llama 3.1 style: the converter baked the per-frequency divisors into a tensor.
         return {"rope_type": "freq_factors", "factors": np.asarray(freqs.data).tolist()}
-    kind = _field(reader, f"{arch}.rope.scaling.type")
+    kind = gf.field(f"{arch}.rope.scaling.type")
     if kind in (None, "none"):
         return None
     if kind == "linear":
         return {
             "rope_type": "linear",
-            "factor": float(_field(reader, f"{arch}.rope.scaling.factor")),
+            "factor": float(gf.field(f"{arch}.rope.scaling.factor")),
         }
     raise ValueError(f"unsupported GGUF rope scaling type {kind!r}; supported: linear")
 
@@ -189,15 +134,15 @@ def _unpermute_rows(w: torch.Tensor, n_head: int) -> torch.Tensor:
 
 
 def iter_gguf_weights(
-    reader: Any, config: ModelConfig, progress: bool = True
+    gf: GGUFFile, config: ModelConfig, progress: bool = True
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield `(hf_name, float32 tensor)` for every weight, dequantizing one tensor at a time."""
     import gguf
     from tqdm.auto import tqdm
 
-    arch = _field(reader, "general.architecture")
+    arch = gf.field("general.architecture")
     unpermute = arch in _PERMUTED_QK_ARCHS
-    for tensor in tqdm(reader.tensors, desc="loading GGUF", unit="tensor", disable=not progress):
+    for tensor in tqdm(gf.tensors, desc="loading GGUF", unit="tensor", disable=not progress):
         if tensor.name in _SKIPPED:
             continue
         name = _hf_name(tensor.name)
@@ -225,14 +170,14 @@ def iter_gguf_weights(
 
 
 def gguf_int4_source(
-    reader: Any, config: ModelConfig
+    gf: GGUFFile, config: ModelConfig
 ) -> Callable[[list[str]], list[Int4Parts] | None]:
     """A lookup for `CausalLM.quantize`: the file's own 4-bit values of each Hugging Face tensor
     in `names` (one fused projection), or None unless every one of them is Q4_0 / Q4_1."""
-    arch = _field(reader, "general.architecture")
+    arch = gf.field("general.architecture")
     unpermute = arch in _PERMUTED_QK_ARCHS
     by_name = {}
-    for tensor in reader.tensors:
+    for tensor in gf.tensors:
         name = _hf_name(tensor.name)
         if name is not None:
             by_name[name] = tensor
@@ -267,10 +212,7 @@ def gguf_int4_source(
 
 
 def _cache_root() -> Path:
-    root = os.environ.get("SGLITE_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "sglite"
-    )
-    return Path(root) / "tokenizers"
+    return sglite_cache_dir() / "tokenizers"
 
 
 def _cache_key(path: str) -> str:
@@ -281,7 +223,7 @@ def _cache_key(path: str) -> str:
     return hashlib.sha256(ident.encode()).hexdigest()[:20]
 
 
-def load_gguf_tokenizer(path: str, reader: Any | None = None) -> Tokenizer:
+def load_gguf_tokenizer(path: str, gf: GGUFFile | None = None) -> Tokenizer:
     """The tokenizer (and chat template) embedded in a GGUF file.
 
     Converting it takes transformers several seconds, so the converted tokenizer is cached on disk
@@ -299,9 +241,9 @@ def load_gguf_tokenizer(path: str, reader: Any | None = None) -> Tokenizer:
         except Exception as exc:  # a damaged cache entry: rebuild it
             logger.warning("rebuilding unreadable tokenizer cache %s: %s", cache_dir, exc)
             shutil.rmtree(cache_dir, ignore_errors=True)
-    if reader is None:
-        reader = read_gguf(path)
-    eos = [_field(reader, f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
+    if gf is None:
+        gf = open_gguf(path)
+    eos = [gf.field(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
     eos_ids = [int(e) for e in dict.fromkeys(eos) if e is not None]
     hf = AutoTokenizer.from_pretrained(
         os.path.dirname(path) or ".", gguf_file=os.path.basename(path)

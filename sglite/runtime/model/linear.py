@@ -5,12 +5,13 @@ Invariant: `Linear.forward(x)` computes `x @ weight.T + bias` whichever path run
 path (when `quantized` is set) differs from the dense one only by its rounding of the weights.
 
 Dense layouts: `weight` (`[out, in]`, contiguous) serves one-row products and the native decode
-step, which stream it row by row. With `finalize(extra_layouts=True)` two more copies are kept:
-the weight transposed (`weight_t`, `[in, out]`), which MKL/oneDNN multiply fastest for
-prefill-sized batches (1.36x at 1000 rows, bf16, 2 cores), and packed for oneDNN's blocked
-kernels (`packed`), 1.3-1.5x faster for 2-256 rows (bf16; float32 1.2-3x at 32 rows). They
-cost two more copies of the weights, so the loader keeps them only for models that can afford it
-(`--gemm-packing`).
+step, which stream it row by row. With `finalize(extra_layouts=True)` more copies are kept: the
+weight packed for oneDNN's blocked kernels (`packed`), 1.3-1.5x faster for 2-256 rows (bf16;
+float32 1.2-3x at 32 rows), and, in bf16 only, the weight transposed (`weight_t`, `[in, out]`),
+which oneDNN multiplies fastest for prefill-sized batches (1.36x at 1000 rows, 2 cores). In
+float32 the packed copy serves prefill too (it was 1.0-1.3x faster than the transposed one at
+1000 rows on 2 AVX2 cores), which saves a third copy of the weights. The loader keeps the extra
+layouts only for models that can afford them (`--gemm-packing`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from torch import nn
 
 from sglite.runtime.model.quantization import QuantizedWeight
 
-# Calls of more rows than this use the transposed weight rather than the packed one.
+# Calls of more rows than this use the transposed weight, where there is one, not the packed one.
 PACKED_MAX_ROWS = 256
 # The batch size oneDNN is told to pack for (a hint; any row count works).
 PACK_HINT_ROWS = 32
@@ -83,13 +84,14 @@ class Linear(nn.Linear):
         self.weight_t = self.packed = None
 
     def finalize(self, extra_layouts: bool) -> None:
-        """Add the transposed and oneDNN-packed copies of the dense weight (when
-        `extra_layouts`); call once the weights are loaded (and quantized)."""
+        """Add the oneDNN-packed copy of the dense weight and, outside float32, the transposed
+        one (when `extra_layouts`); call once the weights are loaded (and quantized)."""
         if not extra_layouts or self.weight.numel() == 0 or self.weight.device.type != "cpu":
             self.weight_t = self.packed = None
             return
-        self.weight_t = self.weight.data.t().contiguous()
         self.packed = pack_for_onednn(self.weight.data)
+        needs_transposed = self.packed is None or self.weight.dtype != torch.float32
+        self.weight_t = self.weight.data.t().contiguous() if needs_transposed else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """`[T, in] -> [T, out]`."""
@@ -98,8 +100,9 @@ class Linear(nn.Linear):
         if q is not None and (self.quantized_max_rows < 0 or rows <= self.quantized_max_rows):
             y = q.matmul(x)
             return y if self.bias is None else y + self.bias
-        if self.packed is not None and 1 < rows <= PACKED_MAX_ROWS and x.is_contiguous():
-            return packed_linear(x, self.packed, self.bias)
+        if self.packed is not None and rows > 1 and x.is_contiguous():
+            if rows <= PACKED_MAX_ROWS or self.weight_t is None:
+                return packed_linear(x, self.packed, self.bias)
         if self.weight_t is not None and rows > 1:
             if self.bias is None:
                 return torch.matmul(x, self.weight_t)

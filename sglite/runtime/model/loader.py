@@ -90,7 +90,8 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device | str = "cpu") 
     return _DTYPES[name]
 
 
-# The extra layouts triple the dense weights in memory: auto keeps them for small models only.
+# The extra layouts double (float32) or triple (bf16) the dense weights in memory: auto keeps them
+# for small models only.
 AUTO_PACK_MAX_BYTES = 1 << 30
 
 
@@ -182,16 +183,17 @@ def load_model(
     file that is not valid GGUF/safetensors.
     """
     from sglite.runtime.model import gguf_loader, hf_loader
+    from sglite.runtime.model.gguf_index import open_gguf
 
     path = _resolve_path(model_path)
     path = _single_gguf_in(path) or path
     dev = torch.device(device)
     torch_dtype = resolve_dtype(dtype, dev)
-    reader = None
+    gguf_file = None
     if _is_gguf(path):
-        reader = gguf_loader.read_gguf(path)
-        config = gguf_loader.gguf_config(reader, path)
-        weights = gguf_loader.iter_gguf_weights(reader, config, progress)
+        gguf_file = open_gguf(path)
+        config = gguf_loader.gguf_config(gguf_file, path)
+        weights = gguf_loader.iter_gguf_weights(gguf_file, config, progress)
     elif os.path.isdir(path):
         config = hf_loader.hf_config(path)
         weights = hf_loader.iter_safetensors_weights(hf_loader.safetensors_files(path), progress)
@@ -202,11 +204,13 @@ def load_model(
     model = CausalLM.empty(config, torch_dtype, dev, plan, tp)
     model.load_weights(weights)
     if quantization != "none":
-        source = gguf_loader.gguf_int4_source(reader, config) if reader is not None else None
+        source = None
+        if gguf_file is not None:
+            source = gguf_loader.gguf_int4_source(gguf_file, config)
         model.quantize(quantization, quantized_max_rows, source)
     model.finalize_weights(pack=_should_pack(gemm_packing, model))
-    if tokenizer_path is None and reader is not None:
-        tokenizer = gguf_loader.load_gguf_tokenizer(path, reader)  # reuse the parsed metadata
+    if tokenizer_path is None and gguf_file is not None:
+        tokenizer = gguf_loader.load_gguf_tokenizer(path, gguf_file)  # reuse the parsed metadata
     else:
         tokenizer = load_tokenizer(tokenizer_path or path)
     for eos in config.eos_token_ids:  # the model's own stop tokens always stop generation

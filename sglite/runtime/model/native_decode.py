@@ -1,17 +1,22 @@
 """The decoder layers of a small DECODE batch run in one native call (`kernels/decode_step.c`).
 
 `NativeDecoder` describes every layer's weights, norms and KV tensors to the C side once (as
-ctypes structs holding pointers into the model's own tensors, which it keeps alive) and then
+ctypes structs holding pointers into the model's own tensors) and then
 runs a whole decode step's layers with one call, so per-step Python cost no longer grows with
 the layer count. It serves DECODE batches of up to 8 rows on CPU, in float32
 or bfloat16, for Llama-family and Qwen2 models; anything else (prefill, large batches, CUDA,
 no compiler) goes through the PyTorch path, which computes the same thing.
+
+The model owns its decoder and the decoder refers back to it weakly: a strong reference both ways
+made a cycle that kept a discarded model's weights in memory until the next full garbage
+collection. The pointers stay valid while the decoder is reachable, i.e. while the model lives.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
+import weakref
 from typing import TYPE_CHECKING
 
 import torch
@@ -85,7 +90,7 @@ class NativeDecoder:
     """Runs `CausalLM`'s layers for small DECODE batches in C (see module docstring)."""
 
     def __init__(self, model: CausalLM, lib: ctypes.CDLL) -> None:
-        self.model = model
+        self.model = weakref.proxy(model)
         self.lib = lib
         self.max_rows = int(lib.native_decode_max_rows())
         self.quantized_rows_limit = int(lib.qgemv_max_rows())
