@@ -84,13 +84,20 @@ def open_gguf(path: str) -> GGUFFile:
     return parsed
 
 
+def file_cache_key(path: str, *versions: str) -> str:
+    """A key for caches derived from the file at `path`: its real path, size and modification
+    time, and the `versions` of what derived them. Raises OSError when the file is missing."""
+    st = os.stat(path)
+    ident = "|".join([os.path.realpath(path), str(st.st_size), str(st.st_mtime_ns), *versions])
+    return hashlib.sha256(ident.encode()).hexdigest()[:20]
+
+
 def _entry_path(path: str) -> Path | None:
     try:
-        st = os.stat(path)
+        key = file_cache_key(path, version("gguf"), str(_FORMAT))
     except OSError:
         return None
-    ident = f"{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}|{version('gguf')}|{_FORMAT}"
-    return sglite_cache_dir() / "gguf" / (hashlib.sha256(ident.encode()).hexdigest()[:20] + ".json")
+    return sglite_cache_dir() / "gguf" / f"{key}.json"
 
 
 def _fast_reader_class() -> type:

@@ -7,7 +7,6 @@ they are permuted back here so the model can use the rotate-half layout.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -22,7 +21,12 @@ import numpy as np
 import torch
 
 from sglite.runtime.model.config import ModelConfig
-from sglite.runtime.model.gguf_index import GGUFFile, open_gguf, sglite_cache_dir
+from sglite.runtime.model.gguf_index import (
+    GGUFFile,
+    file_cache_key,
+    open_gguf,
+    sglite_cache_dir,
+)
 from sglite.runtime.model.quantization import (
     Int4Parts,
     dequantize_gguf_int4,
@@ -218,9 +222,7 @@ def _cache_root() -> Path:
 def _cache_key(path: str) -> str:
     import transformers
 
-    st = os.stat(path)
-    ident = f"{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}|{transformers.__version__}"
-    return hashlib.sha256(ident.encode()).hexdigest()[:20]
+    return file_cache_key(path, transformers.__version__)
 
 
 def load_gguf_tokenizer(path: str, gf: GGUFFile | None = None) -> Tokenizer:

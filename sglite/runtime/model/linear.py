@@ -100,9 +100,10 @@ class Linear(nn.Linear):
         if q is not None and (self.quantized_max_rows < 0 or rows <= self.quantized_max_rows):
             y = q.matmul(x)
             return y if self.bias is None else y + self.bias
-        if self.packed is not None and rows > 1 and x.is_contiguous():
-            if rows <= PACKED_MAX_ROWS or self.weight_t is None:
-                return packed_linear(x, self.packed, self.bias)
+        # Packed up to PACKED_MAX_ROWS rows, and beyond them where there is no transposed copy.
+        packed_fits = rows <= PACKED_MAX_ROWS or self.weight_t is None
+        if self.packed is not None and rows > 1 and packed_fits and x.is_contiguous():
+            return packed_linear(x, self.packed, self.bias)
         if self.weight_t is not None and rows > 1:
             if self.bias is None:
                 return torch.matmul(x, self.weight_t)
