@@ -207,7 +207,9 @@ def compare(name: str, rounds, pool: int, working_set: int, max_new: int, conc: 
     configs["large pool (ceiling)"] = {"max_total_tokens": host_tokens}
     for label, flags in configs.items():
         flags = {"max_total_tokens": pool, **flags}
-        engine = sglite.Engine(num_threads=args.num_threads, dtype=args.dtype, **flags)
+        engine = sglite.Engine(
+            num_threads=args.num_threads, dtype=args.dtype, quantization=args.quantization, **flags
+        )
         try:
             warm_up(engine, rounds, max_new, conc)
             runs[label] = play(engine, rounds, max_new, conc)
@@ -259,10 +261,18 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--num-threads", type=int, default=None)
     parser.add_argument("--dtype", default="auto", help="float32 makes every lossless tier exact")
+    parser.add_argument(
+        "--quantization",
+        default="none",
+        choices=("none", "int8", "int4"),
+        help="weight format of the decode steps (prefill stays dense)",
+    )
     args = parser.parse_args()
     quick = args.quick
     load_before = os.getloadavg()
     print(f"load average before: {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}")
+    print(f"dtype {args.dtype}, quantization {args.quantization}, {args.concurrency} in flight, "
+          f"threads {args.num_threads or 'default'}")  # fmt: skip
 
     workloads = {
         "multi-turn chat": (chat_rounds(8 if quick else 24, seed=1), 16),
