@@ -250,73 +250,82 @@ static inline __attribute__((always_inline)) void int4_block_vnni(
 
 #if !defined(__AVX512VNNI__) && VEC == 8
 #define INT4_INTEGER_DOT 1
+#define INT4_PAIR_INTERLEAVED 1
 /*
- * int4 on AVX2, with the arithmetic of int4_block_vnni one group of 32 at a time: the 4-bit
- * weights (unsigned bytes) times xq by `vpmaddubsw` (pairs of products in int16: at most
- * 2 x 15 x 127, no saturation) and `vpmaddwd` with ones (int32), scaled by s_g dx_g in float.
+ * int4 on AVX2, with the arithmetic of int4_block_vnni one pair of groups at a time: the 32
+ * bytes of a pair give the low nibbles of both groups (values 0-15 of each) and the high nibbles
+ * (values 16-31), which meet xq stored pair-interleaved to match (quantize_x_groups):
+ * `vpmaddubsw` (4-bit weights as unsigned bytes times xq, pairs of products in int16), the low
+ * and high halves added in int16 (at most 4 x 15 x 127, no saturation), `vpmaddwd` with ones,
+ * then one float FMA per pair scaled by (s_g dx_g) for group g in each 128-bit lane.
+ * `sv` holds the row's scales as (s of group 2p) x 4 then (s of group 2p + 1) x 4 per pair, and
+ * `dxv[m][pair]` the x scales the same way.
  */
-/* Group g of one weight row against every x row, into chain `a` of each row's accumulators. */
-static inline __attribute__((always_inline)) void int4_group_avx2(
-    const int R, __m256 acc[][4], const int a, int64_t g, const uint8_t *pn, const float *so,
-    const int8_t *xq, const float *dxx, int64_t pairs, int64_t k, __m128i mask, __m256i ones) {
-  const __m128i bytes = _mm_loadu_si128((const __m128i *)(pn + g * (Q4_GROUP / 2)));
-  const __m256i w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bytes, 4), mask),
-                                     _mm_and_si128(bytes, mask));
-  const __m256 s = _mm256_set1_ps(so[2 * g]);
+static inline __attribute__((always_inline)) void int4_pair_avx2(
+    const int R, __m256 acc[][3], const int a, int64_t p, const uint8_t *pn, const float *sv,
+    const int8_t *xq, const float *dxv, int64_t pairs, int64_t k, __m256i mask, __m256i ones) {
+  const __m256i bytes = _mm256_loadu_si256((const __m256i *)(pn + p * Q4_GROUP));
+  const __m256i low = _mm256_and_si256(bytes, mask);
+  const __m256i high = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);
+  const __m256 s = _mm256_loadu_ps(sv + 8 * p);
   for (int m = 0; m < R; m++) {
-    const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + m * k + g * Q4_GROUP));
-    const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(w, xv), ones);
-    const __m256 scale =
-        _mm256_mul_ps(s, _mm256_loadu_ps(dxx + (m * pairs + g / 2) * 16 + (g % 2) * 8));
+    const int8_t *xp = xq + m * k + p * 2 * Q4_GROUP;
+    const __m256i lo = _mm256_maddubs_epi16(low, _mm256_loadu_si256((const __m256i *)xp));
+    const __m256i hi =
+        _mm256_maddubs_epi16(high, _mm256_loadu_si256((const __m256i *)(xp + Q4_GROUP)));
+    const __m256i dot = _mm256_madd_epi16(_mm256_add_epi16(lo, hi), ones);
+    const __m256 scale = _mm256_mul_ps(s, _mm256_loadu_ps(dxv + (m * pairs + p) * 8));
     acc[m][a] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[m][a]);
   }
 }
 
 static inline __attribute__((always_inline)) void int4_block_avx2(
-    const int R, int dtype, const int8_t *xq, const float *dxx, const float *xsum2,
+    const int R, int dtype, const int8_t *xq, const float *dxv, const float *xsum2,
     const uint8_t *packed, const uint16_t *scale_offset, void *y, int64_t n0, int64_t n1,
     int64_t n_out, int64_t k) {
   const int64_t groups = k / Q4_GROUP, pairs = groups / 2, halves = 2 * groups;
-  float so[halves];
-  const __m128i mask = _mm_set1_epi8(0x0f);
+  float so[halves], sv[pairs * 8];
+  const __m128i mask128 = _mm_set1_epi8(0x0f);
+  const __m256i mask = _mm256_set_m128i(mask128, mask128);
   const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i first_pair = _mm256_set_epi32(2, 2, 2, 2, 0, 0, 0, 0);
+  const __m256i second_pair = _mm256_set_epi32(6, 6, 6, 6, 4, 4, 4, 4);
   for (int64_t n = n0; n < n1; n++) {
     const uint8_t *pn = packed + n * (k / 2);
     const uint16_t *son = scale_offset + n * halves;
-    /* Chains per row: enough to cover the FMA latency, few enough to stay in registers. */
-    enum { CHAINS = 4 };
-    __m256 acc[QGEMV_MAX_ROWS][CHAINS];
+    /* Chains 0 and 1 take alternate pairs, chain 2 the offsets. */
+    __m256 acc[QGEMV_MAX_ROWS][3];
     for (int m = 0; m < R; m++)
-      for (int c = 0; c < CHAINS; c++) acc[m][c] = _mm256_setzero_ps();
-    /* Widen the (scale, offset) pairs; the offset part (their dot product with xsum2) goes into
-     * chain 3 as vectors, as a scalar loop it would cost more than the groups themselves. */
+      for (int c = 0; c < 3; c++) acc[m][c] = _mm256_setzero_ps();
+    /* Widen the (scale, offset) pairs of two pairs of groups at a time into sv; the offset part
+     * (their dot product with xsum2) goes into chain 2 as vectors. */
     float off[QGEMV_MAX_ROWS] = {0};
     int64_t c = 0;
     for (; c + 8 <= halves; c += 8) {
       const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(son + c)));
-      _mm256_storeu_ps(so + c, v);
+      _mm256_storeu_ps(sv + 2 * c, _mm256_permutevar8x32_ps(v, first_pair));
+      _mm256_storeu_ps(sv + 2 * c + 8, _mm256_permutevar8x32_ps(v, second_pair));
       for (int m = 0; m < R; m++)
-        acc[m][3] = _mm256_fmadd_ps(v, _mm256_loadu_ps(xsum2 + m * halves + c), acc[m][3]);
+        acc[m][2] = _mm256_fmadd_ps(v, _mm256_loadu_ps(xsum2 + m * halves + c), acc[m][2]);
     }
+    const int64_t widened = c / 4; /* pairs whose scales are already in sv */
     for (; c < halves; c++) {
       so[c] = f16_to_f32(son[c]);
       for (int m = 0; m < R; m++) off[m] += so[c] * xsum2[m * halves + c];
     }
-    /* Groups go to the chains in a fixed order (unrolled), so each chain's accumulator is a
-     * register: an index computed per group (g % chains) kept them in memory. */
-    int64_t g = 0;
-    if (R <= 2)
-      for (; g + 4 <= groups; g += 4)
-        for (int a = 0; a < 4; a++)
-          int4_group_avx2(R, acc, a, g + a, pn, so, xq, dxx, pairs, k, mask, ones);
-    else
-      for (; g + 2 <= groups; g += 2)
+    for (int64_t p = widened; p < pairs; p++)
+      for (int j = 0; j < 4; j++) {
+        sv[8 * p + j] = so[4 * p];
+        sv[8 * p + 4 + j] = so[4 * p + 2];
+      }
+    int64_t p = 0;
+    if (R <= 4)
+      for (; p + 2 <= pairs; p += 2)
         for (int a = 0; a < 2; a++)
-          int4_group_avx2(R, acc, a, g + a, pn, so, xq, dxx, pairs, k, mask, ones);
-    for (; g < groups; g++) int4_group_avx2(R, acc, 0, g, pn, so, xq, dxx, pairs, k, mask, ones);
+          int4_pair_avx2(R, acc, a, p + a, pn, sv, xq, dxv, pairs, k, mask, ones);
+    for (; p < pairs; p++) int4_pair_avx2(R, acc, 0, p, pn, sv, xq, dxv, pairs, k, mask, ones);
     for (int m = 0; m < R; m++) {
-      const __m256 total =
-          _mm256_add_ps(_mm256_add_ps(acc[m][0], acc[m][1]), _mm256_add_ps(acc[m][2], acc[m][3]));
+      const __m256 total = _mm256_add_ps(_mm256_add_ps(acc[m][0], acc[m][1]), acc[m][2]);
       store(y, m * n_out + n, vsum(total) + off[m], dtype);
     }
   }
@@ -353,7 +362,8 @@ typedef void (*int4_vnni_fn)(int, const int8_t *, const float *, const float *, 
 static const int4_vnni_fn int4_vnni_by_rows[QGEMV_MAX_ROWS] = {FOR_EACH_ROWS(LIST_INT4_VNNI)};
 
 /*
- * Per group of 32: xq = round(x / dx) with dx = max|x| / 127; dxx as int4_block_vnni wants.
+ * Per group of 32: xq = round(x / dx) with dx = max|x| / 127; xq and dxx laid out as this
+ * build's int4 kernel wants (pair-interleaved on AVX2: see int4_block_avx2).
  * xsum2 pairs (c_g, sum of x over g) meet the (scale, offset) pairs in one dot product, with
  * c_g = 8 (sum x - dx sum xq): that moves the integer part to (q - 8) xq, whose rounding error
  * is half that of q xq, and keeps the rest exact: W x = sum s dx (q - 8).xq + sum (o + 8 s) sum x.
@@ -370,11 +380,22 @@ static void quantize_x_groups(const float *xf, const float *xsum, int64_t rows, 
       int32_t qsum = 0;
       for (int64_t j = 0; j < Q4_GROUP; j++) {
         const int8_t v = (int8_t)lrintf(xg[j] * inv);
-        xq[m * k + g * Q4_GROUP + j] = v;
+#ifdef INT4_PAIR_INTERLEAVED
+        /* Pair p: values 0-15 of groups 2p and 2p + 1, then values 16-31 of both. */
+        const int64_t at = (g / 2) * 2 * Q4_GROUP + (j / 16) * Q4_GROUP + (g % 2) * 16 + j % 16;
+#else
+        const int64_t at = g * Q4_GROUP + j;
+#endif
+        xq[m * k + at] = v;
         qsum += v;
       }
+#ifdef INT4_PAIR_INTERLEAVED
+      float *dst = dxx + (m * pairs + g / 2) * 8 + (g % 2) * 4;
+      for (int j = 0; j < 4; j++) dst[j] = dx;
+#else
       float *dst = dxx + (m * pairs + g / 2) * 16 + (g % 2) * 8;
       for (int j = 0; j < 8; j++) dst[j] = dx;
+#endif
       const float sum = xsum[m * groups + g];
       xsum2[m * 2 * groups + 2 * g] = 8.0f * (sum - dx * (float)qsum);
       xsum2[m * 2 * groups + 2 * g + 1] = sum;
