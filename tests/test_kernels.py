@@ -134,12 +134,15 @@ def test_library_is_cached_per_source(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("dtype, tol", DTYPES)
 @pytest.mark.parametrize("rows", [1, 3, 8])
-def test_quantized_gemv(dtype, tol, rows):
+# k = 576: 18 groups of 32 (pairs of groups, vector and scalar tails); 64: one pair only; 96: an
+# odd group count (the float path)
+@pytest.mark.parametrize("k", [576, 64, 96])
+def test_quantized_gemv(dtype, tol, rows, k):
     from sglite.runtime.model.quantization import Int4Weight, Int8Weight, quantize_int4
 
     torch.manual_seed(rows)
-    w = torch.randn(200, 576)
-    x = torch.randn(rows, 576).to(dtype)
+    w = torch.randn(200, k)
+    x = torch.randn(rows, k).to(dtype)
     q8 = Int8Weight(w, dtype)
     dense8 = q8.values.float() * q8.scale[:, None]
     out8 = kernels.int8_gemv(x, q8.values, q8.scale)
