@@ -233,6 +233,18 @@ def test_cost_model_compares_load_and_recompute() -> None:
     assert costs.miss_cost_per_token("host") < costs.miss_cost_per_token(None)
 
 
+def test_cost_model_learns_the_per_token_cost_from_real_prefills_only() -> None:
+    # A 1-token pass costs about a decode step (here 30 ms); counted as a sample it would make
+    # every recompute look 30x dearer than the 1 ms per token the long passes show.
+    costs = TierCostModel(bytes_per_token={"host": 1000, "disk": 1000})
+    costs.observe_prefill(tokens=1, seconds=0.03)
+    assert costs.prefill_samples == 0
+    costs.observe_prefill(tokens=500, seconds=0.5)
+    for _ in range(20):
+        costs.observe_prefill(tokens=1, seconds=0.03)
+    assert costs.recompute_seconds(100) == pytest.approx(0.1)
+
+
 def test_quantized_host_tier_holds_more_and_stays_close() -> None:
     exact = HostKVPool.token_bytes(30, 3, 64, torch.bfloat16, quantize=False)
     assert HostKVPool.token_bytes(30, 3, 64, torch.bfloat16, quantize=True) < 0.6 * exact

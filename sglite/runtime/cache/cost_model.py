@@ -18,6 +18,10 @@ _EMA = 0.2
 # Before the first prefill is measured: a conservative guess (this model on 2 CPU cores is
 # ~1 ms/token; a GPU is far faster, and its first measurement replaces this within a pass).
 _DEFAULT_PREFILL_S_PER_TOKEN = 1e-4
+# Prefill passes shorter than this are not samples: a pass of a few tokens costs about one
+# decode step (every weight read once) whatever its length, so its time per token overstates,
+# by up to 10x, what recomputing a span adds to an extend.
+MIN_PREFILL_SAMPLE_TOKENS = 32
 _DEFAULT_BANDWIDTH = {"host": 2e9, "disk": 5e8}
 _DEFAULT_OVERHEAD_S = {"host": 2e-4, "disk": 1e-3}
 
@@ -33,8 +37,9 @@ class TierCostModel:
     prefill_samples: int = 0
 
     def observe_prefill(self, tokens: int, seconds: float) -> None:
-        """Record one prefill pass that computed `tokens` tokens in `seconds`."""
-        if tokens <= 0 or seconds <= 0:
+        """Record one prefill pass that computed `tokens` tokens in `seconds` (passes shorter
+        than MIN_PREFILL_SAMPLE_TOKENS are ignored)."""
+        if tokens < MIN_PREFILL_SAMPLE_TOKENS or seconds <= 0:
             return
         sample = seconds / tokens
         if self.prefill_samples == 0:
