@@ -284,9 +284,8 @@ static inline __attribute__((always_inline)) void int4_block_avx2(
     const uint8_t *packed, const uint16_t *scale_offset, void *y, int64_t n0, int64_t n1,
     int64_t n_out, int64_t k) {
   const int64_t groups = k / Q4_GROUP, pairs = groups / 2, halves = 2 * groups;
-  float so[halves], sv[pairs * 8];
-  const __m128i mask128 = _mm_set1_epi8(0x0f);
-  const __m256i mask = _mm256_set_m128i(mask128, mask128);
+  float sv[pairs * 8];
+  const __m256i mask = _mm256_set1_epi8(0x0f);
   const __m256i ones = _mm256_set1_epi16(1);
   const __m256i first_pair = _mm256_set_epi32(2, 2, 2, 2, 0, 0, 0, 0);
   const __m256i second_pair = _mm256_set_epi32(6, 6, 6, 6, 4, 4, 4, 4);
@@ -308,16 +307,17 @@ static inline __attribute__((always_inline)) void int4_block_avx2(
       for (int m = 0; m < R; m++)
         acc[m][2] = _mm256_fmadd_ps(v, _mm256_loadu_ps(xsum2 + m * halves + c), acc[m][2]);
     }
-    const int64_t widened = c / 4; /* pairs whose scales are already in sv */
-    for (; c < halves; c++) {
-      so[c] = f16_to_f32(son[c]);
-      for (int m = 0; m < R; m++) off[m] += so[c] * xsum2[m * halves + c];
-    }
-    for (int64_t p = widened; p < pairs; p++)
+    if (c < halves) { /* one pair left: the group count is even, so halves % 4 == 0 */
+      float t[4];
       for (int j = 0; j < 4; j++) {
-        sv[8 * p + j] = so[4 * p];
-        sv[8 * p + 4 + j] = so[4 * p + 2];
+        t[j] = f16_to_f32(son[c + j]);
+        for (int m = 0; m < R; m++) off[m] += t[j] * xsum2[m * halves + c + j];
       }
+      for (int j = 0; j < 4; j++) {
+        sv[2 * c + j] = t[0];
+        sv[2 * c + 4 + j] = t[2];
+      }
+    }
     int64_t p = 0;
     if (R <= 4)
       for (; p + 2 <= pairs; p += 2)
