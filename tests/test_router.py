@@ -395,21 +395,26 @@ def test_killed_worker_loses_no_request_and_comes_back(workers, rr_router):
     url = rr_router.url
     victim = workers[1]
     long_run = {"max_new_tokens": 48, "ignore_eos": True}
+    # Streams long enough to be still running at the kill whatever the machine's speed.
     body = {
         "text": "Tell a long story about a lighthouse.",
-        "sampling_params": {**GREEDY, **long_run},
+        "sampling_params": {**GREEDY, "max_new_tokens": 160, "ignore_eos": True},
     }
 
     def one(i: int) -> dict:
         return generate(url, f"Story {i}: once upon a time", **long_run)
 
     with ThreadPoolExecutor(14) as pool:
+        # The two streams alone first: round robin then gives each worker one of them (sent
+        # together with the other requests, both could land on the survivor).
         streams = [pool.submit(stream_events, url, body) for _ in range(2)]
-        futures = [pool.submit(one, i) for i in range(12)]
         deadline = time.monotonic() + 120
-        while not _running(victim):
-            assert time.monotonic() < deadline, "the victim never got work"
+        while not all(_running(w) for w in workers):
+            assert time.monotonic() < deadline, "the streams never started on both workers"
             time.sleep(0.2)
+        futures = [pool.submit(one, i) for i in range(12)]
+        while _running_count(victim) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)  # some non-streamed requests in flight on the victim too
         os.kill(victim.proc.pid, signal.SIGKILL)
         results = [f.result(timeout=300) for f in futures]
         events = [s.result(timeout=300) for s in streams]
@@ -435,6 +440,10 @@ def test_killed_worker_loses_no_request_and_comes_back(workers, rr_router):
     assert counters(restarted)[1] > 0  # the new process really served them
 
 
-def _running(worker: ServerProcess) -> bool:
+def _running_count(worker: ServerProcess) -> int:
     info = requests.get(worker.url + "/get_server_info", timeout=30).json()
-    return info["num_running_reqs"] > 0
+    return info["num_running_reqs"]
+
+
+def _running(worker: ServerProcess) -> bool:
+    return _running_count(worker) > 0
