@@ -62,11 +62,15 @@ static float *load_x(int dtype, const void *x, int64_t rows, int64_t k) {
  * One int8 output row block for a fixed row count R (inlined per R, so accumulators stay in
  * registers). Two accumulators per row break the FMA dependency chain.
  */
+/* Weight rows requested ahead of the one being read (prefetch_bytes). */
+#define PREFETCH_ROWS 8
+
 static inline __attribute__((always_inline)) void int8_block(
     const int R, int dtype, const float *xf, const int8_t *q, const float *scale, void *y,
     int64_t n0, int64_t n1, int64_t n_out, int64_t k) {
   for (int64_t n = n0; n < n1; n++) {
     const int8_t *qn = q + n * k;
+    if (n + PREFETCH_ROWS < n1) prefetch_bytes(qn + PREFETCH_ROWS * k, k);
     vec_t acc[QGEMV_MAX_ROWS][2];
     for (int m = 0; m < R; m++) acc[m][0] = acc[m][1] = vzero();
     int64_t i = 0;
@@ -292,6 +296,10 @@ static inline __attribute__((always_inline)) void int4_block_avx2(
   for (int64_t n = n0; n < n1; n++) {
     const uint8_t *pn = packed + n * (k / 2);
     const uint16_t *son = scale_offset + n * halves;
+    if (n + PREFETCH_ROWS < n1) {
+      prefetch_bytes(pn + PREFETCH_ROWS * (k / 2), k / 2);
+      prefetch_bytes(son + PREFETCH_ROWS * halves, halves * 2);
+    }
     /* Chains 0 and 1 take alternate pairs, chain 2 the offsets. */
     __m256 acc[QGEMV_MAX_ROWS][3];
     for (int m = 0; m < R; m++)
