@@ -36,6 +36,24 @@ def test_add_rms_norm(dtype, tol, rows):
     _close(plain, F.rms_norm(residual.float(), (576,), weight.float(), 1e-5), tol * 4)
 
 
+@pytest.mark.parametrize("n", [1, 63, 64, 49152])
+def test_row_max_matches_torch_max(n):
+    """Greedy sampling's argmax: values and first indices as torch.max gives them, NaN rows
+    reported with NaN (the sampler fails such a row), ties resolved to the first index."""
+    torch.manual_seed(n)
+    x = torch.randn(6, n)
+    x[1, n // 3] = float("nan")
+    x[2] = float("-inf")
+    x[3, n - 1] = float("inf")
+    x[4, -1] = x[4, 0] = x[4].max() + 1  # a tie: the first one wins
+    x[5, n // 2 :] = float("nan")
+    values, indices = kernels.row_max(x)
+    ref = x.max(dim=-1)
+    assert torch.equal(indices, ref.indices)
+    torch.testing.assert_close(values, ref.values, equal_nan=True)
+    assert kernels.row_max(x.to(torch.bfloat16)) is None  # float32 only: the caller falls back
+
+
 @pytest.mark.parametrize("dtype, tol", DTYPES)
 @pytest.mark.parametrize("rows", [1, 40])
 def test_silu_mul(dtype, tol, rows):

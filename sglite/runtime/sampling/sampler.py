@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sglite.runtime.model import kernels
 from sglite.runtime.sampling.params import SamplingParams
 
 _SEED_MASK = (1 << 64) - 1
@@ -242,18 +243,19 @@ class Sampler:
         x = logits if logits.dtype == torch.float32 else logits.float()
         x = self._apply_penalties(x, logits, infos)
         x = self._mask_min_new_tokens(x, logits, infos, eos_token_ids)
-        x, invalid = self._neutralize_invalid_rows(x, logits)
-        tokens = self._choose(x, infos)
+        best, best_index = _row_max(x)
+        x, invalid = self._neutralize_invalid_rows(x, logits, best)
+        tokens = self._choose(x, infos, best_index)
         logprobs, tops = self._report_logprobs(x, tokens, top_nums, return_logprobs)
         return SampleResult(tokens.tolist(), logprobs, tops, invalid)
 
     @staticmethod
     def _neutralize_invalid_rows(
-        x: torch.Tensor, original: torch.Tensor
+        x: torch.Tensor, original: torch.Tensor, best: torch.Tensor
     ) -> tuple[torch.Tensor, list[int]]:
         """Rows with a NaN or without a finite logit become all-zero (so every path below stays
-        well-defined) and are returned by index. amax propagates NaN: one pass finds both."""
-        best = x.amax(dim=-1)
+        well-defined) and are returned by index. `best` is each row's max, NaN where the row
+        has one: one pass finds both."""
         bad = ~torch.isfinite(best)
         if not bool(bad.any()):
             return x, []
@@ -335,16 +337,19 @@ class Sampler:
         return x
 
     # ------------------------------------------------------------------ choosing tokens
-    def _choose(self, x: torch.Tensor, infos: list[SamplingInfo]) -> torch.Tensor:
+    def _choose(
+        self, x: torch.Tensor, infos: list[SamplingInfo], best_index: torch.Tensor
+    ) -> torch.Tensor:
+        """One token per row: `best_index` (each row's argmax) for greedy rows, a draw else."""
         batch = x.shape[0]
         sampled = [i for i, info in enumerate(infos) if not info.params.is_greedy]
         if not sampled:
-            return x.max(dim=-1).indices  # measured ~3x faster than argmax on CPU
+            return best_index
         tokens = torch.empty(batch, dtype=torch.long, device=x.device)
         if len(sampled) < batch:
             sampled_set = set(sampled)
             greedy = [i for i in range(batch) if i not in sampled_set]
-            _write_rows(tokens, greedy, _rows(x, greedy).max(dim=-1).indices)
+            _write_rows(tokens, greedy, _rows(best_index, greedy))
         # Unseeded rows are sampled together. Each seeded row is sampled on its own, so its
         # arithmetic (reduction splits, candidate counts) is bit-for-bit the same whatever
         # else is in the batch; otherwise rounding could flip a draw near a boundary.
@@ -599,6 +604,17 @@ class _Entries:
         """Drop the entries that were dropped from `cols`."""
         per_entry = per_entry.to(self.cols.device)
         return per_entry if self.inside is None else per_entry[self.inside]
+
+
+def _row_max(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's max (NaN where the row has one) and its first index, in one pass: the native
+    kernel on CPU (no OpenMP wake-up: 0.1-1 ms per PyTorch reduction at batch 1 after a decode
+    step), else `max(dim=-1)` (measured ~3x faster than argmax on CPU)."""
+    native = kernels.row_max(x)
+    if native is not None:
+        return native
+    result = x.max(dim=-1)
+    return result.values, result.indices
 
 
 def _rows(t: torch.Tensor, rows: list[int]) -> torch.Tensor:

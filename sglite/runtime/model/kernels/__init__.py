@@ -77,6 +77,21 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def row_max(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """`x.max(dim=-1)` (values, indices) of a contiguous float32 CPU `[rows, n]` in one pass on
+    the calling thread (no OpenMP wake-up), or None where the native kernel does not apply."""
+    if x.dim() != 2 or x.dtype != torch.float32 or not x.is_contiguous() or x.shape[1] == 0:
+        return None
+    lib = _lib_for(x)
+    if lib is None:
+        return None
+    rows, n = x.shape
+    values = x.new_empty(rows)
+    indices = torch.empty(rows, dtype=torch.long)
+    lib.row_max(x.data_ptr(), rows, n, values.data_ptr(), indices.data_ptr())
+    return values, indices
+
+
 def rope_store_kv(
     qkv: torch.Tensor,
     positions: torch.Tensor,

@@ -58,6 +58,7 @@ _SIGNATURES = {
     "rope_store_kv": "iPIIIIPPPPPPi",
     "paged_decode_attention": "iPIPPPIPPIIIIFIi",
     "int4_dequantize": "iPPPIIi",
+    "row_max": "PIIPP",
 }
 # Functions returning int (0 = done, -1 = refused: the caller falls back).
 _STATUS_SIGNATURES = {
