@@ -21,7 +21,11 @@ cache can do on the workload, since first sights of a token are misses everywher
 Restart: long prompts run once on an engine with a fresh `--hicache-dir` (cold; pages are
 written through), then again on a new engine over the same directory (warm; disk hits).
 
-Run: python -m benchmarks.bench_hicache [--quick]
+`--rounds N` runs every configuration N times in turn and reports medians (the machine's speed
+drifts by ±20% within minutes, more than some gaps being measured); `--configs`, `--workloads`
+and `--skip-restart` pick a subset.
+
+Run: python -m benchmarks.bench_hicache [--quick] [--rounds 3] [--configs "pool + host"]
 """
 
 from __future__ import annotations
@@ -189,41 +193,63 @@ def token_bytes(quantize: bool, dtype: str) -> int:
     return HostKVPool.token_bytes(30, 3, 64, torch_dtype, quantize)
 
 
-def compare(name: str, rounds, pool: int, working_set: int, max_new: int, conc: int, args) -> list:
-    """Each configuration on one workload; returns table rows."""
+CONFIGS = ("pool only", "pool + host", "pool + host int8", "pool + disk", "large pool (ceiling)")
+
+
+def config_flags(label: str, pool: int, working_set: int, args) -> dict:
+    """Engine flags of one configuration (`pool + disk` gets a fresh `hicache_dir` per run)."""
     host_tokens = 2 * working_set + pool  # room for the whole working set and its answers
-    configs = {
+    extra = {
         "pool only": {},
         "pool + host": {"hicache_size": host_tokens * token_bytes(False, args.dtype) / 1e9},
         "pool + host int8": {
             "hicache_size": host_tokens * token_bytes(True, args.dtype) / 1e9,
             "hicache_quantize": True,
         },
-    }
-    runs: dict[str, Run] = {}
-    disk_dir = tempfile.TemporaryDirectory(prefix="hicache-bench-")
-    configs["pool + disk"] = {"hicache_dir": disk_dir.name}
-    # What any cache could do here: a pool that never evicts (the misses left are first sights).
-    configs["large pool (ceiling)"] = {"max_total_tokens": host_tokens}
-    for label, flags in configs.items():
-        flags = {"max_total_tokens": pool, **flags}
+        "pool + disk": {},
+        # What any cache could do here: a pool that never evicts (the misses left are first
+        # sights).
+        "large pool (ceiling)": {"max_total_tokens": host_tokens},
+    }[label]
+    return {"max_total_tokens": pool, **extra}
+
+
+def run_config(label: str, flags: dict, rounds, max_new: int, conc: int, args) -> Run:
+    """One configuration on one workload, on its own engine."""
+    with tempfile.TemporaryDirectory(prefix="hicache-bench-") as disk_dir:
+        if label == "pool + disk":
+            flags = {**flags, "hicache_dir": disk_dir}
         engine = sglite.Engine(
             num_threads=args.num_threads, dtype=args.dtype, quantization=args.quantization, **flags
         )
         try:
             warm_up(engine, rounds, max_new, conc)
-            runs[label] = play(engine, rounds, max_new, conc)
+            return play(engine, rounds, max_new, conc)
         finally:
             engine.shutdown()
-    disk_dir.cleanup()
-    base = runs["pool only"]
+
+
+def compare(name: str, rounds, pool: int, working_set: int, max_new: int, conc: int, args) -> list:
+    """Each configuration on one workload, `args.rounds` times in turn (so the machine's drift
+    hits every configuration alike); returns table rows: the median throughput and the median
+    of the per-round ratios to `pool only`, and those ratios."""
+    labels = ["pool only"] + [c for c in args.configs if c != "pool only"]
+    runs: dict[str, list[Run]] = {label: [] for label in labels}
+    for _ in range(args.rounds):
+        for label in labels:
+            flags = config_flags(label, pool, working_set, args)
+            runs[label].append(run_config(label, flags, rounds, max_new, conc, args))
+    base_runs = runs["pool only"]
+    base = base_runs[0]
     rows = []
-    for label, run in runs.items():
+    for label, done in runs.items():
+        run = done[0]
+        ratios = [r.throughput / b.throughput for r, b in zip(done, base_runs, strict=True)]
         same = sum(a == b for a, b in zip(run.texts, base.texts)) / max(1, len(base.texts))
         rows.append(
-            (name, label, run.throughput, run.throughput / base.throughput,
-             statistics.mean(run.ttft), statistics.mean(run.ttft) / statistics.mean(base.ttft),
-             run.cached, same)
+            (name, label, statistics.median(r.throughput for r in done),
+             statistics.median(ratios), statistics.mean(run.ttft),
+             statistics.mean(run.ttft) / statistics.mean(base.ttft), run.cached, same, ratios)
         )  # fmt: skip
     return rows
 
@@ -267,17 +293,36 @@ def main() -> None:
         choices=("none", "int8", "int4"),
         help="weight format of the decode steps (prefill stays dense)",
     )
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="run every configuration this many times in turn"
+    )
+    parser.add_argument(
+        "--configs",
+        default=",".join(CONFIGS),
+        help=f"comma-separated subset of: {', '.join(CONFIGS)} (pool only is always run)",
+    )
+    parser.add_argument("--workloads", default="chat,few-shot", help="chat, few-shot or both")
+    parser.add_argument("--skip-restart", action="store_true")
     args = parser.parse_args()
+    args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    unknown = [c for c in args.configs if c not in CONFIGS]
+    if unknown:
+        parser.error(f"unknown configurations {unknown}; choose from {', '.join(CONFIGS)}")
     quick = args.quick
     load_before = os.getloadavg()
     print(f"load average before: {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}")
     print(f"dtype {args.dtype}, quantization {args.quantization}, {args.concurrency} in flight, "
           f"threads {args.num_threads or 'default'}")  # fmt: skip
 
-    workloads = {
-        "multi-turn chat": (chat_rounds(8 if quick else 24, seed=1), 16),
-        "few-shot": (few_shot_rounds(4 if quick else 16, 12, 2 if quick else 4, seed=2), 8),
-    }
+    wanted = {w.strip() for w in args.workloads.split(",")}
+    workloads = {}
+    if "chat" in wanted:
+        workloads["multi-turn chat"] = (chat_rounds(8 if quick else 24, seed=1), 16)
+    if "few-shot" in wanted:
+        workloads["few-shot"] = (
+            few_shot_rounds(4 if quick else 16, 12, 2 if quick else 4, seed=2),
+            8,
+        )
     tokenizer = load_tokenizer()
     sizes = {name: working_set_tokens(tokenizer, rounds) for name, (rounds, _) in workloads.items()}
 
@@ -296,11 +341,17 @@ def main() -> None:
     header = ("workload", "config", "tok/s", "x", "TTFT ms", "TTFT x", "cached d/h/disk", "same")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
-    for name, label, tput, ratio, ttft, ttft_ratio, cached, same in rows:
+    for name, label, tput, ratio, ttft, ttft_ratio, cached, same, _ in rows:
         split = f"{cached['device']}/{cached['host']}/{cached['disk']}"
         print(f"| {name} | {label} | {tput:.0f} | {ratio:.2f} | {1000 * ttft:.0f} | "
               f"{ttft_ratio:.2f} | {split} | {same:.0%} |")  # fmt: skip
+    if args.rounds > 1:
+        print("\nper-round throughput ratios to pool only (x is their median):")
+        for name, label, *_, ratios in rows:
+            print(f"- {name}, {label}: " + ", ".join(f"{r:.2f}x" for r in ratios))
 
+    if args.skip_restart:
+        return
     cold, warm, cached = restart(4 if quick else 8, 250 if quick else 700, args.num_threads)
     print()
     print("| restart | TTFT ms | warm / cold |")
