@@ -58,13 +58,13 @@ static float *load_x(int dtype, const void *x, int64_t rows, int64_t k) {
   return xf;
 }
 
+/* Weight rows requested ahead of the one being read (prefetch_bytes). */
+#define PREFETCH_ROWS 8
+
 /*
  * One int8 output row block for a fixed row count R (inlined per R, so accumulators stay in
  * registers). Two accumulators per row break the FMA dependency chain.
  */
-/* Weight rows requested ahead of the one being read (prefetch_bytes). */
-#define PREFETCH_ROWS 8
-
 static inline __attribute__((always_inline)) void int8_block(
     const int R, int dtype, const float *xf, const int8_t *q, const float *scale, void *y,
     int64_t n0, int64_t n1, int64_t n_out, int64_t k) {
