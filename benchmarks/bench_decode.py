@@ -7,7 +7,7 @@ median of the per-round ratios (with their spread).
 
 Per round and context depth (0 and 2000 tokens before the decoded ones):
 - sglite: one Engine for the whole run; tokens/s of decoding `--tokens` tokens after a prompt kept
-  in the radix cache (`bench_engine._decode_rate_at_depth`: a long prefill's noise drops out);
+  in the radix cache (`bench_engine.decode_rate_at_depth`: a long prefill's noise drops out);
 - llama.cpp: `llama-bench -p 0 -n TOKENS -d DEPTH -r 1` on the same GGUF and thread count.
 
 Run: python -m benchmarks.bench_decode [--rounds 5] [--quantization int4] [--tokens 128]
@@ -23,7 +23,7 @@ import subprocess
 import torch
 
 import sglite
-from benchmarks.bench_engine import _decode_rate_at_depth, exact_prompt_ids, llama_binaries
+from benchmarks.bench_engine import decode_rate_at_depth, exact_prompt_ids, llama_binaries
 from sglite.runtime.model.loader import default_model_path
 
 DEPTHS = (0, 2000)
@@ -55,10 +55,10 @@ def main() -> None:
     print("| round | depth | sglite tok/s | llama.cpp tok/s | ratio |\n|---:|---:|---:|---:|---:|")
     with sglite.Engine(num_threads=args.threads, log_level="error", **kw) as engine:
         prompts = {d: exact_prompt_ids(engine.tokenizer, max(d, 16), seed=5) for d in DEPTHS}
-        _decode_rate_at_depth(engine, prompts[0], 16)  # warm-up
+        decode_rate_at_depth(engine, prompts[0], 16)  # warm-up
         for r in range(1, args.rounds + 1):
             for depth in DEPTHS:
-                ours = _decode_rate_at_depth(engine, prompts[depth], args.tokens)
+                ours = decode_rate_at_depth(engine, prompts[depth], args.tokens)
                 theirs = llama_decode_rate(bench, args.threads, args.tokens, depth)
                 ratios[depth].append(ours / theirs)
                 print(f"| {r} | {depth} | {ours:.1f} | {theirs:.1f} | {ours / theirs:.2f}x |")

@@ -132,28 +132,29 @@ LONG_CONTEXT = 2000
 LONG_DECODE = f"batch-1 decode at {LONG_CONTEXT}-token context"
 
 
+GREEDY = {"temperature": 0, "ignore_eos": True}
+
+
 def _decode_rate(engine, prompts: list[list[int]], n_dec: int) -> float:
     """Output tokens/s of the decode phase: (full run - first-token run), cache flushed each."""
-    greedy = {"temperature": 0, "ignore_eos": True}
     engine.flush_cache()
     start = time.perf_counter()
-    engine.generate(input_ids=prompts, sampling_params={**greedy, "max_new_tokens": 1})
+    engine.generate(input_ids=prompts, sampling_params={**GREEDY, "max_new_tokens": 1})
     first = time.perf_counter() - start
     engine.flush_cache()
     start = time.perf_counter()
-    engine.generate(input_ids=prompts, sampling_params={**greedy, "max_new_tokens": n_dec + 1})
+    engine.generate(input_ids=prompts, sampling_params={**GREEDY, "max_new_tokens": n_dec + 1})
     total = time.perf_counter() - start
     return len(prompts) * n_dec / (total - first)
 
 
-def _decode_rate_at_depth(engine, prompt: list[int], n_dec: int) -> float:
+def decode_rate_at_depth(engine, prompt: list[int], n_dec: int) -> float:
     """Batch-1 tokens/s of decoding after `prompt`, kept in the radix cache: (n_dec + 1)-token
     run minus 1-token run, both served from the cache, so a long prefill's noise drops out."""
-    greedy = {"temperature": 0, "ignore_eos": True}
 
     def timed(tokens: int) -> float:
         start = time.perf_counter()
-        engine.generate(input_ids=prompt, sampling_params={**greedy, "max_new_tokens": tokens})
+        engine.generate(input_ids=prompt, sampling_params={**GREEDY, "max_new_tokens": tokens})
         return time.perf_counter() - start
 
     timed(1)  # prefill once: the prompt is then in the cache
@@ -183,7 +184,7 @@ def bench_sglite(args: argparse.Namespace, rows: list[Row], quantization: str) -
         rate = max(_decode_rate(engine, short, args.decode_tokens) for _ in range(args.repeats))
         rows.append(Row("batch-1 decode", name, rate, "tok/s"))
         deep = exact_prompt_ids(tok, LONG_CONTEXT, seed=5)
-        rate = max(_decode_rate_at_depth(engine, deep, args.decode_tokens) for _ in range(2))
+        rate = max(decode_rate_at_depth(engine, deep, args.decode_tokens) for _ in range(2))
         rows.append(Row(LONG_DECODE, name, rate, "tok/s"))
         many = [exact_prompt_ids(tok, 64, seed=200 + i) for i in range(32)]
         rate = _decode_rate(engine, many, args.decode_tokens)
@@ -193,7 +194,7 @@ def bench_sglite(args: argparse.Namespace, rows: list[Row], quantization: str) -
         engine.flush_cache()
         before = engine.get_server_info()
         work = shared_prefix_workload(tok, args.requests)
-        greedy = {"temperature": 0, "ignore_eos": True, "max_new_tokens": args.new_tokens}
+        greedy = {**GREEDY, "max_new_tokens": args.new_tokens}
         start = time.perf_counter()
         outs = engine.generate(input_ids=work, sampling_params=greedy)
         elapsed = time.perf_counter() - start

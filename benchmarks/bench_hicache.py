@@ -240,16 +240,17 @@ def compare(name: str, rounds, pool: int, working_set: int, max_new: int, conc: 
             flags = config_flags(label, pool, working_set, args)
             runs[label].append(run_config(label, flags, rounds, max_new, conc, args))
     base_runs = runs["pool only"]
-    base = base_runs[0]
+    base_ttft = statistics.median(statistics.mean(b.ttft) for b in base_runs)
     rows = []
     for label, done in runs.items():
-        run = done[0]
         ratios = [r.throughput / b.throughput for r, b in zip(done, base_runs, strict=True)]
-        same = sum(a == b for a, b in zip(run.texts, base.texts)) / max(1, len(base.texts))
+        ttft = statistics.median(statistics.mean(r.ttft) for r in done)
+        # Greedy answers do not change between rounds: the first round's stand for all.
+        first, base = done[0], base_runs[0]
+        same = sum(a == b for a, b in zip(first.texts, base.texts)) / max(1, len(base.texts))
         rows.append(
             (name, label, statistics.median(r.throughput for r in done),
-             statistics.median(ratios), statistics.mean(run.ttft),
-             statistics.mean(run.ttft) / statistics.mean(base.ttft), run.cached, same, ratios)
+             statistics.median(ratios), ttft, ttft / base_ttft, first.cached, same, ratios)
         )  # fmt: skip
     return rows
 
@@ -314,7 +315,9 @@ def main() -> None:
     print(f"dtype {args.dtype}, quantization {args.quantization}, {args.concurrency} in flight, "
           f"threads {args.num_threads or 'default'}")  # fmt: skip
 
-    wanted = {w.strip() for w in args.workloads.split(",")}
+    wanted = {w.strip() for w in args.workloads.split(",") if w.strip()}
+    if not wanted or wanted - {"chat", "few-shot"}:
+        parser.error(f"--workloads takes chat, few-shot or both, not {args.workloads!r}")
     workloads = {}
     if "chat" in wanted:
         workloads["multi-turn chat"] = (chat_rounds(8 if quick else 24, seed=1), 16)

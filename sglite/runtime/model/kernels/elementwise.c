@@ -1,5 +1,6 @@
-/* Fused elementwise passes of the decoder: residual add + RMSNorm, SiLU * up, RoPE + KV store.
- * Each touches its data once instead of once per PyTorch op. See common.h for conventions. */
+/* Fused elementwise passes of the decoder: residual add + RMSNorm, SiLU * up, RoPE + KV store,
+ * and the per-row max + argmax greedy sampling reads off the logits. Each touches its data once
+ * instead of once per PyTorch op. See common.h for conventions. */
 #include "common.h"
 
 /* Rows per parallel chunk: enough work per chunk to be worth handing to another thread. */
