@@ -219,3 +219,34 @@ def test_dense_gemv_matches_matmul(rows):
     torch.testing.assert_close(out, x @ w.T, rtol=1e-5, atol=1e-4)
     assert kernels.dense_gemv(torch.randn(9, 200), w) is None  # more rows than it serves
     assert kernels.dense_gemv(x.bfloat16(), w.bfloat16()) is None  # float32 only
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 13, 32, 300])
+@pytest.mark.parametrize("bias", [False, True])
+def test_panel_gemm_matches_matmul(rows, bias):
+    """Every row-tile size and a partial last panel (n_out = 1000 is not a multiple of 16)."""
+    torch.manual_seed(rows)
+    x = torch.randn(rows, 200)
+    w = torch.randn(1000, 200)
+    b = torch.randn(1000) if bias else None
+    panels = kernels.pack_panels(w)
+    assert panels is not None and panels.shape[1] == 200
+    out = kernels.panel_gemm(x, panels, b, 1000)
+    assert out is not None and out.shape == (rows, 1000)
+    want = x @ w.T + (b if bias else 0)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-4)
+    strided = torch.randn(rows, 400)[:, ::2]  # not contiguous: copied, same product
+    torch.testing.assert_close(
+        kernels.panel_gemm(strided, panels, b, 1000),
+        strided @ w.T + (b if bias else 0),
+        rtol=1e-5,
+        atol=1e-4,
+    )
+
+
+def test_panel_gemm_declines_what_it_cannot_serve():
+    w = torch.randn(64, 32)
+    panels = kernels.pack_panels(w)
+    assert kernels.pack_panels(w.bfloat16()) is None  # float32 only
+    assert kernels.panel_gemm(torch.randn(2, 32).bfloat16(), panels, None, 64) is None
+    assert kernels.panel_gemm(torch.randn(2, 31), panels, None, 64) is None  # wrong k

@@ -99,18 +99,24 @@ def test_linear_dispatches_by_rows(int4_32):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_dense_layouts_compute_the_same_product_at_every_row_count(dtype):
-    """float32 keeps one extra layout (packed for oneDNN, serving every batch of 2+ rows),
-    bf16 two (packed up to PACKED_MAX_ROWS rows, transposed beyond); each gives x @ W.T + b.
-    bf16 runs here even where oneDNN cannot pack it (then only the transposed copy exists)."""
+    """float32 keeps one extra layout (panels for the native GEMM, serving every row count), bf16
+    two (packed for oneDNN up to PACKED_MAX_ROWS rows, transposed beyond); each gives
+    x @ W.T + b. bf16 runs here even where oneDNN cannot pack it (then only the transposed copy
+    exists)."""
+    from sglite.runtime.model import kernels
     from sglite.runtime.model.linear import PACKED_MAX_ROWS, pack_for_onednn
 
     torch.manual_seed(0)
     layer = Linear(96, 80, bias=True).to(dtype)
     layer.finalize(extra_layouts=True)
-    packable = pack_for_onednn(layer.weight.data) is not None  # bf16 needs CPU support
-    assert (layer.packed is not None) == packable
-    # Without a packed copy the transposed one serves large batches, in any dtype.
-    assert (layer.weight_t is None) == (packable and dtype == torch.float32)
+    if dtype == torch.float32 and kernels.native_available():
+        assert layer.packed is not None and layer.packed.kind == "panels"
+        assert layer.weight_t is None
+    else:
+        packable = pack_for_onednn(layer.weight.data) is not None  # bf16 needs CPU support
+        assert (layer.packed is not None) == packable
+        # Without a packed copy the transposed one serves large batches, in any dtype.
+        assert (layer.weight_t is None) == (packable and dtype == torch.float32)
     tol = 1e-4 if dtype == torch.float32 else 3e-2
     for rows in (1, 2, 8, PACKED_MAX_ROWS, PACKED_MAX_ROWS + 1, 1000):
         x = torch.randn(rows, 96).to(dtype)

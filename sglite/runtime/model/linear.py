@@ -5,21 +5,26 @@ Invariant: `Linear.forward(x)` computes `x @ weight.T + bias` whichever path run
 path (when `quantized` is set) differs from the dense one only by its rounding of the weights.
 
 Dense layouts: `weight` (`[out, in]`, contiguous) serves one-row products and the native decode
-step, which stream it row by row. With `finalize(extra_layouts=True)` more copies are kept: the
-weight packed for oneDNN's blocked kernels (`packed`), 1.3-1.5x faster for 2-256 rows (bf16;
-float32 1.2-3x at 32 rows), and, in bf16 only, the weight transposed (`weight_t`, `[in, out]`),
-which oneDNN multiplies fastest for prefill-sized batches (1.36x at 1000 rows, 2 cores). In
-float32 the packed copy serves prefill too (it was 1.0-1.3x faster than the transposed one at
-1000 rows on 2 AVX2 cores), which saves a third copy of the weights. The loader keeps the extra
-layouts only for models that can afford them (`--gemm-packing`).
+step, which stream it row by row. With `finalize(extra_layouts=True)` one more copy is kept
+(`packed`, a `PackedWeight`):
+- float32 with the native kernels: panels of 16 output columns for `kernels.panel_gemm`, which
+  serves every row count. Streaming the 30 layers' weights from memory it ran 1.35-1.8x faster
+  than oneDNN's packed float32 GEMM from 2 to 64 rows, and 1.0-1.3x at 1000 rows (2 AVX2 cores).
+- otherwise oneDNN's blocked layout (`packed`), 1.3-1.5x faster than plain `F.linear` for 2-256
+  rows in bf16; in bf16 also the weight transposed (`weight_t`, `[in, out]`), which oneDNN
+  multiplies fastest for prefill-sized batches (1.36x at 1000 rows, 2 cores).
+The loader keeps the extra layouts only for models that can afford them (`--gemm-packing`).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglite.runtime.model import kernels
 from sglite.runtime.model.quantization import QuantizedWeight
 
 # Calls of more rows than this use the transposed weight, where there is one, not the packed one.
@@ -42,8 +47,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 def pack_for_onednn(weight: torch.Tensor) -> torch.Tensor | None:
     """`weight` (`[out, in]`, bf16 or float32, CPU) in oneDNN's blocked layout, or None where
-    unsupported. float32 too: on 2 AVX2 cores, 32-row products ran 1.2-3x faster packed than
-    through `matmul` with the transposed weight (3x for the 49152-wide output projection)."""
+    unsupported."""
     if weight.device.type != "cpu" or weight.dtype not in (torch.bfloat16, torch.float32):
         return None
     try:
@@ -55,6 +59,41 @@ def pack_for_onednn(weight: torch.Tensor) -> torch.Tensor | None:
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """`x @ W.T + bias` with a weight from `pack_for_onednn`."""
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """A dense weight `[n_out, in]` in a GEMM's layout: `kind` "panels" (`kernels.panel_gemm`,
+    float32, any row count) or "onednn" (`packed_linear`, 2 to PACKED_MAX_ROWS rows)."""
+
+    kind: str
+    data: torch.Tensor
+    n_out: int
+
+    def serves(self, rows: int) -> bool:
+        """Whether this layout is the one to use for `rows` rows (see the module docstring)."""
+        return self.kind == "panels" or 1 < rows <= PACKED_MAX_ROWS
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """`x @ W.T + bias` for `x [M, in]`."""
+        if self.kind == "panels":
+            out = kernels.panel_gemm(x, self.data, bias, self.n_out)
+            if out is not None:
+                return out
+            # The native library was switched off after packing: the panels read as W.T.
+            w_t = self.data.permute(1, 0, 2).reshape(self.data.shape[1], -1)[:, : self.n_out]
+            return torch.matmul(x, w_t) if bias is None else torch.addmm(bias, x, w_t)
+        return packed_linear(x.contiguous(), self.data, bias)
+
+
+def pack_dense(weight: torch.Tensor) -> PackedWeight | None:
+    """The fastest extra layout of `weight` for this CPU and dtype, or None (no layout beats the
+    plain weight: CUDA, float16, a torch without oneDNN)."""
+    panels = kernels.pack_panels(weight)
+    if panels is not None:
+        return PackedWeight("panels", panels, weight.shape[0])
+    onednn = pack_for_onednn(weight)
+    return None if onednn is None else PackedWeight("onednn", onednn, weight.shape[0])
 
 
 class Linear(nn.Linear):
@@ -69,7 +108,7 @@ class Linear(nn.Linear):
     quantized: QuantizedWeight | None = None
     quantized_max_rows: int = 0
     weight_t: torch.Tensor | None = None  # contiguous [in, out] copy for large batches
-    packed: torch.Tensor | None = None  # oneDNN-blocked copy for mid-size batches
+    packed: PackedWeight | None = None  # the GEMM-friendly copy (see the module docstring)
 
     def set_quantized(self, weight: QuantizedWeight, max_rows: int) -> None:
         """Serve calls of up to `max_rows` rows (-1: all calls) from `weight`."""
@@ -84,13 +123,16 @@ class Linear(nn.Linear):
         self.weight_t = self.packed = None
 
     def finalize(self, extra_layouts: bool) -> None:
-        """Add the oneDNN-packed copy of the dense weight and, outside float32, the transposed
-        one (when `extra_layouts`); call once the weights are loaded (and quantized)."""
+        """Add the packed copy of the dense weight and, where it does not serve every row count
+        outside float32, the transposed one (when `extra_layouts`); call once the weights are
+        loaded (and quantized)."""
         if not extra_layouts or self.weight.numel() == 0 or self.weight.device.type != "cpu":
             self.weight_t = self.packed = None
             return
-        self.packed = pack_for_onednn(self.weight.data)
-        needs_transposed = self.packed is None or self.weight.dtype != torch.float32
+        self.packed = pack_dense(self.weight.data)
+        needs_transposed = self.packed is None or (
+            self.packed.kind == "onednn" and self.weight.dtype != torch.float32
+        )
         self.weight_t = self.weight.data.t().contiguous() if needs_transposed else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -100,10 +142,10 @@ class Linear(nn.Linear):
         if q is not None and (self.quantized_max_rows < 0 or rows <= self.quantized_max_rows):
             y = q.matmul(x)
             return y if self.bias is None else y + self.bias
-        # Packed up to PACKED_MAX_ROWS rows, and beyond them where there is no transposed copy.
-        packed_fits = rows <= PACKED_MAX_ROWS or self.weight_t is None
-        if self.packed is not None and rows > 1 and packed_fits and x.is_contiguous():
-            return packed_linear(x, self.packed, self.bias)
+        packed = self.packed
+        # oneDNN's copy also takes large batches where there is no transposed one (float32).
+        if packed is not None and (packed.serves(rows) or (rows > 1 and self.weight_t is None)):
+            return packed.matmul(x, self.bias)
         if self.weight_t is not None and rows > 1:
             if self.bias is None:
                 return torch.matmul(x, self.weight_t)

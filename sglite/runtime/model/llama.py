@@ -29,13 +29,7 @@ from sglite.runtime.model import kernels
 from sglite.runtime.model.attention import AttentionPlan, decode_attention, extend_attention
 from sglite.runtime.model.config import ModelConfig
 from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
-from sglite.runtime.model.linear import (
-    PACKED_MAX_ROWS,
-    Linear,
-    linear,
-    pack_for_onednn,
-    packed_linear,
-)
+from sglite.runtime.model.linear import Linear, PackedWeight, linear, pack_dense
 from sglite.runtime.model.native_decode import NativeDecoder
 from sglite.runtime.model.quantization import Int4Parts, Int8Weight, QuantizedWeight, make_quantized
 from sglite.runtime.model.rope import RopeTables
@@ -249,7 +243,7 @@ class CausalLM(nn.Module):
         # Quantized copy of the output projection for small batches (see `quantize_model`).
         self.lm_head_quantized: QuantizedWeight | None = None
         self.lm_head_quantized_max_rows = 0
-        self.lm_head_packed: torch.Tensor | None = None
+        self.lm_head_packed: PackedWeight | None = None
         # Small DECODE batches run their layers in one native call (native_decode.py); built on
         # first use, after any quantization. False = not built yet; None = not available.
         self.use_native_decode = True
@@ -341,8 +335,8 @@ class CausalLM(nn.Module):
         rows = h.shape[0]
         if q is not None and rows <= self.lm_head_quantized_max_rows:
             return q.matmul(h)
-        if self.lm_head_packed is not None and 1 < rows <= PACKED_MAX_ROWS:
-            return packed_linear(h.contiguous(), self.lm_head_packed, None)
+        if self.lm_head_packed is not None and self.lm_head_packed.serves(rows):
+            return self.lm_head_packed.matmul(h, None)
         out = kernels.dense_gemv(h, self.lm_head_weight())
         return out if out is not None else linear(h, self.lm_head_weight())
 
@@ -352,7 +346,7 @@ class CausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, Linear) and module is not self.lm_head:
                 module.finalize(pack)
-        self.lm_head_packed = pack_for_onednn(self.lm_head_weight().data) if pack else None
+        self.lm_head_packed = pack_dense(self.lm_head_weight().data) if pack else None
         unpacked_float32 = self.lm_head_packed is None and self.dtype == torch.float32
         if self.lm_head_quantized is not None and unpacked_float32 and kernels.native_available():
             # Unpacked float32 GEMMs of this wide, short shape ran at ~50 GFLOP/s on 2 AVX2

@@ -8,26 +8,23 @@ round to the storage dtype at the same points, so results agree to float32 round
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from sglite.runtime.model.kernels import native
-
-_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
-
-
-def _lib_for(*tensors: torch.Tensor) -> ctypes.CDLL | None:
-    """The native library if every tensor can go through it, else None."""
-    dtype = tensors[0].dtype
-    if dtype not in _DTYPE_CODES:
-        return None
-    for t in tensors:
-        if t.dtype != dtype or t.device.type != "cpu":
-            return None
-    return native.load()
+from sglite.runtime.model.kernels.matmul import (  # noqa: F401 (the package's API)
+    dense_gemv,
+    int4_dequantize,
+    int4_gemv,
+    int8_gemv,
+    pack_panels,
+    panel_gemm,
+    qgemv_max_rows,
+)
+from sglite.runtime.model.kernels.native import DTYPE_CODES as _DTYPE_CODES
+from sglite.runtime.model.kernels.native import lib_for as _lib_for
 
 
 def native_available() -> bool:
@@ -265,113 +262,3 @@ def extend_attention(
         torch.get_num_threads(),
     )
     return out if status == 0 else None
-
-
-def qgemv_max_rows() -> int:
-    """Most rows one native GEMV call takes (0 without the native library)."""
-    lib = native.load()
-    return int(lib.qgemv_max_rows()) if lib is not None else 0
-
-
-def _gemv_lib(x: torch.Tensor) -> ctypes.CDLL | None:
-    lib = _lib_for(x)
-    if lib is None or x.dim() != 2 or not x.is_contiguous():
-        return None
-    if x.shape[0] > lib.qgemv_max_rows():
-        return None
-    return lib
-
-
-def dense_gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
-    """`x @ weight.T` for a few float32 rows `x [M, K]` (as many as the quantized GEMVs take),
-    reading `weight [N, K]` once with all cores; None when the native kernel cannot serve it.
-    For the output projection of decode, where PyTorch's float32 GEMV reaches about half the
-    machine's memory bandwidth."""
-    lib = _gemv_lib(x)
-    float32 = x.dtype == weight.dtype == torch.float32
-    if lib is None or not float32 or not weight.is_contiguous():
-        return None
-    rows, k = x.shape
-    out = x.new_empty(rows, weight.shape[0])
-    status = lib.dense_gemv_rows(
-        0,
-        x.data_ptr(),
-        weight.data_ptr(),
-        out.data_ptr(),
-        rows,
-        weight.shape[0],
-        k,
-        torch.get_num_threads(),
-    )
-    return out if status == 0 else None
-
-
-def int8_gemv(x: torch.Tensor, values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor | None:
-    """`x @ (values * scale[:, None]).T` for a few rows `x [M, K]` (float32/bfloat16); `values`
-    int8 `[N, K]`, `scale` float32 `[N]`. None when the native kernel cannot serve it."""
-    lib = _gemv_lib(x)
-    if lib is None:
-        return None
-    rows, k = x.shape
-    out = x.new_empty(rows, values.shape[0])
-    status = lib.int8_gemv(
-        _DTYPE_CODES[x.dtype],
-        x.data_ptr(),
-        values.data_ptr(),
-        scale.data_ptr(),
-        out.data_ptr(),
-        rows,
-        values.shape[0],
-        k,
-        torch.get_num_threads(),
-    )
-    return out if status == 0 else None
-
-
-def int4_gemv(
-    x: torch.Tensor, packed: torch.Tensor, scale_offset: torch.Tensor
-) -> torch.Tensor | None:
-    """`x @ W.T` for a few rows, `W` int4 in GGUF Q4_1 layout: `packed` uint8 `[N, K / 2]`,
-    `scale_offset` float16 `[N, K / 32, 2]`. None when the native kernel cannot serve it."""
-    lib = _gemv_lib(x)
-    if lib is None:
-        return None
-    rows, k = x.shape
-    n = packed.shape[0]
-    out = x.new_empty(rows, n)
-    status = lib.int4_gemv(
-        _DTYPE_CODES[x.dtype],
-        x.data_ptr(),
-        packed.data_ptr(),
-        scale_offset.data_ptr(),
-        out.data_ptr(),
-        rows,
-        n,
-        k,
-        torch.get_num_threads(),
-    )
-    return out if status == 0 else None
-
-
-def int4_dequantize(
-    packed: torch.Tensor, scale_offset: torch.Tensor, dtype: torch.dtype
-) -> torch.Tensor:
-    """The dense `[N, K]` weight of an int4 weight in GGUF Q4_1 layout, in `dtype`."""
-    n, k = packed.shape[0], packed.shape[1] * 2
-    lib = native.load()
-    if lib is None or dtype not in _DTYPE_CODES:
-        v = packed.view(n, -1, 16)
-        values = torch.stack([v & 0x0F, v >> 4], dim=2).reshape(n, k).float()
-        so = scale_offset.float().repeat_interleave(32, dim=1)
-        return (values * so[..., 0] + so[..., 1]).to(dtype)
-    out = torch.empty(n, k, dtype=dtype)
-    lib.int4_dequantize(
-        _DTYPE_CODES[dtype],
-        packed.data_ptr(),
-        scale_offset.data_ptr(),
-        out.data_ptr(),
-        n,
-        k,
-        torch.get_num_threads(),
-    )
-    return out

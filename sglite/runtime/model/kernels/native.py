@@ -21,6 +21,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+import torch
+
 logger = logging.getLogger(__name__)
 
 _HERE = Path(__file__).parent
@@ -30,6 +32,7 @@ SOURCES = [
     _HERE / "extend_attention.c",
     _HERE / "quant_gemv.c",
     _HERE / "decode_step.c",
+    _HERE / "panel_gemm.c",
     _HERE / "threadpool.c",
 ]
 HEADERS = [_HERE / "common.h", _HERE / "threadpool.h"]
@@ -59,6 +62,7 @@ _SIGNATURES = {
     "paged_decode_attention": "iPIPPPIPPIIIIFIi",
     "int4_dequantize": "iPPPIIi",
     "row_max": "PIIPP",
+    "panel_gemm": "PPPPIIIi",
 }
 # Functions returning int (0 = done, -1 = refused: the caller falls back).
 _STATUS_SIGNATURES = {
@@ -77,6 +81,7 @@ _LIMITS = (
     "attention_max_heads",
     "qgemv_max_rows",
     "native_decode_max_rows",
+    "panel_width",
 )
 
 
@@ -149,3 +154,17 @@ def load() -> ctypes.CDLL | None:
                     lib = None
         _state["lib"] = lib
         return lib
+
+
+DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+
+
+def lib_for(*tensors: torch.Tensor) -> ctypes.CDLL | None:
+    """The native library if every tensor can go through it, else None."""
+    dtype = tensors[0].dtype
+    if dtype not in DTYPE_CODES:
+        return None
+    for t in tensors:
+        if t.dtype != dtype or t.device.type != "cpu":
+            return None
+    return load()

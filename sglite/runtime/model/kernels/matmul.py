@@ -1,0 +1,163 @@
+"""Matrix products with native kernels: quantized and dense GEMVs for decode-size batches and
+the float32 panel GEMM for any batch, each returning None when the native kernel cannot serve
+the call (the caller then uses PyTorch)."""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from sglite.runtime.model.kernels import native
+from sglite.runtime.model.kernels.native import DTYPE_CODES as _DTYPE_CODES
+from sglite.runtime.model.kernels.native import lib_for as _lib_for
+
+
+def qgemv_max_rows() -> int:
+    """Most rows one native GEMV call takes (0 without the native library)."""
+    lib = native.load()
+    return int(lib.qgemv_max_rows()) if lib is not None else 0
+
+
+def _gemv_lib(x: torch.Tensor) -> ctypes.CDLL | None:
+    lib = _lib_for(x)
+    if lib is None or x.dim() != 2 or not x.is_contiguous():
+        return None
+    if x.shape[0] > lib.qgemv_max_rows():
+        return None
+    return lib
+
+
+def dense_gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+    """`x @ weight.T` for a few float32 rows `x [M, K]` (as many as the quantized GEMVs take),
+    reading `weight [N, K]` once with all cores; None when the native kernel cannot serve it.
+    For the output projection of decode, where PyTorch's float32 GEMV reaches about half the
+    machine's memory bandwidth."""
+    lib = _gemv_lib(x)
+    float32 = x.dtype == weight.dtype == torch.float32
+    if lib is None or not float32 or not weight.is_contiguous():
+        return None
+    rows, k = x.shape
+    out = x.new_empty(rows, weight.shape[0])
+    status = lib.dense_gemv_rows(
+        0,
+        x.data_ptr(),
+        weight.data_ptr(),
+        out.data_ptr(),
+        rows,
+        weight.shape[0],
+        k,
+        torch.get_num_threads(),
+    )
+    return out if status == 0 else None
+
+
+def pack_panels(weight: torch.Tensor) -> torch.Tensor | None:
+    """A float32 CPU weight `[N, K]` as `panel_gemm` reads it, `[ceil(N / P), K, P]` for the
+    kernel's panel width P (zero rows pad the last panel); None without the native library."""
+    lib = native.load()
+    if lib is None or weight.dtype != torch.float32 or weight.device.type != "cpu":
+        return None
+    width = int(lib.panel_width())
+    n_out, k = weight.shape
+    padded = weight.new_zeros((n_out + width - 1) // width * width, k)
+    padded[:n_out] = weight
+    return padded.view(-1, width, k).transpose(1, 2).contiguous()
+
+
+def panel_gemm(
+    x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None, n_out: int
+) -> torch.Tensor | None:
+    """`x @ W.T + bias` for float32 `x [M, K]` and `panels` from `pack_panels(W)`, any M; None
+    when the native kernel cannot serve it (then nothing was computed)."""
+    lib = native.load()
+    tensors = (x, panels) if bias is None else (x, panels, bias)
+    if lib is None or any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):
+        return None
+    if x.dim() != 2 or x.shape[1] != panels.shape[1]:
+        return None
+    x = x.contiguous()
+    bias = None if bias is None else bias.contiguous()  # held until the call returns
+    out = x.new_empty(x.shape[0], n_out)
+    lib.panel_gemm(
+        x.data_ptr(),
+        panels.data_ptr(),
+        None if bias is None else bias.data_ptr(),
+        out.data_ptr(),
+        x.shape[0],
+        n_out,
+        x.shape[1],
+        torch.get_num_threads(),
+    )
+    return out
+
+
+def int8_gemv(x: torch.Tensor, values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor | None:
+    """`x @ (values * scale[:, None]).T` for a few rows `x [M, K]` (float32/bfloat16); `values`
+    int8 `[N, K]`, `scale` float32 `[N]`. None when the native kernel cannot serve it."""
+    lib = _gemv_lib(x)
+    if lib is None:
+        return None
+    rows, k = x.shape
+    out = x.new_empty(rows, values.shape[0])
+    status = lib.int8_gemv(
+        _DTYPE_CODES[x.dtype],
+        x.data_ptr(),
+        values.data_ptr(),
+        scale.data_ptr(),
+        out.data_ptr(),
+        rows,
+        values.shape[0],
+        k,
+        torch.get_num_threads(),
+    )
+    return out if status == 0 else None
+
+
+def int4_gemv(
+    x: torch.Tensor, packed: torch.Tensor, scale_offset: torch.Tensor
+) -> torch.Tensor | None:
+    """`x @ W.T` for a few rows, `W` int4 in GGUF Q4_1 layout: `packed` uint8 `[N, K / 2]`,
+    `scale_offset` float16 `[N, K / 32, 2]`. None when the native kernel cannot serve it."""
+    lib = _gemv_lib(x)
+    if lib is None:
+        return None
+    rows, k = x.shape
+    n = packed.shape[0]
+    out = x.new_empty(rows, n)
+    status = lib.int4_gemv(
+        _DTYPE_CODES[x.dtype],
+        x.data_ptr(),
+        packed.data_ptr(),
+        scale_offset.data_ptr(),
+        out.data_ptr(),
+        rows,
+        n,
+        k,
+        torch.get_num_threads(),
+    )
+    return out if status == 0 else None
+
+
+def int4_dequantize(
+    packed: torch.Tensor, scale_offset: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """The dense `[N, K]` weight of an int4 weight in GGUF Q4_1 layout, in `dtype`."""
+    n, k = packed.shape[0], packed.shape[1] * 2
+    lib = native.load()
+    if lib is None or dtype not in _DTYPE_CODES:
+        v = packed.view(n, -1, 16)
+        values = torch.stack([v & 0x0F, v >> 4], dim=2).reshape(n, k).float()
+        so = scale_offset.float().repeat_interleave(32, dim=1)
+        return (values * so[..., 0] + so[..., 1]).to(dtype)
+    out = torch.empty(n, k, dtype=dtype)
+    lib.int4_dequantize(
+        _DTYPE_CODES[dtype],
+        packed.data_ptr(),
+        scale_offset.data_ptr(),
+        out.data_ptr(),
+        n,
+        k,
+        torch.get_num_threads(),
+    )
+    return out
