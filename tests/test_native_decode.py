@@ -1,4 +1,4 @@
-"""The native decode step (all layers of a small DECODE batch in one C call) computes what the
+"""The native decode step (all layers of a DECODE batch in one C call) computes what the
 PyTorch path computes, for every weight format and the architectures' options."""
 
 from __future__ import annotations
@@ -93,10 +93,24 @@ def test_default_model_matches_the_pytorch_path(monkeypatch, dtype, quantization
         assert torch.equal(a.argmax(-1)[clear], b.argmax(-1)[clear])
 
 
-def test_large_batches_use_the_pytorch_path(monkeypatch, tmp_path):
-    make_hf_model("llama", str(tmp_path))
+def test_float32_batches_of_any_size_run_natively_and_match(monkeypatch, tmp_path):
+    """float32 weights in panels: the native step takes big batches too (the same GEMM as the
+    PyTorch path, without its per-operation cost) and computes the same logits."""
+    make_hf_model("qwen2", str(tmp_path))  # biases: added by the panel GEMM itself
     loaded = load_model(str(tmp_path), "float32", progress=False)
     served = _calls(loaded, monkeypatch)
-    prompts = [[1, 2 + i, 3] for i in range(12)]  # more rows than the native path takes
+    prompts = [[1, 2 + i, 3, 4 + i % 5] for i in range(40)]
+    native = _steps(loaded, prompts, 2, native=True)
+    assert served == [40, 40]
+    reference = _steps(loaded, prompts, 2, native=False)
+    for a, b in zip(native, reference, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+
+
+def test_large_bf16_batches_use_the_pytorch_path(monkeypatch, tmp_path):
+    make_hf_model("llama", str(tmp_path))
+    loaded = load_model(str(tmp_path), "bfloat16", progress=False)
+    served = _calls(loaded, monkeypatch)
+    prompts = [[1, 2 + i, 3] for i in range(12)]  # more rows than the native GEMV takes
     _steps(loaded, prompts, 2, native=True)
     assert served == []

@@ -3,9 +3,10 @@
 `NativeDecoder` describes every layer's weights, norms and KV tensors to the C side once (as
 ctypes structs holding pointers into the model's own tensors) and then
 runs a whole decode step's layers with one call, so per-step Python cost no longer grows with
-the layer count. It serves DECODE batches of up to 8 rows on CPU, in float32
-or bfloat16, for Llama-family and Qwen2 models; anything else (prefill, large batches, CUDA,
-no compiler) goes through the PyTorch path, which computes the same thing.
+the layer count. It serves DECODE batches on CPU, in float32 or bfloat16, for Llama-family and
+Qwen2 models: up to 8 rows with quantized or plain dense weights, up to 256 with float32
+weights in panels (`kernels.panel_gemm`); anything else (prefill, larger batches, CUDA, no
+compiler) goes through the PyTorch path, which computes the same thing.
 
 The model owns its decoder and the decoder refers back to it weakly: a strong reference both ways
 made a cycle that kept a discarded model's weights in memory until the next full garbage
@@ -33,9 +34,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-DENSE, INT8, INT4 = 0, 1, 2
-# With oneDNN-packed weights available, dense batches of more rows go through PyTorch
-# (measured at 8 rows, 1 thread: 46 ms/step there against 54 ms native).
+DENSE, INT8, INT4, PANELS = 0, 1, 2, 3
+# Dense weights that are not in panels go through the native GEMV for at most this many rows
+# (its cost grows with the rows; a GEMM wins beyond)...
+DENSE_GEMV_MAX_ROWS = 8
+# ...and only up to this many when oneDNN-packed weights exist (measured at 8 rows, 1 thread:
+# 46 ms/step through PyTorch against 54 ms native).
 DENSE_MAX_ROWS = 4
 
 
@@ -83,11 +87,14 @@ def _describe(layer: Linear, quantized: bool) -> LinearDesc | None:
     if layer.weight.numel() == 0:
         return None  # dense weight dropped
     n, k = layer.weight.shape
+    packed = layer.packed
+    if packed is not None and packed.kind == "panels":
+        return LinearDesc(PANELS, n, k, packed.data.data_ptr(), None, bias)
     return LinearDesc(DENSE, n, k, layer.weight.data_ptr(), None, bias)
 
 
 class NativeDecoder:
-    """Runs `CausalLM`'s layers for small DECODE batches in C (see module docstring)."""
+    """Runs `CausalLM`'s layers for DECODE batches in C (see module docstring)."""
 
     def __init__(self, model: CausalLM, lib: ctypes.CDLL) -> None:
         self.model = weakref.proxy(model)
@@ -104,7 +111,14 @@ class NativeDecoder:
             table = self._layer_table(quantized)
             if table is not None:
                 self.tables[quantized] = table
-        self.dense_has_packed = first.packed is not None
+        # Dense rows the native step takes: any batch with panels (the same GEMM as PyTorch's
+        # path, without its per-operation Python cost), else a few (see DENSE_MAX_ROWS).
+        if first.packed is None:
+            self.dense_max_rows = DENSE_GEMV_MAX_ROWS
+        elif first.packed.kind == "panels":
+            self.dense_max_rows = self.max_rows
+        else:
+            self.dense_max_rows = DENSE_MAX_ROWS
         self.eps = float(model.layers[0].input_layernorm.eps)
         self.scale = cfg.head_dim**-0.5
         self._pool_id: int | None = None
@@ -161,8 +175,8 @@ class NativeDecoder:
         quantized = rows <= self.quantized_max_rows or self.quantized_max_rows < 0
         if quantized and rows > self.quantized_rows_limit:
             return False  # the quantized GEMVs take a few rows only
-        if not quantized and rows > DENSE_MAX_ROWS and self.dense_has_packed:
-            return False  # oneDNN's packed GEMM beats the native bf16 GEMV from here on
+        if not quantized and rows > self.dense_max_rows:
+            return False  # a GEMM through PyTorch beats the native GEMV from here on
         table = self.tables.get(quantized)
         if table is None:
             return False

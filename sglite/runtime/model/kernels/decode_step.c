@@ -1,5 +1,6 @@
 /*
- * The decoder layers of a small decode batch (at most QGEMV_MAX_ROWS rows) in one call.
+ * The decoder layers of a decode batch in one call: up to QGEMV_MAX_ROWS rows with quantized
+ * or dense weights, up to NATIVE_MAX_ROWS with float32 weights in panels (panel_gemm.c).
  *
  * Why: at batch 1 a layer is ~10 small operations; issued from Python each costs microseconds of
  * interpreter and dispatch time, which adds up to a large share of a step once the weights are
@@ -15,17 +16,18 @@
 #include "common.h"
 
 #define QGEMV_MAX_ROWS 8
-/* Rows decode_layers takes: dense layers any, quantized ones at most QGEMV_MAX_ROWS. */
-#define NATIVE_MAX_ROWS 8
+/* Rows decode_layers takes (quantized layers: at most QGEMV_MAX_ROWS; the caller picks). */
+#define NATIVE_MAX_ROWS 256
 
 __thread int sglite_in_native_step = 0;
 
-enum { LINEAR_DENSE = 0, LINEAR_INT8 = 1, LINEAR_INT4 = 2 };
+enum { LINEAR_DENSE = 0, LINEAR_INT8 = 1, LINEAR_INT4 = 2, LINEAR_PANELS = 3 };
 
 typedef struct {
   int64_t kind;  /* LINEAR_* */
   int64_t n_out, k;
-  const void *weight; /* dense: [n_out, k] dtype; int8: int8 values; int4: packed nibbles */
+  const void *weight; /* dense: [n_out, k] dtype; int8: int8 values; int4: packed nibbles;
+                         panels: float32 as panel_gemm reads them */
   const void *scale;  /* int8: float32 [n_out]; int4: f16 (scale, offset) pairs; else NULL */
   const void *bias;   /* dtype [n_out] or NULL */
 } linear_t;
@@ -37,6 +39,8 @@ typedef struct {
   int64_t window;          /* sliding window, 0 = full attention */
 } layer_t;
 
+void panel_gemm(const float *x, const float *panels, const float *bias, float *y, int64_t rows,
+                int64_t n_out, int64_t k, int threads);
 int int8_gemv(int dtype, const void *x, const int8_t *q, const float *scale, void *y,
               int64_t rows, int64_t n_out, int64_t k, int threads);
 int int4_gemv(int dtype, const void *x, const uint8_t *packed, const uint16_t *scale_offset,
@@ -137,6 +141,10 @@ int dense_gemv_rows(int dtype, const void *x, const void *w, void *y, int64_t ro
 static int linear_rows(int dtype, const linear_t *l, const void *x, void *y, int64_t rows,
                        int threads) {
   int status = 0;
+  if (l->kind == LINEAR_PANELS) { /* float32 only; adds the bias itself */
+    panel_gemm(x, l->weight, l->bias, y, rows, l->n_out, l->k, threads);
+    return 0;
+  }
   if (l->kind == LINEAR_INT8)
     status = int8_gemv(dtype, x, l->weight, l->scale, y, rows, l->n_out, l->k, threads);
   else if (l->kind == LINEAR_INT4)
