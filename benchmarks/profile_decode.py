@@ -6,6 +6,10 @@ checks) are wrapped with wall-clock timers; what is left of a step is Python glu
 requests of a short prompt decoding N tokens each, greedy.
 
 Run: python -m benchmarks.profile_decode [--batch 1] [--tokens 64] [--quantization int4]
+
+`--compare-native N` instead alternates, N rounds, the model's two decode paths (all layers in
+one native call, or layer by layer from Python) on the same workload in this one process, and
+prints each round's decode ms/step and their ratio (the host drifts too much between runs).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ os.environ.setdefault("GOMP_SPINCOUNT", "20000")
 import argparse  # noqa: E402
 import functools
 import gc
-import os
+import statistics
 import time
 from collections import defaultdict
 
@@ -75,6 +79,7 @@ def main() -> None:
     parser.add_argument("--quantization", default="none")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--compare-native", type=int, default=0, metavar="ROUNDS")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     loaded = load_model(None, args.dtype, progress=False, quantization=args.quantization)
@@ -95,6 +100,9 @@ def main() -> None:
         return steps
 
     run("warm")
+    if args.compare_native:
+        compare_native(loaded.model, sched, run_decode_only(sched, args, params), args)
+        return
     instrument()
     TIMES.clear()
     steps = run("timed")
@@ -121,6 +129,42 @@ def main() -> None:
     rows.append(("scheduler other", other))
     for name, seconds in rows:
         print(f"| {name} | {seconds / steps * 1e3:.2f} | {100 * seconds / step_total:.0f}% |")
+
+
+def run_decode_only(sched, args: argparse.Namespace, params: dict):
+    """A function running the workload once and returning seconds per decode step: steps after
+    the first PREFILL_STEPS (the prompts' prefill) are timed."""
+    prefill_steps = 3
+
+    def run(tag: str) -> float:
+        for i in range(args.batch):
+            ids = [(7 * i + j) % 30000 + 100 for j in range(args.prompt_tokens)]
+            sched.add_request(GenerateInput(f"{tag}-{i}", ids, dict(params)))
+        steps, start = 0, 0.0
+        while sched.has_work:
+            sched.step()
+            steps += 1
+            if steps == prefill_steps:
+                start = time.perf_counter()
+        return (time.perf_counter() - start) / max(steps - prefill_steps, 1)
+
+    return run
+
+
+def compare_native(model, sched, run, args: argparse.Namespace) -> None:
+    """Alternate the native and the layer-by-layer decode path, round by round."""
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for r in range(args.compare_native):
+        for native in (True, False):
+            model.use_native_decode = native
+            times[native].append(run(f"r{r}-{native}"))
+    model.use_native_decode = True
+    print(f"{args.batch} rows, {args.quantization}: decode ms/step, native vs layer by layer")
+    print("| round | native | layer by layer | ratio |\n|---:|---:|---:|---:|")
+    for r, (a, b) in enumerate(zip(times[True], times[False], strict=True)):
+        print(f"| {r + 1} | {a * 1e3:.1f} | {b * 1e3:.1f} | {b / a:.2f}x |")
+    ratios = [b / a for a, b in zip(times[True], times[False], strict=True)]
+    print(f"median ratio {statistics.median(ratios):.2f}x")
 
 
 if __name__ == "__main__":
