@@ -250,3 +250,5 @@ def test_panel_gemm_declines_what_it_cannot_serve():
     assert kernels.pack_panels(w.bfloat16()) is None  # float32 only
     assert kernels.panel_gemm(torch.randn(2, 32).bfloat16(), panels, None, 64) is None
     assert kernels.panel_gemm(torch.randn(2, 31), panels, None, 64) is None  # wrong k
+    assert kernels.panel_gemm(torch.randn(2, 32), panels, None, 65) is None  # n_out too big
+    assert kernels.panel_gemm(torch.randn(2, 32), panels, torch.randn(63), 64) is None

@@ -74,7 +74,9 @@ def panel_gemm(
     tensors = (x, panels) if bias is None else (x, panels, bias)
     if lib is None or any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):
         return None
-    if x.dim() != 2 or x.shape[1] != panels.shape[1]:
+    if x.dim() != 2 or panels.dim() != 3 or x.shape[1] != panels.shape[1]:
+        return None
+    if panels.shape[0] * panels.shape[2] < n_out or (bias is not None and bias.numel() != n_out):
         return None
     x = x.contiguous()
     bias = None if bias is None else bias.contiguous()  # held until the call returns
