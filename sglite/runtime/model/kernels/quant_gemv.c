@@ -419,8 +419,21 @@ typedef void (*int4_fn)(int, const float *, const float *, const uint8_t *, cons
 static const int8_fn int8_by_rows[QGEMV_MAX_ROWS] = {FOR_EACH_ROWS(LIST_INT8)};
 static const int4_fn int4_by_rows[QGEMV_MAX_ROWS] = {FOR_EACH_ROWS(LIST_INT4)};
 
-/* Output rows per parallel chunk: whole cache lines of y and enough work per task. */
-#define N_CHUNK 64
+/*
+ * Output rows per parallel chunk: about CHUNKS_PER_THREAD chunks per thread, at least
+ * MIN_CHUNK_ROWS (whole cache lines of y), a multiple of 16. Each chunk restarts the weight
+ * stream (the prefetches run within a chunk), so fewer, longer chunks read faster: batch-1 int4
+ * decode steps ran ~6% faster than with fixed 64-row chunks (median of 20 alternating rounds,
+ * faster in 15 of 20, twice). Several chunks per thread keep the work balanced when a thread
+ * starts late.
+ */
+#define MIN_CHUNK_ROWS 64
+#define CHUNKS_PER_THREAD 4
+static int64_t chunk_rows(int64_t n_out, int threads) {
+  const int64_t parts = (int64_t)(threads > 1 ? threads : 1) * CHUNKS_PER_THREAD;
+  const int64_t rows = ((n_out + parts - 1) / parts + 15) / 16 * 16;
+  return rows > MIN_CHUNK_ROWS ? rows : MIN_CHUNK_ROWS;
+}
 
 /* Arguments of one GEMV for the thread pool (each kernel uses the fields it needs). */
 typedef struct {
@@ -462,7 +475,8 @@ int int8_gemv(int dtype, const void *x, const int8_t *q, const float *scale, voi
   float *xf = load_x(dtype, x, rows, k);
   if (xf == NULL) return -1;
   gemv_args a = {dtype, xf, NULL, NULL, NULL, q, scale, NULL, y, n_out, k, rows};
-  parallel_range(int8_range, &a, n_out, N_CHUNK, threads, n_out * k >= 65536);
+  parallel_range(int8_range, &a, n_out, chunk_rows(n_out, threads), threads,
+                 n_out * k >= 65536);
   free(xf);
   return 0;
 }
@@ -494,7 +508,8 @@ int int4_gemv(int dtype, const void *x, const uint8_t *packed, const uint16_t *s
     if (ok) {
       quantize_x_groups(xf, xsum, rows, k, xq, dxx, xsum2);
       gemv_args a = {dtype, NULL, xq, dxx, xsum2, packed, scale_offset, NULL, y, n_out, k, rows};
-      parallel_range(int4_vnni_range, &a, n_out, N_CHUNK, threads, n_out * k >= 65536);
+      parallel_range(int4_vnni_range, &a, n_out, chunk_rows(n_out, threads), threads,
+                     n_out * k >= 65536);
     }
     free(xq);
     free(dxx);
@@ -505,7 +520,8 @@ int int4_gemv(int dtype, const void *x, const uint8_t *packed, const uint16_t *s
   }
 #endif
   gemv_args a = {dtype, xf, NULL, NULL, xsum, packed, scale_offset, NULL, y, n_out, k, rows};
-  parallel_range(int4_range, &a, n_out, N_CHUNK, threads, n_out * k >= 65536);
+  parallel_range(int4_range, &a, n_out, chunk_rows(n_out, threads), threads,
+                 n_out * k >= 65536);
   free(xf);
   free(xsum);
   return 0;
@@ -540,7 +556,8 @@ static void dequant_rows(void *p, int64_t n0, int64_t n1) {
 void int4_dequantize(int dtype, const uint8_t *packed, const uint16_t *scale_offset, void *out,
                      int64_t n_out, int64_t k, int threads) {
   dequant_args a = {dtype, packed, scale_offset, out, k};
-  parallel_range(dequant_rows, &a, n_out, N_CHUNK, threads, n_out * k >= 65536);
+  parallel_range(dequant_rows, &a, n_out, chunk_rows(n_out, threads), threads,
+                 n_out * k >= 65536);
 }
 
 int64_t qgemv_max_rows(void) { return QGEMV_MAX_ROWS; }
