@@ -83,7 +83,11 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     loaded = load_model(None, args.dtype, progress=False, quantization=args.quantization)
-    server_args = ServerArgs(max_total_tokens=65536, quantization=args.quantization)
+    server_args = ServerArgs(
+        max_total_tokens=65536,
+        quantization=args.quantization,
+        max_running_requests=max(64, args.batch),  # all B requests decode together
+    )
     sched = scheduler_module.Scheduler(server_args, loaded)
     gc.collect()
     gc.freeze()  # as the scheduler process does
@@ -132,21 +136,23 @@ def main() -> None:
 
 
 def run_decode_only(sched, args: argparse.Namespace, params: dict):
-    """A function running the workload once and returning seconds per decode step: steps after
-    the first PREFILL_STEPS (the prompts' prefill) are timed."""
-    prefill_steps = 3
+    """A function running the workload once and returning seconds per decode step: the steps
+    after the last prompt finished prefilling are timed."""
 
     def run(tag: str) -> float:
         for i in range(args.batch):
             ids = [(7 * i + j) % 30000 + 100 for j in range(args.prompt_tokens)]
             sched.add_request(GenerateInput(f"{tag}-{i}", ids, dict(params)))
-        steps, start = 0, 0.0
+        steps, start = 0, None
         while sched.has_work:
             sched.step()
-            steps += 1
-            if steps == prefill_steps:
-                start = time.perf_counter()
-        return (time.perf_counter() - start) / max(steps - prefill_steps, 1)
+            if start is None and not sched.waiting and sched.chunked is None:
+                start = time.perf_counter()  # every request is decoding from here on
+            elif start is not None:
+                steps += 1
+        if start is None or steps == 0:
+            raise SystemExit("no decode steps to time: raise --tokens")
+        return (time.perf_counter() - start) / steps
 
     return run
 

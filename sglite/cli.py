@@ -74,8 +74,9 @@ HELP = {
     "dist_init_addr": "HOST:PORT where the ranks meet (default: a free local port)",
     "quantization": "weight-only quantization of the projections for small-batch decode "
     "(int4 takes a GGUF's own Q4_0/Q4_1 values; CPU only)",
-    "gemm_packing": "oneDNN-packed (and in bf16 transposed) copies of the dense weights for "
-    "batches of 2+ rows (faster; one or two more copies of the weights): auto = models up to 1 GiB",
+    "gemm_packing": "GEMM-friendly copies of the dense weights (float32: panels for the native "
+    "GEMM, every batch; bf16: oneDNN-packed and transposed) for faster batches and prefill (one "
+    "or two more copies of the weights): auto = models up to 1 GiB",
     "quantized_max_rows": "matmuls of at most this many rows use the quantized weights, larger "
     "ones the dense copy (-1: quantized only, dense weights freed)",
     "log_level": "debug, info, warning or error",

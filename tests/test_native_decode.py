@@ -111,6 +111,9 @@ def test_large_bf16_batches_use_the_pytorch_path(monkeypatch, tmp_path):
     make_hf_model("llama", str(tmp_path))
     loaded = load_model(str(tmp_path), "bfloat16", progress=False)
     served = _calls(loaded, monkeypatch)
-    prompts = [[1, 2 + i, 3] for i in range(12)]  # more rows than the native GEMV takes
+    _steps(loaded, [[1, 2, 3], [1, 4, 3], [1, 5, 3]], 2, native=True)
+    assert served == [3, 3]  # the native step serves this model's small batches...
+    served.clear()
+    prompts = [[1, 2 + i, 3] for i in range(12)]  # ...not more rows than its GEMV takes
     _steps(loaded, prompts, 2, native=True)
     assert served == []

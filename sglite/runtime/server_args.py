@@ -87,8 +87,9 @@ class ServerArgs:
     # -1 = always quantized and the dense weights freed (less memory, slower prefill).
     quantization: str = "none"
     quantized_max_rows: int = 8
-    # oneDNN-packed (and in bf16 transposed) copies of the dense weights for batches of 2+ rows
-    # (faster; one or two more copies of the weights in memory): auto = for models up to 1 GiB.
+    # GEMM-friendly copies of the dense weights (float32: panels for the native GEMM; bf16:
+    # oneDNN-packed and transposed), faster for batches and prefill at the cost of one or two
+    # more copies of the weights in memory: auto = for models up to 1 GiB.
     gemm_packing: str = "auto"
     log_level: str = "warning"
     # Limits on what one request may ask for (past them: HTTP 400 / ValueError).

@@ -4,9 +4,9 @@ copy, each call taking the fastest for its row count.
 Invariant: `Linear.forward(x)` computes `x @ weight.T + bias` whichever path runs; the quantized
 path (when `quantized` is set) differs from the dense one only by its rounding of the weights.
 
-Dense layouts: `weight` (`[out, in]`, contiguous) serves one-row products and the native decode
-step, which stream it row by row. With `finalize(extra_layouts=True)` one more copy is kept
-(`packed`, a `PackedWeight`):
+Dense layouts: `weight` (`[out, in]`, contiguous) is the parameter; without a packed copy it
+also serves one-row products and the native decode step's GEMV. With
+`finalize(extra_layouts=True)` one more copy is kept (`packed`, a `PackedWeight`):
 - float32 with the native kernels: panels of 16 output columns for `kernels.panel_gemm`, which
   serves every row count. Streaming the 30 layers' weights from memory it ran 1.35-1.8x faster
   than oneDNN's packed float32 GEMM from 2 to 64 rows, and 1.0-1.3x at 1000 rows (2 AVX2 cores).

@@ -351,7 +351,7 @@ class CausalLM(nn.Module):
         if self.lm_head_quantized is not None and unpacked_float32 and kernels.native_available():
             # Unpacked float32 GEMMs of this wide, short shape ran at ~50 GFLOP/s on 2 AVX2
             # cores: the int8 GEMV in chunks of rows was 1.45x faster at 32 rows, 3.5x at 9
-            # (packed for oneDNN, float32 beats it from 16 rows on).
+            # (with packed weights, float32 beats it from 16 rows on).
             limit = self.lm_head_quantized_max_rows
             self.lm_head_quantized_max_rows = max(limit, LM_HEAD_INT8_FLOAT32_ROWS)
         self._native_decoder = False  # weight pointers changed

@@ -174,7 +174,7 @@ def load_model(
     `quantization` (none, int8, int4) adds weight-only quantized copies of the projections for
     matmuls of at most `quantized_max_rows` rows (see `CausalLM.quantize`); int4 takes a GGUF's
     own Q4_0/Q4_1 values where the file has them. `gemm_packing` (auto, on, off) adds
-    transposed and oneDNN-packed copies of the dense weights for large and mid-size batches;
+    GEMM-friendly copies of the dense weights (see `linear.py`) for batches and prefill;
     auto adds them for models whose weights take at most `AUTO_PACK_MAX_BYTES`.
     With a tensor-parallel group `tp`, only this rank's shard of every weight is kept (each
     checkpoint tensor is read, cut and dropped in turn) and the returned config is the rank's.

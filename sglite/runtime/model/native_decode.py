@@ -1,4 +1,4 @@
-"""The decoder layers of a small DECODE batch run in one native call (`kernels/decode_step.c`).
+"""The decoder layers of a DECODE batch run in one native call (`kernels/decode_step.c`).
 
 `NativeDecoder` describes every layer's weights, norms and KV tensors to the C side once (as
 ctypes structs holding pointers into the model's own tensors) and then

@@ -141,7 +141,8 @@ int dense_gemv_rows(int dtype, const void *x, const void *w, void *y, int64_t ro
 static int linear_rows(int dtype, const linear_t *l, const void *x, void *y, int64_t rows,
                        int threads) {
   int status = 0;
-  if (l->kind == LINEAR_PANELS) { /* float32 only; adds the bias itself */
+  if (l->kind == LINEAR_PANELS) { /* adds the bias itself */
+    if (dtype != 0) return -1;      /* panels are float32 only */
     panel_gemm(x, l->weight, l->bias, y, rows, l->n_out, l->k, threads);
     return 0;
   }

@@ -76,6 +76,8 @@ def panel_gemm(
         return None
     if x.dim() != 2 or panels.dim() != 3 or x.shape[1] != panels.shape[1]:
         return None
+    if panels.shape[2] != lib.panel_width() or not panels.is_contiguous():
+        return None  # the kernel reads ceil(n_out / width) panels of k * width floats
     if panels.shape[0] * panels.shape[2] < n_out or (bias is not None and bias.numel() != n_out):
         return None
     x = x.contiguous()

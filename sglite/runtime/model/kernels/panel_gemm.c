@@ -1,6 +1,6 @@
 /*
  * Dense float32 products, any batch size: y[M, N] = x[M, K] W^T (+ bias), with W packed once
- * into panels of PANEL output columns: panels[N / PANEL][K][PANEL] (the last panel
+ * into panels of PANEL output columns: panels[ceil(N / PANEL)][K][PANEL] (the last panel
  * zero-padded). A thread takes whole panels; for each it runs every row tile of x against it,
  * so each weight byte comes from memory once per call and the later tiles find the panel in
  * the cache. A panel is one contiguous stream of K * 64 bytes, which the hardware prefetcher

@@ -421,7 +421,7 @@ static const int4_fn int4_by_rows[QGEMV_MAX_ROWS] = {FOR_EACH_ROWS(LIST_INT4)};
 
 /*
  * Output rows per parallel chunk: about CHUNKS_PER_THREAD chunks per thread, at least
- * MIN_CHUNK_ROWS (whole cache lines of y), a multiple of 16. Each chunk restarts the weight
+ * MIN_CHUNK_ROWS, a multiple of 16 (whole cache lines of a float32 y). Each chunk restarts the weight
  * stream (the prefetches run within a chunk), so fewer, longer chunks read faster: batch-1 int4
  * decode steps ran ~6% faster than with fixed 64-row chunks (median of 20 alternating rounds,
  * faster in 15 of 20, twice). Several chunks per thread keep the work balanced when a thread
