@@ -94,9 +94,7 @@ def main() -> None:
     params = {"temperature": 0, "max_new_tokens": args.tokens, "ignore_eos": True}
 
     def run(tag: str) -> int:
-        for i in range(args.batch):
-            ids = [(7 * i + j) % 30000 + 100 for j in range(args.prompt_tokens)]
-            sched.add_request(GenerateInput(f"{tag}-{i}", ids, dict(params)))
+        submit(sched, args, params, tag)
         steps = 0
         while sched.has_work:
             sched.step()
@@ -135,14 +133,19 @@ def main() -> None:
         print(f"| {name} | {seconds / steps * 1e3:.2f} | {100 * seconds / step_total:.0f}% |")
 
 
+def submit(sched, args: argparse.Namespace, params: dict, tag: str) -> None:
+    """Queue the workload: `--batch` requests of distinct `--prompt-tokens`-token prompts."""
+    for i in range(args.batch):
+        ids = [(7 * i + j) % 30000 + 100 for j in range(args.prompt_tokens)]
+        sched.add_request(GenerateInput(f"{tag}-{i}", ids, dict(params)))
+
+
 def run_decode_only(sched, args: argparse.Namespace, params: dict):
     """A function running the workload once and returning seconds per decode step: the steps
     after the last prompt finished prefilling are timed."""
 
     def run(tag: str) -> float:
-        for i in range(args.batch):
-            ids = [(7 * i + j) % 30000 + 100 for j in range(args.prompt_tokens)]
-            sched.add_request(GenerateInput(f"{tag}-{i}", ids, dict(params)))
+        submit(sched, args, params, tag)
         steps, start = 0, None
         while sched.has_work:
             sched.step()

@@ -252,3 +252,22 @@ def test_panel_gemm_declines_what_it_cannot_serve():
     assert kernels.panel_gemm(torch.randn(2, 31), panels, None, 64) is None  # wrong k
     assert kernels.panel_gemm(torch.randn(2, 32), panels, None, 65) is None  # n_out too big
     assert kernels.panel_gemm(torch.randn(2, 32), panels, torch.randn(63), 64) is None
+
+
+def test_panels_serve_a_partial_panel_and_fall_back_without_the_library(monkeypatch):
+    """n_out = 83 leaves a partial last panel; with the native library gone after packing (as
+    when a test switches it off), the same panels are read through PyTorch."""
+    from sglite.runtime.model.linear import Linear
+
+    torch.manual_seed(1)
+    layer = Linear(96, 83, bias=True)
+    layer.finalize(extra_layouts=True)
+    assert layer.packed is not None and layer.packed.kind == "panels"
+    xs = [torch.randn(rows, 96) for rows in (1, 7, 300)]
+    wants = [x @ layer.weight.detach().T + layer.bias.detach() for x in xs]
+    for x, want in zip(xs, wants, strict=True):
+        torch.testing.assert_close(layer(x).detach(), want, atol=1e-4, rtol=1e-4)
+    monkeypatch.setattr(native, "load", lambda: None)
+    assert kernels.panel_gemm(xs[0], layer.packed.data, None, 83) is None
+    for x, want in zip(xs, wants, strict=True):
+        torch.testing.assert_close(layer(x).detach(), want, atol=1e-4, rtol=1e-4)

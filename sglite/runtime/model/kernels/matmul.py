@@ -5,6 +5,7 @@ the call (the caller then uses PyTorch)."""
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import torch
 
@@ -52,13 +53,20 @@ def dense_gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
     return out if status == 0 else None
 
 
+@functools.cache
+def _panel_width() -> int:
+    """Output columns per panel of the built kernel (asked once, not on every product)."""
+    lib = native.load()
+    return int(lib.panel_width()) if lib is not None else 0
+
+
 def pack_panels(weight: torch.Tensor) -> torch.Tensor | None:
     """A float32 CPU weight `[N, K]` as `panel_gemm` reads it, `[ceil(N / P), K, P]` for the
     kernel's panel width P (zero rows pad the last panel); None without the native library."""
     lib = native.load()
     if lib is None or weight.dtype != torch.float32 or weight.device.type != "cpu":
         return None
-    width = int(lib.panel_width())
+    width = _panel_width()
     n_out, k = weight.shape
     padded = weight.new_zeros((n_out + width - 1) // width * width, k)
     padded[:n_out] = weight
@@ -76,7 +84,7 @@ def panel_gemm(
         return None
     if x.dim() != 2 or panels.dim() != 3 or x.shape[1] != panels.shape[1]:
         return None
-    if panels.shape[2] != lib.panel_width() or not panels.is_contiguous():
+    if panels.shape[2] != _panel_width() or not panels.is_contiguous():
         return None  # the kernel reads ceil(n_out / width) panels of k * width floats
     if panels.shape[0] * panels.shape[2] < n_out or (bias is not None and bias.numel() != n_out):
         return None
