@@ -72,13 +72,13 @@ HELP = {
     "nnodes": "nodes of a multi-node tensor-parallel group",
     "node_rank": "this node's index (0 serves HTTP; others run their ranks only)",
     "dist_init_addr": "HOST:PORT where the ranks meet (default: a free local port)",
-    "quantization": "weight-only quantization of the projections for small-batch decode "
-    "(int4 takes a GGUF's own Q4_0/Q4_1 values; CPU only)",
+    "quantization": "weight-only quantization of the projections (int4 takes a GGUF's own "
+    "Q4_0/Q4_1 values; CPU only)",
     "gemm_packing": "GEMM-friendly copies of the dense weights (float32: panels for the native "
     "GEMM, every batch; bf16: oneDNN-packed and transposed) for faster batches and prefill (one "
     "or two more copies of the weights): auto = models up to 1 GiB",
     "quantized_max_rows": "matmuls of at most this many rows use the quantized weights, larger "
-    "ones the dense copy (-1: quantized only, dense weights freed)",
+    "ones a dense copy (-1: quantized only, no dense copy; default: -1 in float32, 8 in bf16)",
     "log_level": "debug, info, warning or error",
     "max_n": "most choices (n) one request may ask for",
     "max_new_tokens_limit": "cap on max_new_tokens / max_tokens (default: the context length)",

@@ -254,6 +254,43 @@ def test_panel_gemm_declines_what_it_cannot_serve():
     assert kernels.panel_gemm(torch.randn(2, 32), panels, torch.randn(63), 64) is None
 
 
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 9, 50, 130, 300])
+def test_quant_gemm_matches_the_dequantized_matmul(kind, rows):
+    """Every dot-tile size (1-3 rows), row blocks, and the panel path for many rows (>= 128),
+    with n_out = 83 leaving partial column groups, chunks and panels."""
+    from sglite.runtime.model.quantization import Int4Weight, Int8Weight, quantize_int4
+
+    torch.manual_seed(rows)
+    w = torch.randn(83, 96)
+    x = torch.randn(rows, 96)
+    if kind == "int4":
+        q = Int4Weight(quantize_int4(w), torch.float32)
+        dense = kernels.int4_dequantize(q.packed, q.scale_offset, torch.float32)
+        out = kernels.int4_gemm(x, q.packed, q.scale_offset)
+    else:
+        q = Int8Weight(w, torch.float32)
+        dense = q.values.float() * q.scale[:, None]
+        out = kernels.int8_gemm(x, q.values, q.scale)
+    assert out is not None and out.shape == (rows, 83)
+    torch.testing.assert_close(out, x @ dense.T, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(q.matmul(x), x @ dense.T, rtol=1e-5, atol=1e-4)
+
+
+def test_quant_gemm_declines_what_it_cannot_serve():
+    from sglite.runtime.model.quantization import Int8Weight
+
+    q = Int8Weight(torch.randn(16, 40), torch.float32)  # k = 40: not whole vectors of 32
+    assert kernels.int8_gemm(torch.randn(12, 40), q.values, q.scale) is None
+    q = Int8Weight(torch.randn(16, 64), torch.float32)
+    assert kernels.int8_gemm(torch.randn(12, 64).bfloat16(), q.values, q.scale) is None
+    assert kernels.int8_gemm(torch.randn(12, 32), q.values, q.scale) is None  # wrong k
+    x = torch.randn(12, 40)  # ...and the weight's matmul still serves them (GEMV in chunks)
+    q = Int8Weight(torch.randn(16, 40), torch.float32)
+    dense = q.values.float() * q.scale[:, None]
+    torch.testing.assert_close(q.matmul(x), x @ dense.T, rtol=1e-5, atol=1e-4)
+
+
 def test_panels_serve_a_partial_panel_and_fall_back_without_the_library(monkeypatch):
     """n_out = 83 leaves a partial last panel; with the native library gone after packing (as
     when a test switches it off), the same panels are read through PyTorch."""

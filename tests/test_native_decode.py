@@ -107,6 +107,24 @@ def test_float32_batches_of_any_size_run_natively_and_match(monkeypatch, tmp_pat
         torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("quantization", ["int4", "int8"])
+def test_quantized_float32_batches_of_any_size_run_natively_and_match(
+    monkeypatch, tmp_path, quantization
+):
+    """Quantized float32 weights (no dense copy by default): past the GEMVs' 8 rows the native
+    step runs the quantized GEMM, bias included, and computes the PyTorch path's logits."""
+    make_hf_model("qwen2", str(tmp_path))
+    loaded = load_model(str(tmp_path), "float32", progress=False, quantization=quantization)
+    assert loaded.quantized_max_rows == -1
+    served = _calls(loaded, monkeypatch)
+    prompts = [[1, 2 + i, 3, 4 + i % 5] for i in range(20)]
+    native = _steps(loaded, prompts, 2, native=True)
+    assert served == [20, 20]
+    reference = _steps(loaded, prompts, 2, native=False)
+    for a, b in zip(native, reference, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+
+
 def test_large_bf16_batches_use_the_pytorch_path(monkeypatch, tmp_path):
     make_hf_model("llama", str(tmp_path))
     loaded = load_model(str(tmp_path), "bfloat16", progress=False)

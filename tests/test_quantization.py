@@ -179,3 +179,41 @@ def test_bad_quantization_arguments():
         ServerArgs.from_kwargs(quantization="fp8")
     with pytest.raises(ValueError, match="device='cpu'"):
         ServerArgs.from_kwargs(quantization="int4", device="cuda")
+
+
+def test_float32_quantized_models_keep_no_dense_copy_and_compute_the_same():
+    """By default a float32 model quantized to int4 keeps only its 4-bit weights (the native
+    quantized GEMM serves every batch size) and computes what a dense copy of the same weights
+    computes (the GGUF's Q4_1 values are the dense copy's too), for prefill-size and decode-size
+    batches past the GEMVs' rows."""
+    from test_model_parity import decode, extend, new_pool
+
+    lean = load_model(None, "float32", progress=False, quantization="int4")
+    dense = load_model(None, "float32", progress=False, quantization="int4", quantized_max_rows=8)
+    assert lean.quantized_max_rows == -1 and dense.quantized_max_rows == 8
+    projections = [m for m in lean.model.modules() if isinstance(m, Linear)]
+    assert projections and all(m.weight.numel() == 0 for m in projections)
+    assert lean.model.lm_head_packed is None  # the int8 output projection serves every row
+
+    def weight_bytes(loaded) -> int:
+        tensors = list(loaded.model.parameters())
+        tensors += [m.packed.data for m in loaded.model.modules() if getattr(m, "packed", None)]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    assert weight_bytes(lean) < 0.25 * weight_bytes(dense)
+    # Both output projections int8 for every row, so only the layers' paths differ.
+    dense.model.lm_head_quantized_max_rows = lean.model.lm_head_quantized_max_rows
+    tok = lean.tokenizer
+    prompts = [tok.encode(f"Count from {i} to {i + 9}, slowly, one by one:") for i in range(12)]
+    assert sum(map(len, prompts)) >= 128  # the quantized GEMM's panel path for prefill
+    logits = {}
+    for name, loaded in (("lean", lean), ("dense", dense)):
+        pool = new_pool(loaded)
+        out, slots = extend(loaded, pool, prompts)
+        steps = [out]
+        for step in range(2):  # 12-row decode steps: the native step's quantized GEMM
+            out, slots = decode(loaded, pool, [100 + step + i for i in range(12)], slots)
+            steps.append(out)
+        logits[name] = steps
+    for a, b in zip(logits["lean"], logits["dense"], strict=True):
+        assert (a - b).abs().max() < 2e-3

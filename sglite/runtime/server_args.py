@@ -83,10 +83,11 @@ class ServerArgs:
     node_rank: int = 0
     dist_init_addr: str | None = None  # HOST:PORT of rank 0's rendezvous; None = local port
     # Weight-only quantization of the projections (none, int8, int4; CPU). Matmuls of at most
-    # `quantized_max_rows` rows (decode of small batches) use it, larger ones the dense weights;
-    # -1 = always quantized and the dense weights freed (less memory, slower prefill).
+    # `quantized_max_rows` rows use it, larger ones a dense copy; -1 = always quantized, no
+    # dense copy (the memory a quantized model should take); None = auto (-1 in float32, where
+    # the native quantized GEMM serves every batch size; 8 in bf16).
     quantization: str = "none"
-    quantized_max_rows: int = 8
+    quantized_max_rows: int | None = None
     # GEMM-friendly copies of the dense weights (float32: panels for the native GEMM; bf16:
     # oneDNN-packed and transposed), faster for batches and prefill at the cost of one or two
     # more copies of the weights in memory: auto = for models up to 1 GiB.
@@ -153,7 +154,7 @@ class ServerArgs:
             raise ValueError(
                 f"gemm_packing must be one of {GEMM_PACKING}, got {self.gemm_packing!r}"
             )
-        if self.quantized_max_rows < -1:
+        if self.quantized_max_rows is not None and self.quantized_max_rows < -1:
             raise ValueError(f"quantized_max_rows must be >= -1, got {self.quantized_max_rows}")
         if self.grammar_compile_timeout <= 0:
             raise ValueError("grammar_compile_timeout must be positive")

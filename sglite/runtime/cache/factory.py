@@ -68,7 +68,7 @@ def build_cache(args, pool: KVPool, loaded) -> RadixCache:
             str(pool.dtype).replace("torch.", ""),
             pool.device.type,
             args.quantization,
-            args.quantized_max_rows,
+            loaded.quantized_max_rows,
             memo_path=os.path.join(args.hicache_dir, "fingerprints.json"),
         )
         disk = DiskKVStore(

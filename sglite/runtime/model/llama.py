@@ -346,7 +346,9 @@ class CausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, Linear) and module is not self.lm_head:
                 module.finalize(pack)
-        self.lm_head_packed = pack_dense(self.lm_head_weight().data) if pack else None
+        every_row_quantized = self.lm_head_quantized_max_rows >= 1 << 62
+        pack_head = pack and not every_row_quantized and self.lm_head_weight().numel() > 0
+        self.lm_head_packed = pack_dense(self.lm_head_weight().data) if pack_head else None
         unpacked_float32 = self.lm_head_packed is None and self.dtype == torch.float32
         if self.lm_head_quantized is not None and unpacked_float32 and kernels.native_available():
             # Unpacked float32 GEMMs of this wide, short shape ran at ~50 GFLOP/s on 2 AVX2
@@ -422,6 +424,8 @@ class CausalLM(nn.Module):
             module.set_quantized(weight, max_rows)
         self.lm_head_quantized = Int8Weight(self.lm_head_weight().data, self.dtype)
         self.lm_head_quantized_max_rows = max_rows if max_rows >= 0 else 1 << 62
+        if max_rows < 0 and self.lm_head is not None:
+            self.lm_head.drop_dense()  # an untied output projection has no other use
 
     def _int4_parts(
         self, source: Callable[[list[str]], list[Int4Parts] | None], module: str

@@ -44,6 +44,9 @@ class LoadedModel:
     model_path: str
     dtype: torch.dtype
     device: torch.device
+    # Rows up to which the projections use their quantized weights (-1: all, no dense copy);
+    # the resolved value of `load_model`'s argument.
+    quantized_max_rows: int = 8
 
 
 def default_model_path() -> str:
@@ -102,6 +105,18 @@ def _should_pack(setting: str, model: CausalLM) -> bool:
         return setting == "on"
     dense = sum(p.numel() * p.element_size() for p in model.parameters())
     return dense <= AUTO_PACK_MAX_BYTES
+
+
+def auto_quantized_max_rows(dtype: torch.dtype, device: torch.device) -> int:
+    """-1 (quantized weights only) where the native quantized GEMM serves every batch size
+    (float32 on CPU): it matched or beat the dense float32 copy from 9 to 32 rows and at
+    prefill, so that copy would only cost memory. Elsewhere 8 (bf16: the quantized kernels
+    take a few rows, the dense copy serves the rest)."""
+    from sglite.runtime.model import kernels
+
+    if device.type == "cpu" and dtype == torch.float32 and kernels.native_available():
+        return -1
+    return 8
 
 
 def _check_quantization(kind: str, dtype: torch.dtype, device: torch.device) -> None:
@@ -165,15 +180,16 @@ def load_model(
     tokenizer_path: str | None = None,
     progress: bool = True,
     quantization: str = "none",
-    quantized_max_rows: int = 8,
+    quantized_max_rows: int | None = None,
     gemm_packing: str = "auto",
     tp: TensorParallelGroup = SINGLE,
 ) -> LoadedModel:
     """Load weights, config and tokenizer. `model_path=None` loads the default model.
 
     `quantization` (none, int8, int4) adds weight-only quantized copies of the projections for
-    matmuls of at most `quantized_max_rows` rows (see `CausalLM.quantize`); int4 takes a GGUF's
-    own Q4_0/Q4_1 values where the file has them. `gemm_packing` (auto, on, off) adds
+    matmuls of at most `quantized_max_rows` rows (see `CausalLM.quantize`; -1: every matmul,
+    and the dense weights are freed; None: `auto_quantized_max_rows`); int4 takes a GGUF's own
+    Q4_0/Q4_1 values where the file has them. `gemm_packing` (auto, on, off) adds
     GEMM-friendly copies of the dense weights (see `linear.py`) for batches and prefill;
     auto adds them for models whose weights take at most `AUTO_PACK_MAX_BYTES`.
     With a tensor-parallel group `tp`, only this rank's shard of every weight is kept (each
@@ -203,11 +219,14 @@ def load_model(
     plan = TensorParallelPlan.create(config, tp.rank, tp.size) if tp.enabled else None
     model = CausalLM.empty(config, torch_dtype, dev, plan, tp)
     model.load_weights(weights)
+    quantized_rows = quantized_max_rows
+    if quantized_rows is None:
+        quantized_rows = auto_quantized_max_rows(torch_dtype, dev)
     if quantization != "none":
         source = None
         if gguf_file is not None:
             source = gguf_loader.gguf_int4_source(gguf_file, config)
-        model.quantize(quantization, quantized_max_rows, source)
+        model.quantize(quantization, quantized_rows, source)
     model.finalize_weights(pack=_should_pack(gemm_packing, model))
     if tokenizer_path is None and gguf_file is not None:
         tokenizer = gguf_loader.load_gguf_tokenizer(path, gguf_file)  # reuse the parsed metadata
@@ -217,4 +236,6 @@ def load_model(
         if eos not in tokenizer.eos_token_ids:
             tokenizer.eos_token_ids.append(eos)
     logger.info("loaded %s (%s) as %s on %s", path, config.arch, torch_dtype, dev)
-    return LoadedModel(model.config, model, tokenizer, os.path.abspath(path), torch_dtype, dev)
+    return LoadedModel(
+        model.config, model, tokenizer, os.path.abspath(path), torch_dtype, dev, quantized_rows
+    )

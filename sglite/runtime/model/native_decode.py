@@ -5,7 +5,8 @@ ctypes structs holding pointers into the model's own tensors) and then
 runs a whole decode step's layers with one call, so per-step Python cost no longer grows with
 the layer count. It serves DECODE batches on CPU, in float32 or bfloat16, for Llama-family and
 Qwen2 models: up to 8 rows with quantized or plain dense weights, up to 256 with float32
-weights in panels (`kernels.panel_gemm`); anything else (prefill, larger batches, CUDA, no
+weights in panels (`kernels.panel_gemm`) or quantized weights and float32 rows
+(`kernels.int4_gemm`, `kernels.int8_gemm`); anything else (prefill, larger batches, CUDA, no
 compiler) goes through the PyTorch path, which computes the same thing.
 
 The model owns its decoder and the decoder refers back to it weakly: a strong reference both ways
@@ -100,10 +101,14 @@ class NativeDecoder:
         self.model = weakref.proxy(model)
         self.lib = lib
         self.max_rows = int(lib.native_decode_max_rows())
-        self.quantized_rows_limit = int(lib.qgemv_max_rows())
         cfg = model.config
         self.dtype_code = 1 if model.dtype == torch.bfloat16 else 0
         first = model.layers[0].self_attn.qkv_proj
+        # Quantized rows: a few in bf16 (the GEMVs), any batch in float32 (past the GEMVs'
+        # rows the C side runs the quantized GEMM).
+        self.quantized_rows_limit = int(lib.qgemv_max_rows())
+        if self.dtype_code == 0:
+            self.quantized_rows_limit = self.max_rows
         # Calls of at most `quantized_max_rows` rows use the quantized weights, as in Python.
         self.quantized_max_rows = first.quantized_max_rows if first.quantized is not None else 0
         self.tables: dict[bool, ctypes.Array] = {}
@@ -174,7 +179,7 @@ class NativeDecoder:
             return False
         quantized = rows <= self.quantized_max_rows or self.quantized_max_rows < 0
         if quantized and rows > self.quantized_rows_limit:
-            return False  # the quantized GEMVs take a few rows only
+            return False  # bf16: the quantized GEMVs take a few rows only
         if not quantized and rows > self.dense_max_rows:
             return False  # a GEMM through PyTorch beats the native GEMV from here on
         table = self.tables.get(quantized)

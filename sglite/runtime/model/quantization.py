@@ -87,9 +87,12 @@ class Int8Weight(QuantizedWeight):
         self.scale_act = scale.to(act_dtype)  # PyTorch's kernel wants the activation dtype
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """`x @ W.T`: the native GEMV, in chunks of rows past what one call takes, else
-        `_weight_int8pack_mm` (which ran 30x slower than the chunks at 32 rows on AVX2)."""
+        """`x @ W.T`: the native GEMV for a few rows, the native GEMM for more (float32), else
+        the GEMV in chunks of rows, else `_weight_int8pack_mm` (which ran 30x slower than the
+        chunks at 32 rows on AVX2)."""
         out = kernels.int8_gemv(x, self.values, self.scale)
+        if out is None:
+            out = kernels.int8_gemm(x, self.values, self.scale)
         if out is not None:
             return out
         chunk = kernels.qgemv_max_rows()
@@ -140,9 +143,11 @@ class Int4Weight(QuantizedWeight):
                 x, self.packed, self.group_size, self.scale_offset
             )
         out = kernels.int4_gemv(x, self.packed, self.scale_offset)
+        if out is None:
+            out = kernels.int4_gemm(x, self.packed, self.scale_offset)
         if out is not None:
             return out
-        # Many rows: one dense GEMM beats re-reading the 4-bit weights per few rows.
+        # bf16 rows (or no native library): dequantize for a dense GEMM.
         dense = kernels.int4_dequantize(self.packed, self.scale_offset, x.dtype)
         return torch.nn.functional.linear(x, dense)
 

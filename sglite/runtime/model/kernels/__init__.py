@@ -17,7 +17,9 @@ from sglite.runtime.model.kernels import native
 from sglite.runtime.model.kernels.matmul import (  # noqa: F401 (the package's API)
     dense_gemv,
     int4_dequantize,
+    int4_gemm,
     int4_gemv,
+    int8_gemm,
     int8_gemv,
     pack_panels,
     panel_gemm,

@@ -1,6 +1,7 @@
 /*
  * The decoder layers of a decode batch in one call: up to QGEMV_MAX_ROWS rows with quantized
- * or dense weights, up to NATIVE_MAX_ROWS with float32 weights in panels (panel_gemm.c).
+ * or dense weights, up to NATIVE_MAX_ROWS with float32 weights in panels (panel_gemm.c) or
+ * quantized weights and float32 rows (quant_gemm.c).
  *
  * Why: at batch 1 a layer is ~10 small operations; issued from Python each costs microseconds of
  * interpreter and dispatch time, which adds up to a large share of a step once the weights are
@@ -16,7 +17,8 @@
 #include "common.h"
 
 #define QGEMV_MAX_ROWS 8
-/* Rows decode_layers takes (quantized layers: at most QGEMV_MAX_ROWS; the caller picks). */
+/* Rows decode_layers takes (quantized layers in bf16: at most QGEMV_MAX_ROWS; the caller
+ * picks). */
 #define NATIVE_MAX_ROWS 256
 
 __thread int sglite_in_native_step = 0;
@@ -43,6 +45,8 @@ void panel_gemm(const float *x, const float *panels, const float *bias, float *y
                 int64_t n_out, int64_t k, int threads);
 int int8_gemv(int dtype, const void *x, const int8_t *q, const float *scale, void *y,
               int64_t rows, int64_t n_out, int64_t k, int threads);
+int quant_gemm(int kind, const float *x, const void *weight, const void *scale,
+               const float *bias, float *y, int64_t rows, int64_t n_out, int64_t k, int threads);
 int int4_gemv(int dtype, const void *x, const uint8_t *packed, const uint16_t *scale_offset,
               void *y, int64_t rows, int64_t n_out, int64_t k, int threads);
 void add_rms_norm(int dtype, const void *x, void *residual, const void *weight, void *out,
@@ -145,6 +149,11 @@ static int linear_rows(int dtype, const linear_t *l, const void *x, void *y, int
     if (dtype != 0) return -1;      /* panels are float32 only */
     panel_gemm(x, l->weight, l->bias, y, rows, l->n_out, l->k, threads);
     return 0;
+  }
+  if ((l->kind == LINEAR_INT4 || l->kind == LINEAR_INT8) && rows > QGEMV_MAX_ROWS) {
+    if (dtype != 0) return -1; /* quant_gemm takes float32 rows only; it adds the bias */
+    return quant_gemm((int)l->kind, x, l->weight, l->scale, l->bias, y, rows, l->n_out, l->k,
+                      threads);
   }
   if (l->kind == LINEAR_INT8)
     status = int8_gemv(dtype, x, l->weight, l->scale, y, rows, l->n_out, l->k, threads);

@@ -1,6 +1,6 @@
-"""Matrix products with native kernels: quantized and dense GEMVs for decode-size batches and
-the float32 panel GEMM for any batch, each returning None when the native kernel cannot serve
-the call (the caller then uses PyTorch)."""
+"""Matrix products with native kernels: quantized and dense GEMVs for decode-size batches, the
+float32 panel GEMM and the int4 GEMM for any batch, each returning None when the native kernel
+cannot serve the call (the caller then uses PyTorch)."""
 
 from __future__ import annotations
 
@@ -149,6 +149,45 @@ def int4_gemv(
         torch.get_num_threads(),
     )
     return out if status == 0 else None
+
+
+def _quant_gemm(
+    kind: int, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, k: int
+) -> torch.Tensor | None:
+    lib = native.load()
+    if lib is None or x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 2:
+        return None
+    if x.shape[1] != k or not (weight.is_contiguous() and scale.is_contiguous()):
+        return None
+    x = x.contiguous()
+    out = x.new_empty(x.shape[0], weight.shape[0])
+    status = lib.quant_gemm(
+        kind,
+        x.data_ptr(),
+        weight.data_ptr(),
+        scale.data_ptr(),
+        None,
+        out.data_ptr(),
+        x.shape[0],
+        weight.shape[0],
+        k,
+        torch.get_num_threads(),
+    )
+    return out if status == 0 else None
+
+
+def int4_gemm(
+    x: torch.Tensor, packed: torch.Tensor, scale_offset: torch.Tensor
+) -> torch.Tensor | None:
+    """`x @ W.T` for float32 `x [M, K]`, any M, `W` int4 as for `int4_gemv`, with x kept in
+    float32 (no activation rounding); each weight is dequantized once per call, in cache, so
+    no dense copy of W is needed. None when the native kernel cannot serve it."""
+    return _quant_gemm(2, x, packed, scale_offset, packed.shape[1] * 2)
+
+
+def int8_gemm(x: torch.Tensor, values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor | None:
+    """`int4_gemm` for an int8 weight as `int8_gemv` takes it."""
+    return _quant_gemm(1, x, values, scale, values.shape[1])
 
 
 def int4_dequantize(

@@ -33,6 +33,7 @@ SOURCES = [
     _HERE / "quant_gemv.c",
     _HERE / "decode_step.c",
     _HERE / "panel_gemm.c",
+    _HERE / "quant_gemm.c",
     _HERE / "threadpool.c",
 ]
 HEADERS = [_HERE / "common.h", _HERE / "threadpool.h"]
@@ -68,6 +69,7 @@ _SIGNATURES = {
 _STATUS_SIGNATURES = {
     "int8_gemv": "iPPPPIIIi",
     "int4_gemv": "iPPPPIIIi",
+    "quant_gemm": "iPPPPPIIIi",
     "dense_gemv_rows": "iPPPIIIi",
     "decode_layers": "iIIIIIIFFIPPPPPPPIPi",
     "extend_attention": "iPIPPPPPPPIPIIIFIi",

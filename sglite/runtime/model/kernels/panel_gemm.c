@@ -94,6 +94,21 @@ typedef void (*panel_tile_fn)(const float *, int64_t, const float *, const float
 static const panel_tile_fn tile_by_rows[TILE_ROWS] = {panel_tile1, panel_tile2, panel_tile3,
                                                       panel_tile4, panel_tile5, panel_tile6};
 
+/* y[r, 0:cols] (row stride ldy) = x[r] . panel (+ bias) for all `rows` rows of x; `next` (or
+ * NULL) is the panel to request into the cache meanwhile. */
+void panel_rows(const float *x, int64_t rows, int64_t k, const float *panel, const float *next,
+                float *y, int64_t ldy, int64_t cols, const float *bias) {
+  /* Tiles of near-equal size (32 rows: 6, 6, 5, 5, 5, 5): a small last tile would leave too
+   * few FMA chains to hide their latency. */
+  const int64_t tiles = (rows + TILE_ROWS - 1) / TILE_ROWS;
+  for (int64_t t = 0, r0 = 0; t < tiles; t++) {
+    const int64_t n = (rows - r0) / (tiles - t) + ((rows - r0) % (tiles - t) != 0);
+    tile_by_rows[n - 1](x + r0 * k, k, panel, r0 == 0 ? next : NULL, y + r0 * ldy, ldy, cols,
+                        bias);
+    r0 += n;
+  }
+}
+
 static void panel_range(void *p, int64_t p0, int64_t p1) {
   const panel_args *a = p;
   const int64_t k = a->k, n_panels = (a->n_out + PANEL - 1) / PANEL;
@@ -102,16 +117,8 @@ static void panel_range(void *p, int64_t p0, int64_t p1) {
     const float *next = q + 1 < n_panels ? panel + k * PANEL : NULL;
     const int64_t col = q * PANEL;
     const int64_t cols = a->n_out - col < PANEL ? a->n_out - col : PANEL;
-    const float *bias = a->bias ? a->bias + col : NULL;
-    /* Tiles of near-equal size (32 rows: 6, 6, 5, 5, 5, 5): a small last tile would leave too
-     * few FMA chains to hide their latency. */
-    const int64_t tiles = (a->rows + TILE_ROWS - 1) / TILE_ROWS;
-    for (int64_t t = 0, r0 = 0; t < tiles; t++) {
-      const int64_t rows = (a->rows - r0) / (tiles - t) + ((a->rows - r0) % (tiles - t) != 0);
-      tile_by_rows[rows - 1](a->x + r0 * k, k, panel, r0 == 0 ? next : NULL,
-                             a->y + r0 * a->n_out + col, a->n_out, cols, bias);
-      r0 += rows;
-    }
+    panel_rows(a->x, a->rows, k, panel, next, a->y + col, a->n_out, cols,
+               a->bias ? a->bias + col : NULL);
   }
 }
 
