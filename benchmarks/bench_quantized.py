@@ -31,6 +31,7 @@ import torch
 
 from benchmarks.profile_decode import run_decode_only
 from sglite.runtime.model import kernels
+from sglite.runtime.model.linear import Linear
 from sglite.runtime.model.loader import LoadedModel, load_model
 from sglite.runtime.model.quantization import Int4Weight, quantize_int4
 from sglite.runtime.scheduler.io import GenerateInput
@@ -138,10 +139,24 @@ def engine_rounds(args: argparse.Namespace) -> None:
     ratio = median_ratio(*(times[n] for n in LAYOUTS))
     print(f"| prefill, 1000 tokens (tok/s) | {a:.0f} | {b:.0f} | {ratio:.2f}x |")
     for name, model in loaded.items():
-        tensors = list(model.model.parameters())
-        tensors += [m.packed.data for m in model.model.modules() if getattr(m, "packed", None)]
-        size = sum(t.numel() * t.element_size() for t in tensors) / 2**20
-        print(f"| weights in memory, {name} (MiB) | {size:.0f} |")
+        print(f"| weights in memory, {name} (MiB) | {weight_bytes(model) / 2**20:.0f} |")
+
+
+def weight_bytes(loaded: LoadedModel) -> int:
+    """Bytes of every copy of the weights: parameters, packed layouts, quantized copies."""
+
+    def size(t: torch.Tensor | None) -> int:
+        return 0 if t is None else t.numel() * t.element_size()
+
+    model = loaded.model
+    total = sum(size(p) for p in model.parameters())
+    for module in model.modules():
+        if isinstance(module, Linear):
+            total += size(module.packed.data if module.packed else None) + size(module.weight_t)
+            total += module.quantized.nbytes() if module.quantized is not None else 0
+    total += size(model.lm_head_packed.data if model.lm_head_packed else None)
+    quantized_head = model.lm_head_quantized
+    return total + (quantized_head.nbytes() if quantized_head is not None else 0)
 
 
 def process_memory(quantization: str) -> None:

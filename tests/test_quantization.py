@@ -188,17 +188,14 @@ def test_float32_quantized_models_keep_no_dense_copy_and_compute_the_same():
     batches past the GEMVs' rows."""
     from test_model_parity import decode, extend, new_pool
 
+    from benchmarks.bench_quantized import weight_bytes
+
     lean = load_model(None, "float32", progress=False, quantization="int4")
     dense = load_model(None, "float32", progress=False, quantization="int4", quantized_max_rows=8)
     assert lean.quantized_max_rows == -1 and dense.quantized_max_rows == 8
     projections = [m for m in lean.model.modules() if isinstance(m, Linear)]
     assert projections and all(m.weight.numel() == 0 for m in projections)
     assert lean.model.lm_head_packed is None  # the int8 output projection serves every row
-
-    def weight_bytes(loaded) -> int:
-        tensors = list(loaded.model.parameters())
-        tensors += [m.packed.data for m in loaded.model.modules() if getattr(m, "packed", None)]
-        return sum(t.numel() * t.element_size() for t in tensors)
 
     assert weight_bytes(lean) < 0.25 * weight_bytes(dense)
     # Both output projections int8 for every row, so only the layers' paths differ.
