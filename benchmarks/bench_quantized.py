@@ -31,7 +31,6 @@ import torch
 
 from benchmarks.profile_decode import run_decode_only
 from sglite.runtime.model import kernels
-from sglite.runtime.model.linear import Linear
 from sglite.runtime.model.loader import LoadedModel, load_model
 from sglite.runtime.model.quantization import Int4Weight, quantize_int4
 from sglite.runtime.scheduler.io import GenerateInput
@@ -63,9 +62,10 @@ def gemm_rounds(rows_list: list[int], rounds: int) -> None:
         start = time.perf_counter()
         for n, k, q, panels in layers:
             if quantized:
-                kernels.int4_gemm(xs[k], q.packed, q.scale_offset)
+                out = kernels.int4_gemm(xs[k], q.packed, q.scale_offset)
             else:
-                kernels.panel_gemm(xs[k], panels, None, n)
+                out = kernels.panel_gemm(xs[k], panels, None, n)
+            assert out is not None, "a kernel declined the product: nothing to time"
         return time.perf_counter() - start
 
     print("\nGEMMs, 30 layers (ms, median of rounds)\n")
@@ -139,31 +139,15 @@ def engine_rounds(args: argparse.Namespace) -> None:
     ratio = median_ratio(*(times[n] for n in LAYOUTS))
     print(f"| prefill, 1000 tokens (tok/s) | {a:.0f} | {b:.0f} | {ratio:.2f}x |")
     for name, model in loaded.items():
-        print(f"| weights in memory, {name} (MiB) | {weight_bytes(model) / 2**20:.0f} |")
-
-
-def weight_bytes(loaded: LoadedModel) -> int:
-    """Bytes of every copy of the weights: parameters, packed layouts, quantized copies."""
-
-    def size(t: torch.Tensor | None) -> int:
-        return 0 if t is None else t.numel() * t.element_size()
-
-    model = loaded.model
-    total = sum(size(p) for p in model.parameters())
-    for module in model.modules():
-        if isinstance(module, Linear):
-            total += size(module.packed.data if module.packed else None) + size(module.weight_t)
-            total += module.quantized.nbytes() if module.quantized is not None else 0
-    total += size(model.lm_head_packed.data if model.lm_head_packed else None)
-    quantized_head = model.lm_head_quantized
-    return total + (quantized_head.nbytes() if quantized_head is not None else 0)
+        size = model.model.weight_bytes() / 2**20
+        print(f"| weights in memory, {name} (MiB) | {size:.0f} |")
 
 
 def process_memory(quantization: str) -> None:
     """Resident memory of a fresh process holding the model in each layout."""
     code = (
         "import sys; from sglite.runtime.model.loader import load_model;"
-        f"load_model(None, 'float32', progress=False, quantization='{quantization}',"
+        f"held = load_model(None, 'float32', progress=False, quantization='{quantization}',"
         " quantized_max_rows=int(sys.argv[1]));"
         "print(int(open('/proc/self/statm').read().split()[1]) * 4096)"
     )

@@ -78,7 +78,8 @@ HELP = {
     "GEMM, every batch; bf16: oneDNN-packed and transposed) for faster batches and prefill (one "
     "or two more copies of the weights): auto = models up to 1 GiB",
     "quantized_max_rows": "matmuls of at most this many rows use the quantized weights, larger "
-    "ones a dense copy (-1: quantized only, no dense copy; default: -1 in float32, 8 in bf16)",
+    "ones a dense copy (-1: quantized only, no dense copy; unset: -1 in float32 with the native "
+    "kernels, else 8)",
     "log_level": "debug, info, warning or error",
     "max_n": "most choices (n) one request may ask for",
     "max_new_tokens_limit": "cap on max_new_tokens / max_tokens (default: the context length)",

@@ -256,7 +256,8 @@ def test_panel_gemm_declines_what_it_cannot_serve():
 
 @pytest.mark.parametrize("kind", ["int4", "int8"])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 9, 50, 130, 300])
-def test_quant_gemm_matches_the_dequantized_matmul(kind, rows):
+@pytest.mark.parametrize("bias", [False, True])
+def test_quant_gemm_matches_the_dequantized_matmul(kind, rows, bias):
     """Every dot-tile size (1-3 rows), row blocks, and the panel path for many rows (>= 128),
     with n_out = 83 leaving partial column groups, chunks and panels."""
     from sglite.runtime.model.quantization import Int4Weight, Int8Weight, quantize_int4
@@ -264,17 +265,21 @@ def test_quant_gemm_matches_the_dequantized_matmul(kind, rows):
     torch.manual_seed(rows)
     w = torch.randn(83, 96)
     x = torch.randn(rows, 96)
+    b = torch.randn(83) if bias else None
     if kind == "int4":
         q = Int4Weight(quantize_int4(w), torch.float32)
         dense = kernels.int4_dequantize(q.packed, q.scale_offset, torch.float32)
-        out = kernels.int4_gemm(x, q.packed, q.scale_offset)
+        out = kernels.int4_gemm(x, q.packed, q.scale_offset, b)
     else:
         q = Int8Weight(w, torch.float32)
         dense = q.values.float() * q.scale[:, None]
-        out = kernels.int8_gemm(x, q.values, q.scale)
+        out = kernels.int8_gemm(x, q.values, q.scale, b)
     assert out is not None and out.shape == (rows, 83)
-    torch.testing.assert_close(out, x @ dense.T, rtol=1e-5, atol=1e-4)
-    torch.testing.assert_close(q.matmul(x), x @ dense.T, rtol=1e-5, atol=1e-4)
+    want = x @ dense.T
+    torch.testing.assert_close(out, want + (b if bias else 0), rtol=1e-5, atol=1e-4)
+    # Through the weight's own matmul too. (K = 96 is an odd number of int4 groups, so the AVX2
+    # GEMV of rows <= 8 keeps x in float32 rather than rounding it to int8: a tight tolerance.)
+    torch.testing.assert_close(q.matmul(x), want, rtol=1e-5, atol=1e-4)
 
 
 def test_quant_gemm_declines_what_it_cannot_serve():
@@ -285,6 +290,8 @@ def test_quant_gemm_declines_what_it_cannot_serve():
     q = Int8Weight(torch.randn(16, 64), torch.float32)
     assert kernels.int8_gemm(torch.randn(12, 64).bfloat16(), q.values, q.scale) is None
     assert kernels.int8_gemm(torch.randn(12, 32), q.values, q.scale) is None  # wrong k
+    assert kernels.int8_gemm(torch.randn(12, 64), q.values, q.scale.half()) is None
+    assert kernels.int8_gemm(torch.randn(12, 64), q.values, q.scale, torch.randn(15)) is None
     x = torch.randn(12, 40)  # ...and the weight's matmul still serves them (GEMV in chunks)
     q = Int8Weight(torch.randn(16, 40), torch.float32)
     dense = q.values.float() * q.scale[:, None]

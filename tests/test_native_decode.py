@@ -125,6 +125,22 @@ def test_quantized_float32_batches_of_any_size_run_natively_and_match(
         torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
 
 
+def test_int8_weights_the_quantized_gemm_cannot_take_fall_back_past_8_rows(monkeypatch, tmp_path):
+    """48 inputs per projection are not whole vectors of 32: the native step keeps to the
+    GEMVs' 8 rows and larger batches take the PyTorch path, which still computes them."""
+    make_hf_model("llama", str(tmp_path), hidden_size=48, num_attention_heads=2)
+    loaded = load_model(str(tmp_path), "float32", progress=False, quantization="int8")
+    served = _calls(loaded, monkeypatch)
+    prompts = [[1, 2 + i, 3] for i in range(12)]
+    native = _steps(loaded, prompts, 2, native=True)
+    assert served == []  # not one native step of 12 rows, and no failed one either
+    reference = _steps(loaded, prompts, 2, native=False)
+    for a, b in zip(native, reference, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+    _steps(loaded, prompts[:3], 1, native=True)
+    assert served == [3]  # small batches still run natively
+
+
 def test_large_bf16_batches_use_the_pytorch_path(monkeypatch, tmp_path):
     make_hf_model("llama", str(tmp_path))
     loaded = load_model(str(tmp_path), "bfloat16", progress=False)

@@ -188,8 +188,6 @@ def test_float32_quantized_models_keep_no_dense_copy_and_compute_the_same():
     batches past the GEMVs' rows."""
     from test_model_parity import decode, extend, new_pool
 
-    from benchmarks.bench_quantized import weight_bytes
-
     lean = load_model(None, "float32", progress=False, quantization="int4")
     dense = load_model(None, "float32", progress=False, quantization="int4", quantized_max_rows=8)
     assert lean.quantized_max_rows == -1 and dense.quantized_max_rows == 8
@@ -197,7 +195,7 @@ def test_float32_quantized_models_keep_no_dense_copy_and_compute_the_same():
     assert projections and all(m.weight.numel() == 0 for m in projections)
     assert lean.model.lm_head_packed is None  # the int8 output projection serves every row
 
-    assert weight_bytes(lean) < 0.25 * weight_bytes(dense)
+    assert lean.model.weight_bytes() < 0.25 * dense.model.weight_bytes()
     # Both output projections int8 for every row, so only the layers' paths differ.
     dense.model.lm_head_quantized_max_rows = lean.model.lm_head_quantized_max_rows
     tok = lean.tokenizer

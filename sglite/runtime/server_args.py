@@ -84,8 +84,8 @@ class ServerArgs:
     dist_init_addr: str | None = None  # HOST:PORT of rank 0's rendezvous; None = local port
     # Weight-only quantization of the projections (none, int8, int4; CPU). Matmuls of at most
     # `quantized_max_rows` rows use it, larger ones a dense copy; -1 = always quantized, no
-    # dense copy (the memory a quantized model should take); None = auto (-1 in float32, where
-    # the native quantized GEMM serves every batch size; 8 in bf16).
+    # dense copy (the memory a quantized model should take); None = auto (-1 in float32 with
+    # the native kernels, whose quantized GEMM serves every batch size; else 8).
     quantization: str = "none"
     quantized_max_rows: int | None = None
     # GEMM-friendly copies of the dense weights (float32: panels for the native GEMM; bf16:

@@ -100,9 +100,10 @@ class Linear(nn.Linear):
     """`nn.Linear` (same parameters and state dict) with faster layouts and a quantized copy.
 
     With `quantized` set, calls with at most `quantized_max_rows` rows (decode of small batches,
-    where weight bytes set the speed) use it; larger ones use the dense weight (prefill and
-    large batches, where the dense GEMM is faster). A layer whose dense weight was dropped to
-    save memory (`drop_dense`) always uses the quantized one.
+    where weight bytes set the speed) use it; larger ones use the dense weight where one is
+    kept (bf16, where the dense GEMM is faster for them). A layer whose dense weight was
+    dropped (`drop_dense`: float32's default, whose quantized GEMM serves every batch) always
+    uses the quantized one.
     """
 
     quantized: QuantizedWeight | None = None

@@ -340,6 +340,23 @@ class CausalLM(nn.Module):
         out = kernels.dense_gemv(h, self.lm_head_weight())
         return out if out is not None else linear(h, self.lm_head_weight())
 
+    def weight_bytes(self) -> int:
+        """Bytes of every copy of the weights this model holds: parameters (dense weights that
+        were not dropped), GEMM layouts and quantized copies."""
+
+        def size(t: torch.Tensor | None) -> int:
+            return 0 if t is None else t.numel() * t.element_size()
+
+        total = sum(size(p) for p in self.parameters())
+        for module in self.modules():
+            if isinstance(module, Linear):
+                total += size(module.packed.data if module.packed else None)
+                total += size(module.weight_t)
+                total += module.quantized.nbytes() if module.quantized is not None else 0
+        total += size(self.lm_head_packed.data if self.lm_head_packed else None)
+        head = self.lm_head_quantized
+        return total + (head.nbytes() if head is not None else 0)
+
     def finalize_weights(self, pack: bool) -> None:
         """Add the dense weights' extra layouts (see `Linear.finalize`) when `pack`; call after
         loading and quantizing. They make large and mid-size batches faster and cost memory."""

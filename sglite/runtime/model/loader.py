@@ -45,8 +45,8 @@ class LoadedModel:
     dtype: torch.dtype
     device: torch.device
     # Rows up to which the projections use their quantized weights (-1: all, no dense copy);
-    # the resolved value of `load_model`'s argument.
-    quantized_max_rows: int = 8
+    # the resolved value of `load_model`'s argument, None for a model not quantized.
+    quantized_max_rows: int | None = None
 
 
 def default_model_path() -> str:
@@ -219,10 +219,11 @@ def load_model(
     plan = TensorParallelPlan.create(config, tp.rank, tp.size) if tp.enabled else None
     model = CausalLM.empty(config, torch_dtype, dev, plan, tp)
     model.load_weights(weights)
-    quantized_rows = quantized_max_rows
-    if quantized_rows is None:
-        quantized_rows = auto_quantized_max_rows(torch_dtype, dev)
+    quantized_rows = None
     if quantization != "none":
+        quantized_rows = quantized_max_rows
+        if quantized_rows is None:
+            quantized_rows = auto_quantized_max_rows(torch_dtype, dev)
         source = None
         if gguf_file is not None:
             source = gguf_loader.gguf_int4_source(gguf_file, config)

@@ -94,6 +94,22 @@ def _describe(layer: Linear, quantized: bool) -> LinearDesc | None:
     return LinearDesc(DENSE, n, k, layer.weight.data_ptr(), None, bias)
 
 
+def _quantized_inputs_fit_gemm(model: CausalLM) -> bool:
+    """Whether every quantized projection has a multiple of 32 inputs (the quantized GEMM's
+    unit; others would make the C step fail past the GEMVs' rows)."""
+    projections = (
+        p
+        for layer in model.layers
+        for p in (
+            layer.self_attn.qkv_proj,
+            layer.self_attn.o_proj,
+            layer.mlp.gate_up_proj,
+            layer.mlp.down_proj,
+        )
+    )
+    return all(p.in_features % 32 == 0 for p in projections if p.quantized is not None)
+
+
 class NativeDecoder:
     """Runs `CausalLM`'s layers for DECODE batches in C (see module docstring)."""
 
@@ -105,9 +121,9 @@ class NativeDecoder:
         self.dtype_code = 1 if model.dtype == torch.bfloat16 else 0
         first = model.layers[0].self_attn.qkv_proj
         # Quantized rows: a few in bf16 (the GEMVs), any batch in float32 (past the GEMVs'
-        # rows the C side runs the quantized GEMM).
+        # rows the C side runs the quantized GEMM, which takes whole vectors of 32 inputs).
         self.quantized_rows_limit = int(lib.qgemv_max_rows())
-        if self.dtype_code == 0:
+        if self.dtype_code == 0 and _quantized_inputs_fit_gemm(model):
             self.quantized_rows_limit = self.max_rows
         # Calls of at most `quantized_max_rows` rows use the quantized weights, as in Python.
         self.quantized_max_rows = first.quantized_max_rows if first.quantized is not None else 0

@@ -1,13 +1,16 @@
-"""Weight-only quantization (int8 per output channel, int4 per group) for small-batch matmuls.
+"""Weight-only quantization (int8 per output channel, int4 per group) of the projections.
 
 Batch-1 decode reads every weight once per token, so its speed is set by weight bytes: int8
-halves them and int4 quarters them relative to bfloat16. Quantized matmuls win for a few rows
-but lose to the bfloat16 GEMM for prefill and large decode batches, so a quantized `Linear`
-keeps its dense weight too and picks per call (see `Linear.forward`).
+halves them and int4 quarters them relative to bfloat16. In float32 the native kernels serve
+every batch size, so a quantized `Linear` needs no dense weight (the default, see
+`loader.auto_quantized_max_rows`); in bf16 quantized matmuls lose to the bf16 GEMM past a few
+rows, so a dense weight is kept for those and `Linear.forward` picks per call.
 
-Kernels: the native GEMV kernels (`kernels/quant_gemv.c`, up to `qgemv_max_rows` rows, reading
-each weight once for all rows) when the native library is built, else PyTorch's CPU kernels
-(`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`).
+Kernels: the native GEMVs (`kernels/quant_gemv.c`, up to `qgemv_max_rows` rows, reading each
+weight once for all rows) and the native GEMM for float32 rows past them
+(`kernels/quant_gemm.c`) when the native library is built; otherwise the GEMV in chunks of rows,
+a dequantized dense GEMM (int4), or PyTorch's CPU kernels (`_weight_int8pack_mm`,
+`_weight_int4pack_mm_for_cpu`).
 
 int4 dequantizes as `q * scale + offset` per group of `group_size` input columns (q in 0..15),
 exactly GGUF's Q4_1 (`offset = min`) and Q4_0 (`offset = -8 * scale`) blocks of 32: such tensors

@@ -92,7 +92,7 @@ def _load(args: ServerArgs, rank: int) -> tuple[Any, Any]:
 
 
 def _weight_bytes(loaded: Any) -> int:
-    return sum(p.numel() * p.element_size() for p in loaded.model.parameters())
+    return loaded.model.weight_bytes()
 
 
 def run_follower(args: ServerArgs, rank: int, parent_pid: int) -> None:

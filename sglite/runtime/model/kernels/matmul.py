@@ -152,24 +152,33 @@ def int4_gemv(
 
 
 def _quant_gemm(
-    kind: int, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, k: int
+    kind: int,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    k: int,
 ) -> torch.Tensor | None:
     lib = native.load()
     if lib is None or x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 2:
         return None
     if x.shape[1] != k or not (weight.is_contiguous() and scale.is_contiguous()):
         return None
+    n = weight.shape[0]
+    if bias is not None and (bias.dtype != torch.float32 or bias.numel() != n):
+        return None
     x = x.contiguous()
-    out = x.new_empty(x.shape[0], weight.shape[0])
+    bias = None if bias is None else bias.contiguous()  # held until the call returns
+    out = x.new_empty(x.shape[0], n)
     status = lib.quant_gemm(
         kind,
         x.data_ptr(),
         weight.data_ptr(),
         scale.data_ptr(),
-        None,
+        None if bias is None else bias.data_ptr(),
         out.data_ptr(),
         x.shape[0],
-        weight.shape[0],
+        n,
         k,
         torch.get_num_threads(),
     )
@@ -177,17 +186,36 @@ def _quant_gemm(
 
 
 def int4_gemm(
-    x: torch.Tensor, packed: torch.Tensor, scale_offset: torch.Tensor
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scale_offset: torch.Tensor,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
-    """`x @ W.T` for float32 `x [M, K]`, any M, `W` int4 as for `int4_gemv`, with x kept in
-    float32 (no activation rounding); each weight is dequantized once per call, in cache, so
-    no dense copy of W is needed. None when the native kernel cannot serve it."""
-    return _quant_gemm(2, x, packed, scale_offset, packed.shape[1] * 2)
+    """`x @ W.T (+ bias)` for float32 `x [M, K]`, any M, `W` int4 as for `int4_gemv`, with x
+    kept in float32 (no activation rounding); each weight is dequantized once per call, in
+    cache, so no dense copy of W is needed. None when the native kernel cannot serve it
+    (K not a multiple of 32 among others)."""
+    n, k = packed.shape[0], packed.shape[1] * 2
+    if packed.dtype != torch.uint8 or scale_offset.dtype != torch.float16:
+        return None
+    if scale_offset.shape != (n, k // 32, 2):
+        return None
+    return _quant_gemm(2, x, packed, scale_offset, bias, k)
 
 
-def int8_gemm(x: torch.Tensor, values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor | None:
-    """`int4_gemm` for an int8 weight as `int8_gemv` takes it."""
-    return _quant_gemm(1, x, values, scale, values.shape[1])
+def int8_gemm(
+    x: torch.Tensor,
+    values: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor | None:
+    """`int4_gemm` for an int8 weight as `int8_gemv` takes it (`values` int8 `[N, K]`,
+    `scale` float32 `[N]`)."""
+    if values.dtype != torch.int8 or scale.dtype != torch.float32:
+        return None
+    if values.dim() != 2 or scale.numel() != values.shape[0]:
+        return None
+    return _quant_gemm(1, x, values, scale, bias, values.shape[1])
 
 
 def int4_dequantize(
