@@ -263,11 +263,18 @@ def _llamacpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     )
 
 
-def write_tiny_gguf(hf: torch.nn.Module, kind: str, path: str, arch: str | None = None) -> None:
+def write_tiny_gguf(
+    hf: torch.nn.Module,
+    kind: str,
+    path: str,
+    arch: str | None = None,
+    raw: dict[str, tuple[np.ndarray, int]] | None = None,
+) -> None:
     """Write a transformers model as GGUF the way llama.cpp's converter would.
 
     Norms stay F32, matrices are F16, and the embedding is Q8_0; `hf` is updated in place to the
-    rounded values so it remains an exact reference.
+    rounded values so it remains an exact reference. `raw` maps Hugging Face names to ready
+    quantized blocks and their GGML type, written instead (`hf` must already hold their values).
     """
     import gguf
 
@@ -309,6 +316,10 @@ def write_tiny_gguf(hf: torch.nn.Module, kind: str, path: str, arch: str | None 
             else:
                 parts = name.split(".")  # model.layers.N.<module...>.<kind>
                 gguf_name = f"blk.{parts[2]}.{names['.'.join(parts[3:-1])]}.{parts[-1]}"
+            if raw and name in raw:
+                blocks, qtype = raw[name]
+                writer.add_tensor(gguf_name, blocks, raw_shape=blocks.shape, raw_dtype=qtype)
+                continue
             data = param.float().numpy().copy()
             if name == "model.embed_tokens.weight":
                 qtype = gguf.GGMLQuantizationType.Q8_0

@@ -212,3 +212,67 @@ def test_float32_quantized_models_keep_no_dense_copy_and_compute_the_same():
         logits[name] = steps
     for a, b in zip(logits["lean"], logits["dense"], strict=True):
         assert (a - b).abs().max() < 2e-3
+
+
+def _random_q4_k(rows: int, cols: int, seed: int):
+    """Random but valid Q4_K blocks for a `[rows, cols]` tensor (small d and dmin)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(rows * cols // 256, 144), dtype=np.uint8)
+    blocks[:, 0:2] = np.full((len(blocks), 1), 0.004, np.float16).view(np.uint8)
+    blocks[:, 2:4] = np.full((len(blocks), 1), 0.002, np.float16).view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+def test_gguf_q4_k_projections_load_as_their_own_4_bit_values(tmp_path, monkeypatch):
+    """A GGUF whose projections are Q4_K (as in the common Q4_K_M files): `--quantization int4`
+    takes the file's own 4-bit values (each group's scale and offset are products of the
+    block's, rounded to f16 by the int4 layout), rather than requantizing their dequantized
+    weights, and the model computes what transformers computes on those weights."""
+    import gguf
+    from test_loader import PROMPT, hf_logits, last_logits, make_hf_model, write_tiny_gguf
+
+    from sglite.runtime.model import gguf_loader
+
+    hf = make_hf_model(
+        "qwen2", str(tmp_path / "hf"), hidden_size=256, intermediate_size=512,
+        tie_word_embeddings=True,
+    )  # fmt: skip
+    raw = {}
+    with torch.no_grad():
+        for i, (name, param) in enumerate(hf.state_dict().items()):
+            if param.dim() == 2 and "embed_tokens" not in name and "lm_head" not in name:
+                blocks = _random_q4_k(*param.shape, seed=i)
+                qtype = gguf.GGMLQuantizationType.Q4_K
+                param.copy_(torch.from_numpy(gguf.quants.dequantize(blocks, qtype)))
+                raw[name] = (blocks, qtype)
+    path = str(tmp_path / "q4k.gguf")
+    write_tiny_gguf(hf, "qwen2", path, raw=raw)
+    tokenizer = str(tmp_path / "hf")
+    loaded = load_model(path, "float32", tokenizer_path=tokenizer, progress=False,
+                        quantization="int4")  # fmt: skip
+    layer = loaded.model.get_submodule("layers.0.mlp.down_proj")
+    assert isinstance(layer.quantized, Int4Weight) and layer.weight.numel() == 0
+    from sglite.runtime.model import kernels
+
+    q = layer.quantized
+    got = kernels.int4_dequantize(q.packed, q.scale_offset, torch.float32)
+    want = hf.model.layers[0].mlp.down_proj.weight
+    step = want.abs().max() / 15
+    assert (got - want).abs().max() < 0.01 * step  # the file's levels, not a requantization
+    requantized = quantize_int4(want).dequantize()
+    assert (requantized - want).abs().max() > 0.1 * step  # (which would move them this much)
+    reference = hf_logits(hf, PROMPT)
+
+    def logit_error(model) -> float:
+        model.model.lm_head_quantized_max_rows = 0  # the layers' error only, not the int8 head's
+        return float((last_logits(model, PROMPT) - reference).abs().max())
+
+    error = logit_error(loaded)
+    assert error < 0.002 * reference.abs().max()
+    # Requantizing the dequantized weights instead (as for other GGUF types) errs far more.
+    monkeypatch.setattr(gguf_loader, "GGUF_INT4_TYPES", ("Q4_0", "Q4_1"))
+    requantized = load_model(path, "float32", tokenizer_path=tokenizer, progress=False,
+                             quantization="int4")  # fmt: skip
+    assert logit_error(requantized) > 10 * error

@@ -28,6 +28,7 @@ from sglite.runtime.model.gguf_index import (
     sglite_cache_dir,
 )
 from sglite.runtime.model.quantization import (
+    GGUF_INT4_TYPES,
     Int4Parts,
     dequantize_gguf_int4,
     int4_parts_from_gguf,
@@ -177,7 +178,7 @@ def gguf_int4_source(
     gf: GGUFFile, config: ModelConfig
 ) -> Callable[[list[str]], list[Int4Parts] | None]:
     """A lookup for `CausalLM.quantize`: the file's own 4-bit values of each Hugging Face tensor
-    in `names` (one fused projection), or None unless every one of them is Q4_0 / Q4_1."""
+    in `names` (one fused projection), or None unless every one of them is Q4_0 / Q4_1 / Q4_K."""
     arch = gf.field("general.architecture")
     unpermute = arch in _PERMUTED_QK_ARCHS
     by_name = {}
@@ -188,7 +189,7 @@ def gguf_int4_source(
 
     def lookup(names: list[str]) -> list[Int4Parts] | None:
         tensors = [by_name.get(n) for n in names]
-        if any(t is None or t.tensor_type.name not in ("Q4_0", "Q4_1") for t in tensors):
+        if any(t is None or t.tensor_type.name not in GGUF_INT4_TYPES for t in tensors):
             return None
         parts = []
         for name, tensor in zip(names, tensors):

@@ -423,7 +423,7 @@ class CausalLM(nn.Module):
         output projection an int8 copy (4-bit logits lose too much).
 
         `int4_source(names)` may return the checkpoint's own 4-bit values for each of the Hugging
-        Face tensors `names` that make up one projection (GGUF Q4_0/Q4_1), so they are not
+        Face tensors `names` that make up one projection (GGUF Q4_0/Q4_1/Q4_K), so they are not
         requantized (with tensor parallelism, this rank's part of them).
         """
         if kind == "none":

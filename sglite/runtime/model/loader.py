@@ -189,7 +189,7 @@ def load_model(
     `quantization` (none, int8, int4) adds weight-only quantized copies of the projections for
     matmuls of at most `quantized_max_rows` rows (see `CausalLM.quantize`; -1: every matmul,
     and the dense weights are freed; None: `auto_quantized_max_rows`); int4 takes a GGUF's own
-    Q4_0/Q4_1 values where the file has them. `gemm_packing` (auto, on, off) adds
+    Q4_0/Q4_1/Q4_K values where the file has them. `gemm_packing` (auto, on, off) adds
     GEMM-friendly copies of the dense weights (see `linear.py`) for batches and prefill;
     auto adds them for models whose weights take at most `AUTO_PACK_MAX_BYTES`.
     With a tensor-parallel group `tp`, only this rank's shard of every weight is kept (each

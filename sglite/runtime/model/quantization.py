@@ -15,7 +15,9 @@ a dequantized dense GEMM (int4), or PyTorch's CPU kernels (`_weight_int8pack_mm`
 int4 dequantizes as `q * scale + offset` per group of `group_size` input columns (q in 0..15),
 exactly GGUF's Q4_1 (`offset = min`) and Q4_0 (`offset = -8 * scale`) blocks of 32: such tensors
 are loaded from the file's own 4-bit values (`int4_parts_from_gguf`), not requantized, and the
-native kernel reads them in the file's own nibble order with f16 scale and offset.
+native kernel reads them in the file's own nibble order with f16 scale and offset. A Q4_K
+super-block is eight such groups whose scales and offsets are products of the block's (6-bit
+times f16): its values load as they are too, the products rounded to f16.
 """
 
 from __future__ import annotations
@@ -183,18 +185,59 @@ def quantize_int4(weight: torch.Tensor, group_size: int = GGUF_BLOCK) -> Int4Par
     return Int4Parts(values.reshape(n, k), scale, offset, group_size)
 
 
+# GGUF 4-bit types whose values load as they are (`int4_parts_from_gguf`).
+GGUF_INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
+_Q4_K_BLOCK = 256  # weights per Q4_K super-block: 8 groups of 32
+
+
 def int4_parts_from_gguf(data: np.ndarray, type_name: str, shape: tuple[int, int]) -> Int4Parts:
-    """The exact 4-bit values of a GGUF Q4_0 / Q4_1 tensor (`data`: its raw blocks as uint8).
+    """The 4-bit values of a GGUF Q4_0 / Q4_1 / Q4_K tensor (`data`: its raw blocks as uint8).
 
     Q4_0 block: f16 scale, 16 bytes of nibbles, `w = scale * (q - 8)`; Q4_1 block: f16 scale,
     f16 min, 16 bytes, `w = scale * q + min`. Byte j holds values j (low nibble) and j + 16.
-    Scales and offsets come out exactly (f16 values, and -8 * scale is exact).
+    Scales and offsets come out exactly (f16 values, and -8 * scale is exact). Q4_K: see
+    `_q4_k_parts`; its values are exact too, its per-group scales and offsets products.
     """
+    if type_name == "Q4_K":
+        return _q4_k_parts(data, shape)
     n, k = shape
     scale16, offset16, nibbles = _gguf_q4_blocks(data, type_name, shape)
     scale = scale16[..., 0].astype(np.float32)
     offset = -8 * scale if offset16 is None else offset16[..., 0].astype(np.float32)
     values = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).reshape(n, k)
+    return Int4Parts(
+        torch.from_numpy(values.astype(np.int32)),
+        torch.from_numpy(scale),
+        torch.from_numpy(offset),
+        GGUF_BLOCK,
+    )
+
+
+def _q4_k_parts(data: np.ndarray, shape: tuple[int, int]) -> Int4Parts:
+    """A Q4_K tensor's values and per-32 group scales and offsets.
+
+    A super-block of 256 weights: f16 d and dmin, 12 bytes packing eight 6-bit scales and eight
+    6-bit mins (unpacked by gguf's own `Q4_K.get_scale_min`), then 128 bytes of nibbles: bytes
+    32c..32c+31 hold group 2c in their low nibbles and group 2c + 1 in their high ones. Group g
+    is `w = (d * scale_g) * q - dmin * min_g`, i.e. a Q4_1 group with scale `d * scale_g` and
+    offset `-dmin * min_g` (products held in float32; the int4 layout stores them as f16).
+    """
+    from gguf.quants import Q4_K
+
+    n, k = shape
+    if k % _Q4_K_BLOCK:
+        raise ValueError(f"Q4_K tensor with {k} columns (not whole blocks of {_Q4_K_BLOCK})")
+    blocks = np.ascontiguousarray(data).reshape(n * (k // _Q4_K_BLOCK), -1)
+    if blocks.shape[-1] != 4 + Q4_K.K_SCALE_SIZE + _Q4_K_BLOCK // 2:
+        raise ValueError(f"not a Q4_K tensor: {blocks.shape[-1]}-byte blocks")
+    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
+    dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
+    sc, mins = Q4_K.get_scale_min(blocks[:, 4 : 4 + Q4_K.K_SCALE_SIZE].copy())
+    qs = blocks[:, 4 + Q4_K.K_SCALE_SIZE :].reshape(-1, 4, 1, 32)
+    values = np.concatenate([qs & 0x0F, qs >> 4], axis=2).reshape(n, k)
+    groups = k // GGUF_BLOCK
+    scale = (d * sc.astype(np.float32)).reshape(n, groups)
+    offset = -(dmin * mins.astype(np.float32)).reshape(n, groups)
     return Int4Parts(
         torch.from_numpy(values.astype(np.int32)),
         torch.from_numpy(scale),
