@@ -375,12 +375,18 @@ class CausalLM(nn.Module):
             self.lm_head_quantized_max_rows = max(limit, LM_HEAD_INT8_FLOAT32_ROWS)
         self._native_decoder = False  # weight pointers changed
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy Hugging Face-named tensors into the (fused) parameters.
+    def load_weights(
+        self,
+        weights: Iterable[tuple[str, torch.Tensor]],
+        on_loaded: Callable[[str], None] | None = None,
+    ) -> None:
+        """Copy Hugging Face-named tensors into the (fused) parameters; `on_loaded(target)` is
+        called as soon as a parameter has all its parts (it may replace the parameter, e.g.
+        quantize and free it, so that loading never holds every dense weight at once).
 
         Raises ValueError on a shape mismatch or when some parameter was never provided.
         """
-        params = dict(self.named_parameters())
+        params: dict[str, nn.Parameter | None] = dict(self.named_parameters())
         filled: dict[str, set[int]] = {}
         for name, tensor in weights:
             name = name.removeprefix("model.")
@@ -393,6 +399,9 @@ class CausalLM(nn.Module):
                 logger.warning("ignoring unexpected checkpoint tensor %s", name)
                 continue
             param = params[target]
+            if param is None:
+                logger.warning("ignoring checkpoint tensor %s: its parameter is complete", name)
+                continue
             if self.tp_plan is not None:
                 tensor = self.tp_plan.shard(name, tensor)
             dest = param.data if part is None else self._part(target, param, part)
@@ -403,14 +412,16 @@ class CausalLM(nn.Module):
                 )
             dest.copy_(tensor)
             filled.setdefault(target, set()).add(-1 if part is None else part)
-        missing = []
-        for target in params:
-            parts = filled.get(target, set())
-            expected = {-1} if self._num_parts(target) == 1 else set(range(self._num_parts(target)))
-            if parts != expected:
-                missing.append(target)
+            if on_loaded is not None and filled[target] == self._expected_parts(target):
+                params[target] = param = dest = None  # held no longer, should it be replaced
+                on_loaded(target)
+        missing = [t for t in params if filled.get(t, set()) != self._expected_parts(t)]
         if missing:
             raise ValueError(f"checkpoint is missing weights for: {', '.join(missing[:8])}")
+
+    def _expected_parts(self, target: str) -> set[int]:
+        parts = self._num_parts(target)
+        return {-1} if parts == 1 else set(range(parts))
 
     def quantize(
         self,
@@ -430,19 +441,32 @@ class CausalLM(nn.Module):
             return
         self._native_decoder = False  # its weight pointers change
         for name, module in self.named_modules():
-            if not isinstance(module, Linear) or name == "lm_head":
-                continue
-            parts = self._int4_parts(int4_source, name) if int4_source else None
-            weight = make_quantized(kind, module.weight.data, self.dtype, parts)
-            if weight is None:
-                shape = tuple(module.weight.shape)
-                logger.warning("%s: shape %s cannot be %s-quantized", name, shape, kind)
-                continue
-            module.set_quantized(weight, max_rows)
+            if isinstance(module, Linear) and name != "lm_head" and module.quantized is None:
+                self.quantize_projection(name, kind, max_rows, int4_source)
         self.lm_head_quantized = Int8Weight(self.lm_head_weight().data, self.dtype)
         self.lm_head_quantized_max_rows = max_rows if max_rows >= 0 else 1 << 62
         if max_rows < 0 and self.lm_head is not None:
             self.lm_head.drop_dense()  # an untied output projection has no other use
+
+    def quantize_projection(
+        self,
+        name: str,
+        kind: str,
+        max_rows: int,
+        int4_source: Callable[[list[str]], list[Int4Parts] | None] | None = None,
+    ) -> None:
+        """`quantize` for the one projection `name` (a Linear other than the output
+        projection); with `max_rows` -1 its dense weight is freed at once."""
+        module = self.get_submodule(name)
+        assert isinstance(module, Linear) and name != "lm_head"
+        parts = self._int4_parts(int4_source, name) if int4_source else None
+        weight = make_quantized(kind, module.weight.data, self.dtype, parts)
+        if weight is None:
+            shape = tuple(module.weight.shape)
+            logger.warning("%s: shape %s cannot be %s-quantized", name, shape, kind)
+            return
+        module.set_quantized(weight, max_rows)
+        self._native_decoder = False
 
     def _int4_parts(
         self, source: Callable[[list[str]], list[Int4Parts] | None], module: str

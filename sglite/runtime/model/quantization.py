@@ -32,6 +32,7 @@ from sglite.runtime.model import kernels
 
 QUANTIZATIONS = ("none", "int8", "int4")
 GGUF_BLOCK = 32
+_INT8_ROWS_PER_SLICE = 4096
 
 
 @dataclass
@@ -85,10 +86,16 @@ class Int8Weight(QuantizedWeight):
     kind = "int8"
 
     def __init__(self, weight: torch.Tensor, act_dtype: torch.dtype) -> None:
-        w = weight.float()
-        scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127.0
-        self.values = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
-        self.scale = scale.contiguous()  # float32, for the native kernel
+        self.values = torch.empty(weight.shape, dtype=torch.int8, device=weight.device)
+        scale = torch.empty(weight.shape[0], dtype=torch.float32, device=weight.device)
+        # In slices of rows: whole-matrix float temporaries of a vocabulary-sized output
+        # projection would add several times its int8 size to the process's peak memory.
+        for r in range(0, weight.shape[0], _INT8_ROWS_PER_SLICE):
+            w = weight[r : r + _INT8_ROWS_PER_SLICE].float()
+            s = w.abs().amax(dim=1).clamp_min(1e-12) / 127.0
+            self.values[r : r + len(w)] = torch.round(w / s[:, None]).clamp(-127, 127)
+            scale[r : r + len(w)] = s
+        self.scale = scale  # float32, for the native kernel
         self.scale_act = scale.to(act_dtype)  # PyTorch's kernel wants the activation dtype
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
