@@ -292,7 +292,7 @@ def main() -> None:
         "--quantization",
         default="none",
         choices=("none", "int8", "int4"),
-        help="weight format of the decode steps (prefill stays dense)",
+        help="weight-only quantization (in float32 it serves every matmul: no dense copy)",
     )
     parser.add_argument(
         "--rounds", type=int, default=1, help="run every configuration this many times in turn"
