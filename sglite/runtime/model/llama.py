@@ -39,6 +39,8 @@ logger = logging.getLogger(__name__)
 # Quantized float32 models without packed weights: output projections of up to this many rows
 # use the int8 copy.
 LM_HEAD_INT8_FLOAT32_ROWS = 32
+# A row limit no batch reaches: every row uses the quantized weights.
+ALL_ROWS = 1 << 62
 
 
 class RMSNorm(nn.Module):
@@ -363,7 +365,7 @@ class CausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, Linear) and module is not self.lm_head:
                 module.finalize(pack)
-        every_row_quantized = self.lm_head_quantized_max_rows >= 1 << 62
+        every_row_quantized = self.lm_head_quantized_max_rows >= ALL_ROWS
         pack_head = pack and not every_row_quantized and self.lm_head_weight().numel() > 0
         self.lm_head_packed = pack_dense(self.lm_head_weight().data) if pack_head else None
         unpacked_float32 = self.lm_head_packed is None and self.dtype == torch.float32
@@ -444,7 +446,7 @@ class CausalLM(nn.Module):
             if isinstance(module, Linear) and name != "lm_head" and module.quantized is None:
                 self.quantize_projection(name, kind, max_rows, int4_source)
         self.lm_head_quantized = Int8Weight(self.lm_head_weight().data, self.dtype)
-        self.lm_head_quantized_max_rows = max_rows if max_rows >= 0 else 1 << 62
+        self.lm_head_quantized_max_rows = max_rows if max_rows >= 0 else ALL_ROWS
         if max_rows < 0 and self.lm_head is not None:
             self.lm_head.drop_dense()  # an untied output projection has no other use
 

@@ -251,7 +251,7 @@ def load_model(
         if gguf_file is not None:
             source = gguf_loader.gguf_int4_source(gguf_file, config)
     on_loaded = None
-    if quantization != "none" and quantized_rows is not None and quantized_rows < 0:
+    if quantized_rows is not None and quantized_rows < 0:  # set only when quantizing
         on_loaded = _quantize_when_loaded(model, quantization, quantized_rows, source)
     model.load_weights(weights, on_loaded)
     if quantization != "none":

@@ -91,10 +91,6 @@ def _load(args: ServerArgs, rank: int) -> tuple[Any, Any]:
     return tp, loaded
 
 
-def _weight_bytes(loaded: Any) -> int:
-    return loaded.model.weight_bytes()
-
-
 def run_follower(args: ServerArgs, rank: int, parent_pid: int) -> None:
     """A tensor-parallel rank other than 0: hold a shard, run every forward rank 0 broadcasts.
 
@@ -115,7 +111,7 @@ def run_follower(args: ServerArgs, rank: int, parent_pid: int) -> None:
     pool = KVPool(
         capacity, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, loaded.dtype, loaded.device
     )
-    tp.gather_object(_weight_bytes(loaded))
+    tp.gather_object(loaded.model.weight_bytes())
     gc.collect()
     gc.freeze()
     with torch.inference_mode():
@@ -147,7 +143,7 @@ def run_scheduler(
 
         tp, loaded = _load(args, rank)
         scheduler = Scheduler(args, loaded, tp)
-        weight_bytes = tp.gather_object(_weight_bytes(loaded))
+        weight_bytes = tp.gather_object(loaded.model.weight_bytes())
         # Everything allocated so far (model, tokenizer, tables) lives as long as the process:
         # keep it out of the garbage collector's scans, which otherwise cost ~5% of a decode step.
         gc.collect()

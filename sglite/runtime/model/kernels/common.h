@@ -19,6 +19,9 @@
 #include <string.h>
 
 #include "threadpool.h"
+#ifdef __F16C__
+#include <immintrin.h>
+#endif
 
 /* Work (elements, or token x kv-head pairs for attention) below which a pass runs on the calling
  * thread: waking the pool costs more than it saves, and far more when another process holds a
@@ -39,6 +42,37 @@ static inline uint16_t f32_to_bf16(float f) {
   if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
   u += 0x7fffu + ((u >> 16) & 1u);
   return (uint16_t)(u >> 16);
+}
+
+/* An IEEE half (the int4 weights' scales and offsets) as float32. */
+static inline float f16_to_f32(uint16_t h) {
+#ifdef __F16C__
+  return _cvtsh_ss(h);
+#else
+  const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else { /* subnormal: normalize */
+      int e = -1;
+      uint32_t m = mant;
+      do {
+        e++;
+        m <<= 1;
+      } while ((m & 0x400u) == 0);
+      bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((m & 0x3ffu) << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+#endif
 }
 
 static inline float load(const void *p, int64_t i, int dtype) {

@@ -17,9 +17,6 @@
  * than it gains until there are many rows to run against it (panels_from_rows).
  */
 #include "common.h"
-#ifdef __F16C__
-#include <immintrin.h>
-#endif
 
 #define Q4_GROUP 32
 #define GEMM_COLS 4
@@ -27,35 +24,12 @@
 /* Output columns per parallel chunk: a multiple of GEMM_COLS. */
 #define GEMM_CHUNK_COLS 32
 
-static inline float half_to_float(uint16_t h) {
-#ifdef __F16C__
-  return _cvtsh_ss(h);
-#else
-  const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0 && mant == 0) {
-    bits = sign;
-  } else if (exp == 0) { /* subnormal */
-    const float f = (float)mant * (1.0f / 16777216.0f);
-    return sign ? -f : f;
-  } else if (exp == 31) {
-    bits = sign | 0x7f800000u | (mant << 13);
-  } else {
-    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
-  }
-  float f;
-  memcpy(&f, &bits, 4);
-  return f;
-#endif
-}
-
 /* One int4 weight row (K values) from its nibbles and group (scale, offset) pairs. */
 static void dequantize_int4_row(const uint8_t *packed, const uint16_t *scale_offset, int64_t k,
                                 float *out) {
   for (int64_t g = 0; g < k / Q4_GROUP; g++) {
-    const float scale = half_to_float(scale_offset[2 * g]);
-    const float offset = half_to_float(scale_offset[2 * g + 1]);
+    const float scale = f16_to_f32(scale_offset[2 * g]);
+    const float offset = f16_to_f32(scale_offset[2 * g + 1]);
     const uint8_t *b = packed + g * (Q4_GROUP / 2);
     float *o = out + g * Q4_GROUP;
 #if defined(__AVX2__) && defined(__FMA__)

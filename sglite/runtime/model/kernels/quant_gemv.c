@@ -13,42 +13,9 @@
  * integer int4 paths round x to int8 per group of 32; the float ones keep it in float32.
  */
 #include "common.h"
-#ifdef __F16C__
-#include <immintrin.h>
-#endif
 
 #define QGEMV_MAX_ROWS 8
 #define Q4_GROUP 32
-
-static inline float f16_to_f32(uint16_t h) {
-#ifdef __F16C__
-  return _cvtsh_ss(h);
-#else
-  const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0) {
-    if (mant == 0) {
-      bits = sign;
-    } else { /* subnormal: normalize */
-      int e = -1;
-      uint32_t m = mant;
-      do {
-        e++;
-        m <<= 1;
-      } while ((m & 0x400u) == 0);
-      bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((m & 0x3ffu) << 13);
-    }
-  } else if (exp == 31) {
-    bits = sign | 0x7f800000u | (mant << 13);
-  } else {
-    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
-  }
-  float f;
-  memcpy(&f, &bits, 4);
-  return f;
-#endif
-}
 
 /* x rows converted to float32 once per call (each is read N times). */
 static float *load_x(int dtype, const void *x, int64_t rows, int64_t k) {
