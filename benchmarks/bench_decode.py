@@ -49,11 +49,12 @@ def main() -> None:
     if bench is None:
         raise SystemExit("llama.cpp is not built: run bash benchmarks/build_llama_cpp.sh first")
     torch.set_num_threads(args.threads)
-    kw = {} if args.quantization == "none" else {"quantization": args.quantization}
     ratios: dict[int, list[float]] = {d: [] for d in DEPTHS}
     print(f"sglite --quantization {args.quantization} vs llama.cpp Q4_1, {args.threads} threads")
     print("| round | depth | sglite tok/s | llama.cpp tok/s | ratio |\n|---:|---:|---:|---:|---:|")
-    with sglite.Engine(num_threads=args.threads, log_level="error", **kw) as engine:
+    with sglite.Engine(
+        num_threads=args.threads, log_level="error", quantization=args.quantization
+    ) as engine:
         prompts = {d: exact_prompt_ids(engine.tokenizer, max(d, 16), seed=5) for d in DEPTHS}
         decode_rate_at_depth(engine, prompts[0], 16)  # warm-up
         for r in range(1, args.rounds + 1):

@@ -164,8 +164,7 @@ def decode_rate_at_depth(engine, prompt: list[int], n_dec: int) -> float:
 
 def bench_sglite(args: argparse.Namespace, rows: list[Row], quantization: str) -> None:
     """One engine per weight format: prefill, batch-1 and 32-way decode, shared prefix."""
-    kw = {"quantization": quantization} if quantization != "none" else {}
-    with sglite.Engine(dtype=args.dtype, log_level="error", **kw) as engine:
+    with sglite.Engine(dtype=args.dtype, log_level="error", quantization=quantization) as engine:
         tok = engine.tokenizer
         info = engine.get_server_info()
         name = f"sglite {info['dtype']} {quantization if quantization != 'none' else 'dense'}"

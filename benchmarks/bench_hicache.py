@@ -291,8 +291,9 @@ def main() -> None:
     parser.add_argument(
         "--quantization",
         default="none",
-        choices=("none", "int8", "int4"),
-        help="weight-only quantization (in float32 it serves every matmul: no dense copy)",
+        choices=("auto", "none", "int8", "int4"),
+        help="weight-only quantization (auto: the GGUF's own, int4 for the default model; in "
+        "float32 the quantized weights serve every matmul: no dense copy)",
     )
     parser.add_argument(
         "--rounds", type=int, default=1, help="run every configuration this many times in turn"

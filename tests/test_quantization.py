@@ -309,15 +309,17 @@ def test_quantized_only_models_quantize_each_projection_as_it_loads(monkeypatch)
     assert isinstance(dense.model.get_submodule("layers.0.mlp.down_proj").quantized, Int4Weight)
 
 
-def test_server_with_int4_serves_batches_from_the_4_bit_weights_alone():
-    """`sglite serve --quantization int4` (float32 here): no dense copy, the weights' memory
-    reported by `/get_server_info`, and a batch of 12 greedy choices (a 12-row decode batch:
-    the quantized GEMM in the native step) all alike, through the real OpenAI client."""
+def test_server_with_auto_quantization_serves_the_gguf_4_bit_weights_alone():
+    """`sglite serve --quantization auto` (float32 here) runs the default model's Q4_1
+    projections as int4, as vLLM and SGLang serve a GGUF quantized: no dense copy, the weights'
+    memory reported by `/get_server_info`, and a batch of 12 greedy choices (a 12-row decode
+    batch: the quantized GEMM in the native step) all alike and right, through the real OpenAI
+    client."""
     import openai
     import requests
     from server_fixtures import ServerProcess
 
-    server = ServerProcess("--quantization", "int4")
+    server = ServerProcess("--quantization", "auto")
     try:
         info = requests.get(server.url + "/get_server_info", timeout=30).json()
         assert info["quantization"] == "int4" and info["quantized_max_rows"] == -1
@@ -331,3 +333,58 @@ def test_server_with_int4_serves_batches_from_the_4_bit_weights_alone():
         assert "Paris" in texts[0], texts[0]  # not merely alike: right
     finally:
         server.stop()
+
+
+def test_auto_quantization_follows_the_gguf_projections(tmp_path, engine):
+    """auto runs a GGUF with its own quantization: int4 when every projection is
+    4-bit (the default model's Q4_1), int8 when some have more bits (Q8_0, or a mix, as Q4_K_M
+    files mix Q4_K and Q6_K), dense for float projections, safetensors and CUDA; an explicit
+    choice stands, and the default is none (the session engine)."""
+    import gguf
+    from test_loader import make_hf_model, write_tiny_gguf
+
+    from sglite.runtime.model import gguf_loader
+    from sglite.runtime.model.gguf_index import open_gguf
+    from sglite.runtime.model.loader import default_model_path, resolve_quantization
+
+    cpu, f32 = torch.device("cpu"), torch.float32
+    default = open_gguf(default_model_path())
+    assert gguf_loader.gguf_projection_types(default) == {"Q4_1"}
+    assert resolve_quantization("auto", default, f32, cpu) == "int4"
+    assert resolve_quantization("auto", default, torch.bfloat16, cpu) == "int4"
+    assert resolve_quantization("auto", default, f32, torch.device("cuda")) == "none"
+    assert resolve_quantization("auto", None, f32, cpu) == "none"  # safetensors
+    assert resolve_quantization("int8", default, f32, cpu) == "int8"
+    assert engine.get_server_info()["quantization"] == "none"
+
+    hf = make_hf_model("qwen2", str(tmp_path / "hf"), hidden_size=256, intermediate_size=512)
+    tokenizer = str(tmp_path / "hf")  # Q4_K blocks span 256 inputs
+
+    def write(name: str, qtype_of) -> str:
+        raw = {}
+        for i, (key, param) in enumerate(hf.state_dict().items()):
+            qtype = qtype_of(key) if param.dim() == 2 and "_proj." in key else None
+            if qtype == gguf.GGMLQuantizationType.Q4_K:
+                raw[key] = (_random_q4_k(*param.shape, seed=i), qtype)
+            elif qtype is not None:
+                raw[key] = (gguf.quants.quantize(param.float().numpy(), qtype), qtype)
+        path = str(tmp_path / name)
+        write_tiny_gguf(hf, "qwen2", path, raw=raw)
+        return path
+
+    q8 = write("q8.gguf", lambda key: gguf.GGMLQuantizationType.Q8_0)
+    kinds = {"down_proj": gguf.GGMLQuantizationType.Q8_0, "up_proj": gguf.GGMLQuantizationType.Q4_K}
+    mixed = write(  # 4-bit and 8-bit projections, F16 elsewhere
+        "mixed.gguf", lambda key: next((t for part, t in kinds.items() if part in key), None)
+    )
+    floats = write("f16.gguf", lambda key: None)
+    for path, want in [(q8, "int8"), (mixed, "int8"), (floats, "none")]:
+        assert resolve_quantization("auto", open_gguf(path), f32, cpu) == want, path
+    loaded = load_model(q8, "float32", tokenizer_path=tokenizer, progress=False,
+                        quantization="auto")  # fmt: skip
+    assert loaded.quantization == "int8"
+    layer = loaded.model.get_submodule("layers.0.mlp.down_proj")
+    assert isinstance(layer.quantized, Int8Weight) and layer.weight.numel() == 0
+    dense = load_model(floats, "float32", tokenizer_path=tokenizer, progress=False,
+                       quantization="auto")  # fmt: skip
+    assert dense.quantization == "none" and dense.quantized_max_rows is None

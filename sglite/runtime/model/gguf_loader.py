@@ -213,6 +213,33 @@ def gguf_int4_source(
     return lookup
 
 
+_UNQUANTIZED_TYPES = ("F32", "F16", "BF16", "F64")
+
+
+def gguf_projection_types(gf: GGUFFile) -> set[str]:
+    """The GGUF tensor types (`Q4_1`, `Q6_K`, `F16`, ...) of the file's layer projections
+    (attention q/k/v/o and MLP gate/up/down), which `quantization="auto"` goes by."""
+    types = set()
+    for tensor in gf.tensors:
+        name = _hf_name(tensor.name)
+        if name is not None and name.endswith("_proj.weight"):
+            types.add(tensor.tensor_type.name)
+    return types
+
+
+def auto_quantization(gf: GGUFFile) -> str:
+    """What `quantization="auto"` means for a GGUF file, as vLLM and SGLang serve a GGUF with
+    its own quantization: int4 when every projection is 4-bit (their values load exactly),
+    int8 when some are quantized with more bits (Q5/Q6/Q8: int8 keeps them nearly exact),
+    none when the projections are float (F32/F16/BF16)."""
+    types = gguf_projection_types(gf)
+    if types and types <= set(GGUF_INT4_TYPES):
+        return "int4"
+    if types - set(_UNQUANTIZED_TYPES):
+        return "int8"
+    return "none"
+
+
 # ---------------------------------------------------------------------------------- tokenizer
 
 

@@ -8,6 +8,7 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,6 +19,9 @@ from sglite.runtime.model.linear import Linear
 from sglite.runtime.model.llama import CausalLM
 from sglite.runtime.model.quantization import QUANTIZATIONS, Int4Parts
 from sglite.runtime.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from sglite.runtime.model.gguf_index import GGUFFile
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +53,8 @@ class LoadedModel:
     # Rows up to which the projections use their quantized weights (-1: all, no dense copy);
     # the resolved value of `load_model`'s argument, None for a model not quantized.
     quantized_max_rows: int | None = None
+    # The weight quantization in effect (none, int8, int4): `load_model`'s, with auto resolved.
+    quantization: str = "none"
 
 
 def default_model_path() -> str:
@@ -144,9 +150,27 @@ def _quantize_when_loaded(
     return on_loaded
 
 
+def resolve_quantization(
+    kind: str, gguf_file: GGUFFile | None, dtype: torch.dtype, device: torch.device
+) -> str:
+    """`kind` as given, or for "auto" the file's own: a GGUF whose projections are quantized
+    runs them quantized (`gguf_loader.auto_quantization`) on a CPU with the native kernels, in
+    float32 or bfloat16; anything else (safetensors, float GGUFs, CUDA) runs dense."""
+    from sglite.runtime.model import gguf_loader, kernels
+
+    if kind != "auto":
+        return kind
+    if gguf_file is None or device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
+        return "none"
+    if not kernels.native_available():  # without them quantized weights run slower than dense
+        return "none"
+    return gguf_loader.auto_quantization(gguf_file)
+
+
 def _check_quantization(kind: str, dtype: torch.dtype, device: torch.device) -> None:
     if kind not in QUANTIZATIONS:
-        raise ValueError(f"unknown quantization {kind!r}; use one of {', '.join(QUANTIZATIONS)}")
+        choices = ", ".join(("auto", *QUANTIZATIONS))
+        raise ValueError(f"unknown quantization {kind!r}; use one of {choices}")
     if kind == "none":
         return
     if device.type != "cpu":
@@ -214,9 +238,11 @@ def load_model(
     `quantization` (none, int8, int4) adds weight-only quantized copies of the projections for
     matmuls of at most `quantized_max_rows` rows (see `CausalLM.quantize`; -1: every matmul,
     and the dense weights are freed; None: `auto_quantized_max_rows`); int4 takes a GGUF's own
-    Q4_0/Q4_1/Q4_K values where the file has them. `gemm_packing` (auto, on, off) adds
-    GEMM-friendly copies of the dense weights (see `linear.py`) for batches and prefill;
-    auto adds them for models whose weights take at most `AUTO_PACK_MAX_BYTES`.
+    Q4_0/Q4_1/Q4_K values where the file has them; auto picks by the file
+    (`resolve_quantization`), and the returned model records what was picked.
+    `gemm_packing` (auto, on, off) adds GEMM-friendly copies of the dense weights (see
+    `linear.py`) for batches and prefill; auto adds them for models whose weights take at most
+    `AUTO_PACK_MAX_BYTES`.
     With a tensor-parallel group `tp`, only this rank's shard of every weight is kept (each
     checkpoint tensor is read, cut and dropped in turn) and the returned config is the rank's.
 
@@ -240,6 +266,7 @@ def load_model(
         weights = hf_loader.iter_safetensors_weights(hf_loader.safetensors_files(path), progress)
     else:
         raise ValueError(f"{path} is neither a GGUF file nor a Hugging Face model directory")
+    quantization = resolve_quantization(quantization, gguf_file, torch_dtype, dev)
     _check_quantization(quantization, torch_dtype, dev)
     plan = TensorParallelPlan.create(config, tp.rank, tp.size) if tp.enabled else None
     model = CausalLM.empty(config, torch_dtype, dev, plan, tp)
@@ -266,5 +293,12 @@ def load_model(
             tokenizer.eos_token_ids.append(eos)
     logger.info("loaded %s (%s) as %s on %s", path, config.arch, torch_dtype, dev)
     return LoadedModel(
-        model.config, model, tokenizer, os.path.abspath(path), torch_dtype, dev, quantized_rows
+        model.config,
+        model,
+        tokenizer,
+        os.path.abspath(path),
+        torch_dtype,
+        dev,
+        quantized_rows,
+        quantization,
     )

@@ -166,7 +166,7 @@ def run_scheduler(
                 "architecture": cfg.arch,
                 "grammar_backend": args.grammar_backend,
                 "jump_forward": scheduler.jump_forward,
-                "quantization": args.quantization,
+                "quantization": loaded.quantization,  # auto resolved
                 "quantized_max_rows": loaded.quantized_max_rows,  # resolved (-1: no dense copy)
                 "native_kernels": native_kernels_available(),
                 "num_threads": torch.get_num_threads(),
