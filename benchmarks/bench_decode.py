@@ -10,7 +10,7 @@ Per round and context depth (0 and 2000 tokens before the decoded ones):
   in the radix cache (`bench_engine.decode_rate_at_depth`: a long prefill's noise drops out);
 - llama.cpp: `llama-bench -p 0 -n TOKENS -d DEPTH -r 1` on the same GGUF and thread count.
 
-Run: python -m benchmarks.bench_decode [--rounds 5] [--quantization int4] [--tokens 128]
+Run: python -m benchmarks.bench_decode [--rounds 5] [--quantization w4a8] [--tokens 128]
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--quantization", default="int4", choices=["none", "int8", "int4"])
+    parser.add_argument("--quantization", default="w4a8", choices=["none", "int8", "int4", "w4a8"])
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     bench, _ = llama_binaries()

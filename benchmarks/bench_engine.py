@@ -4,7 +4,8 @@ Measured on the default model (SmolLM2-135M-Instruct, the Q4_1 GGUF), same threa
 - the machine: torch matmul GFLOP/s (float32, bfloat16) and memory read GB/s, from which the
   prefill roofline (the faster matmul's GFLOP/s / 0.269 GFLOP per token) and the batch-1
   decode limits follow;
-- sglite (`dtype=auto`: bfloat16 where the CPU has it) with weights dense, int8 and int4: prefill
+- sglite (`dtype=auto`: bfloat16 where the CPU has it) with weights dense, int8, int4 and w4a8
+  (int4 with int8-rounded activations in the decode GEMVs, as llama.cpp computes): prefill
   of a 1000-token prompt, batch-1 decode (after a 16-token and after a 2000-token prompt), 32
   concurrent decoding requests, and the shared-prefix workload (64 x (800 shared + 30 own
   tokens), 64 new tokens, greedy);
@@ -253,6 +254,7 @@ def bench_accuracy(args: argparse.Namespace, rows: list[Row]) -> None:
         ("bfloat16", "int8"),
         ("bfloat16", "int4"),
         ("float32", "int4"),
+        ("float32", "w4a8"),
     ]:
         loaded = load_model(None, dtype, progress=False, quantization=quantization)
         worst, agree, total = 0.0, 0, 0
@@ -480,7 +482,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     rows: list[Row] = EchoList()
     machine = bench_machine(rows)
-    for quantization in ("none", "int8", "int4"):
+    for quantization in ("none", "int8", "int4", "w4a8"):
         bench_sglite(args, rows, quantization)
     if not args.skip_accuracy:
         bench_accuracy(args, rows)

@@ -72,9 +72,10 @@ HELP = {
     "nnodes": "nodes of a multi-node tensor-parallel group",
     "node_rank": "this node's index (0 serves HTTP; others run their ranks only)",
     "dist_init_addr": "HOST:PORT where the ranks meet (default: a free local port)",
-    "quantization": "weight-only quantization of the projections, CPU only (auto: a GGUF's own, "
-    "int4 when its projections are 4-bit, int8 when 5-8-bit, none when float or not a GGUF; int4 "
-    "takes a GGUF's own Q4_0/Q4_1/Q4_K values)",
+    "quantization": "quantization of the projections, CPU only: int8 / int4 weight-only (int4 "
+    "takes a GGUF's own Q4_0/Q4_1/Q4_K values); w4a8: int4 with activations rounded to int8 in "
+    "decode, as llama.cpp does (fastest, but answers vary with batch and cache); auto: a GGUF's "
+    "own (int4 for 4-bit projections, int8 for 5-8-bit, none for float or not a GGUF)",
     "gemm_packing": "GEMM-friendly copies of the dense weights (float32: panels for the native "
     "GEMM, every batch; bf16: oneDNN-packed and transposed) for faster batches and prefill (one "
     "or two more copies of the weights): auto = models up to 1 GiB",

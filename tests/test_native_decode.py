@@ -76,6 +76,8 @@ def test_tiny_models_match_the_pytorch_path(tmp_path, monkeypatch, kind, overrid
         ("bfloat16", "none", 1.0),
         ("bfloat16", "int4", 1e-3),  # the same quantized kernels on both paths
         ("float32", "int8", 1e-3),
+        ("float32", "int4", 1e-3),
+        ("float32", "w4a8", 1e-3),  # the C step's INT4_A8 rounds x as the Python path does
     ],
 )
 def test_default_model_matches_the_pytorch_path(monkeypatch, dtype, quantization, tol):
@@ -107,7 +109,7 @@ def test_float32_batches_of_any_size_run_natively_and_match(monkeypatch, tmp_pat
         torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("quantization", ["int4", "int8"])
+@pytest.mark.parametrize("quantization", ["int4", "int8", "w4a8"])
 def test_quantized_float32_batches_of_any_size_run_natively_and_match(
     monkeypatch, tmp_path, quantization
 ):

@@ -15,7 +15,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 GRAMMAR_BACKENDS = ("llguidance", "xgrammar")
 JUMP_FORWARD_MODES = ("exact", "retokenize")
 # auto: the model file's own quantization (see `loader.resolve_quantization`).
-QUANTIZATIONS = ("auto", "none", "int8", "int4")
+QUANTIZATIONS = ("auto", "none", "int8", "int4", "w4a8")
 GEMM_PACKING = ("auto", "on", "off")
 DP_POLICIES = ("cache_aware", "round_robin", "least_load")
 HICACHE_WRITE_POLICIES = ("write_through", "write_back")
@@ -83,13 +83,13 @@ class ServerArgs:
     nnodes: int = 1
     node_rank: int = 0
     dist_init_addr: str | None = None  # HOST:PORT of rank 0's rendezvous; None = local port
-    # Weight-only quantization of the projections (none, int8, int4; CPU); auto = a GGUF's own
-    # (int4 for 4-bit projections, int8 for 5-8-bit ones, else none; dense on CUDA). Not the
-    # default: int4 decode rounds activations to int8, so greedy answers can change with the
-    # batch and the cache (docs/server.md, "Performance settings"). Matmuls of
-    # at most `quantized_max_rows` rows use it, larger ones a dense copy; -1 = always quantized,
-    # no dense copy (the memory a quantized model should take); None = auto (-1 in float32 with
-    # the native kernels, whose quantized GEMM serves every batch size; else 8).
+    # Quantization of the projections (CPU): int8 / int4 weight-only; w4a8 = int4 whose decode
+    # GEMVs also round activations to int8 (fastest; answers then depend on batch and cache);
+    # auto = a GGUF's own (int4 for 4-bit projections, int8 for 5-8-bit ones, else none; dense
+    # on CUDA); none = dense. Matmuls of at most `quantized_max_rows` rows use it, larger ones
+    # a dense copy; -1 = always quantized, no dense copy (the memory a quantized model should
+    # take); None = auto (-1 in float32 with the native kernels, whose quantized GEMM serves
+    # every batch size; else 8).
     quantization: str = "none"
     quantized_max_rows: int | None = None
     # GEMM-friendly copies of the dense weights (float32: panels for the native GEMM; bf16:
@@ -137,7 +137,7 @@ class ServerArgs:
             raise ValueError(
                 f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}"
             )
-        if self.quantization in ("int8", "int4") and self.device != "cpu":
+        if self.quantization not in ("auto", "none") and self.device != "cpu":
             raise ValueError("quantization uses PyTorch's CPU kernels; it needs device='cpu'")
         for name in ("tp_size", "dp_size", "nnodes"):
             if getattr(self, name) < 1:

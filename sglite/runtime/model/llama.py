@@ -431,7 +431,7 @@ class CausalLM(nn.Module):
         max_rows: int,
         int4_source: Callable[[list[str]], list[Int4Parts] | None] | None = None,
     ) -> None:
-        """Give every projection a weight-only quantized copy (`kind` int8 or int4) used for
+        """Give every projection a quantized copy (`kind` int8, int4 or w4a8) used for
         matmuls of at most `max_rows` rows (-1: all, and the dense weights are freed), and the
         output projection an int8 copy (4-bit logits lose too much).
 

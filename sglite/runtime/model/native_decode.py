@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-DENSE, INT8, INT4, PANELS = 0, 1, 2, 3
+DENSE, INT8, INT4, PANELS, INT4_A8 = 0, 1, 2, 3, 4
 # Dense weights that are not in panels go through the native GEMV for at most this many rows
 # (its cost grows with the rows; a GEMM wins beyond)...
 DENSE_GEMV_MAX_ROWS = 8
@@ -79,7 +79,8 @@ def _describe(layer: Linear, quantized: bool) -> LinearDesc | None:
     q = layer.quantized
     if quantized and isinstance(q, Int4Weight) and q.native:
         shape = (q.out_features, q.in_features)
-        return LinearDesc(INT4, *shape, q.packed.data_ptr(), q.scale_offset.data_ptr(), bias)
+        kind = INT4_A8 if q.round_activations else INT4
+        return LinearDesc(kind, *shape, q.packed.data_ptr(), q.scale_offset.data_ptr(), bias)
     if quantized and isinstance(q, Int8Weight):
         n, k = q.values.shape
         return LinearDesc(INT8, n, k, q.values.data_ptr(), q.scale.data_ptr(), bias)

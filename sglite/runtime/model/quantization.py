@@ -30,8 +30,13 @@ import torch
 
 from sglite.runtime.model import kernels
 
-QUANTIZATIONS = ("none", "int8", "int4")
+# int8 and int4 are weight-only (activations stay float); w4a8 is int4 whose GEMVs also round
+# activations to int8, as llama.cpp does: faster decode, but answers depend on batch and cache.
+QUANTIZATIONS = ("none", "int8", "int4", "w4a8")
 GGUF_BLOCK = 32
+# int4 (float x) rows its GEMV takes in float32: from 3 rows the quantized GEMM was 1.05-1.5x
+# faster (decode_step.c's INT4_FLOAT_GEMV_MAX_ROWS, the same rule).
+INT4_FLOAT_GEMV_MAX_ROWS = 2
 _INT8_ROWS_PER_SLICE = 4096
 
 
@@ -127,11 +132,14 @@ class Int4Weight(QuantizedWeight):
 
     With the native library and groups of 32: GGUF Q4_1 layout (nibbles, f16 scale and offset)
     for `kernels.int4_gemv`; otherwise packed for `_weight_int4pack_mm_for_cpu`.
+    `round_activations` (kind w4a8) lets the GEMVs round x to int8 (see `kernels.int4_gemv`).
     """
 
-    kind = "int4"
-
-    def __init__(self, parts: Int4Parts, act_dtype: torch.dtype) -> None:
+    def __init__(
+        self, parts: Int4Parts, act_dtype: torch.dtype, round_activations: bool = False
+    ) -> None:
+        self.round_activations = round_activations
+        self.kind = "w4a8" if round_activations else "int4"
         self.group_size = parts.group_size
         self.out_features, self.in_features = parts.values.shape
         self.native = parts.group_size == GGUF_BLOCK and kernels.native_available()
@@ -154,9 +162,13 @@ class Int4Weight(QuantizedWeight):
             return torch.ops.aten._weight_int4pack_mm_for_cpu(
                 x, self.packed, self.group_size, self.scale_offset
             )
-        out = kernels.int4_gemv(x, self.packed, self.scale_offset)
+        out = None
+        if self.round_activations or x.shape[0] <= INT4_FLOAT_GEMV_MAX_ROWS:
+            out = kernels.int4_gemv(x, self.packed, self.scale_offset, self.round_activations)
         if out is None:
             out = kernels.int4_gemm(x, self.packed, self.scale_offset)
+        if out is None and x.shape[0] <= kernels.qgemv_max_rows():  # bf16 rows
+            out = kernels.int4_gemv(x, self.packed, self.scale_offset)
         if out is not None:
             return out
         # bf16 rows (or no native library): dequantize for a dense GEMM.
@@ -293,11 +305,11 @@ def make_quantized(
     """The quantized form of one weight, or None when `kind` cannot apply to its shape."""
     if kind == "int8":
         return Int8Weight(dense, act_dtype)
-    if kind == "int4":
+    if kind in ("int4", "w4a8"):
         if parts is None:
             gs = int4_group_size(dense.shape[1])
             if gs is None:
                 return None
             parts = quantize_int4(dense, gs)
-        return Int4Weight(parts, act_dtype)
+        return Int4Weight(parts, act_dtype, round_activations=kind == "w4a8")
     raise ValueError(f"unknown quantization {kind!r}; use one of {', '.join(QUANTIZATIONS)}")

@@ -23,7 +23,11 @@
 
 __thread int sglite_in_native_step = 0;
 
-enum { LINEAR_DENSE = 0, LINEAR_INT8 = 1, LINEAR_INT4 = 2, LINEAR_PANELS = 3 };
+/* LINEAR_INT4_A8: int4 weights whose GEMVs round x to int8 (w4a8; quant_gemv.c). */
+/* float32 int4 (float x) rows the GEMV takes: from 3 rows quant_gemm was 1.05-1.5x faster
+ * (30 layers of the default model's shapes, AVX2). Keep in step with quantization.py. */
+#define INT4_FLOAT_GEMV_MAX_ROWS 2
+enum { LINEAR_DENSE = 0, LINEAR_INT8 = 1, LINEAR_INT4 = 2, LINEAR_PANELS = 3, LINEAR_INT4_A8 = 4 };
 
 typedef struct {
   int64_t kind;  /* LINEAR_* */
@@ -48,7 +52,7 @@ int int8_gemv(int dtype, const void *x, const int8_t *q, const float *scale, voi
 int quant_gemm(int kind, const float *x, const void *weight, const void *scale,
                const float *bias, float *y, int64_t rows, int64_t n_out, int64_t k, int threads);
 int int4_gemv(int dtype, const void *x, const uint8_t *packed, const uint16_t *scale_offset,
-              void *y, int64_t rows, int64_t n_out, int64_t k, int threads);
+              void *y, int64_t rows, int64_t n_out, int64_t k, int threads, int round_x);
 void add_rms_norm(int dtype, const void *x, void *residual, const void *weight, void *out,
                   int64_t rows, int64_t dim, float eps, int threads);
 void silu_mul(int dtype, const void *gate_up, void *out, int64_t rows, int64_t inter,
@@ -150,15 +154,20 @@ static int linear_rows(int dtype, const linear_t *l, const void *x, void *y, int
     panel_gemm(x, l->weight, l->bias, y, rows, l->n_out, l->k, threads);
     return 0;
   }
-  if ((l->kind == LINEAR_INT4 || l->kind == LINEAR_INT8) && rows > QGEMV_MAX_ROWS) {
+  const int int4 = l->kind == LINEAR_INT4 || l->kind == LINEAR_INT4_A8;
+  /* int4 with float x: the GEMM wins from 3 rows (its GEMV widens every weight for few rows). */
+  const int64_t gemv_rows = l->kind == LINEAR_INT4 && dtype == 0 ? INT4_FLOAT_GEMV_MAX_ROWS
+                                                                  : QGEMV_MAX_ROWS;
+  if ((int4 || l->kind == LINEAR_INT8) && rows > gemv_rows) {
     if (dtype != 0) return -1; /* quant_gemm takes float32 rows only; it adds the bias */
-    return quant_gemm((int)l->kind, x, l->weight, l->scale, l->bias, y, rows, l->n_out, l->k,
-                      threads);
+    return quant_gemm(int4 ? LINEAR_INT4 : LINEAR_INT8, x, l->weight, l->scale, l->bias, y, rows,
+                      l->n_out, l->k, threads);
   }
   if (l->kind == LINEAR_INT8)
     status = int8_gemv(dtype, x, l->weight, l->scale, y, rows, l->n_out, l->k, threads);
-  else if (l->kind == LINEAR_INT4)
-    status = int4_gemv(dtype, x, l->weight, l->scale, y, rows, l->n_out, l->k, threads);
+  else if (int4)
+    status = int4_gemv(dtype, x, l->weight, l->scale, y, rows, l->n_out, l->k, threads,
+                       l->kind == LINEAR_INT4_A8);
   else
     dense_gemv(dtype, x, l->weight, y, rows, l->n_out, l->k, threads);
   if (status == 0 && l->bias != NULL)

@@ -127,10 +127,15 @@ def int8_gemv(x: torch.Tensor, values: torch.Tensor, scale: torch.Tensor) -> tor
 
 
 def int4_gemv(
-    x: torch.Tensor, packed: torch.Tensor, scale_offset: torch.Tensor
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scale_offset: torch.Tensor,
+    round_activations: bool = False,
 ) -> torch.Tensor | None:
     """`x @ W.T` for a few rows, `W` int4 in GGUF Q4_1 layout: `packed` uint8 `[N, K / 2]`,
-    `scale_offset` float16 `[N, K / 32, 2]`. None when the native kernel cannot serve it."""
+    `scale_offset` float16 `[N, K / 32, 2]`. None when the native kernel cannot serve it.
+    `round_activations` (w4a8) rounds x to int8 per group of 32 where the CPU has an integer
+    kernel for it (AVX2, AVX-512 VNNI): faster, but no longer the dequantized weights' product."""
     lib = _gemv_lib(x)
     if lib is None:
         return None
@@ -147,6 +152,7 @@ def int4_gemv(
         n,
         k,
         torch.get_num_threads(),
+        int(round_activations),
     )
     return out if status == 0 else None
 

@@ -68,7 +68,7 @@ _SIGNATURES = {
 # Functions returning int (0 = done, -1 = refused: the caller falls back).
 _STATUS_SIGNATURES = {
     "int8_gemv": "iPPPPIIIi",
-    "int4_gemv": "iPPPPIIIi",
+    "int4_gemv": "iPPPPIIIii",
     "quant_gemm": "iPPPPPIIIi",
     "dense_gemv_rows": "iPPPIIIi",
     "decode_layers": "iIIIIIIFFIPPPPPPPIPi",
