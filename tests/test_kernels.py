@@ -178,6 +178,32 @@ def test_quantized_gemv(dtype, tol, rows, k):
     _close(kernels.int4_dequantize(q4.packed, q4.scale_offset, dtype), parts.dequantize(), tol)
 
 
+@pytest.mark.parametrize("rows", [1, 2, 5, 8, 20, 200])
+def test_q8_0_products_match_gguf_dequantization(rows):
+    """GGUF Q8_0 weights (the default model's embedding, used as its output projection) times
+    float rows: the GEMV (up to 8 rows, float32 or bf16) and the quantized GEMM compute what
+    gguf's own dequantized weights give."""
+    import gguf
+    import numpy as np
+
+    from sglite.runtime.model.quantization import q8_weight_from_gguf
+
+    rng = np.random.default_rng(rows)
+    w = rng.standard_normal((300, 576)).astype(np.float32)
+    blocks = gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0)
+    q8 = q8_weight_from_gguf(blocks, (300, 576))
+    dense = torch.from_numpy(gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType.Q8_0))
+    torch.testing.assert_close(q8.dequantize(), dense, atol=0, rtol=0)
+    x = torch.randn(rows, 576)
+    _close(q8.matmul(x), x @ dense.t(), 1e-4)
+    _close(kernels.q8_gemm(x, q8.values, q8.scales), x @ dense.t(), 1e-4)
+    if rows <= 8:
+        _close(kernels.q8_gemv(x, q8.values, q8.scales), x @ dense.t(), 1e-4)
+        xb = x.bfloat16()
+        _close(kernels.q8_gemv(xb, q8.values, q8.scales), xb.float() @ dense.t(), 2e-2)
+    assert kernels.q8_gemv(x[:, :40], q8.values, q8.scales) is None  # k does not match
+
+
 def test_quantized_gemv_declines_many_rows():
     from sglite.runtime.model.quantization import Int4Weight, quantize_int4
 

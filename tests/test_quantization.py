@@ -142,16 +142,32 @@ def _logits(loaded, prompt: list[int], forced: list[int]) -> list[torch.Tensor]:
     return out
 
 
-def test_quantized_model_agrees_with_dense(dense32, int4_32):
+def test_int4_model_computes_what_the_dense_model_computes(dense32, int4_32):
+    """int4 on the default GGUF is lossless: its layers take the file's own Q4_1 values with
+    activations kept in float32, and the output projection the file's own Q8_0 embedding, so
+    the logits are the dense model's to float rounding and every greedy choice agrees."""
+    from sglite.runtime.model.quantization import Q8Weight
+
+    assert isinstance(int4_32.model.lm_head_quantized, Q8Weight)
     tok = dense32.tokenizer
     prompt = tok.encode("Photosynthesis turns light, water and carbon dioxide into")
     forced = tok.encode(" sugar and oxygen. It happens in the leaves of green plants")
     ref = _logits(dense32, prompt, forced)
     ours = _logits(int4_32, prompt, forced)
-    # Layers are exact (the file's own 4-bit values); the int8 output projection rounds the
-    # logits a little, which may flip near ties only.
     for a, b in zip(ref, ours, strict=True):
-        assert (a - b).abs().max() < 1.5
+        assert (a - b).abs().max() < 1e-3
+        assert int(a.argmax()) == int(b.argmax())
+
+
+def test_w4a8_model_stays_close_to_the_dense_model(dense32):
+    """w4a8 rounds activations to int8 in the decode GEMVs (as llama.cpp does): the logits move
+    a little, which may flip near ties only."""
+    w4a8 = load_model(None, "float32", progress=False, quantization="w4a8")
+    tok = dense32.tokenizer
+    prompt = tok.encode("Photosynthesis turns light, water and carbon dioxide into")
+    forced = tok.encode(" sugar and oxygen. It happens in the leaves of green plants")
+    for a, b in zip(_logits(dense32, prompt, forced), _logits(w4a8, prompt, forced), strict=True):
+        assert 0 < (a - b).abs().max() < 1.5
         top2 = a.topk(2).values
         if top2[0] - top2[1] > 0.5:
             assert int(a.argmax()) == int(b.argmax())
@@ -193,10 +209,10 @@ def test_float32_quantized_models_keep_no_dense_copy_and_compute_the_same():
     assert lean.quantized_max_rows == -1 and dense.quantized_max_rows == 8
     projections = [m for m in lean.model.modules() if isinstance(m, Linear)]
     assert projections and all(m.weight.numel() == 0 for m in projections)
-    assert lean.model.lm_head_packed is None  # the int8 output projection serves every row
+    assert lean.model.lm_head_packed is None  # the Q8_0 output projection serves every row
 
     assert lean.model.weight_bytes() < 0.25 * dense.model.weight_bytes()
-    # Both output projections int8 for every row, so only the layers' paths differ.
+    # Both output projections quantized for every row, so only the layers' paths differ.
     dense.model.lm_head_quantized_max_rows = lean.model.lm_head_quantized_max_rows
     tok = lean.tokenizer
     prompts = [tok.encode(f"Count from {i} to {i + 9}, slowly, one by one:") for i in range(12)]

@@ -30,8 +30,10 @@ from sglite.runtime.model.gguf_index import (
 from sglite.runtime.model.quantization import (
     GGUF_INT4_TYPES,
     Int4Parts,
+    Q8Weight,
     dequantize_gguf_int4,
     int4_parts_from_gguf,
+    q8_weight_from_gguf,
 )
 from sglite.runtime.tokenizer import Tokenizer
 
@@ -214,6 +216,17 @@ def gguf_int4_source(
 
 
 _UNQUANTIZED_TYPES = ("F32", "F16", "BF16", "F64")
+
+
+def gguf_q8_head(gf: GGUFFile) -> Q8Weight | None:
+    """The output projection as the file stores it when that is Q8_0 (the `output` tensor, or
+    the tied embedding), for `CausalLM.quantize`; None otherwise."""
+    tensors = {t.name: t for t in gf.tensors}
+    tensor = tensors.get("output.weight") or tensors.get("token_embd.weight")
+    if tensor is None or tensor.tensor_type.name != "Q8_0":
+        return None
+    shape = tuple(int(d) for d in reversed(tensor.shape))
+    return q8_weight_from_gguf(tensor.data, (shape[0], shape[1]))
 
 
 def gguf_projection_types(gf: GGUFFile) -> set[str]:

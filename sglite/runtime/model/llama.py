@@ -31,7 +31,13 @@ from sglite.runtime.model.config import ModelConfig
 from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from sglite.runtime.model.linear import Linear, PackedWeight, linear, pack_dense
 from sglite.runtime.model.native_decode import NativeDecoder
-from sglite.runtime.model.quantization import Int4Parts, Int8Weight, QuantizedWeight, make_quantized
+from sglite.runtime.model.quantization import (
+    Int4Parts,
+    Int8Weight,
+    Q8Weight,
+    QuantizedWeight,
+    make_quantized,
+)
 from sglite.runtime.model.rope import RopeTables
 
 logger = logging.getLogger(__name__)
@@ -430,10 +436,12 @@ class CausalLM(nn.Module):
         kind: str,
         max_rows: int,
         int4_source: Callable[[list[str]], list[Int4Parts] | None] | None = None,
+        head: QuantizedWeight | None = None,
     ) -> None:
         """Give every projection a quantized copy (`kind` int8, int4 or w4a8) used for
         matmuls of at most `max_rows` rows (-1: all, and the dense weights are freed), and the
-        output projection an int8 copy (4-bit logits lose too much).
+        output projection an 8-bit copy (4-bit logits lose too much): `head` (the checkpoint's
+        own, e.g. GGUF Q8_0) when given and of the right shape, else per-channel int8.
 
         `int4_source(names)` may return the checkpoint's own 4-bit values for each of the Hugging
         Face tensors `names` that make up one projection (GGUF Q4_0/Q4_1/Q4_K), so they are not
@@ -445,7 +453,9 @@ class CausalLM(nn.Module):
         for name, module in self.named_modules():
             if isinstance(module, Linear) and name != "lm_head" and module.quantized is None:
                 self.quantize_projection(name, kind, max_rows, int4_source)
-        self.lm_head_quantized = Int8Weight(self.lm_head_weight().data, self.dtype)
+        dense_head = self.lm_head_weight().data
+        fits = isinstance(head, Q8Weight) and head.values.shape == dense_head.shape
+        self.lm_head_quantized = head if fits else Int8Weight(dense_head, self.dtype)
         self.lm_head_quantized_max_rows = max_rows if max_rows >= 0 else ALL_ROWS
         if max_rows < 0 and self.lm_head is not None:
             self.lm_head.drop_dense()  # an untied output projection has no other use

@@ -270,19 +270,21 @@ def load_model(
     _check_quantization(quantization, torch_dtype, dev)
     plan = TensorParallelPlan.create(config, tp.rank, tp.size) if tp.enabled else None
     model = CausalLM.empty(config, torch_dtype, dev, plan, tp)
-    quantized_rows = source = None
+    quantized_rows = source = head = None
     if quantization != "none":
         quantized_rows = quantized_max_rows
         if quantized_rows is None:
             quantized_rows = auto_quantized_max_rows(torch_dtype, dev)
         if gguf_file is not None:
             source = gguf_loader.gguf_int4_source(gguf_file, config)
+            if not tp.enabled:  # a vocab-parallel head takes a shard of the dense weight
+                head = gguf_loader.gguf_q8_head(gguf_file)
     on_loaded = None
     if quantized_rows is not None and quantized_rows < 0:  # set only when quantizing
         on_loaded = _quantize_when_loaded(model, quantization, quantized_rows, source)
     model.load_weights(weights, on_loaded)
     if quantization != "none":
-        model.quantize(quantization, quantized_rows, source)  # what loading has not done
+        model.quantize(quantization, quantized_rows, source, head)  # what loading has not done
     model.finalize_weights(pack=_should_pack(gemm_packing, model))
     if tokenizer_path is None and gguf_file is not None:
         tokenizer = gguf_loader.load_gguf_tokenizer(path, gguf_file)  # reuse the parsed metadata

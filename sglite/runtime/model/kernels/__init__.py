@@ -23,6 +23,8 @@ from sglite.runtime.model.kernels.matmul import (  # noqa: F401 (the package's A
     int8_gemv,
     pack_panels,
     panel_gemm,
+    q8_gemm,
+    q8_gemv,
     qgemv_max_rows,
 )
 from sglite.runtime.model.kernels.native import DTYPE_CODES as _DTYPE_CODES

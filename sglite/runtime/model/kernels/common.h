@@ -44,6 +44,17 @@ static inline uint16_t f32_to_bf16(float f) {
   return (uint16_t)(u >> 16);
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+/* The sum of an AVX2 vector's 8 lanes (for kernels written in AVX2 whatever VEC is). */
+static inline float sum256(__m256 a) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+#endif
+
 /* An IEEE half (the int4 weights' scales and offsets) as float32. */
 static inline float f16_to_f32(uint16_t h) {
 #ifdef __F16C__

@@ -157,6 +157,31 @@ def int4_gemv(
     return out if status == 0 else None
 
 
+def q8_gemv(x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor | None:
+    """`x @ W.T` for a few rows, `W` in GGUF Q8_0 layout: `values` int8 `[N, K]`, `scales`
+    float16 `[N, K / 32]` (x stays float). None when the native kernel cannot serve it."""
+    lib = _gemv_lib(x)
+    if lib is None or values.dtype != torch.int8 or scales.dtype != torch.float16:
+        return None
+    rows, k = x.shape
+    n = values.shape[0]
+    if values.shape[1] != k or scales.shape != (n, k // 32):
+        return None
+    out = x.new_empty(rows, n)
+    status = lib.q8_gemv(
+        _DTYPE_CODES[x.dtype],
+        x.data_ptr(),
+        values.data_ptr(),
+        scales.data_ptr(),
+        out.data_ptr(),
+        rows,
+        n,
+        k,
+        torch.get_num_threads(),
+    )
+    return out if status == 0 else None
+
+
 def _quant_gemm(
     kind: int,
     x: torch.Tensor,
@@ -222,6 +247,15 @@ def int8_gemm(
     if values.dim() != 2 or scale.numel() != values.shape[0]:
         return None
     return _quant_gemm(1, x, values, scale, bias, values.shape[1])
+
+
+def q8_gemm(x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor | None:
+    """`int4_gemm` for a GGUF Q8_0 weight as `q8_gemv` takes it."""
+    if values.dtype != torch.int8 or scales.dtype != torch.float16 or values.dim() != 2:
+        return None
+    if scales.shape != (values.shape[0], values.shape[1] // 32):
+        return None
+    return _quant_gemm(3, x, values, scales, None, values.shape[1])
 
 
 def int4_dequantize(

@@ -69,6 +69,7 @@ _SIGNATURES = {
 _STATUS_SIGNATURES = {
     "int8_gemv": "iPPPPIIIi",
     "int4_gemv": "iPPPPIIIii",
+    "q8_gemv": "iPPPPIIIi",
     "quant_gemm": "iPPPPPIIIi",
     "dense_gemv_rows": "iPPPIIIi",
     "decode_layers": "iIIIIIIFFIPPPPPPPIPi",

@@ -1,8 +1,8 @@
 /*
  * Weight-only quantized products for batches past the GEMVs (quant_gemv.c): y[M, N] = x[M, K]
  * W^T (+ bias), x float32 (no activation rounding), W in quant_gemv.c's layouts: int4 (GGUF
- * Q4_1 nibbles [N, K / 2] with an f16 (scale, offset) per group of 32) or int8 (values [N, K]
- * with a float32 scale per row).
+ * Q4_1 nibbles [N, K / 2] with an f16 (scale, offset) per group of 32), int8 (values [N, K]
+ * with a float32 scale per row) or GGUF Q8_0 (values [N, K], an f16 scale per group of 32).
  *
  * A thread takes chunks of GEMM_CHUNK_COLS output columns. It dequantizes a chunk's weight rows
  * into a float32 scratch (L2), then, for each block of rows of x, runs each GEMM_COLS of those
@@ -73,6 +73,14 @@ static void dequantize_int8_row(const int8_t *values, float scale, int64_t k, fl
   for (; i < k; i++) out[i] = (float)values[i] * scale;
 }
 
+/* One GGUF Q8_0 weight row (K values) from its int8 values and f16 scale per group of 32. */
+static void dequantize_q8_row(const int8_t *values, const uint16_t *scales, int64_t k,
+                              float *out) {
+  for (int64_t g = 0; g < k / Q4_GROUP; g++)
+    dequantize_int8_row(values + g * Q4_GROUP, f16_to_f32(scales[g]), Q4_GROUP,
+                        out + g * Q4_GROUP);
+}
+
 /* The lane sums of four vectors into out[0..3]. */
 static inline void sum4(vec_t a, vec_t b, vec_t c, vec_t d, float out[GEMM_COLS]) {
 #if VEC == 8
@@ -131,13 +139,15 @@ static void dot_tile3(const float *x, const float *w, int64_t k, float out[][GEM
   dot_tile(3, x, w, k, out);
 }
 
-enum { GEMM_INT8 = 1, GEMM_INT4 = 2 }; /* decode_step.c's LINEAR_INT8 / LINEAR_INT4 */
+/* decode_step.c's LINEAR_INT8 / LINEAR_INT4; GEMM_Q8_0: GGUF Q8_0 (the output projection) */
+enum { GEMM_INT8 = 1, GEMM_INT4 = 2, GEMM_Q8_0 = 3 };
 
 typedef struct {
-  int kind; /* GEMM_INT8 or GEMM_INT4 */
+  int kind; /* GEMM_INT8, GEMM_INT4 or GEMM_Q8_0 */
   const float *x;
   const void *weight; /* int8 values or int4 nibbles */
-  const void *scale;  /* int8: float32 per row; int4: f16 (scale, offset) per group */
+  const void *scale;  /* int8: float32 per row; int4: f16 (scale, offset) per group; Q8_0: f16
+                         per group */
   const float *bias;
   float *y;
   int64_t rows, n_out, k;
@@ -222,6 +232,9 @@ static void quant_gemm_range(void *p, int64_t chunk0, int64_t chunk1) {
       if (c < width && a->kind == GEMM_INT4)
         dequantize_int4_row((const uint8_t *)a->weight + n * (k / 2),
                             (const uint16_t *)a->scale + n * groups * 2, k, w + c * k);
+      else if (c < width && a->kind == GEMM_Q8_0)
+        dequantize_q8_row((const int8_t *)a->weight + n * k, (const uint16_t *)a->scale + n * groups,
+                          k, w + c * k);
       else if (c < width)
         dequantize_int8_row((const int8_t *)a->weight + n * k, ((const float *)a->scale)[n], k,
                             w + c * k);
@@ -248,7 +261,7 @@ static void quant_gemm_range(void *p, int64_t chunk0, int64_t chunk1) {
 int quant_gemm(int kind, const float *x, const void *weight, const void *scale,
                const float *bias, float *y, int64_t rows, int64_t n_out, int64_t k, int threads) {
   /* k a multiple of 32: whole int4 groups, and whole vectors for the dot tiles (VEC <= 16). */
-  if (rows < 1 || k < 1 || k % Q4_GROUP || (kind != GEMM_INT8 && kind != GEMM_INT4)) return -1;
+  if (rows < 1 || k < 1 || k % Q4_GROUP || kind < GEMM_INT8 || kind > GEMM_Q8_0) return -1;
   quant_gemm_args a = {kind, x, weight, scale, bias, y, rows, n_out, k, 0};
   const int64_t chunks = (n_out + GEMM_CHUNK_COLS - 1) / GEMM_CHUNK_COLS;
   parallel_range(quant_gemm_range, &a, chunks, 1, threads, rows * n_out * k >= 65536);

@@ -500,6 +500,97 @@ static void int4_vnni_range(void *p, int64_t n0, int64_t n1) {
 }
 #endif
 
+/*
+ * One Q8_0 output row block for a fixed row count R (GGUF Q8_0: int8 values [N, K], an f16
+ * scale per group of 32 [N, K / 32]; x stays float32): y = sum_g scale_g (q_g . x_g).
+ */
+static inline __attribute__((always_inline)) void q8_block(const int R, int dtype, const float *xf,
+                                                           const int8_t *q,
+                                                           const uint16_t *scales, void *y,
+                                                           int64_t n0, int64_t n1, int64_t n_out,
+                                                           int64_t k) {
+  const int64_t groups = k / Q4_GROUP;
+  for (int64_t n = n0; n < n1; n++) {
+    const int8_t *qn = q + n * k;
+    const uint16_t *sn = scales + n * groups;
+    if (n + PREFETCH_ROWS < n1) prefetch_bytes(qn + PREFETCH_ROWS * k, k);
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 acc[QGEMV_MAX_ROWS][2];
+    for (int m = 0; m < R; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+    /* Group g adds into acc[m][g & 1], written out per pair so the index is a constant. */
+#define Q8_GROUP_STEP(g, a)                                                                    \
+  do {                                                                                         \
+    const int8_t *qg = qn + (g) * Q4_GROUP;                                                    \
+    const __m256 w0 =                                                                          \
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)qg)));       \
+    const __m256 w1 =                                                                          \
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qg + 8)))); \
+    const __m256 w2 = _mm256_cvtepi32_ps(                                                      \
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qg + 16))));                   \
+    const __m256 w3 = _mm256_cvtepi32_ps(                                                      \
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qg + 24))));                   \
+    const __m256 vs = _mm256_set1_ps(f16_to_f32(sn[g]));                                       \
+    for (int m = 0; m < R; m++) {                                                              \
+      const float *xg = xf + m * k + (g) * Q4_GROUP;                                           \
+      __m256 p0 = _mm256_mul_ps(w0, _mm256_loadu_ps(xg));                                      \
+      __m256 p1 = _mm256_mul_ps(w1, _mm256_loadu_ps(xg + 8));                                  \
+      p0 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xg + 16), p0);                                  \
+      p1 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xg + 24), p1);                                  \
+      acc[m][a] = _mm256_fmadd_ps(vs, _mm256_add_ps(p0, p1), acc[m][a]);                       \
+    }                                                                                          \
+  } while (0)
+    int64_t g = 0;
+    for (; g + 2 <= groups; g += 2) {
+      Q8_GROUP_STEP(g, 0);
+      Q8_GROUP_STEP(g + 1, 1);
+    }
+    if (g < groups) Q8_GROUP_STEP(g, 0);
+#undef Q8_GROUP_STEP
+    for (int m = 0; m < R; m++)
+      store(y, m * n_out + n, sum256(_mm256_add_ps(acc[m][0], acc[m][1])), dtype);
+#else
+    for (int m = 0; m < R; m++) {
+      float sum = 0.0f;
+      for (int64_t g = 0; g < groups; g++) {
+        float p = 0.0f;
+        for (int64_t j = 0; j < Q4_GROUP; j++)
+          p += (float)qn[g * Q4_GROUP + j] * xf[m * k + g * Q4_GROUP + j];
+        sum += f16_to_f32(sn[g]) * p;
+      }
+      store(y, m * n_out + n, sum, dtype);
+    }
+#endif
+  }
+}
+#define Q8_SPECIAL(R)                                                                         \
+  static void q8_rows##R(int dtype, const float *xf, const int8_t *q, const uint16_t *sc,     \
+                         void *y, int64_t n0, int64_t n1, int64_t n_out, int64_t k) {        \
+    q8_block(R, dtype, xf, q, sc, y, n0, n1, n_out, k);                                       \
+  }
+FOR_EACH_ROWS(Q8_SPECIAL)
+typedef void (*q8_fn)(int, const float *, const int8_t *, const uint16_t *, void *, int64_t,
+                      int64_t, int64_t, int64_t);
+#define LIST_Q8(R) q8_rows##R,
+static const q8_fn q8_by_rows[QGEMV_MAX_ROWS] = {FOR_EACH_ROWS(LIST_Q8)};
+
+static void q8_range(void *p, int64_t n0, int64_t n1) {
+  const gemv_args *a = p;
+  q8_by_rows[a->rows - 1](a->dtype, a->xf, a->weight, a->scale, a->y, n0, n1, a->n_out, a->k);
+}
+
+/* GGUF Q8_0 weights (see q8_block) times a few rows of x. Returns 0 on success, -1 when out of
+ * memory, rows > QGEMV_MAX_ROWS or k % 32 != 0. */
+int q8_gemv(int dtype, const void *x, const int8_t *q, const uint16_t *scales, void *y,
+            int64_t rows, int64_t n_out, int64_t k, int threads) {
+  if (rows < 1 || rows > QGEMV_MAX_ROWS || k % Q4_GROUP) return -1;
+  float *xf = load_x(dtype, x, rows, k);
+  if (xf == NULL) return -1;
+  gemv_args a = {dtype, xf, NULL, NULL, NULL, q, scales, NULL, y, n_out, k, rows};
+  parallel_range(q8_range, &a, n_out, chunk_rows(n_out, threads), threads, n_out * k >= 65536);
+  free(xf);
+  return 0;
+}
+
 /* Returns 0 on success, -1 when out of memory or rows > QGEMV_MAX_ROWS. */
 int int8_gemv(int dtype, const void *x, const int8_t *q, const float *scale, void *y,
               int64_t rows, int64_t n_out, int64_t k, int threads) {
