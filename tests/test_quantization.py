@@ -352,10 +352,10 @@ def test_server_with_auto_quantization_serves_the_gguf_4_bit_weights_alone():
 
 
 def test_auto_quantization_follows_the_gguf_projections(tmp_path, engine):
-    """auto runs a GGUF with its own quantization: int4 when every projection is
+    """auto (the default) runs a GGUF with its own quantization: int4 when every projection is
     4-bit (the default model's Q4_1), int8 when some have more bits (Q8_0, or a mix, as Q4_K_M
     files mix Q4_K and Q6_K), dense for float projections, safetensors and CUDA; an explicit
-    choice stands, and the default is none (the session engine)."""
+    choice stands (the session engine, on defaults, runs int4)."""
     import gguf
     from test_loader import make_hf_model, write_tiny_gguf
 
@@ -371,7 +371,7 @@ def test_auto_quantization_follows_the_gguf_projections(tmp_path, engine):
     assert resolve_quantization("auto", default, f32, torch.device("cuda")) == "none"
     assert resolve_quantization("auto", None, f32, cpu) == "none"  # safetensors
     assert resolve_quantization("int8", default, f32, cpu) == "int8"
-    assert engine.get_server_info()["quantization"] == "none"
+    assert engine.get_server_info()["quantization"] == "int4"  # the default is auto
 
     hf = make_hf_model("qwen2", str(tmp_path / "hf"), hidden_size=256, intermediate_size=512)
     tokenizer = str(tmp_path / "hf")  # Q4_K blocks span 256 inputs

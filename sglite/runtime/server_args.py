@@ -85,12 +85,12 @@ class ServerArgs:
     dist_init_addr: str | None = None  # HOST:PORT of rank 0's rendezvous; None = local port
     # Quantization of the projections (CPU): int8 / int4 weight-only; w4a8 = int4 whose decode
     # GEMVs also round activations to int8 (fastest; answers then depend on batch and cache);
-    # auto = a GGUF's own (int4 for 4-bit projections, int8 for 5-8-bit ones, else none; dense
-    # on CUDA); none = dense. Matmuls of at most `quantized_max_rows` rows use it, larger ones
-    # a dense copy; -1 = always quantized, no dense copy (the memory a quantized model should
-    # take); None = auto (-1 in float32 with the native kernels, whose quantized GEMM serves
-    # every batch size; else 8).
-    quantization: str = "none"
+    # auto (default) = a GGUF's own (int4 for 4-bit projections, int8 for 5-8-bit ones, else
+    # none; dense on CUDA): the default model runs int4, lossless; none = dense. Matmuls of at
+    # most `quantized_max_rows` rows use it, larger ones a dense copy; -1 = always quantized, no
+    # dense copy (the memory a quantized model should take); None = auto (-1 in float32 with
+    # the native kernels, whose quantized GEMM serves every batch size; else 8).
+    quantization: str = "auto"
     quantized_max_rows: int | None = None
     # GEMM-friendly copies of the dense weights (float32: panels for the native GEMM; bf16:
     # oneDNN-packed and transposed), faster for batches and prefill at the cost of one or two

@@ -218,15 +218,18 @@ def gguf_int4_source(
 _UNQUANTIZED_TYPES = ("F32", "F16", "BF16", "F64")
 
 
-def gguf_q8_head(gf: GGUFFile) -> Q8Weight | None:
+def gguf_q8_head(gf: GGUFFile, rows: tuple[int, int] | None = None) -> Q8Weight | None:
     """The output projection as the file stores it when that is Q8_0 (the `output` tensor, or
-    the tied embedding), for `CausalLM.quantize`; None otherwise."""
+    the tied embedding), for `CausalLM.quantize`; None otherwise. `rows`: only this range of
+    vocabulary rows (a tensor-parallel rank's)."""
     tensors = {t.name: t for t in gf.tensors}
     tensor = tensors.get("output.weight") or tensors.get("token_embd.weight")
     if tensor is None or tensor.tensor_type.name != "Q8_0":
         return None
-    shape = tuple(int(d) for d in reversed(tensor.shape))
-    return q8_weight_from_gguf(tensor.data, (shape[0], shape[1]))
+    n, k = (int(d) for d in reversed(tensor.shape))
+    start, end = rows or (0, n)
+    data = np.asarray(tensor.data).reshape(n, -1)[start:end]
+    return q8_weight_from_gguf(data, (end - start, k))
 
 
 def gguf_projection_types(gf: GGUFFile) -> set[str]:

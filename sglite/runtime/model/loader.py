@@ -277,8 +277,7 @@ def load_model(
             quantized_rows = auto_quantized_max_rows(torch_dtype, dev)
         if gguf_file is not None:
             source = gguf_loader.gguf_int4_source(gguf_file, config)
-            if not tp.enabled:  # a vocab-parallel head takes a shard of the dense weight
-                head = gguf_loader.gguf_q8_head(gguf_file)
+            head = gguf_loader.gguf_q8_head(gguf_file, plan.vocab if plan else None)
     on_loaded = None
     if quantized_rows is not None and quantized_rows < 0:  # set only when quantizing
         on_loaded = _quantize_when_loaded(model, quantization, quantized_rows, source)
