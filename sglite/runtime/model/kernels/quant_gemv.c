@@ -41,6 +41,61 @@ static void permute_x_groups(float *xf, int64_t rows, int64_t k) {
     }
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+/* acc[m][a] += scale * (w . x_m) over group g of R rows of x (float32): `w` is the group's 32
+ * weights as 4 vectors of 8 in the order x's group is stored in. The float GEMVs' inner step. */
+static inline __attribute__((always_inline)) void group_dot_rows(const int R, __m256 acc[][2],
+                                                                 const int a, const __m256 w[4],
+                                                                 __m256 scale, const float *xf,
+                                                                 int64_t k, int64_t g) {
+  for (int m = 0; m < R; m++) {
+    const float *xg = xf + m * k + g * 32;
+    __m256 p0 = _mm256_mul_ps(w[0], _mm256_loadu_ps(xg));
+    __m256 p1 = _mm256_mul_ps(w[1], _mm256_loadu_ps(xg + 8));
+    p0 = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xg + 16), p0);
+    p1 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xg + 24), p1);
+    acc[m][a] = _mm256_fmadd_ps(scale, _mm256_add_ps(p0, p1), acc[m][a]);
+  }
+}
+
+/* Group g of an int4 row (Q4_1 nibbles at `pn`, scale `scale`) into acc[m][a]. Each 8 bytes are
+ * broadcast and shifted per lane, so lanes hold values 0,4,1,5,2,6,3,7 of the 8 (then the same
+ * for the high nibbles): x must be stored in that order (permute_x_groups). */
+static inline __attribute__((always_inline)) void int4_float_group(const int R, __m256 acc[][2],
+                                                                   const int a,
+                                                                   const uint8_t *pn,
+                                                                   float scale, const float *xf,
+                                                                   int64_t k, int64_t g) {
+  const __m256i low_shifts = _mm256_setr_epi32(0, 0, 8, 8, 16, 16, 24, 24);
+  const __m256i high_shifts = _mm256_setr_epi32(4, 4, 12, 12, 20, 20, 28, 28);
+  const __m256i nibble = _mm256_set1_epi32(0x0f);
+  int64_t half0, half1;
+  memcpy(&half0, pn + g * 16, 8);
+  memcpy(&half1, pn + g * 16 + 8, 8);
+  const __m256i b0 = _mm256_set1_epi64x(half0), b1 = _mm256_set1_epi64x(half1);
+  const __m256 w[4] = {
+      _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(b0, low_shifts), nibble)),
+      _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(b1, low_shifts), nibble)),
+      _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(b0, high_shifts), nibble)),
+      _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(b1, high_shifts), nibble))};
+  group_dot_rows(R, acc, a, w, _mm256_set1_ps(scale), xf, k, g);
+}
+
+static inline __m256 widen8(const int8_t *p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+/* Group g of a Q8_0 row (int8 values at `qn`) into acc[m][a]. */
+static inline __attribute__((always_inline)) void q8_group(const int R, __m256 acc[][2],
+                                                           const int a, const int8_t *qn,
+                                                           float scale, const float *xf,
+                                                           int64_t k, int64_t g) {
+  const int8_t *qg = qn + g * 32;
+  const __m256 w[4] = {widen8(qg), widen8(qg + 8), widen8(qg + 16), widen8(qg + 24)};
+  group_dot_rows(R, acc, a, w, _mm256_set1_ps(scale), xf, k, g);
+}
+#endif
+
 /* Weight rows requested ahead of the one being read (prefetch_bytes). */
 #define PREFETCH_ROWS 8
 
@@ -166,42 +221,14 @@ static inline __attribute__((always_inline)) void int4_block(
     }
     __m256 acc[QGEMV_MAX_ROWS][2];
     for (int m = 0; m < R; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
-    const __m256i low_shifts = _mm256_setr_epi32(0, 0, 8, 8, 16, 16, 24, 24);
-    const __m256i high_shifts = _mm256_setr_epi32(4, 4, 12, 12, 20, 20, 28, 28);
-    const __m256i nibble = _mm256_set1_epi32(0x0f);
-    /* Group g adds into acc[m][g & 1]; the two groups of a step are written out so that the
-     * chain index is a constant and the accumulators stay in registers. */
-#define INT4_FLOAT_GROUP(g, a)                                                                  \
-  do {                                                                                          \
-    int64_t half0, half1;                                                                       \
-    memcpy(&half0, pn + (g) * (Q4_GROUP / 2), 8);                                               \
-    memcpy(&half1, pn + (g) * (Q4_GROUP / 2) + 8, 8);                                           \
-    const __m256i b0 = _mm256_set1_epi64x(half0), b1 = _mm256_set1_epi64x(half1);              \
-    const __m256 w0 =                                                                           \
-        _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(b0, low_shifts), nibble));      \
-    const __m256 w1 =                                                                           \
-        _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(b1, low_shifts), nibble));      \
-    const __m256 w2 =                                                                           \
-        _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(b0, high_shifts), nibble));     \
-    const __m256 w3 =                                                                           \
-        _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(b1, high_shifts), nibble));     \
-    const __m256 vs = _mm256_set1_ps(so[2 * (g)]);                                              \
-    for (int m = 0; m < R; m++) {                                                               \
-      const float *xg = xf + m * k + (g) * Q4_GROUP;                                            \
-      __m256 p0 = _mm256_mul_ps(w0, _mm256_loadu_ps(xg));                                       \
-      __m256 p1 = _mm256_mul_ps(w1, _mm256_loadu_ps(xg + 8));                                   \
-      p0 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xg + 16), p0);                                   \
-      p1 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xg + 24), p1);                                   \
-      acc[m][a] = _mm256_fmadd_ps(vs, _mm256_add_ps(p0, p1), acc[m][a]);                        \
-    }                                                                                           \
-  } while (0)
+    /* Group g adds into acc[m][g & 1]; a step's two groups are written out so that the chain
+     * index is a constant and the accumulators stay in registers. */
     int64_t g = 0;
     for (; g + 2 <= groups; g += 2) {
-      INT4_FLOAT_GROUP(g, 0);
-      INT4_FLOAT_GROUP(g + 1, 1);
+      int4_float_group(R, acc, 0, pn, so[2 * g], xf, k, g);
+      int4_float_group(R, acc, 1, pn, so[2 * g + 2], xf, k, g + 1);
     }
-    if (g < groups) INT4_FLOAT_GROUP(g, 0);
-#undef INT4_FLOAT_GROUP
+    if (g < groups) int4_float_group(R, acc, 0, pn, so[2 * g], xf, k, g);
     for (int m = 0; m < R; m++)
       store(y, m * n_out + n, vsum(_mm256_add_ps(acc[m][0], acc[m][1])) + off[m], dtype);
 #else
@@ -517,35 +544,12 @@ static inline __attribute__((always_inline)) void q8_block(const int R, int dtyp
 #if defined(__AVX2__) && defined(__FMA__)
     __m256 acc[QGEMV_MAX_ROWS][2];
     for (int m = 0; m < R; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
-    /* Group g adds into acc[m][g & 1], written out per pair so the index is a constant. */
-#define Q8_GROUP_STEP(g, a)                                                                    \
-  do {                                                                                         \
-    const int8_t *qg = qn + (g) * Q4_GROUP;                                                    \
-    const __m256 w0 =                                                                          \
-        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)qg)));       \
-    const __m256 w1 =                                                                          \
-        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qg + 8)))); \
-    const __m256 w2 = _mm256_cvtepi32_ps(                                                      \
-        _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qg + 16))));                   \
-    const __m256 w3 = _mm256_cvtepi32_ps(                                                      \
-        _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qg + 24))));                   \
-    const __m256 vs = _mm256_set1_ps(f16_to_f32(sn[g]));                                       \
-    for (int m = 0; m < R; m++) {                                                              \
-      const float *xg = xf + m * k + (g) * Q4_GROUP;                                           \
-      __m256 p0 = _mm256_mul_ps(w0, _mm256_loadu_ps(xg));                                      \
-      __m256 p1 = _mm256_mul_ps(w1, _mm256_loadu_ps(xg + 8));                                  \
-      p0 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xg + 16), p0);                                  \
-      p1 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xg + 24), p1);                                  \
-      acc[m][a] = _mm256_fmadd_ps(vs, _mm256_add_ps(p0, p1), acc[m][a]);                       \
-    }                                                                                          \
-  } while (0)
-    int64_t g = 0;
+    int64_t g = 0; /* two groups a step, as in int4_block */
     for (; g + 2 <= groups; g += 2) {
-      Q8_GROUP_STEP(g, 0);
-      Q8_GROUP_STEP(g + 1, 1);
+      q8_group(R, acc, 0, qn, f16_to_f32(sn[g]), xf, k, g);
+      q8_group(R, acc, 1, qn, f16_to_f32(sn[g + 1]), xf, k, g + 1);
     }
-    if (g < groups) Q8_GROUP_STEP(g, 0);
-#undef Q8_GROUP_STEP
+    if (g < groups) q8_group(R, acc, 0, qn, f16_to_f32(sn[g]), xf, k, g);
     for (int m = 0; m < R; m++)
       store(y, m * n_out + n, sum256(_mm256_add_ps(acc[m][0], acc[m][1])), dtype);
 #else
