@@ -216,38 +216,39 @@ ACCURACY_PROMPTS = [
 ]
 
 
-def bench_accuracy(args: argparse.Namespace, rows: list[Row]) -> None:
-    """Each weight format against float32 dense on the same token sequences (teacher forcing)."""
+def teacher_forced(loaded, prompt: list[int], steps: int, forced: list[int] | None = None):
+    """Prefill, then decode one token at a time (the batch-1 path): the logits before each of
+    `steps` tokens, and the tokens (`forced`, else the model's own greedy choices)."""
     from sglite.runtime.cache.kv_pool import KVPool
     from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
-    from sglite.runtime.model.loader import load_model
 
-    def run(loaded, prompt: list[int], steps: int, forced: list[int] | None = None):
-        """Prefill, then decode one token at a time (the batch-1 path): the logits before each
-        of `steps` tokens, and the tokens (`forced`, else the model's own greedy choices)."""
-        cfg = loaded.config
-        pool = KVPool(512, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, loaded.dtype)
-        slots = pool.alloc(len(prompt))
-        n = len(prompt)
-        batch = ForwardBatch.build(ForwardMode.EXTEND, [prompt], [0], [slots], [n - 1])
-        out, tokens = [loaded.model(batch, pool)[0]], []
-        for i in range(steps):
-            tokens.append(forced[i] if forced is not None else int(out[-1].argmax()))
-            if i + 1 == steps:
-                break
-            slots = slots + pool.alloc(1)
-            batch = ForwardBatch.build(
-                ForwardMode.DECODE, [[tokens[-1]]], [len(slots) - 1], [slots], [0]
-            )
-            out.append(loaded.model(batch, pool)[0])
-        return torch.stack(out), tokens
+    cfg = loaded.config
+    pool = KVPool(512, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, loaded.dtype)
+    slots = pool.alloc(len(prompt))
+    n = len(prompt)
+    batch = ForwardBatch.build(ForwardMode.EXTEND, [prompt], [0], [slots], [n - 1])
+    out, tokens = [loaded.model(batch, pool)[0]], []
+    for i in range(steps):
+        tokens.append(forced[i] if forced is not None else int(out[-1].argmax()))
+        if i + 1 == steps:
+            break
+        slots = slots + pool.alloc(1)
+        step = [[tokens[-1]]]
+        batch = ForwardBatch.build(ForwardMode.DECODE, step, [len(slots) - 1], [slots], [0])
+        out.append(loaded.model(batch, pool)[0])
+    return torch.stack(out), tokens
+
+
+def bench_accuracy(args: argparse.Namespace, rows: list[Row]) -> None:
+    """Each weight format against float32 dense on the same token sequences (teacher forcing)."""
+    from sglite.runtime.model.loader import load_model
 
     ref_model = load_model(None, "float32", progress=False)
     tok = ref_model.tokenizer
     cases = []
     for text in ACCURACY_PROMPTS:
         prompt = tok.encode(text)
-        ref_logits, forced = run(ref_model, prompt, args.accuracy_tokens)
+        ref_logits, forced = teacher_forced(ref_model, prompt, args.accuracy_tokens)
         cases.append((prompt, forced, ref_logits))
     for dtype, quantization in [
         ("bfloat16", "none"),
@@ -259,7 +260,7 @@ def bench_accuracy(args: argparse.Namespace, rows: list[Row]) -> None:
         loaded = load_model(None, dtype, progress=False, quantization=quantization)
         worst, agree, total = 0.0, 0, 0
         for prompt, forced, ref in cases:
-            ours, _ = run(loaded, prompt, len(forced), forced)
+            ours, _ = teacher_forced(loaded, prompt, len(forced), forced)
             worst = max(worst, float((ours - ref).abs().max()))
             agree += int((ours.argmax(-1) == ref.argmax(-1)).sum())
             total += len(forced)

@@ -19,6 +19,7 @@ import time
 
 import torch
 
+from benchmarks.bench_engine import teacher_forced
 from sglite.runtime.cache.kv_pool import KVPool
 from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from sglite.runtime.model.loader import LoadedModel, load_model
@@ -55,19 +56,6 @@ def decode_ms(loaded: LoadedModel, rows: int, steps: int) -> float:
         batch = ForwardBatch.build(ForwardMode.DECODE, tokens, positions, slots, [0] * rows)
         tokens = [[int(t)] for t in loaded.model(batch, pool).argmax(-1)]
     return (time.perf_counter() - start) / steps * 1e3
-
-
-def forced_logits(loaded: LoadedModel, prompt: list[int], forced: list[int]) -> torch.Tensor:
-    """Logits of the prefill and of one decode step per forced token."""
-    pool = new_pool(loaded, 512)
-    slots = pool.alloc(len(prompt))
-    batch = ForwardBatch.build(ForwardMode.EXTEND, [prompt], [0], [slots], [len(prompt) - 1])
-    out = [loaded.model(batch, pool)[0]]
-    for token in forced[:-1]:
-        slots = slots + pool.alloc(1)
-        batch = ForwardBatch.build(ForwardMode.DECODE, [[token]], [len(slots) - 1], [slots], [0])
-        out.append(loaded.model(batch, pool)[0])
-    return torch.stack(out)
 
 
 def consistency(quantization: str, dtype: str, tokens: int) -> tuple[int, int, int]:
@@ -112,7 +100,7 @@ def main() -> None:
 
     tok = models["none"].tokenizer
     cases = [(tok.encode(p), tok.encode(f)) for p, f in ACCURACY_TEXTS]
-    refs = [forced_logits(models["none"], p, f) for p, f in cases]
+    refs = [teacher_forced(models["none"], p, len(f), f)[0] for p, f in cases]
     print(
         "\n| weights | max \\|logit error\\| vs dense | greedy agreement | answers alike "
         "cached | answers alike in one batch |\n|---|---:|---:|---:|---:|"
@@ -120,7 +108,7 @@ def main() -> None:
     for q in FORMATS:
         worst, agree, total = 0.0, 0, 0
         for (prompt, forced), ref in zip(cases, refs, strict=True):
-            ours = forced_logits(models[q], prompt, forced)
+            ours = teacher_forced(models[q], prompt, len(forced), forced)[0]
             worst = max(worst, float((ours - ref).abs().max()))
             agree += int((ours.argmax(-1) == ref.argmax(-1)).sum())
             total += len(forced)

@@ -436,7 +436,7 @@ class CausalLM(nn.Module):
         kind: str,
         max_rows: int,
         int4_source: Callable[[list[str]], list[Int4Parts] | None] | None = None,
-        head: QuantizedWeight | None = None,
+        head: Q8Weight | None = None,
     ) -> None:
         """Give every projection a quantized copy (`kind` int8, int4 or w4a8) used for
         matmuls of at most `max_rows` rows (-1: all, and the dense weights are freed), and the
@@ -454,7 +454,7 @@ class CausalLM(nn.Module):
             if isinstance(module, Linear) and name != "lm_head" and module.quantized is None:
                 self.quantize_projection(name, kind, max_rows, int4_source)
         dense_head = self.lm_head_weight().data
-        fits = isinstance(head, Q8Weight) and head.values.shape == dense_head.shape
+        fits = head is not None and head.values.shape == dense_head.shape
         self.lm_head_quantized = head if fits else Int8Weight(dense_head, self.dtype)
         self.lm_head_quantized_max_rows = max_rows if max_rows >= 0 else ALL_ROWS
         if max_rows < 0 and self.lm_head is not None:

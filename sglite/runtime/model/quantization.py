@@ -140,11 +140,10 @@ class Q8Weight(QuantizedWeight):
         self.scales = scales.to(torch.float16).contiguous()
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """`x @ W.T`: the GEMV for few rows, the quantized GEMM for float32 batches, else the
-        dequantized weight."""
-        out = None
-        if x.shape[0] <= INT4_FLOAT_GEMV_MAX_ROWS or x.dtype != torch.float32:
-            out = kernels.q8_gemv(x, self.values, self.scales)
+        """`x @ W.T`: the GEMV up to its 8 rows (on the default model's output projection it
+        beat the GEMM 2.1x at 1 row, 1.5x at 3, even at 8), the quantized GEMM for larger
+        float32 batches, else the dequantized weight."""
+        out = kernels.q8_gemv(x, self.values, self.scales)
         if out is None:
             out = kernels.q8_gemm(x, self.values, self.scales)
         if out is None:
@@ -208,12 +207,12 @@ class Int4Weight(QuantizedWeight):
                 x, self.packed, self.group_size, self.scale_offset
             )
         out = None
-        if self.round_activations or x.shape[0] <= INT4_FLOAT_GEMV_MAX_ROWS:
+        # float32 int4 rows past INT4_FLOAT_GEMV_MAX_ROWS go to the GEMM (float32 only).
+        gemv_first = self.round_activations or x.dtype != torch.float32
+        if gemv_first or x.shape[0] <= INT4_FLOAT_GEMV_MAX_ROWS:
             out = kernels.int4_gemv(x, self.packed, self.scale_offset, self.round_activations)
         if out is None:
             out = kernels.int4_gemm(x, self.packed, self.scale_offset)
-        if out is None and x.shape[0] <= kernels.qgemv_max_rows():  # bf16 rows
-            out = kernels.int4_gemv(x, self.packed, self.scale_offset)
         if out is not None:
             return out
         # bf16 rows (or no native library): dequantize for a dense GEMM.

@@ -104,26 +104,26 @@ def panel_gemm(
     return out
 
 
-def int8_gemv(x: torch.Tensor, values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor | None:
-    """`x @ (values * scale[:, None]).T` for a few rows `x [M, K]` (float32/bfloat16); `values`
-    int8 `[N, K]`, `scale` float32 `[N]`. None when the native kernel cannot serve it."""
+def _call_gemv(
+    kernel: str, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, *extra: int
+) -> torch.Tensor | None:
+    """`out = x @ W.T` by quant_gemv.c's `kernel` (W as `weight` and `scale`, N = its rows), or
+    None when the native library cannot serve x or the kernel refuses."""
     lib = _gemv_lib(x)
     if lib is None:
         return None
     rows, k = x.shape
-    out = x.new_empty(rows, values.shape[0])
-    status = lib.int8_gemv(
-        _DTYPE_CODES[x.dtype],
-        x.data_ptr(),
-        values.data_ptr(),
-        scale.data_ptr(),
-        out.data_ptr(),
-        rows,
-        values.shape[0],
-        k,
-        torch.get_num_threads(),
-    )
+    n = weight.shape[0]
+    out = x.new_empty(rows, n)
+    args = (x.data_ptr(), weight.data_ptr(), scale.data_ptr(), out.data_ptr(), rows, n, k)
+    status = getattr(lib, kernel)(_DTYPE_CODES[x.dtype], *args, torch.get_num_threads(), *extra)
     return out if status == 0 else None
+
+
+def int8_gemv(x: torch.Tensor, values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor | None:
+    """`x @ (values * scale[:, None]).T` for a few rows `x [M, K]` (float32/bfloat16); `values`
+    int8 `[N, K]`, `scale` float32 `[N]`. None when the native kernel cannot serve it."""
+    return _call_gemv("int8_gemv", x, values, scale)
 
 
 def int4_gemv(
@@ -136,50 +136,18 @@ def int4_gemv(
     `scale_offset` float16 `[N, K / 32, 2]`. None when the native kernel cannot serve it.
     `round_activations` (w4a8) rounds x to int8 per group of 32 where the CPU has an integer
     kernel for it (AVX2, AVX-512 VNNI): faster, but no longer the dequantized weights' product."""
-    lib = _gemv_lib(x)
-    if lib is None:
-        return None
-    rows, k = x.shape
-    n = packed.shape[0]
-    out = x.new_empty(rows, n)
-    status = lib.int4_gemv(
-        _DTYPE_CODES[x.dtype],
-        x.data_ptr(),
-        packed.data_ptr(),
-        scale_offset.data_ptr(),
-        out.data_ptr(),
-        rows,
-        n,
-        k,
-        torch.get_num_threads(),
-        int(round_activations),
-    )
-    return out if status == 0 else None
+    return _call_gemv("int4_gemv", x, packed, scale_offset, int(round_activations))
 
 
 def q8_gemv(x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor | None:
     """`x @ W.T` for a few rows, `W` in GGUF Q8_0 layout: `values` int8 `[N, K]`, `scales`
     float16 `[N, K / 32]` (x stays float). None when the native kernel cannot serve it."""
-    lib = _gemv_lib(x)
-    if lib is None or values.dtype != torch.int8 or scales.dtype != torch.float16:
-        return None
-    rows, k = x.shape
     n = values.shape[0]
-    if values.shape[1] != k or scales.shape != (n, k // 32):
+    if values.dtype != torch.int8 or scales.dtype != torch.float16:
         return None
-    out = x.new_empty(rows, n)
-    status = lib.q8_gemv(
-        _DTYPE_CODES[x.dtype],
-        x.data_ptr(),
-        values.data_ptr(),
-        scales.data_ptr(),
-        out.data_ptr(),
-        rows,
-        n,
-        k,
-        torch.get_num_threads(),
-    )
-    return out if status == 0 else None
+    if values.shape[1] != x.shape[1] or scales.shape != (n, x.shape[1] // 32):
+        return None
+    return _call_gemv("q8_gemv", x, values, scales)
 
 
 def _quant_gemm(

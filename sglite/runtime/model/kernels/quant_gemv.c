@@ -188,21 +188,19 @@ static inline __attribute__((always_inline)) void int4_block(
     for (; c < 2 * groups; c++) so[c] = f16_to_f32(son[c]);
     float off[QGEMV_MAX_ROWS];
     for (int m = 0; m < R; m++) {
-      float o = 0.0f;
-#if VEC == 8
-      /* xsum holds (0, sum of x over g) pairs here: one contiguous dot product with the
-       * (scale, offset) pairs in vectors (per group, GCC gathered the offsets with permutes and
-       * added them one by one: ~25% of a 1-row product). */
+      /* xsum holds (0, sum of x over g) pairs: the offset part is one contiguous dot product
+       * with the (scale, offset) pairs (per group, GCC had gathered the offsets with permutes
+       * and added them one by one: ~25% of a 1-row product on AVX2). */
       const float *pairs = xsum + m * 2 * groups;
-      __m256 vo = _mm256_setzero_ps();
+      float o = 0.0f;
       int64_t c = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+      __m256 vo = _mm256_setzero_ps();
       for (; c + 8 <= 2 * groups; c += 8)
         vo = _mm256_fmadd_ps(_mm256_loadu_ps(so + c), _mm256_loadu_ps(pairs + c), vo);
       o = sum256(vo);
-      for (; c < 2 * groups; c++) o += so[c] * pairs[c];
-#else
-      for (int64_t g = 0; g < groups; g++) o += so[2 * g + 1] * xsum[m * groups + g];
 #endif
+      for (; c < 2 * groups; c++) o += so[c] * pairs[c];
       off[m] = o;
     }
 #ifdef __AVX512F__
@@ -444,12 +442,13 @@ static const int4_vnni_fn int4_vnni_by_rows[QGEMV_MAX_ROWS] = {FOR_EACH_ROWS(LIS
 /*
  * Per group of 32: xq = round(x / dx) with dx = max|x| / 127; xq and dxx laid out as this
  * build's int4 kernel wants (pair-interleaved on AVX2: see int4_block_avx2).
- * xsum2 pairs (c_g, sum of x over g) meet the (scale, offset) pairs in one dot product, with
+ * Fills the c_g slots of the (0, sum of x over g) pairs in xsum2; the (c_g, sum) pairs meet the
+ * (scale, offset) pairs in one dot product, with
  * c_g = 8 (sum x - dx sum xq): that moves the integer part to (q - 8) xq, whose rounding error
  * is half that of q xq, and keeps the rest exact: W x = sum s dx (q - 8).xq + sum (o + 8 s) sum x.
  */
-static void quantize_x_groups(const float *xf, const float *xsum, int64_t rows, int64_t k,
-                              int8_t *xq, float *dxx, float *xsum2) {
+static void quantize_x_groups(const float *xf, float *xsum2, int64_t rows, int64_t k,
+                              int8_t *xq, float *dxx) {
   const int64_t groups = k / Q4_GROUP, pairs = groups / 2;
   for (int64_t m = 0; m < rows; m++)
     for (int64_t g = 0; g < groups; g++) {
@@ -476,9 +475,8 @@ static void quantize_x_groups(const float *xf, const float *xsum, int64_t rows, 
       float *dst = dxx + (m * pairs + g / 2) * 16 + (g % 2) * 8;
       for (int j = 0; j < 8; j++) dst[j] = dx;
 #endif
-      const float sum = xsum[m * groups + g];
+      const float sum = xsum2[m * 2 * groups + 2 * g + 1]; /* in place: the c_g slot was 0 */
       xsum2[m * 2 * groups + 2 * g] = 8.0f * (sum - dx * (float)qsum);
-      xsum2[m * 2 * groups + 2 * g + 1] = sum;
     }
 }
 #endif
@@ -513,7 +511,7 @@ typedef struct {
   const float *xf;   /* x in float32 */
   const int8_t *xq;  /* x rounded to int8 per group (VNNI int4) */
   const float *dxx;  /* their scales */
-  const float *xsum; /* per-group sums of x (int4), or the VNNI pairs */
+  const float *xsum; /* int4: (0 or c_g, sum of x over group g) pairs per row */
   const void *weight;
   const void *scale;
   void *unused;
@@ -630,7 +628,8 @@ int int4_gemv(int dtype, const void *x, const uint8_t *packed, const uint16_t *s
   if (rows < 1 || rows > QGEMV_MAX_ROWS || k % Q4_GROUP) return -1;
   const int64_t groups = k / Q4_GROUP;
   float *xf = load_x(dtype, x, rows, k);
-  float *xsum = (float *)malloc((size_t)(rows * groups) * sizeof(float));
+  /* (0, sum of x over group g) pairs, the layout of the (scale, offset) pairs they meet. */
+  float *xsum = (float *)calloc((size_t)(rows * groups * 2), sizeof(float));
   if (xf == NULL || xsum == NULL) {
     free(xf);
     free(xsum);
@@ -640,23 +639,21 @@ int int4_gemv(int dtype, const void *x, const uint8_t *packed, const uint16_t *s
     for (int64_t g = 0; g < groups; g++) {
       float s = 0.0f;
       for (int64_t j = 0; j < Q4_GROUP; j++) s += xf[m * k + g * Q4_GROUP + j];
-      xsum[m * groups + g] = s;
+      xsum[(m * groups + g) * 2 + 1] = s;
     }
 #ifdef INT4_INTEGER_DOT
   if (round_x && groups % 2 == 0) {
     int8_t *xq = (int8_t *)malloc((size_t)(rows * k));
     float *dxx = (float *)malloc((size_t)(rows * groups * 8) * sizeof(float));
-    float *xsum2 = (float *)malloc((size_t)(rows * groups * 2) * sizeof(float));
-    const int ok = xq != NULL && dxx != NULL && xsum2 != NULL;
+    const int ok = xq != NULL && dxx != NULL;
     if (ok) {
-      quantize_x_groups(xf, xsum, rows, k, xq, dxx, xsum2);
-      gemv_args a = {dtype, NULL, xq, dxx, xsum2, packed, scale_offset, NULL, y, n_out, k, rows};
+      quantize_x_groups(xf, xsum, rows, k, xq, dxx);
+      gemv_args a = {dtype, NULL, xq, dxx, xsum, packed, scale_offset, NULL, y, n_out, k, rows};
       parallel_range(int4_vnni_range, &a, n_out, chunk_rows(n_out, threads), threads,
                      n_out * k >= 65536);
     }
     free(xq);
     free(dxx);
-    free(xsum2);
     free(xf);
     free(xsum);
     return ok ? 0 : -1;
@@ -664,15 +661,6 @@ int int4_gemv(int dtype, const void *x, const uint8_t *packed, const uint16_t *s
 #endif
 #if VEC == 8
   permute_x_groups(xf, rows, k);
-  float *pairs = (float *)calloc((size_t)(rows * 2 * groups), sizeof(float));
-  if (pairs == NULL) {
-    free(xf);
-    free(xsum);
-    return -1;
-  }
-  for (int64_t i = 0; i < rows * groups; i++) pairs[2 * i + 1] = xsum[i];
-  free(xsum);
-  xsum = pairs; /* the layout int4_block's AVX2 path reads */
 #endif
   gemv_args a = {dtype, xf, NULL, NULL, xsum, packed, scale_offset, NULL, y, n_out, k, rows};
   parallel_range(int4_range, &a, n_out, chunk_rows(n_out, threads), threads,
