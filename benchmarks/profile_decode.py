@@ -29,8 +29,9 @@ from collections import defaultdict
 
 import torch
 
-from sglite.runtime.model import attention, kernels, linear, llama, native_decode
+from sglite.runtime.model import attention, causal_lm, kernels, linear, native_decode
 from sglite.runtime.model.forward_batch import ForwardBatch
+from sglite.runtime.model.layers import self_attention
 from sglite.runtime.model.loader import load_model
 from sglite.runtime.scheduler import scheduler as scheduler_module
 from sglite.runtime.scheduler.io import GenerateInput
@@ -56,11 +57,11 @@ def timed(label: str, fn):
 def instrument() -> None:
     """Wrap the parts of a step with timers (module attributes, so every caller sees them)."""
     linear.Linear.forward = timed("matmul (projections)", linear.Linear.forward)
-    llama.CausalLM._lm_head = timed("matmul (output projection)", llama.CausalLM._lm_head)
-    llama.decode_attention = timed("attention", attention.decode_attention)
-    for name in ("add_rms_norm", "silu_mul", "rope_store_kv"):
-        setattr(llama.kernels, name, timed("fused elementwise kernels", getattr(kernels, name)))
-    llama.CausalLM.forward = timed("forward (total)", llama.CausalLM.forward)
+    causal_lm.CausalLM._lm_head = timed("matmul (output projection)", causal_lm.CausalLM._lm_head)
+    self_attention.decode_attention = timed("attention", attention.decode_attention)
+    for name in ("add_rms_norm", "gated_act", "rope_store_kv"):
+        setattr(kernels, name, timed("fused elementwise kernels", getattr(kernels, name)))
+    causal_lm.CausalLM.forward = timed("forward (total)", causal_lm.CausalLM.forward)
     native_decode.NativeDecoder.run = timed(
         "layers in one native call", native_decode.NativeDecoder.run
     )

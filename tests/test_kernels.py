@@ -56,10 +56,28 @@ def test_row_max_matches_torch_max(n):
 
 @pytest.mark.parametrize("dtype, tol", DTYPES)
 @pytest.mark.parametrize("rows", [1, 40])
-def test_silu_mul(dtype, tol, rows):
-    gate_up = torch.randn(rows, 2 * 1536, dtype=dtype)
-    gate, up = gate_up.float().split(1536, dim=-1)
-    _close(kernels.silu_mul(gate_up), F.silu(gate) * up, tol)
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+def test_gated_activations(dtype, tol, rows, act):
+    gate_up = 3 * torch.randn(rows, 2 * 1536 + 2, dtype=dtype)  # a scalar tail too
+    gate, up = gate_up.float().split(1536 + 1, dim=-1)
+    ref = F.silu(gate) if act == "silu" else F.gelu(gate, approximate="tanh")
+    _close(kernels.gated_act(gate_up, act), ref * up, tol)
+
+
+@pytest.mark.parametrize("dtype, tol", DTYPES)
+def test_head_rms_norm_normalizes_q_and_k_heads_in_place(dtype, tol):
+    heads, kv_heads, dim, eps = 4, 2, 64, 1e-6
+    qkv = torch.randn(5, (heads + 2 * kv_heads) * dim, dtype=dtype)
+    q_w, k_w = torch.rand(dim, dtype=dtype) + 0.5, torch.rand(dim, dtype=dtype) + 0.5
+    ref = qkv.float().clone()
+    q = ref[:, : heads * dim].view(5, heads, dim)
+    k = ref[:, heads * dim : (heads + kv_heads) * dim].view(5, kv_heads, dim)
+    q.copy_(F.rms_norm(q, (dim,), q_w.float(), eps))
+    k.copy_(F.rms_norm(k, (dim,), k_w.float(), eps))
+    v_before = qkv[:, (heads + kv_heads) * dim :].clone()
+    kernels.head_rms_norm(qkv, q_w, k_w, heads, kv_heads, eps)
+    _close(qkv, ref, tol)
+    assert torch.equal(qkv[:, (heads + kv_heads) * dim :], v_before)
 
 
 @pytest.mark.parametrize("dtype, ulp", [(torch.float32, 1e-5), (torch.bfloat16, 2**-7)])

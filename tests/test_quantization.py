@@ -299,7 +299,7 @@ def test_quantized_only_models_quantize_each_projection_as_it_loads(monkeypatch)
     quantized, and its dense weight freed, as soon as its tensors are loaded (loading the
     default model with int4 peaked at 626 MiB resident instead of 936)."""
     from sglite.runtime.model import gguf_loader
-    from sglite.runtime.model.llama import CausalLM
+    from sglite.runtime.model.causal_lm import CausalLM
 
     events: list[tuple[str, str]] = []
     real_iter, real_quantize = gguf_loader.iter_gguf_weights, CausalLM.quantize_projection

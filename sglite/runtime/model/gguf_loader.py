@@ -27,6 +27,7 @@ from sglite.runtime.model.gguf_index import (
     open_gguf,
     sglite_cache_dir,
 )
+from sglite.runtime.model.models.base import GGUFConfig, ModelFamily
 from sglite.runtime.model.quantization import (
     GGUF_INT4_TYPES,
     Int4Parts,
@@ -39,89 +40,59 @@ from sglite.runtime.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
-# GGUF `general.architecture` -> the Hugging Face architecture implementing it.
-GGUF_ARCHS: dict[str, str] = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
-
-# Archs whose converter permuted Q/K rows for llama.cpp's interleaved RoPE.
-_PERMUTED_QK_ARCHS = {"llama"}
-
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
+# llama.cpp's block tensor names -> canonical ones (checkpoint.py); families rename what they
+# store differently (`ModelFamily.gguf_renames`).
 _BLOCK_NAMES = {
     "attn_norm": "input_layernorm",
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
+    "attn_qkv": "self_attn.qkv_proj",
     "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "post_attention_norm": "attn_output_norm",
     "ffn_norm": "post_attention_layernorm",
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "post_ffw_norm": "mlp_output_norm",
+    "ffn_gate_inp": "mlp.gate",
+    # Every expert's weights in one 3D tensor; `split_fused` cuts them per expert.
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
 }
 _BLOCK_TENSOR = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
 # Tensors that carry no weights of their own (their content goes into the config).
-_SKIPPED = {"rope_freqs.weight"}
+_SKIPPED = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
+
+
+def gguf_family(gf: GGUFFile, path: str = "<gguf>") -> ModelFamily:
+    """The family serving a GGUF file's `general.architecture`."""
+    from sglite.runtime.model import models
+
+    arch = gf.field("general.architecture")
+    family = models.family_for_gguf(arch)
+    if family is None or family.config_from_gguf is None:
+        supported = ", ".join(models.supported_gguf_architectures())
+        raise ValueError(f"{path}: unsupported GGUF architecture {arch!r}; supported: {supported}")
+    return family
 
 
 def gguf_config(gf: GGUFFile, path: str = "<gguf>") -> ModelConfig:
     """Build the ModelConfig from GGUF metadata (`{arch}.*` and `tokenizer.ggml.*` keys)."""
-    arch = gf.field("general.architecture")
-    if arch not in GGUF_ARCHS:
-        raise ValueError(
-            f"{path}: unsupported GGUF architecture {arch!r}; supported: {', '.join(GGUF_ARCHS)}"
-        )
-    hidden = int(gf.field(f"{arch}.embedding_length"))
-    heads = int(gf.field(f"{arch}.attention.head_count"))
-    kv_heads = int(gf.field(f"{arch}.attention.head_count_kv", heads))
-    head_dim = int(gf.field(f"{arch}.attention.key_length", hidden // heads))
-    rope_dim = gf.field(f"{arch}.rope.dimension_count", head_dim)
-    if int(rope_dim) != head_dim:
-        raise ValueError(f"{path}: partial rotary embeddings ({rope_dim}/{head_dim}) unsupported")
-    tensor_names = {t.name for t in gf.tensors}
-    vocab = gf.field(f"{arch}.vocab_size")
-    if vocab is None:
-        embd = next(t for t in gf.tensors if t.name == "token_embd.weight")
-        vocab = int(embd.shape[-1])  # ggml order: [hidden, vocab]
-    eos = [gf.field(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
-    return ModelConfig(
-        arch=GGUF_ARCHS[arch],
-        vocab_size=int(vocab),
-        hidden_size=hidden,
-        intermediate_size=int(gf.field(f"{arch}.feed_forward_length")),
-        num_layers=int(gf.field(f"{arch}.block_count")),
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
-        rms_norm_eps=float(gf.field(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
-        rope_theta=float(gf.field(f"{arch}.rope.freq_base", 10000.0)),
-        rope_scaling=_gguf_rope_scaling(gf, arch),
-        max_position_embeddings=int(gf.field(f"{arch}.context_length", 2048)),
-        tie_word_embeddings="output.weight" not in tensor_names,
-        attention_bias="blk.0.attn_q.bias" in tensor_names,
-        o_proj_bias="blk.0.attn_output.bias" in tensor_names,
-        mlp_bias="blk.0.ffn_down.bias" in tensor_names,
-        bos_token_id=gf.field("tokenizer.ggml.bos_token_id"),
-        eos_token_ids=[int(e) for e in dict.fromkeys(eos) if e is not None],
-    )
-
-
-def _gguf_rope_scaling(gf: GGUFFile, arch: str) -> dict[str, Any] | None:
-    freqs = next((t for t in gf.tensors if t.name == "rope_freqs.weight"), None)
-    if freqs is not None:
-        # Llama 3.1 style: the converter baked the per-frequency divisors into a tensor.
-        return {"rope_type": "freq_factors", "factors": np.asarray(freqs.data).tolist()}
-    kind = gf.field(f"{arch}.rope.scaling.type")
-    if kind in (None, "none"):
-        return None
-    if kind == "linear":
-        return {
-            "rope_type": "linear",
-            "factor": float(gf.field(f"{arch}.rope.scaling.factor")),
-        }
-    raise ValueError(f"unsupported GGUF rope scaling type {kind!r}; supported: linear")
+    family = gguf_family(gf, path)
+    assert family.config_from_gguf is not None
+    arch = family.hf_architectures[0]
+    if gf.field(f"{gf.field('general.architecture')}.expert_count"):
+        arch = "MixtralForCausalLM" if family.name == "llama" else arch
+    return family.config_from_gguf(GGUFConfig(gf, path), arch)
 
 
 def _hf_name(name: str) -> str | None:
@@ -144,11 +115,18 @@ def iter_gguf_weights(
     gf: GGUFFile, config: ModelConfig, progress: bool = True
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield `(hf_name, float32 tensor)` for every weight, dequantizing one tensor at a time."""
+
+    family = gguf_family(gf, gf.path)
+    yield from family.gguf_weights(_dequantized(gf, config, family, progress), config)
+
+
+def _dequantized(
+    gf: GGUFFile, config: ModelConfig, family: ModelFamily, progress: bool
+) -> Iterator[tuple[str, torch.Tensor]]:
     import gguf
     from tqdm.auto import tqdm
 
-    arch = gf.field("general.architecture")
-    unpermute = arch in _PERMUTED_QK_ARCHS
+    unpermute = family.gguf_permuted_qk
     for tensor in tqdm(gf.tensors, desc="loading GGUF", unit="tensor", disable=not progress):
         if tensor.name in _SKIPPED:
             continue
@@ -181,8 +159,7 @@ def gguf_int4_source(
 ) -> Callable[[list[str]], list[Int4Parts] | None]:
     """A lookup for `CausalLM.quantize`: the file's own 4-bit values of each Hugging Face tensor
     in `names` (one fused projection), or None unless every one of them is Q4_0 / Q4_1 / Q4_K."""
-    arch = gf.field("general.architecture")
-    unpermute = arch in _PERMUTED_QK_ARCHS
+    unpermute = gguf_family(gf, gf.path).gguf_permuted_qk
     by_name = {}
     for tensor in gf.tensors:
         name = _hf_name(tensor.name)
@@ -232,28 +209,66 @@ def gguf_q8_head(gf: GGUFFile, rows: tuple[int, int] | None = None) -> Q8Weight 
     return q8_weight_from_gguf(data, (end - start, k))
 
 
-def gguf_projection_types(gf: GGUFFile) -> set[str]:
-    """The GGUF tensor types (`Q4_1`, `Q6_K`, `F16`, ...) of the file's layer projections
-    (attention q/k/v/o and MLP gate/up/down), which `quantization="auto"` goes by."""
-    types = set()
+_FUSED_PART = re.compile(r"\.(?:(q|k|v)|(gate|up))_proj\.")
+_EXPERT_INDEX = re.compile(r"\.experts\.\d+\.")
+
+
+def _projection_tensors(gf: GGUFFile) -> dict[str, Any]:
+    """Canonical name -> GGUF tensor, for the layers' projections (attention q/k/v/o, MLP and
+    expert gate/up/down)."""
+    out = {}
     for tensor in gf.tensors:
         name = _hf_name(tensor.name)
         if name is not None and name.endswith("_proj.weight"):
-            types.add(tensor.tensor_type.name)
-    return types
+            out[name] = tensor
+    return out
 
 
-def auto_quantization(gf: GGUFFile) -> str:
-    """What `quantization="auto"` means for a GGUF file, as vLLM and SGLang serve a GGUF with
-    its own quantization: int4 when every projection is 4-bit (their values load exactly),
-    int8 when some are quantized with more bits (Q5/Q6/Q8: int8 keeps them nearly exact),
-    none when the projections are float (F32/F16/BF16)."""
-    types = gguf_projection_types(gf)
+def _kind_of_types(types: set[str]) -> str:
+    """int4 when every part is 4-bit (their values load exactly), int8 when some are quantized
+    with more bits (Q5/Q6/Q8: int8 keeps them nearly exact), none when all are float."""
     if types and types <= set(GGUF_INT4_TYPES):
         return "int4"
     if types - set(_UNQUANTIZED_TYPES):
         return "int8"
     return "none"
+
+
+def _source(tensors: dict[str, Any], name: str) -> Any:
+    """The GGUF tensor holding the canonical projection `name`: itself, or the fused tensor it
+    is cut from (all experts in one, Phi-3's q/k/v and gate/up)."""
+    candidates = (
+        name,
+        _EXPERT_INDEX.sub(".experts.", name),
+        re.sub(r"\.(q|k|v)_proj\.", ".qkv_proj.", name),
+        name.replace(".gate_proj.", ".up_proj."),
+    )
+    return next((tensors[c] for c in candidates if c in tensors), None)
+
+
+def auto_quantization(gf: GGUFFile) -> str:
+    """What `quantization="auto"` gives a GGUF file, as vLLM and SGLang serve a GGUF with its
+    own quantization: each projection the kind of its tensors (`_kind_of_types`; a fused
+    projection's parts together), summarized as the kinds used joined by "+" (int4, int8,
+    int4+int8), or none when every projection is float."""
+    groups: dict[str, set[str]] = {}
+    for name, tensor in _projection_tensors(gf).items():
+        key = _FUSED_PART.sub(lambda m: ".qkv_proj." if m.group(1) else ".gate_up_proj.", name)
+        groups.setdefault(key, set()).add(tensor.tensor_type.name)
+    kinds = {_kind_of_types(types) for types in groups.values()} - {"none"}
+    return "+".join(sorted(kinds)) or "none"
+
+
+def gguf_kind_for(gf: GGUFFile) -> Callable[[list[str]], str]:
+    """`--quantization auto` per projection (`CausalLM.quantize`'s `kind_for`): the kind of the
+    file's tensors for the canonical names making up one projection."""
+    tensors = _projection_tensors(gf)
+
+    def kind_for(names: list[str]) -> str:
+        found = [_source(tensors, n) for n in names]
+        return _kind_of_types({t.tensor_type.name for t in found if t is not None})
+
+    return kind_for
 
 
 # ---------------------------------------------------------------------------------- tokenizer

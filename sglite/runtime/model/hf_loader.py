@@ -9,18 +9,15 @@ from typing import Any
 
 import torch
 
-from sglite.runtime.model.config import SUPPORTED_ARCHS, ModelConfig
+from sglite.runtime.model.config import ModelConfig
+from sglite.runtime.model.models.base import HFConfig, ModelFamily
 from sglite.runtime.tokenizer import Tokenizer
 
-_MODEL_TYPES = {
-    "llama": "LlamaForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-}
 _INDEX_FILE = "model.safetensors.index.json"
 
 
-def _read_json(path: str) -> dict[str, Any]:
+def read_json(path: str) -> dict[str, Any]:
+    """A JSON object from `path`; ValueError when it is not one."""
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -46,105 +43,48 @@ def config_eos_ids(model_dir: str) -> list[int]:
         path = os.path.join(model_dir, name)
         if os.path.isfile(path):
             try:
-                ids += _as_id_list(_read_json(path).get("eos_token_id"))
+                ids += _as_id_list(read_json(path).get("eos_token_id"))
             except (ValueError, TypeError):
                 continue  # a malformed optional file must not prevent tokenization
     return list(dict.fromkeys(ids))
 
 
-def _rope_params(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
-    # transformers >= 5 writes `rope_parameters` (theta included); older files use
-    # `rope_theta` + `rope_scaling`.
-    params = dict(cfg.get("rope_parameters") or {})
-    if params and "rope_theta" not in params and "rope_type" not in params:
-        params = dict(params.get("full_attention") or {})  # per-layer-type form
-    theta = float(params.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
-    scaling = cfg.get("rope_scaling") or params or None
-    if scaling is not None:
-        kind = scaling.get("rope_type", scaling.get("type", "default"))
-        if kind == "default":
-            scaling = None
-        else:
-            scaling = {**scaling, "rope_type": kind}
-    return theta, scaling
+def hf_config(model_dir: str) -> tuple[ModelFamily, ModelConfig]:
+    """The family and `ModelConfig` of a directory's `config.json`."""
+    from sglite.runtime.model import models
 
-
-def hf_config(model_dir: str) -> ModelConfig:
-    """Build the ModelConfig from a directory's `config.json`."""
     path = os.path.join(model_dir, "config.json")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no config.json in model directory {model_dir}")
-    cfg = _read_json(path)
-    archs = cfg.get("architectures") or [_MODEL_TYPES.get(cfg.get("model_type", ""), None)]
-    arch = archs[0]
-    if arch not in SUPPORTED_ARCHS:
-        shown = arch or cfg.get("model_type")
-        raise ValueError(
-            f"unsupported architecture {shown!r} in {path}; supported: {', '.join(SUPPORTED_ARCHS)}"
-        )
-    hidden = int(cfg["hidden_size"])
-    heads = int(cfg["num_attention_heads"])
-    theta, scaling = _rope_params(cfg)
-    is_qwen2 = arch == "Qwen2ForCausalLM"
-    llama_bias = arch == "LlamaForCausalLM" and bool(cfg.get("attention_bias", False))
-    window, window_layers = _sliding_window(cfg, arch)
-    generation = os.path.join(model_dir, "generation_config.json")
-    eos = _as_id_list(cfg.get("eos_token_id"))
-    if os.path.isfile(generation):
-        eos = _as_id_list(_read_json(generation).get("eos_token_id")) + eos
-    return ModelConfig(
-        arch=arch,
-        vocab_size=int(cfg["vocab_size"]),
-        hidden_size=hidden,
-        intermediate_size=int(cfg["intermediate_size"]),
-        num_layers=int(cfg["num_hidden_layers"]),
-        num_heads=heads,
-        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-        head_dim=int(cfg.get("head_dim") or hidden // heads),
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        rope_theta=theta,
-        rope_scaling=scaling,
-        max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
-        tie_word_embeddings=_tied(cfg, model_dir),
-        attention_bias=is_qwen2 or llama_bias,
-        o_proj_bias=llama_bias,
-        mlp_bias=arch == "LlamaForCausalLM" and bool(cfg.get("mlp_bias", False)),
-        sliding_window=window,
-        sliding_window_layers=window_layers,
-        bos_token_id=cfg.get("bos_token_id"),
-        eos_token_ids=list(dict.fromkeys(eos)),
-    )
+    raw = read_json(path)
+    archs = raw.get("architectures") or [None]
+    family = models.family_for_hf(archs[0], raw.get("model_type"))
+    if family is None:
+        shown = archs[0] or raw.get("model_type")
+        supported = ", ".join(models.supported_hf_architectures())
+        raise ValueError(f"unsupported architecture {shown!r} in {path}; supported: {supported}")
+    arch = archs[0] or family.hf_architectures[0]
+    try:
+        return family, family.config_from_hf(HFConfig(raw, path), arch)
+    except (TypeError, KeyError) as exc:
+        raise ValueError(f"{path}: malformed config ({exc})") from exc
 
 
-def _tied(cfg: dict[str, Any], model_dir: str) -> bool:
-    if "tie_word_embeddings" in cfg:
-        return bool(cfg["tie_word_embeddings"])
+def tied_embeddings(outer: dict[str, Any], raw: dict[str, Any], model_dir: str) -> bool:
+    """Whether the output projection is the embedding matrix."""
+    for cfg in (raw, outer):
+        if "tie_word_embeddings" in cfg:
+            return bool(cfg["tie_word_embeddings"])
     # Absent key (defaults differ across transformers versions): a checkpoint without an output
     # projection must be tied.
     return not _has_lm_head(model_dir)
-
-
-def _sliding_window(cfg: dict[str, Any], arch: str) -> tuple[int | None, list[int] | None]:
-    window = cfg.get("sliding_window")
-    if window is None:
-        return None, None
-    if arch == "Qwen2ForCausalLM":
-        # Qwen2 only uses its window when asked to, and then only from max_window_layers up.
-        if not cfg.get("use_sliding_window", False):
-            return None, None
-        types = cfg.get("layer_types")
-        if types is None:
-            start = int(cfg.get("max_window_layers", 0))
-            return int(window), list(range(start, int(cfg["num_hidden_layers"])))
-        return int(window), [i for i, t in enumerate(types) if t == "sliding_attention"]
-    return int(window), None
 
 
 def safetensors_files(model_dir: str) -> list[str]:
     """The weight files of a directory: those named by the shard index, else all `*.safetensors`."""
     index = os.path.join(model_dir, _INDEX_FILE)
     if os.path.isfile(index):
-        weight_map = _read_json(index).get("weight_map") or {}
+        weight_map = read_json(index).get("weight_map") or {}
         names = sorted(set(weight_map.values()))
     else:
         names = sorted(n for n in os.listdir(model_dir) if n.endswith(".safetensors"))
@@ -160,7 +100,7 @@ def safetensors_files(model_dir: str) -> list[str]:
 def _tensor_names(model_dir: str) -> set[str]:
     index = os.path.join(model_dir, _INDEX_FILE)
     if os.path.isfile(index):
-        return set((_read_json(index).get("weight_map") or {}).keys())
+        return set((read_json(index).get("weight_map") or {}).keys())
     from safetensors import safe_open
 
     names: set[str] = set()

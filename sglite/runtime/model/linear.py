@@ -110,6 +110,18 @@ class Linear(nn.Linear):
     quantized_max_rows: int = 0
     weight_t: torch.Tensor | None = None  # contiguous [in, out] copy for large batches
     packed: PackedWeight | None = None  # the GEMM-friendly copy (see the module docstring)
+    # The checkpoint projections stacked into this weight, in row order (q/k/v, gate/up): their
+    # names beside this module's and their output widths. Empty for an unfused projection.
+    part_names: tuple[str, ...] = ()
+    part_sizes: tuple[int, ...] = ()
+
+    @classmethod
+    def fused(cls, in_features: int, parts: dict[str, int], bias: bool) -> Linear:
+        """One projection computing the checkpoint's `parts` (name -> output width) at once."""
+        layer = cls(in_features, sum(parts.values()), bias=bias)
+        layer.part_names = tuple(parts)
+        layer.part_sizes = tuple(parts.values())
+        return layer
 
     def set_quantized(self, weight: QuantizedWeight, max_rows: int) -> None:
         """Serve calls of up to `max_rows` rows (-1: all calls) from `weight`."""

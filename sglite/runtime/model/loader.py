@@ -14,9 +14,10 @@ import torch
 
 from sglite.runtime.distributed.parallel import SINGLE, TensorParallelGroup
 from sglite.runtime.distributed.sharding import TensorParallelPlan
+from sglite.runtime.model.causal_lm import CausalLM, KindFor
 from sglite.runtime.model.config import ModelConfig
 from sglite.runtime.model.linear import Linear
-from sglite.runtime.model.llama import CausalLM
+from sglite.runtime.model.models.base import ModelFamily
 from sglite.runtime.model.quantization import QUANTIZATIONS, Int4Parts
 from sglite.runtime.tokenizer import Tokenizer
 
@@ -53,7 +54,8 @@ class LoadedModel:
     # Rows up to which the projections use their quantized weights (-1: all, no dense copy);
     # the resolved value of `load_model`'s argument, None for a model not quantized.
     quantized_max_rows: int | None = None
-    # The weight quantization in effect (none, int8, int4): `load_model`'s, with auto resolved.
+    # The weight quantization in effect: the kinds the projections use joined by "+" (int4,
+    # int8, w4a8, int4+int8), or none; `load_model`'s argument with auto resolved.
     quantization: str = "none"
 
 
@@ -129,7 +131,7 @@ def auto_quantized_max_rows(dtype: torch.dtype, device: torch.device) -> int:
 
 def _quantize_when_loaded(
     model: CausalLM,
-    kind: str,
+    kind_for: KindFor,
     max_rows: int,
     source: Callable[[list[str]], list[Int4Parts] | None] | None,
 ) -> Callable[[str], None]:
@@ -145,7 +147,7 @@ def _quantize_when_loaded(
 
     def on_loaded(target: str) -> None:
         if target in projections:
-            model.quantize_projection(target.removesuffix(".weight"), kind, max_rows, source)
+            model.quantize_projection(target.removesuffix(".weight"), kind_for, max_rows, source)
 
     return on_loaded
 
@@ -154,8 +156,9 @@ def resolve_quantization(
     kind: str, gguf_file: GGUFFile | None, dtype: torch.dtype, device: torch.device
 ) -> str:
     """`kind` as given, or for "auto" the file's own: a GGUF whose projections are quantized
-    runs them quantized (`gguf_loader.auto_quantization`) on a CPU with the native kernels, in
-    float32 or bfloat16; anything else (safetensors, float GGUFs, CUDA) runs dense."""
+    runs each quantized as its tensors are (`gguf_loader.auto_quantization`: int4, int8 or
+    both, joined by "+") on a CPU with the native kernels, in float32 or bfloat16; anything else
+    (safetensors, float GGUFs, CUDA) runs dense."""
     from sglite.runtime.model import gguf_loader, kernels
 
     if kind != "auto":
@@ -206,6 +209,28 @@ def _single_gguf_in(path: str) -> str | None:
         return None
     ggufs = [n for n in os.listdir(path) if n.endswith(".gguf")]
     return os.path.join(path, ggufs[0]) if len(ggufs) == 1 else None
+
+
+def _kind_for(requested: str, resolved: str, gguf_file: GGUFFile | None) -> KindFor | None:
+    """How each projection is quantized (None: the model stays dense)."""
+    from sglite.runtime.model import gguf_loader
+
+    if resolved == "none":
+        return None
+    if requested == "auto" and gguf_file is not None:
+        return gguf_loader.gguf_kind_for(gguf_file)
+    return lambda names: resolved
+
+
+def _apply_family_tokens(tokenizer: Tokenizer, family: ModelFamily, config: ModelConfig) -> None:
+    """The family's chat template where the files have none, and its stop tokens."""
+    if tokenizer.chat_template is None and family.chat_template is not None:
+        tokenizer.chat_template = family.chat_template
+    vocab = tokenizer.hf.get_vocab()
+    extra = [vocab[t] for t in family.stop_tokens if t in vocab]
+    for eos in [*config.eos_token_ids, *extra]:  # the model's own stop tokens always stop
+        if eos not in tokenizer.eos_token_ids:
+            tokenizer.eos_token_ids.append(eos)
 
 
 def load_tokenizer(path: str | None = None) -> Tokenizer:
@@ -259,19 +284,23 @@ def load_model(
     gguf_file = None
     if _is_gguf(path):
         gguf_file = open_gguf(path)
+        family = gguf_loader.gguf_family(gguf_file, path)
         config = gguf_loader.gguf_config(gguf_file, path)
         weights = gguf_loader.iter_gguf_weights(gguf_file, config, progress)
     elif os.path.isdir(path):
-        config = hf_loader.hf_config(path)
-        weights = hf_loader.iter_safetensors_weights(hf_loader.safetensors_files(path), progress)
+        family, config = hf_loader.hf_config(path)
+        files = hf_loader.safetensors_files(path)
+        weights = family.hf_weights(hf_loader.iter_safetensors_weights(files, progress), config)
     else:
         raise ValueError(f"{path} is neither a GGUF file nor a Hugging Face model directory")
-    quantization = resolve_quantization(quantization, gguf_file, torch_dtype, dev)
-    _check_quantization(quantization, torch_dtype, dev)
+    if quantization != "auto":
+        _check_quantization(quantization, torch_dtype, dev)
+    resolved = resolve_quantization(quantization, gguf_file, torch_dtype, dev)
+    kind_for = _kind_for(quantization, resolved, gguf_file)
     plan = TensorParallelPlan.create(config, tp.rank, tp.size) if tp.enabled else None
     model = CausalLM.empty(config, torch_dtype, dev, plan, tp)
     quantized_rows = source = head = None
-    if quantization != "none":
+    if kind_for is not None:
         quantized_rows = quantized_max_rows
         if quantized_rows is None:
             quantized_rows = auto_quantized_max_rows(torch_dtype, dev)
@@ -279,19 +308,18 @@ def load_model(
             source = gguf_loader.gguf_int4_source(gguf_file, config)
             head = gguf_loader.gguf_q8_head(gguf_file, plan.vocab if plan else None)
     on_loaded = None
-    if quantized_rows is not None and quantized_rows < 0:  # set only when quantizing
-        on_loaded = _quantize_when_loaded(model, quantization, quantized_rows, source)
+    if kind_for is not None and quantized_rows is not None and quantized_rows < 0:
+        on_loaded = _quantize_when_loaded(model, kind_for, quantized_rows, source)
     model.load_weights(weights, on_loaded)
-    if quantization != "none":
-        model.quantize(quantization, quantized_rows, source, head)  # what loading has not done
+    if kind_for is not None:
+        assert quantized_rows is not None
+        model.quantize(kind_for, quantized_rows, source, head)  # what loading has not done
     model.finalize_weights(pack=_should_pack(gemm_packing, model))
     if tokenizer_path is None and gguf_file is not None:
         tokenizer = gguf_loader.load_gguf_tokenizer(path, gguf_file)  # reuse the parsed metadata
     else:
         tokenizer = load_tokenizer(tokenizer_path or path)
-    for eos in config.eos_token_ids:  # the model's own stop tokens always stop generation
-        if eos not in tokenizer.eos_token_ids:
-            tokenizer.eos_token_ids.append(eos)
+    _apply_family_tokens(tokenizer, family, config)
     logger.info("loaded %s (%s) as %s on %s", path, config.arch, torch_dtype, dev)
     return LoadedModel(
         model.config,
@@ -300,6 +328,6 @@ def load_model(
         os.path.abspath(path),
         torch_dtype,
         dev,
-        quantized_rows,
-        quantization,
+        quantized_rows if kind_for is not None else None,
+        "+".join(model.quantized_kinds()) or "none",
     )

@@ -3,11 +3,12 @@
 `NativeDecoder` describes every layer's weights, norms and KV tensors to the C side once (as
 ctypes structs holding pointers into the model's own tensors) and then
 runs a whole decode step's layers with one call, so per-step Python cost no longer grows with
-the layer count. It serves DECODE batches on CPU, in float32 or bfloat16, for Llama-family and
-Qwen2 models: up to 8 rows with quantized or plain dense weights, up to 256 with float32
-weights in panels (`kernels.panel_gemm`) or quantized weights and float32 rows
-(`kernels.int4_gemm`, `kernels.int8_gemm`); anything else (prefill, larger batches, CUDA, no
-compiler) goes through the PyTorch path, which computes the same thing.
+the layer count. It serves DECODE batches on CPU, in float32 or bfloat16, for every family
+whose layers are dense (q/k norms, sandwich norms, SiLU or GELU-tanh, per-layer RoPE tables
+included; mixture-of-experts layers run through PyTorch): up to 8 rows with quantized or plain
+dense weights, up to 256 with float32 weights in panels (`kernels.panel_gemm`) or quantized
+weights and float32 rows (`kernels.int4_gemm`, `kernels.int8_gemm`); anything else (prefill,
+larger batches, CUDA, no compiler) goes through the PyTorch path, which computes the same thing.
 
 The model owns its decoder and the decoder refers back to it weakly: a strong reference both ways
 made a cycle that kept a discarded model's weights in memory until the next full garbage
@@ -22,16 +23,18 @@ import weakref
 from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 from sglite.runtime.model import kernels
 from sglite.runtime.model.kernels import native
+from sglite.runtime.model.layers.mlp import GatedMLP
 from sglite.runtime.model.linear import Linear
 from sglite.runtime.model.quantization import Int4Weight, Int8Weight
 
 if TYPE_CHECKING:
     from sglite.runtime.cache.kv_pool import KVPool
+    from sglite.runtime.model.causal_lm import CausalLM
     from sglite.runtime.model.forward_batch import ForwardBatch
-    from sglite.runtime.model.llama import CausalLM
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +66,10 @@ class LayerDesc(ctypes.Structure):
     _fields_ = [
         ("input_norm", ctypes.c_void_p),
         ("post_norm", ctypes.c_void_p),
+        ("attn_out_norm", ctypes.c_void_p),
+        ("mlp_out_norm", ctypes.c_void_p),
+        ("q_norm", ctypes.c_void_p),
+        ("k_norm", ctypes.c_void_p),
         ("qkv", LinearDesc),
         ("o", LinearDesc),
         ("gate_up", LinearDesc),
@@ -70,7 +77,12 @@ class LayerDesc(ctypes.Structure):
         ("k_cache", ctypes.c_void_p),
         ("v_cache", ctypes.c_void_p),
         ("window", ctypes.c_int64),
+        ("rope", ctypes.c_int64),
     ]
+
+
+def _weight_ptr(norm: nn.Module | None) -> int | None:
+    return None if norm is None else norm.weight.data_ptr()
 
 
 def _describe(layer: Linear, quantized: bool) -> LinearDesc | None:
@@ -98,16 +110,7 @@ def _describe(layer: Linear, quantized: bool) -> LinearDesc | None:
 def _quantized_inputs_fit_gemm(model: CausalLM) -> bool:
     """Whether every quantized projection has a multiple of 32 inputs (the quantized GEMM's
     unit; others would make the C step fail past the GEMVs' rows)."""
-    projections = (
-        p
-        for layer in model.layers
-        for p in (
-            layer.self_attn.qkv_proj,
-            layer.self_attn.o_proj,
-            layer.mlp.gate_up_proj,
-            layer.mlp.down_proj,
-        )
-    )
+    projections = (m for m in model.layers.modules() if isinstance(m, Linear))
     return all(p.in_features % 32 == 0 for p in projections if p.quantized is not None)
 
 
@@ -142,13 +145,16 @@ class NativeDecoder:
         else:
             self.dense_max_rows = DENSE_MAX_ROWS
         self.eps = float(model.layers[0].input_layernorm.eps)
-        self.scale = cfg.head_dim**-0.5
+        self.scale = model.layers[0].self_attn.scale
+        self.act = kernels.ACTIVATION_CODES[cfg.hidden_act]
         self._pool_id: int | None = None
 
     def _layer_table(self, quantized: bool) -> ctypes.Array | None:
         descs = []
         for i, layer in enumerate(self.model.layers):
             attn, mlp = layer.self_attn, layer.mlp
+            if not isinstance(mlp, GatedMLP):
+                return None  # experts: the PyTorch path
             parts = [
                 _describe(p, quantized)
                 for p in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
@@ -159,10 +165,15 @@ class NativeDecoder:
                 LayerDesc(
                     layer.input_layernorm.weight.data_ptr(),
                     layer.post_attention_layernorm.weight.data_ptr(),
+                    _weight_ptr(layer.attn_output_norm),
+                    _weight_ptr(layer.mlp_output_norm),
+                    _weight_ptr(attn.q_norm),
+                    _weight_ptr(attn.k_norm),
                     *parts,
                     None,
                     None,
                     attn.window or 0,
+                    1 if self.model.config.layer_uses_local_rope(i) else 0,
                 )
             )
             assert attn.layer_id == i
@@ -204,8 +215,9 @@ class NativeDecoder:
             return False
         self._attach_pool(pool)
         cfg = self.model.config
-        rope = self.model.rope
-        assert rope is not None
+        ropes = self.model.ropes
+        assert ropes is not None
+        rope, local = ropes.tables[0], ropes.tables[-1]
         slots = batch.padded_slots
         lens = batch.positions + 1  # DECODE: each row's new token is its last
         status = self.lib.decode_layers(
@@ -216,6 +228,7 @@ class NativeDecoder:
             cfg.num_kv_heads,
             cfg.head_dim,
             cfg.intermediate_size,
+            self.act,
             self.eps,
             self.scale,
             len(table),
@@ -224,6 +237,8 @@ class NativeDecoder:
             batch.positions.data_ptr(),
             rope.cos.data_ptr(),
             rope.sin.data_ptr(),
+            local.cos.data_ptr(),
+            local.sin.data_ptr(),
             batch.out_slots.data_ptr(),
             slots.data_ptr(),
             slots.stride(0),

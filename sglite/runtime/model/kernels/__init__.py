@@ -64,18 +64,67 @@ def add_rms_norm(
     return out
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """`silu(gate) * up` for `gate_up = [gate | up]` of shape `[rows, 2 * inter]`."""
+# ModelConfig.hidden_act -> the kernels' activation code (common.h).
+ACTIVATION_CODES = {"silu": 0, "gelu_tanh": 1}
+
+
+def gated_act(gate_up: torch.Tensor, act: str = "silu") -> torch.Tensor:
+    """`act(gate) * up` for `gate_up = [gate | up]` of shape `[rows, 2 * inter]`; `act` is
+    silu (SwiGLU) or gelu_tanh (GeGLU: GELU with the tanh approximation)."""
     rows, width = gate_up.shape
     inter = width // 2
     lib = _lib_for(gate_up)
     if lib is None or not gate_up.is_contiguous():
         gate, up = gate_up.split(inter, dim=-1)
-        return F.silu(gate) * up
+        activated = F.silu(gate) if act == "silu" else F.gelu(gate, approximate="tanh")
+        return activated * up
     out = gate_up.new_empty(rows, inter)
     code = _DTYPE_CODES[gate_up.dtype]
-    lib.silu_mul(code, gate_up.data_ptr(), out.data_ptr(), rows, inter, torch.get_num_threads())
+    lib.act_mul(
+        code,
+        ACTIVATION_CODES[act],
+        gate_up.data_ptr(),
+        out.data_ptr(),
+        rows,
+        inter,
+        torch.get_num_threads(),
+    )
     return out
+
+
+def head_rms_norm(
+    qkv: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    eps: float,
+) -> None:
+    """RMSNorm of each query head (by `q_weight [head_dim]`) and key head (`k_weight`) of
+    `qkv` (`[T, (heads + 2 kv_heads) * head_dim]`) in place; v is untouched."""
+    tokens, width = qkv.shape
+    head_dim = q_weight.shape[0]
+    lib = _lib_for(qkv, q_weight, k_weight)
+    if lib is None or not qkv.is_contiguous():
+        q_k = qkv[:, : (num_heads + num_kv_heads) * head_dim]
+        q = q_k[:, : num_heads * head_dim].view(tokens, num_heads, head_dim)
+        k = q_k[:, num_heads * head_dim :].view(tokens, num_kv_heads, head_dim)
+        q.copy_(F.rms_norm(q, (head_dim,), q_weight, eps))
+        k.copy_(F.rms_norm(k, (head_dim,), k_weight, eps))
+        return
+    lib.head_rms_norm(
+        _DTYPE_CODES[qkv.dtype],
+        qkv.data_ptr(),
+        tokens,
+        width,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        q_weight.data_ptr(),
+        k_weight.data_ptr(),
+        eps,
+        torch.get_num_threads(),
+    )
 
 
 def row_max(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:

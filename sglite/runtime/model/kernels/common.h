@@ -29,6 +29,9 @@
 #define PARALLEL_MIN_ELEMS 32768
 #define PARALLEL_MIN_ATTN 1024
 
+/* Gated MLP activations (act_mul, decode_layers): ModelConfig.hidden_act. */
+enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };
+
 static inline float bf16_to_f32(uint16_t h) {
   uint32_t u = (uint32_t)h << 16;
   float f;

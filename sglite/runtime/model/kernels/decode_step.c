@@ -9,10 +9,12 @@
  * plus dense GEMV) run back to back in C. The math is the PyTorch path's, operation for
  * operation, so the two agree to float rounding (tests/test_native_decode.py).
  *
- * Per layer: x = rms_norm(residual); qkv = x Wqkv (+ b); RoPE on q, k and k, v into the pool;
- * a = attention(q, pool); residual += a Wo (+ b); x = rms_norm(residual);
- * residual += down(silu(gate) * up). The residual stream is updated in place; on return it holds
- * the last layer's output (before the final norm). See common.h for conventions.
+ * Per layer: x = rms_norm(residual); qkv = x Wqkv (+ b); [RMSNorm of each q and k head]; RoPE
+ * on q, k and k, v into the pool; a = attention(q, pool) Wo (+ b) [then rms_norm(a)];
+ * residual += a; x = rms_norm(residual); m = down(act(gate) * up) [then rms_norm(m)];
+ * residual += m. Bracketed steps run where the layer has those norms (Qwen3, Gemma 3); act is
+ * SiLU or GELU-tanh. The residual stream is updated in place; on return it holds the last
+ * layer's output (before the final norm). See common.h for conventions.
  */
 #include "common.h"
 
@@ -39,10 +41,14 @@ typedef struct {
 } linear_t;
 
 typedef struct {
-  const void *input_norm, *post_norm; /* dtype [hidden] */
+  const void *input_norm, *post_norm; /* dtype [hidden]: before attention, before the MLP */
+  const void *attn_out_norm, *mlp_out_norm; /* dtype [hidden] on the attention / MLP output,
+                                               or NULL (only Gemma 3 has them) */
+  const void *q_norm, *k_norm;              /* dtype [head_dim] per-head norms, or NULL */
   linear_t qkv, o, gate_up, down;
   void *k_cache, *v_cache; /* [slots, kv_heads, head_dim] dtype */
   int64_t window;          /* sliding window, 0 = full attention */
+  int64_t rope;            /* the RoPE table pair it rotates with: 0 global, 1 local */
 } layer_t;
 
 void panel_gemm(const float *x, const float *panels, const float *bias, float *y, int64_t rows,
@@ -55,8 +61,11 @@ int int4_gemv(int dtype, const void *x, const uint8_t *packed, const uint16_t *s
               void *y, int64_t rows, int64_t n_out, int64_t k, int threads, int round_x);
 void add_rms_norm(int dtype, const void *x, void *residual, const void *weight, void *out,
                   int64_t rows, int64_t dim, float eps, int threads);
-void silu_mul(int dtype, const void *gate_up, void *out, int64_t rows, int64_t inter,
-              int threads);
+void act_mul(int dtype, int act, const void *gate_up, void *out, int64_t rows, int64_t inter,
+             int threads);
+void head_rms_norm(int dtype, void *qkv, int64_t tokens, int64_t width, int64_t heads,
+                   int64_t kv_heads, int64_t head_dim, const void *q_weight, const void *k_weight,
+                   float eps, int threads);
 void rope_store_kv(int dtype, void *qkv, int64_t tokens, int64_t heads, int64_t kv_heads,
                    int64_t head_dim, const int64_t *positions, const float *cos_table,
                    const float *sin_table, void *k_cache, void *v_cache,
@@ -181,9 +190,10 @@ static int linear_rows(int dtype, const linear_t *l, const void *x, void *y, int
 /* Returns 0 on success, -1 when a buffer cannot be allocated or a kernel refuses (nothing about
  * the pool is then guaranteed: the caller fails the step). */
 int decode_layers(int dtype, int64_t rows, int64_t hidden, int64_t heads, int64_t kv_heads,
-                  int64_t head_dim, int64_t inter, float eps, float attn_scale, int64_t n_layers,
-                  const layer_t *layers, void *residual, const int64_t *positions,
-                  const float *cos_table, const float *sin_table, const int64_t *out_slots,
+                  int64_t head_dim, int64_t inter, int act, float eps, float attn_scale,
+                  int64_t n_layers, const layer_t *layers, void *residual,
+                  const int64_t *positions, const float *cos0, const float *sin0,
+                  const float *cos1, const float *sin1, const int64_t *out_slots,
                   const int64_t *table, int64_t table_stride, const int64_t *lens, int threads) {
   if (rows < 1 || rows > NATIVE_MAX_ROWS) return -1;
   sglite_in_native_step = 1;
@@ -194,27 +204,35 @@ int decode_layers(int dtype, int64_t rows, int64_t hidden, int64_t heads, int64_
   void *attn = malloc((size_t)(rows * heads * head_dim) * elem);
   void *out = malloc((size_t)(rows * hidden) * elem);
   void *gate_up = malloc((size_t)(rows * 2 * inter) * elem);
-  void *act = malloc((size_t)(rows * inter) * elem);
-  int status = (x && qkv && attn && out && gate_up && act) ? 0 : -1;
+  void *activated = malloc((size_t)(rows * inter) * elem);
+  int status = (x && qkv && attn && out && gate_up && activated) ? 0 : -1;
   for (int64_t l = 0; l < n_layers && status == 0; l++) {
     const layer_t *layer = layers + l;
     if (l == 0)
       add_rms_norm(dtype, NULL, residual, layer->input_norm, x, rows, hidden, eps, threads);
     status = linear_rows(dtype, &layer->qkv, x, qkv, rows, threads);
     if (status) break;
-    rope_store_kv(dtype, qkv, rows, heads, kv_heads, head_dim, positions, cos_table, sin_table,
-                  layer->k_cache, layer->v_cache, out_slots, threads);
+    if (layer->q_norm != NULL)
+      head_rms_norm(dtype, qkv, rows, qkv_width, heads, kv_heads, head_dim, layer->q_norm,
+                    layer->k_norm, eps, threads);
+    rope_store_kv(dtype, qkv, rows, heads, kv_heads, head_dim, positions,
+                  layer->rope ? cos1 : cos0, layer->rope ? sin1 : sin0, layer->k_cache,
+                  layer->v_cache, out_slots, threads);
     paged_decode_attention(dtype, qkv, qkv_width, layer->k_cache, layer->v_cache, table,
                            table_stride, lens, attn, rows, heads, kv_heads, head_dim, attn_scale,
                            layer->window, threads);
     status = linear_rows(dtype, &layer->o, attn, out, rows, threads);
     if (status) break;
+    if (layer->attn_out_norm != NULL) /* in place: each row is read whole before it is written */
+      add_rms_norm(dtype, NULL, out, layer->attn_out_norm, out, rows, hidden, eps, threads);
     add_rms_norm(dtype, out, residual, layer->post_norm, x, rows, hidden, eps, threads);
     status = linear_rows(dtype, &layer->gate_up, x, gate_up, rows, threads);
     if (status) break;
-    silu_mul(dtype, gate_up, act, rows, inter, threads);
-    status = linear_rows(dtype, &layer->down, act, out, rows, threads);
+    act_mul(dtype, act, gate_up, activated, rows, inter, threads);
+    status = linear_rows(dtype, &layer->down, activated, out, rows, threads);
     if (status) break;
+    if (layer->mlp_out_norm != NULL)
+      add_rms_norm(dtype, NULL, out, layer->mlp_out_norm, out, rows, hidden, eps, threads);
     if (l + 1 < n_layers) {
       add_rms_norm(dtype, out, residual, layers[l + 1].input_norm, x, rows, hidden, eps, threads);
     } else {
@@ -228,7 +246,7 @@ int decode_layers(int dtype, int64_t rows, int64_t hidden, int64_t heads, int64_
   free(attn);
   free(out);
   free(gate_up);
-  free(act);
+  free(activated);
   sglite_in_native_step = 0;
   return status;
 }

@@ -1,4 +1,5 @@
-/* Fused elementwise passes of the decoder: residual add + RMSNorm, SiLU * up, RoPE + KV store,
+/* Fused elementwise passes of the decoder: residual add + RMSNorm, per-head q/k RMSNorm, gated
+ * activations (SiLU or GELU-tanh times up), RoPE + KV store,
  * and the per-row max + argmax greedy sampling reads off the logits. Each touches its data once
  * instead of once per PyTorch op. See common.h for conventions. */
 #include "common.h"
@@ -78,16 +79,21 @@ void add_rms_norm(int dtype, const void *x, void *residual, const void *weight, 
 }
 
 typedef struct {
-  int dtype;
+  int dtype, act;
   const void *gate_up;
   void *out;
   int64_t inter;
-} silu_mul_args;
+} act_mul_args;
 
-static void silu_mul_rows(void *p, int64_t begin, int64_t end) {
-  const silu_mul_args *a = p;
+/* sqrt(2 / pi) and GELU's cubic coefficient, doubled: gelu_tanh(g) = g * sigmoid(2 z) with
+ * z = sqrt(2 / pi) (g + 0.044715 g^3), since 0.5 (1 + tanh(z)) = sigmoid(2 z). */
+#define GELU_2C 1.5957691216057308f
+#define GELU_2C3 0.0713548162726009f
+
+static void act_mul_rows(void *p, int64_t begin, int64_t end) {
+  const act_mul_args *a = p;
   const int64_t inter = a->inter;
-  const int dtype = a->dtype;
+  const int dtype = a->dtype, gelu = a->act == ACT_GELU_TANH;
   for (int64_t r = begin; r < end; r++) {
     const int64_t in_off = r * 2 * inter, out_off = r * inter;
     int64_t i = 0;
@@ -95,25 +101,71 @@ static void silu_mul_rows(void *p, int64_t begin, int64_t end) {
     for (; i + VEC <= inter; i += VEC) {
       const vec_t g = vload(a->gate_up, in_off + i, dtype);
       const vec_t u = vload(a->gate_up, in_off + inter + i, dtype);
-      const vec_t e = vexp(vsub(vzero(), g));
-      const vec_t silu = vdiv(g, vadd(vset(1.0f), e));
-      vstore_as(a->out, out_off + i, vmul(silu, u), dtype);
+      /* silu: g sigmoid(g); gelu_tanh: g sigmoid(2c g + 2c 0.044715 g^3). */
+      const vec_t arg = gelu ? vmul(g, vfma(vmul(g, g), vset(GELU_2C3), vset(GELU_2C))) : g;
+      const vec_t e = vexp(vsub(vzero(), arg));
+      const vec_t act = vdiv(g, vadd(vset(1.0f), e));
+      vstore_as(a->out, out_off + i, vmul(act, u), dtype);
     }
 #endif
     for (; i < inter; i++) {
       const float g = load(a->gate_up, in_off + i, dtype);
       const float u = load(a->gate_up, in_off + inter + i, dtype);
-      store(a->out, out_off + i, g / (1.0f + fast_expf(-g)) * u, dtype);
+      const float arg = gelu ? g * (GELU_2C + GELU_2C3 * g * g) : g;
+      store(a->out, out_off + i, g / (1.0f + fast_expf(-arg)) * u, dtype);
     }
   }
 }
 
-/* out[r, i] = silu(gate_up[r, i]) * gate_up[r, inter + i]. */
-void silu_mul(int dtype, const void *gate_up, void *out, int64_t rows, int64_t inter,
-              int threads) {
-  silu_mul_args a = {dtype, gate_up, out, inter};
-  parallel_range(silu_mul_rows, &a, rows, rows_per_chunk(inter), threads,
+/* out[r, i] = act(gate_up[r, i]) * gate_up[r, inter + i], act = ACT_SILU or ACT_GELU_TANH. */
+void act_mul(int dtype, int act, const void *gate_up, void *out, int64_t rows, int64_t inter,
+             int threads) {
+  act_mul_args a = {dtype, act, gate_up, out, inter};
+  parallel_range(act_mul_rows, &a, rows, rows_per_chunk(inter), threads,
                  rows * inter >= PARALLEL_MIN_ELEMS);
+}
+
+typedef struct {
+  int dtype;
+  void *qkv;
+  int64_t width, heads, kv_heads, head_dim;
+  const void *q_weight, *k_weight;
+  float eps;
+} head_norm_args;
+
+static void head_norm_rows(void *p, int64_t begin, int64_t end) {
+  const head_norm_args *a = p;
+  const int dtype = a->dtype;
+  const int64_t d = a->head_dim;
+  for (int64_t t = begin; t < end; t++) {
+    for (int64_t h = 0; h < a->heads + a->kv_heads; h++) {
+      const int64_t off = t * a->width + h * d;
+      const void *w = h < a->heads ? a->q_weight : a->k_weight;
+      float ss = 0.0f;
+      for (int64_t i = 0; i < d; i++) {
+        const float v = load(a->qkv, off + i, dtype);
+        ss += v * v;
+      }
+      const float inv = 1.0f / sqrtf(ss / (float)d + a->eps);
+      for (int64_t i = 0; i < d; i++)
+        store(a->qkv, off + i, round_to(load(a->qkv, off + i, dtype) * inv, dtype) * load(w, i, dtype),
+              dtype);
+    }
+  }
+}
+
+/*
+ * RMSNorm of every query head (weight q_weight [head_dim]) and key head (k_weight) of `qkv`
+ * [tokens, width] in place (Qwen3, Gemma 3 normalize them before RoPE); v is left alone. The
+ * normalized value is rounded to the storage dtype before the weight multiplies it, as in
+ * add_rms_norm.
+ */
+void head_rms_norm(int dtype, void *qkv, int64_t tokens, int64_t width, int64_t heads,
+                   int64_t kv_heads, int64_t head_dim, const void *q_weight, const void *k_weight,
+                   float eps, int threads) {
+  head_norm_args a = {dtype, qkv, width, heads, kv_heads, head_dim, q_weight, k_weight, eps};
+  parallel_range(head_norm_rows, &a, tokens, rows_per_chunk(width), threads,
+                 tokens * width >= PARALLEL_MIN_ELEMS);
 }
 
 typedef struct {

@@ -58,7 +58,8 @@ _CTYPES = {"i": ctypes.c_int, "I": ctypes.c_int64, "F": ctypes.c_float, "P": cty
 # Functions returning nothing.
 _SIGNATURES = {
     "add_rms_norm": "iPPPPIIFi",
-    "silu_mul": "iPPIIi",
+    "act_mul": "iiPPIIi",
+    "head_rms_norm": "iPIIIIIPPFi",
     "rope_store_kv": "iPIIIIPPPPPPi",
     "paged_decode_attention": "iPIPPPIPPIIIIFIi",
     "int4_dequantize": "iPPPIIi",
@@ -72,7 +73,7 @@ _STATUS_SIGNATURES = {
     "q8_gemv": "iPPPPIIIi",
     "quant_gemm": "iPPPPPIIIi",
     "dense_gemv_rows": "iPPPIIIi",
-    "decode_layers": "iIIIIIIFFIPPPPPPPIPi",
+    "decode_layers": "iIIIIIIiFFIPPPPPPPPPIPi",
     "extend_attention": "iPIPPPPPPPIPIIIFIi",
 }
 

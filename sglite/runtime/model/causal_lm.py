@@ -1,10 +1,11 @@
-"""Llama-family (Llama, SmolLM, Mistral) and Qwen2 decoder over the paged KV pool.
+"""The decoder-only language model every family runs as: embeddings, `DecoderLayer`s over the
+paged KV pool, the final norm and the output projection, plus weight quantization and layouts.
 
 All tokens of a batch are flattened into one `[T, hidden]` tensor so every projection is a single
 matmul regardless of how many sequences the batch holds; only attention looks at sequence
 boundaries. Q/K/V and gate/up are fused into one linear each at load time, and the elementwise
 work between matmuls runs as fused passes (`kernels`): residual add + RMSNorm, RoPE + KV store,
-SiLU * up. The residual stream is one tensor updated in place across layers.
+the gated activation. The residual stream is one tensor updated in place across layers.
 
 Tensor parallelism (`distributed/sharding.py`): `qkv_proj` and `gate_up_proj` are
 column-parallel (each rank owns a slice of heads / of the intermediate dimension, sliced per fused
@@ -16,7 +17,6 @@ heads and MLP width); `num_heads`/`num_kv_heads` on the attention module are per
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable, Iterable
 
 import torch
@@ -26,9 +26,12 @@ from sglite.runtime.cache.kv_pool import KVPool
 from sglite.runtime.distributed.parallel import SINGLE, TensorParallelGroup
 from sglite.runtime.distributed.sharding import TensorParallelPlan
 from sglite.runtime.model import kernels
-from sglite.runtime.model.attention import AttentionPlan, decode_attention, extend_attention
+from sglite.runtime.model.attention import AttentionPlan
+from sglite.runtime.model.checkpoint import CheckpointLoader, checkpoint_names
 from sglite.runtime.model.config import ModelConfig
 from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
+from sglite.runtime.model.layers.decoder_layer import DecoderLayer
+from sglite.runtime.model.layers.norm import RMSNorm
 from sglite.runtime.model.linear import Linear, PackedWeight, linear, pack_dense
 from sglite.runtime.model.native_decode import NativeDecoder
 from sglite.runtime.model.quantization import (
@@ -38,7 +41,7 @@ from sglite.runtime.model.quantization import (
     QuantizedWeight,
     make_quantized,
 )
-from sglite.runtime.model.rope import RopeTables
+from sglite.runtime.model.rope import RopeSet
 
 logger = logging.getLogger(__name__)
 
@@ -47,145 +50,9 @@ logger = logging.getLogger(__name__)
 LM_HEAD_INT8_FLOAT32_ROWS = 32
 # A row limit no batch reaches: every row uses the quantized weights.
 ALL_ROWS = 1 << 62
-
-
-class RMSNorm(nn.Module):
-    """Root-mean-square layer norm with a learned scale (applied through `kernels`)."""
-
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Normalize the last dimension; statistics are accumulated in float32."""
-        return kernels.add_rms_norm(None, x.contiguous(), self.weight, self.eps)
-
-
-class LlamaAttention(nn.Module):
-    """Self-attention with fused QKV, RoPE, GQA, reading and writing the paged KV pool."""
-
-    def __init__(
-        self, config: ModelConfig, layer_id: int, tp: TensorParallelGroup = SINGLE
-    ) -> None:
-        super().__init__()
-        self.tp = tp
-        self.layer_id = layer_id
-        self.num_heads = config.num_heads
-        self.num_kv_heads = config.num_kv_heads
-        self.head_dim = config.head_dim
-        self.q_size = self.num_heads * self.head_dim
-        self.kv_size = self.num_kv_heads * self.head_dim
-        self.window = config.layer_sliding_window(layer_id)
-        self.scale = self.head_dim**-0.5
-        self.qkv_proj = Linear(
-            config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias
-        )
-        self.o_proj = Linear(self.q_size, config.hidden_size, bias=config.o_proj_bias)
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        batch: ForwardBatch,
-        plan: AttentionPlan,
-        pool: KVPool,
-        rope: RopeTables,
-    ) -> torch.Tensor:
-        """`x` is `[T, hidden]` (normalized); returns the attention output `[T, hidden]`."""
-        t = x.shape[0]
-        qkv = self.qkv_proj(x)
-        k_cache = pool.k[self.layer_id]
-        v_cache = pool.v[self.layer_id]
-        kernels.rope_store_kv(
-            qkv,
-            batch.positions,
-            rope.cos,
-            rope.sin,
-            k_cache,
-            v_cache,
-            batch.out_slots,
-            self.num_heads,
-            self.num_kv_heads,
-        )
-        q = qkv[:, : self.q_size]
-        if batch.mode is ForwardMode.DECODE:
-            out = decode_attention(q, k_cache, v_cache, plan, self.window, self.scale)
-        else:
-            k = qkv[:, self.q_size : self.q_size + self.kv_size]
-            v = qkv[:, self.q_size + self.kv_size :]
-            out = extend_attention(
-                q.view(t, self.num_heads, self.head_dim),
-                k.view(t, self.num_kv_heads, self.head_dim),
-                v.view(t, self.num_kv_heads, self.head_dim),
-                k_cache,
-                v_cache,
-                plan,
-                self.window,
-                self.scale,
-            ).reshape(t, self.q_size)
-            if batch.decode_rows is not None:
-                rows = batch.decode_rows
-                single = decode_attention(
-                    q.index_select(0, rows), k_cache, v_cache, plan, self.window, self.scale
-                )
-                out.index_copy_(0, rows, single)
-        return self.tp.all_reduce(self.o_proj(out))
-
-
-class LlamaMLP(nn.Module):
-    """SwiGLU feed-forward with gate and up fused into one projection."""
-
-    def __init__(self, config: ModelConfig, tp: TensorParallelGroup = SINGLE) -> None:
-        super().__init__()
-        self.tp = tp
-        self.intermediate_size = config.intermediate_size
-        self.gate_up_proj = Linear(
-            config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias
-        )
-        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """`[T, hidden] -> [T, hidden]`."""
-        return self.tp.all_reduce(self.down_proj(kernels.silu_mul(self.gate_up_proj(x))))
-
-
-class LlamaDecoderLayer(nn.Module):
-    """Pre-norm transformer block: attention then MLP, each added to the residual stream."""
-
-    def __init__(
-        self, config: ModelConfig, layer_id: int, tp: TensorParallelGroup = SINGLE
-    ) -> None:
-        super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = LlamaAttention(config, layer_id, tp)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = LlamaMLP(config, tp)
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        residual: torch.Tensor,
-        batch: ForwardBatch,
-        plan: AttentionPlan,
-        pool: KVPool,
-        rope: RopeTables,
-    ) -> torch.Tensor:
-        """`x` is `input_layernorm(residual)`. Adds the attention output to `residual` in place
-        and returns the MLP output, which the caller adds (fused with the next norm)."""
-        attn = self.self_attn(x, batch, plan, pool, rope)
-        norm = self.post_attention_layernorm
-        return self.mlp(kernels.add_rms_norm(attn, residual, norm.weight, norm.eps))
-
-
-# Hugging Face checkpoint names of the parts that are fused here: (fused param, part index).
-_FUSED = {
-    "self_attn.q_proj": ("self_attn.qkv_proj", 0),
-    "self_attn.k_proj": ("self_attn.qkv_proj", 1),
-    "self_attn.v_proj": ("self_attn.qkv_proj", 2),
-    "mlp.gate_proj": ("mlp.gate_up_proj", 0),
-    "mlp.up_proj": ("mlp.gate_up_proj", 1),
-}
-_LAYER_NAME = re.compile(r"^layers\.(\d+)\.(.+)\.(weight|bias)$")
+# A projection's quantization from the canonical names of the checkpoint tensors it is made of
+# (int8, int4, w4a8 or none: `--quantization auto` decides per projection for a GGUF).
+KindFor = Callable[[list[str]], str]
 
 
 def _materialize(model: nn.Module, dtype: torch.dtype, device: torch.device) -> None:
@@ -238,16 +105,16 @@ class CausalLM(nn.Module):
         # meta kernel whose first call imports torch._dynamo (1-3 s of every start-up).
         weight = torch.empty(vocab_rows, config.hidden_size)
         self.embed_tokens = nn.Embedding(vocab_rows, config.hidden_size, _weight=weight)
-        self.layers = nn.ModuleList(
-            [LlamaDecoderLayer(config, i, tp) for i in range(config.num_layers)]
-        )
+        self.layers = nn.ModuleList([DecoderLayer(config, i, tp) for i in range(config.num_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = (
             None
             if config.tie_word_embeddings
             else Linear(config.hidden_size, vocab_rows, bias=False)
         )
-        self.rope: RopeTables | None = None
+        self.ropes: RopeSet | None = None
+        # Gemma scales its embeddings; rounded to the weights' dtype as transformers does.
+        self.embedding_multiplier = config.embedding_multiplier
         # Quantized copy of the output projection for small batches (see `quantize_model`).
         self.lm_head_quantized: QuantizedWeight | None = None
         self.lm_head_quantized_max_rows = 0
@@ -276,7 +143,10 @@ class CausalLM(nn.Module):
         _materialize(model, dtype, torch.device(device))
         model.requires_grad_(False)
         model.eval()
-        model.rope = RopeTables(config, torch.device(device))
+        model.ropes = RopeSet(config, torch.device(device))
+        if config.embedding_multiplier != 1.0:
+            scale = torch.tensor(config.embedding_multiplier).to(dtype)
+            model.embedding_multiplier = float(scale)
         return model
 
     @property
@@ -296,10 +166,12 @@ class CausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
         """Run all layers over the batch, write its K/V into `pool`, return `[R, vocab]` logits."""
-        assert self.rope is not None
-        self.rope.ensure(max(batch.seq_lens))
+        assert self.ropes is not None
+        self.ropes.ensure(max(batch.seq_lens))
         plan = AttentionPlan(batch, self.device)
         residual = self._embed(batch.input_ids)  # a fresh tensor: updated in place
+        if self.embedding_multiplier != 1.0:
+            residual.mul_(self.embedding_multiplier)
         decoder = self._decoder() if batch.mode is ForwardMode.DECODE else None
         if decoder is None or not decoder.run(residual, batch, pool):
             self._layers_forward(residual, batch, plan, pool)
@@ -320,11 +192,11 @@ class CausalLM(nn.Module):
     def _layers_forward(
         self, residual: torch.Tensor, batch: ForwardBatch, plan: AttentionPlan, pool: KVPool
     ) -> None:
-        assert self.rope is not None
+        assert self.ropes is not None
         first = self.layers[0].input_layernorm
         x = kernels.add_rms_norm(None, residual, first.weight, first.eps)
         for i, layer in enumerate(self.layers):
-            x = layer(x, residual, batch, plan, pool, self.rope)
+            x = layer(x, residual, batch, plan, pool, self.ropes.for_layer(i))
             if i + 1 < len(self.layers):
                 norm = self.layers[i + 1].input_layernorm
                 x = kernels.add_rms_norm(x, residual, norm.weight, norm.eps)
@@ -388,71 +260,31 @@ class CausalLM(nn.Module):
         weights: Iterable[tuple[str, torch.Tensor]],
         on_loaded: Callable[[str], None] | None = None,
     ) -> None:
-        """Copy Hugging Face-named tensors into the (fused) parameters; `on_loaded(target)` is
-        called as soon as a parameter has all its parts (it may replace the parameter, e.g.
-        quantize and free it, so that loading never holds every dense weight at once).
-
-        Raises ValueError on a shape mismatch or when some parameter was never provided.
-        """
-        params: dict[str, nn.Parameter | None] = dict(self.named_parameters())
-        filled: dict[str, set[int]] = {}
-        for name, tensor in weights:
-            name = name.removeprefix("model.")
-            if name.startswith("lm_head.") and self.lm_head is None:
-                continue  # tied: the embedding is the output projection
-            if name.endswith("rotary_emb.inv_freq"):
-                continue  # recomputed from the config
-            target, part = self._map_name(name)
-            if target not in params:
-                logger.warning("ignoring unexpected checkpoint tensor %s", name)
-                continue
-            param = params[target]
-            if param is None:
-                logger.warning("ignoring checkpoint tensor %s: its parameter is complete", name)
-                continue
-            if self.tp_plan is not None:
-                tensor = self.tp_plan.shard(name, tensor)
-            dest = param.data if part is None else self._part(target, param, part)
-            if tuple(dest.shape) != tuple(tensor.shape):
-                raise ValueError(
-                    f"checkpoint tensor {name} has shape {tuple(tensor.shape)}, "
-                    f"expected {tuple(dest.shape)}"
-                )
-            dest.copy_(tensor)
-            filled.setdefault(target, set()).add(-1 if part is None else part)
-            if on_loaded is not None and filled[target] == self._expected_parts(target):
-                params[target] = param = dest = None  # held no longer, should it be replaced
-                on_loaded(target)
-        missing = [t for t in params if filled.get(t, set()) != self._expected_parts(t)]
-        if missing:
-            raise ValueError(f"checkpoint is missing weights for: {', '.join(missing[:8])}")
-
-    def _expected_parts(self, target: str) -> set[int]:
-        parts = self._num_parts(target)
-        return {-1} if parts == 1 else set(range(parts))
+        """Copy canonical-named tensors into the (fused) parameters (`CheckpointLoader.load`)."""
+        CheckpointLoader(self, self.tp_plan, self.lm_head is None).load(weights, on_loaded)
+        self._native_decoder = False
 
     def quantize(
         self,
-        kind: str,
+        kind_for: KindFor,
         max_rows: int,
         int4_source: Callable[[list[str]], list[Int4Parts] | None] | None = None,
         head: Q8Weight | None = None,
     ) -> None:
-        """Give every projection a quantized copy (`kind` int8, int4 or w4a8) used for
-        matmuls of at most `max_rows` rows (-1: all, and the dense weights are freed), and the
-        output projection an 8-bit copy (4-bit logits lose too much): `head` (the checkpoint's
-        own, e.g. GGUF Q8_0) when given and of the right shape, else per-channel int8.
+        """Give every projection a quantized copy of the kind `kind_for` names for it (int8,
+        int4 or w4a8; none leaves it dense) used for matmuls of at most `max_rows` rows (-1: all,
+        and the dense weights are freed), and the output projection an 8-bit copy (4-bit logits
+        lose too much): `head` (the checkpoint's own, e.g. GGUF Q8_0) when given and of the
+        right shape, else per-channel int8.
 
-        `int4_source(names)` may return the checkpoint's own 4-bit values for each of the Hugging
-        Face tensors `names` that make up one projection (GGUF Q4_0/Q4_1/Q4_K), so they are not
-        requantized (with tensor parallelism, this rank's part of them).
+        `int4_source(names)` may return the checkpoint's own 4-bit values for each of the
+        canonical tensors `names` that make up one projection (GGUF Q4_0/Q4_1/Q4_K), so they are
+        not requantized (with tensor parallelism, this rank's part of them).
         """
-        if kind == "none":
-            return
         self._native_decoder = False  # its weight pointers change
         for name, module in self.named_modules():
             if isinstance(module, Linear) and name != "lm_head" and module.quantized is None:
-                self.quantize_projection(name, kind, max_rows, int4_source)
+                self.quantize_projection(name, kind_for, max_rows, int4_source)
         dense_head = self.lm_head_weight().data
         fits = head is not None and head.values.shape == dense_head.shape
         self.lm_head_quantized = head if fits else Int8Weight(dense_head, self.dtype)
@@ -463,7 +295,7 @@ class CausalLM(nn.Module):
     def quantize_projection(
         self,
         name: str,
-        kind: str,
+        kind_for: KindFor,
         max_rows: int,
         int4_source: Callable[[list[str]], list[Int4Parts] | None] | None = None,
     ) -> None:
@@ -471,6 +303,9 @@ class CausalLM(nn.Module):
         projection); with `max_rows` -1 its dense weight is freed at once."""
         module = self.get_submodule(name)
         assert isinstance(module, Linear) and name != "lm_head"
+        kind = kind_for(checkpoint_names(self, name))
+        if kind == "none":
+            return
         parts = self._int4_parts(int4_source, name) if int4_source else None
         weight = make_quantized(kind, module.weight.data, self.dtype, parts)
         if weight is None:
@@ -480,10 +315,20 @@ class CausalLM(nn.Module):
         module.set_quantized(weight, max_rows)
         self._native_decoder = False
 
+    def quantized_kinds(self) -> list[str]:
+        """The quantized formats the projections use (int4, int8, w4a8), sorted (empty: all
+        dense)."""
+        kinds = {
+            m.quantized.kind
+            for m in self.modules()
+            if isinstance(m, Linear) and m.quantized is not None
+        }
+        return sorted(kinds)
+
     def _int4_parts(
         self, source: Callable[[list[str]], list[Int4Parts] | None], module: str
     ) -> Int4Parts | None:
-        names = self._checkpoint_names(module)
+        names = checkpoint_names(self, module)
         parts = source(names)
         if parts is None:
             return None
@@ -493,41 +338,3 @@ class CausalLM(nn.Module):
                 return None
             parts = sharded  # type: ignore[assignment]
         return Int4Parts.concat(parts)  # type: ignore[arg-type]
-
-    @staticmethod
-    def _checkpoint_names(module: str) -> list[str]:
-        """Hugging Face weight names whose rows make up the (possibly fused) projection."""
-        prefix, _, last = module.rpartition(".")
-        owner = prefix.rpartition(".")[2]
-        fused = f"{owner}.{last}"
-        parts = sorted((part, hf) for hf, (target, part) in _FUSED.items() if target == fused)
-        layer = prefix.rpartition(".")[0]
-        if not parts:
-            return [f"model.{module}.weight"]
-        return [f"model.{layer}.{hf}.weight" for _, hf in parts]
-
-    @staticmethod
-    def _map_name(name: str) -> tuple[str, int | None]:
-        m = _LAYER_NAME.match(name)
-        if m is not None:
-            layer, module, kind = m.groups()
-            if module in _FUSED:
-                fused, part = _FUSED[module]
-                return f"layers.{layer}.{fused}.{kind}", part
-        return name, None
-
-    def _num_parts(self, target: str) -> int:
-        if ".qkv_proj." in target:
-            return 3
-        if ".gate_up_proj." in target:
-            return 2
-        return 1
-
-    def _part(self, target: str, param: torch.Tensor, part: int) -> torch.Tensor:
-        cfg = self.config
-        if ".qkv_proj." in target:
-            sizes = [cfg.q_size, cfg.kv_size, cfg.kv_size]
-        else:
-            sizes = [cfg.intermediate_size, cfg.intermediate_size]
-        start = sum(sizes[:part])
-        return param.data[start : start + sizes[part]]
