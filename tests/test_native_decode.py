@@ -110,7 +110,7 @@ def test_float32_batches_of_any_size_run_natively_and_match(monkeypatch, tmp_pat
         torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("quantization", ["int4", "int8", "w4a8"])
+@pytest.mark.parametrize("quantization", ["int4", "int8", "q8_0", "w4a8"])
 def test_quantized_float32_batches_of_any_size_run_natively_and_match(
     monkeypatch, tmp_path, quantization
 ):

@@ -14,6 +14,7 @@ from sglite.runtime.model.loader import load_model
 from sglite.runtime.model.quantization import (
     Int4Weight,
     Int8Weight,
+    Q8Weight,
     int4_parts_from_gguf,
     quantize_int4,
 )
@@ -352,10 +353,11 @@ def test_server_with_auto_quantization_serves_the_gguf_4_bit_weights_alone():
 
 
 def test_auto_quantization_follows_the_gguf_projections(tmp_path, engine):
-    """auto (the default) runs a GGUF with its own quantization: int4 when every projection is
-    4-bit (the default model's Q4_1), int8 when some have more bits (Q8_0, or a mix, as Q4_K_M
-    files mix Q4_K and Q6_K), dense for float projections, safetensors and CUDA; an explicit
-    choice stands (the session engine, on defaults, runs int4)."""
+    """auto (the default) runs a GGUF with its own quantization, per projection: int4 when its
+    tensors are 4-bit (the default model's Q4_1), q8_0 when some have more bits (Q8_0 loads
+    exactly; a projection mixing 4-bit and float parts too), dense for float projections,
+    safetensors and CUDA; an explicit choice stands (the session engine, on defaults, runs
+    int4)."""
     import gguf
     from test_loader import make_hf_model, write_tiny_gguf
 
@@ -365,7 +367,7 @@ def test_auto_quantization_follows_the_gguf_projections(tmp_path, engine):
 
     cpu, f32 = torch.device("cpu"), torch.float32
     default = open_gguf(default_model_path())
-    assert gguf_loader.gguf_projection_types(default) == {"Q4_1"}
+    assert gguf_loader.auto_quantization(default) == "int4"
     assert resolve_quantization("auto", default, f32, cpu) == "int4"
     assert resolve_quantization("auto", default, torch.bfloat16, cpu) == "int4"
     assert resolve_quantization("auto", default, f32, torch.device("cuda")) == "none"
@@ -394,13 +396,17 @@ def test_auto_quantization_follows_the_gguf_projections(tmp_path, engine):
         "mixed.gguf", lambda key: next((t for part, t in kinds.items() if part in key), None)
     )
     floats = write("f16.gguf", lambda key: None)
-    for path, want in [(q8, "int8"), (mixed, "int8"), (floats, "none")]:
+    for path, want in [(q8, "q8_0"), (mixed, "q8_0"), (floats, "none")]:
         assert resolve_quantization("auto", open_gguf(path), f32, cpu) == want, path
     loaded = load_model(q8, "float32", tokenizer_path=tokenizer, progress=False,
                         quantization="auto")  # fmt: skip
-    assert loaded.quantization == "int8"
+    assert loaded.quantization == "q8_0"
     layer = loaded.model.get_submodule("layers.0.mlp.down_proj")
-    assert isinstance(layer.quantized, Int8Weight) and layer.weight.numel() == 0
+    assert isinstance(layer.quantized, Q8Weight) and layer.weight.numel() == 0
+    # The file's own Q8_0 values, not a requantization of them.
+    tensor = next(t for t in open_gguf(q8).tensors if t.name == "blk.0.ffn_down.weight")
+    stored = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+    assert torch.equal(layer.quantized.dequantize(), torch.from_numpy(stored))
     dense = load_model(floats, "float32", tokenizer_path=tokenizer, progress=False,
                        quantization="auto")  # fmt: skip
     assert dense.quantization == "none" and dense.quantized_max_rows is None
@@ -428,3 +434,21 @@ def test_int4_answers_do_not_depend_on_batch_or_cache():
         assert engine.check_invariants()["held_by_requests"] == 0
     assert cached == alone
     assert batched == alone
+
+
+def test_gguf_q5_0_and_q8_0_load_exactly_as_q8_0_weights():
+    """Q5_0 and Q8_0 blocks are integers times one f16 scale per 32: the q8_0 layout holds the
+    file's values exactly (`--quantization auto` gives them to such projections)."""
+    import gguf
+
+    from sglite.runtime.model.quantization import q8_weight_from_gguf_type
+
+    torch.manual_seed(0)
+    weight = torch.randn(48, 256).numpy()
+    for qtype in (gguf.GGMLQuantizationType.Q5_0, gguf.GGMLQuantizationType.Q8_0):
+        blocks = gguf.quants.quantize(weight, qtype)
+        q8 = q8_weight_from_gguf_type(blocks, qtype.name, (48, 256))
+        want = torch.from_numpy(gguf.quants.dequantize(blocks, qtype))
+        assert torch.equal(q8.dequantize(), want), qtype.name
+        x = torch.randn(3, 256)
+        torch.testing.assert_close(q8.matmul(x), x @ want.T, atol=1e-4, rtol=1e-5)

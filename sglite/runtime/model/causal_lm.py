@@ -51,8 +51,12 @@ LM_HEAD_INT8_FLOAT32_ROWS = 32
 # A row limit no batch reaches: every row uses the quantized weights.
 ALL_ROWS = 1 << 62
 # A projection's quantization from the canonical names of the checkpoint tensors it is made of
-# (int8, int4, w4a8 or none: `--quantization auto` decides per projection for a GGUF).
+# (int8, q8_0, int4, w4a8 or none: `--quantization auto` decides per projection for a GGUF).
 KindFor = Callable[[list[str]], str]
+# The checkpoint's own quantized values of those tensors in one kind's layout (GGUF Q4 blocks as
+# int4, Q8_0/Q5_0 blocks as q8_0), so they load exactly rather than requantized; None if it has
+# none.
+QuantizedSource = Callable[[str, list[str]], list[Int4Parts] | list[Q8Weight] | None]
 
 
 def _materialize(model: nn.Module, dtype: torch.dtype, device: torch.device) -> None:
@@ -268,7 +272,7 @@ class CausalLM(nn.Module):
         self,
         kind_for: KindFor,
         max_rows: int,
-        int4_source: Callable[[list[str]], list[Int4Parts] | None] | None = None,
+        source: QuantizedSource | None = None,
         head: Q8Weight | None = None,
     ) -> None:
         """Give every projection a quantized copy of the kind `kind_for` names for it (int8,
@@ -277,14 +281,15 @@ class CausalLM(nn.Module):
         lose too much): `head` (the checkpoint's own, e.g. GGUF Q8_0) when given and of the
         right shape, else per-channel int8.
 
-        `int4_source(names)` may return the checkpoint's own 4-bit values for each of the
-        canonical tensors `names` that make up one projection (GGUF Q4_0/Q4_1/Q4_K), so they are
-        not requantized (with tensor parallelism, this rank's part of them).
+        `source(kind, names)` may return the checkpoint's own values in that kind's layout for
+        each of the canonical tensors `names` that make up one projection (GGUF Q4_0/Q4_1/Q4_K
+        for int4, Q8_0/Q5_0 for q8_0), so they are not requantized (with tensor parallelism,
+        this rank's part of int4 values; q8_0 values are then requantized from the shard).
         """
         self._native_decoder = False  # its weight pointers change
         for name, module in self.named_modules():
             if isinstance(module, Linear) and name != "lm_head" and module.quantized is None:
-                self.quantize_projection(name, kind_for, max_rows, int4_source)
+                self.quantize_projection(name, kind_for, max_rows, source)
         dense_head = self.lm_head_weight().data
         fits = head is not None and head.values.shape == dense_head.shape
         self.lm_head_quantized = head if fits else Int8Weight(dense_head, self.dtype)
@@ -297,7 +302,7 @@ class CausalLM(nn.Module):
         name: str,
         kind_for: KindFor,
         max_rows: int,
-        int4_source: Callable[[list[str]], list[Int4Parts] | None] | None = None,
+        source: QuantizedSource | None = None,
     ) -> None:
         """`quantize` for the one projection `name` (a Linear other than the output
         projection); with `max_rows` -1 its dense weight is freed at once."""
@@ -306,7 +311,7 @@ class CausalLM(nn.Module):
         kind = kind_for(checkpoint_names(self, name))
         if kind == "none":
             return
-        parts = self._int4_parts(int4_source, name) if int4_source else None
+        parts = self._source_parts(source, kind, name) if source else None
         weight = make_quantized(kind, module.weight.data, self.dtype, parts)
         if weight is None:
             shape = tuple(module.weight.shape)
@@ -325,13 +330,15 @@ class CausalLM(nn.Module):
         }
         return sorted(kinds)
 
-    def _int4_parts(
-        self, source: Callable[[list[str]], list[Int4Parts] | None], module: str
-    ) -> Int4Parts | None:
+    def _source_parts(
+        self, source: QuantizedSource, kind: str, module: str
+    ) -> Int4Parts | Q8Weight | None:
         names = checkpoint_names(self, module)
-        parts = source(names)
-        if parts is None:
+        parts = source(kind, names)
+        if not parts:
             return None
+        if kind == "q8_0":
+            return None if self.tp_plan is not None else Q8Weight.concat(parts)  # type: ignore
         if self.tp_plan is not None:
             sharded = [self.tp_plan.shard_int4(n, p) for n, p in zip(names, parts, strict=True)]
             if any(p is None for p in sharded):

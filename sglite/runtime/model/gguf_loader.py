@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from sglite.runtime.model.causal_lm import QuantizedSource
 from sglite.runtime.model.config import ModelConfig
 from sglite.runtime.model.gguf_index import (
     GGUFFile,
@@ -30,11 +31,13 @@ from sglite.runtime.model.gguf_index import (
 from sglite.runtime.model.models.base import GGUFConfig, ModelFamily
 from sglite.runtime.model.quantization import (
     GGUF_INT4_TYPES,
+    GGUF_Q8_EXACT_TYPES,
     Int4Parts,
     Q8Weight,
     dequantize_gguf_int4,
     int4_parts_from_gguf,
     q8_weight_from_gguf,
+    q8_weight_from_gguf_type,
 )
 from sglite.runtime.tokenizer import Tokenizer
 
@@ -154,11 +157,10 @@ def _dequantized(
         yield name, weight
 
 
-def gguf_int4_source(
-    gf: GGUFFile, config: ModelConfig
-) -> Callable[[list[str]], list[Int4Parts] | None]:
-    """A lookup for `CausalLM.quantize`: the file's own 4-bit values of each Hugging Face tensor
-    in `names` (one fused projection), or None unless every one of them is Q4_0 / Q4_1 / Q4_K."""
+def gguf_quantized_source(gf: GGUFFile, config: ModelConfig) -> QuantizedSource:
+    """A lookup for `CausalLM.quantize`: the file's own values of each canonical tensor in
+    `names` (one fused projection) in the layout of `kind` (int4/w4a8: Q4_0 / Q4_1 / Q4_K;
+    q8_0: Q8_0 / Q5_0), or None unless every one of them is stored so."""
     unpermute = gguf_family(gf, gf.path).gguf_permuted_qk
     by_name = {}
     for tensor in gf.tensors:
@@ -166,19 +168,33 @@ def gguf_int4_source(
         if name is not None:
             by_name[name] = tensor
 
-    def lookup(names: list[str]) -> list[Int4Parts] | None:
+    def rows_of(name: str) -> int | None:
+        if unpermute and ".self_attn.q_proj." in name:
+            return config.num_heads
+        if unpermute and ".self_attn.k_proj." in name:
+            return config.num_kv_heads
+        return None
+
+    def lookup(kind: str, names: list[str]) -> list[Int4Parts] | list[Q8Weight] | None:
+        types = {"int4": GGUF_INT4_TYPES, "w4a8": GGUF_INT4_TYPES, "q8_0": GGUF_Q8_EXACT_TYPES}
         tensors = [by_name.get(n) for n in names]
-        if any(t is None or t.tensor_type.name not in GGUF_INT4_TYPES for t in tensors):
+        if kind not in types or any(
+            t is None or t.tensor_type.name not in types[kind] for t in tensors
+        ):
             return None
-        parts = []
-        for name, tensor in zip(names, tensors):
+        parts: list = []
+        for name, tensor in zip(names, tensors, strict=True):
             shape = tuple(int(d) for d in reversed(tensor.shape))
+            heads = rows_of(name)
+            if kind == "q8_0":
+                q8 = q8_weight_from_gguf_type(tensor.data, tensor.tensor_type.name, shape)
+                if heads is not None:
+                    q8 = Q8Weight(
+                        _unpermute_rows(q8.values, heads), _unpermute_rows(q8.scales, heads)
+                    )
+                parts.append(q8)
+                continue
             part = int4_parts_from_gguf(tensor.data, tensor.tensor_type.name, shape)
-            heads = None
-            if unpermute and ".self_attn.q_proj." in name:
-                heads = config.num_heads
-            elif unpermute and ".self_attn.k_proj." in name:
-                heads = config.num_kv_heads
             if heads is not None:
                 part = Int4Parts(
                     _unpermute_rows(part.values, heads),
@@ -225,12 +241,13 @@ def _projection_tensors(gf: GGUFFile) -> dict[str, Any]:
 
 
 def _kind_of_types(types: set[str]) -> str:
-    """int4 when every part is 4-bit (their values load exactly), int8 when some are quantized
-    with more bits (Q5/Q6/Q8: int8 keeps them nearly exact), none when all are float."""
+    """int4 when every part is 4-bit (their values load exactly), q8_0 when some are quantized
+    with more bits (Q8_0 and Q5_0 load exactly, Q5_1/Q6_K/Q5_K are rounded to 8 bits per group
+    of 32), none when all are float."""
     if types and types <= set(GGUF_INT4_TYPES):
         return "int4"
     if types - set(_UNQUANTIZED_TYPES):
-        return "int8"
+        return "q8_0"
     return "none"
 
 
@@ -249,8 +266,8 @@ def _source(tensors: dict[str, Any], name: str) -> Any:
 def auto_quantization(gf: GGUFFile) -> str:
     """What `quantization="auto"` gives a GGUF file, as vLLM and SGLang serve a GGUF with its
     own quantization: each projection the kind of its tensors (`_kind_of_types`; a fused
-    projection's parts together), summarized as the kinds used joined by "+" (int4, int8,
-    int4+int8), or none when every projection is float."""
+    projection's parts together), summarized as the kinds used joined by "+" (int4, q8_0,
+    int4+q8_0), or none when every projection is float."""
     groups: dict[str, set[str]] = {}
     for name, tensor in _projection_tensors(gf).items():
         key = _FUSED_PART.sub(lambda m: ".qkv_proj." if m.group(1) else ".gate_up_proj.", name)

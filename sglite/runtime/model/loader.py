@@ -14,11 +14,11 @@ import torch
 
 from sglite.runtime.distributed.parallel import SINGLE, TensorParallelGroup
 from sglite.runtime.distributed.sharding import TensorParallelPlan
-from sglite.runtime.model.causal_lm import CausalLM, KindFor
+from sglite.runtime.model.causal_lm import CausalLM, KindFor, QuantizedSource
 from sglite.runtime.model.config import ModelConfig
 from sglite.runtime.model.linear import Linear
 from sglite.runtime.model.models.base import ModelFamily
-from sglite.runtime.model.quantization import QUANTIZATIONS, Int4Parts
+from sglite.runtime.model.quantization import QUANTIZATIONS
 from sglite.runtime.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -133,7 +133,7 @@ def _quantize_when_loaded(
     model: CausalLM,
     kind_for: KindFor,
     max_rows: int,
-    source: Callable[[list[str]], list[Int4Parts] | None] | None,
+    source: QuantizedSource | None,
 ) -> Callable[[str], None]:
     """A `load_weights` hook quantizing each projection (and freeing its dense weight) as soon
     as it is loaded, so a model kept quantized only never holds all its dense weights: loading
@@ -305,7 +305,7 @@ def load_model(
         if quantized_rows is None:
             quantized_rows = auto_quantized_max_rows(torch_dtype, dev)
         if gguf_file is not None:
-            source = gguf_loader.gguf_int4_source(gguf_file, config)
+            source = gguf_loader.gguf_quantized_source(gguf_file, config)
             head = gguf_loader.gguf_q8_head(gguf_file, plan.vocab if plan else None)
     on_loaded = None
     if kind_for is not None and quantized_rows is not None and quantized_rows < 0:

@@ -29,7 +29,7 @@ from sglite.runtime.model import kernels
 from sglite.runtime.model.kernels import native
 from sglite.runtime.model.layers.mlp import GatedMLP
 from sglite.runtime.model.linear import Linear
-from sglite.runtime.model.quantization import Int4Weight, Int8Weight
+from sglite.runtime.model.quantization import Int4Weight, Int8Weight, Q8Weight
 
 if TYPE_CHECKING:
     from sglite.runtime.cache.kv_pool import KVPool
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-DENSE, INT8, INT4, PANELS, INT4_A8 = 0, 1, 2, 3, 4
+DENSE, INT8, INT4, PANELS, INT4_A8, Q8_0 = 0, 1, 2, 3, 4, 5
 # Dense weights that are not in panels go through the native GEMV for at most this many rows
 # (its cost grows with the rows; a GEMM wins beyond)...
 DENSE_GEMV_MAX_ROWS = 8
@@ -96,6 +96,9 @@ def _describe(layer: Linear, quantized: bool) -> LinearDesc | None:
     if quantized and isinstance(q, Int8Weight):
         n, k = q.values.shape
         return LinearDesc(INT8, n, k, q.values.data_ptr(), q.scale.data_ptr(), bias)
+    if quantized and isinstance(q, Q8Weight):
+        n, k = q.values.shape
+        return LinearDesc(Q8_0, n, k, q.values.data_ptr(), q.scales.data_ptr(), bias)
     if quantized and q is not None:
         return None  # a quantized format the C side does not know
     if layer.weight.numel() == 0:

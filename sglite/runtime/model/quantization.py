@@ -30,9 +30,11 @@ import torch
 
 from sglite.runtime.model import kernels
 
-# int8 and int4 are weight-only (activations stay float); w4a8 is int4 whose GEMVs also round
-# activations to int8, as llama.cpp does: faster decode, but answers depend on batch and cache.
-QUANTIZATIONS = ("none", "int8", "int4", "w4a8")
+# int8, q8_0 and int4 are weight-only (activations stay float); w4a8 is int4 whose GEMVs also
+# round activations to int8, as llama.cpp does: faster decode, but answers depend on batch and
+# cache. q8_0 is GGUF's 8-bit layout (an f16 scale per 32 inputs), which holds GGUF Q8_0 and Q5_0
+# tensors exactly.
+QUANTIZATIONS = ("none", "int8", "q8_0", "int4", "w4a8")
 GGUF_BLOCK = 32
 # int4 (float x) rows its GEMV takes in float32: from 3 rows the quantized GEMM was 1.05-1.5x
 # faster (decode_step.c's INT4_FLOAT_GEMV_MAX_ROWS, the same rule).
@@ -139,6 +141,11 @@ class Q8Weight(QuantizedWeight):
         self.values = values.contiguous()
         self.scales = scales.to(torch.float16).contiguous()
 
+    @staticmethod
+    def concat(parts: list[Q8Weight]) -> Q8Weight:
+        """Stack along the output dimension (for fused QKV / gate-up projections)."""
+        return Q8Weight(torch.cat([p.values for p in parts]), torch.cat([p.scales for p in parts]))
+
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """`x @ W.T`: the GEMV up to its 8 rows (on the default model's output projection it
         beat the GEMM 2.1x at 1 row, 1.5x at 3, even at 8), the quantized GEMM for larger
@@ -159,6 +166,48 @@ class Q8Weight(QuantizedWeight):
     def nbytes(self) -> int:
         """int8 values plus an f16 scale per group of 32."""
         return self.values.numel() + self.scales.numel() * 2
+
+
+def quantize_q8_0(weight: torch.Tensor) -> Q8Weight | None:
+    """Round a dense weight to int8 per group of 32 inputs against the group's absolute maximum
+    (f16 scale, as GGUF's Q8_0); None when the inputs are not whole groups."""
+    n, k = weight.shape
+    if k % GGUF_BLOCK:
+        return None
+    values = torch.empty(n, k, dtype=torch.int8)
+    scales = torch.empty(n, k // GGUF_BLOCK, dtype=torch.float16)
+    for r in range(0, n, _INT8_ROWS_PER_SLICE):  # bounded float temporaries, as Int8Weight
+        w = weight[r : r + _INT8_ROWS_PER_SLICE].float().reshape(-1, k // GGUF_BLOCK, GGUF_BLOCK)
+        scale = (w.abs().amax(dim=-1) / 127.0).to(torch.float16)
+        safe = torch.where(scale == 0, torch.ones_like(scale), scale).float()
+        q = torch.round(w / safe[..., None]).clamp(-127, 127)
+        values[r : r + len(w)] = q.reshape(len(w), k).to(torch.int8)
+        scales[r : r + len(w)] = scale
+    return Q8Weight(values, scales)
+
+
+# GGUF types whose blocks are 32 integers times one leading f16 scale: a Q8Weight holds them
+# exactly (`q8_weight_from_gguf_type`).
+GGUF_Q8_EXACT_TYPES = ("Q8_0", "Q5_0")
+
+
+def q8_weight_from_gguf_type(data: np.ndarray, type_name: str, shape: tuple[int, int]) -> Q8Weight:
+    """A GGUF Q8_0 or Q5_0 tensor's values as a `Q8Weight`, exactly: Q5_0's 5-bit values minus
+    16 fit int8 under the block's own scale."""
+    if type_name == "Q8_0":
+        return q8_weight_from_gguf(data, shape)
+    if type_name != "Q5_0":
+        raise ValueError(f"{type_name} blocks are not int8 values times one scale")
+    import gguf
+
+    n, k = shape
+    blocks = np.ascontiguousarray(data).reshape(n, k // GGUF_BLOCK, -1)
+    scale = blocks[..., 0:2].copy().view(np.float16)[..., 0]
+    dense = gguf.quants.dequantize(data, gguf.GGMLQuantizationType.Q5_0)
+    dense = dense.reshape(n, k // GGUF_BLOCK, GGUF_BLOCK).astype(np.float32)
+    safe = np.where(scale == 0, np.float16(1), scale).astype(np.float32)
+    values = np.rint(dense / safe[..., None]).astype(np.int8).reshape(n, k)
+    return Q8Weight(torch.from_numpy(values), torch.from_numpy(scale.copy()))
 
 
 def q8_weight_from_gguf(data: np.ndarray, shape: tuple[int, int]) -> Q8Weight:
@@ -344,13 +393,19 @@ def dequantize_gguf_int4(
 
 
 def make_quantized(
-    kind: str, dense: torch.Tensor, act_dtype: torch.dtype, parts: Int4Parts | None = None
+    kind: str,
+    dense: torch.Tensor,
+    act_dtype: torch.dtype,
+    parts: Int4Parts | Q8Weight | None = None,
 ) -> QuantizedWeight | None:
-    """The quantized form of one weight, or None when `kind` cannot apply to its shape."""
+    """The quantized form of one weight (from the checkpoint's own `parts` of that kind when
+    given), or None when `kind` cannot apply to its shape."""
     if kind == "int8":
         return Int8Weight(dense, act_dtype)
+    if kind == "q8_0":
+        return parts if isinstance(parts, Q8Weight) else quantize_q8_0(dense)
     if kind in ("int4", "w4a8"):
-        if parts is None:
+        if not isinstance(parts, Int4Parts):
             gs = int4_group_size(dense.shape[1])
             if gs is None:
                 return None

@@ -29,14 +29,24 @@ __thread int sglite_in_native_step = 0;
 /* float32 int4 (float x) rows the GEMV takes: from 3 rows quant_gemm was 1.05-1.5x faster
  * (30 layers of the default model's shapes, AVX2). Keep in step with quantization.py. */
 #define INT4_FLOAT_GEMV_MAX_ROWS 2
-enum { LINEAR_DENSE = 0, LINEAR_INT8 = 1, LINEAR_INT4 = 2, LINEAR_PANELS = 3, LINEAR_INT4_A8 = 4 };
+enum {
+  LINEAR_DENSE = 0,
+  LINEAR_INT8 = 1,
+  LINEAR_INT4 = 2,
+  LINEAR_PANELS = 3,
+  LINEAR_INT4_A8 = 4,
+  LINEAR_Q8_0 = 5 /* GGUF Q8_0 layout: int8 values, an f16 scale per 32 inputs */
+};
+/* quant_gemm's kind for GGUF Q8_0 weights (quant_gemm.c). */
+#define QUANT_GEMM_Q8_0 3
 
 typedef struct {
   int64_t kind;  /* LINEAR_* */
   int64_t n_out, k;
   const void *weight; /* dense: [n_out, k] dtype; int8: int8 values; int4: packed nibbles;
                          panels: float32 as panel_gemm reads them */
-  const void *scale;  /* int8: float32 [n_out]; int4: f16 (scale, offset) pairs; else NULL */
+  const void *scale;  /* int8: float32 [n_out]; int4: f16 (scale, offset) pairs; q8_0: f16
+                         [n_out, k / 32]; else NULL */
   const void *bias;   /* dtype [n_out] or NULL */
 } linear_t;
 
@@ -59,6 +69,8 @@ int quant_gemm(int kind, const float *x, const void *weight, const void *scale,
                const float *bias, float *y, int64_t rows, int64_t n_out, int64_t k, int threads);
 int int4_gemv(int dtype, const void *x, const uint8_t *packed, const uint16_t *scale_offset,
               void *y, int64_t rows, int64_t n_out, int64_t k, int threads, int round_x);
+int q8_gemv(int dtype, const void *x, const int8_t *q, const uint16_t *scales, void *y,
+            int64_t rows, int64_t n_out, int64_t k, int threads);
 void add_rms_norm(int dtype, const void *x, void *residual, const void *weight, void *out,
                   int64_t rows, int64_t dim, float eps, int threads);
 void act_mul(int dtype, int act, const void *gate_up, void *out, int64_t rows, int64_t inter,
@@ -164,16 +176,19 @@ static int linear_rows(int dtype, const linear_t *l, const void *x, void *y, int
     return 0;
   }
   const int int4 = l->kind == LINEAR_INT4 || l->kind == LINEAR_INT4_A8;
+  const int q8 = l->kind == LINEAR_Q8_0;
   /* int4 with float x: the GEMM wins from 3 rows (its GEMV widens every weight for few rows). */
   const int64_t gemv_rows = l->kind == LINEAR_INT4 && dtype == 0 ? INT4_FLOAT_GEMV_MAX_ROWS
                                                                   : QGEMV_MAX_ROWS;
-  if ((int4 || l->kind == LINEAR_INT8) && rows > gemv_rows) {
+  if ((int4 || q8 || l->kind == LINEAR_INT8) && rows > gemv_rows) {
     if (dtype != 0) return -1; /* quant_gemm takes float32 rows only; it adds the bias */
-    return quant_gemm(int4 ? LINEAR_INT4 : LINEAR_INT8, x, l->weight, l->scale, l->bias, y, rows,
-                      l->n_out, l->k, threads);
+    const int kind = int4 ? LINEAR_INT4 : q8 ? QUANT_GEMM_Q8_0 : LINEAR_INT8;
+    return quant_gemm(kind, x, l->weight, l->scale, l->bias, y, rows, l->n_out, l->k, threads);
   }
   if (l->kind == LINEAR_INT8)
     status = int8_gemv(dtype, x, l->weight, l->scale, y, rows, l->n_out, l->k, threads);
+  else if (q8)
+    status = q8_gemv(dtype, x, l->weight, l->scale, y, rows, l->n_out, l->k, threads);
   else if (int4)
     status = int4_gemv(dtype, x, l->weight, l->scale, y, rows, l->n_out, l->k, threads,
                        l->kind == LINEAR_INT4_A8);

@@ -24,22 +24,22 @@ from sglite.runtime.model.models.base import (
 LOCAL_PATTERN = 6
 LOCAL_ROPE_THETA = 10000.0
 
-# Gemma's own turn format; GGUF files may ship without a template.
+# Gemma's own turn format, for GGUF files that ship without a template. No BOS: the tokenizer
+# adds it when the prompt is encoded.
 CHAT_TEMPLATE = (
-    "{{ bos_token }}"
     "{%- set ns = namespace(system='') -%}"
     "{%- for message in messages -%}"
     "{%- set text = message['content'] if message['content'] is string else "
     "message['content'] | selectattr('type', 'equalto', 'text') | map(attribute='text') "
     "| join('') -%}"
-    "{%- if message['role'] == 'system' -%}{%- set ns.system = ns.system + text + '\\n\\n' -%}"
+    "{%- if message['role'] == 'system' -%}{%- set ns.system = ns.system + text + '\n\n' -%}"
     "{%- else -%}"
-    "{{ '<start_of_turn>' + ('model' if message['role'] == 'assistant' else 'user') + '\\n' }}"
+    "{{ '<start_of_turn>' + ('model' if message['role'] == 'assistant' else 'user') + '\n' }}"
     "{%- if message['role'] == 'user' -%}{{ ns.system }}{%- set ns.system = '' -%}{%- endif -%}"
-    "{{ text | trim }}<end_of_turn>\n"
+    "{{ (text | trim) + '<end_of_turn>\n' }}"
     "{%- endif -%}"
     "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}<start_of_turn>model\n{%- endif -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
 )
 
 
