@@ -107,7 +107,7 @@ def transformers_reference(path: str) -> torch.nn.Module:
 @pytest.fixture(scope="module")
 def gemma():
     """(our dense float32 model, transformers' model of the same weights, the file's path)."""
-    path = gemma_package.assemble()
+    path = str(gemma_package.assemble())
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # see test_model_parity.smollm2: predictable on a busy machine
     ours = load_model(path, "float32", progress=False, quantization="none")
@@ -183,12 +183,17 @@ def test_prompt_past_the_window_with_a_cached_prefix_matches_transformers(gemma)
     assert greedy(ours, ids, steps, cached=300) == ref
 
 
-def test_auto_quantization_accuracy(gemma):
+@pytest.fixture(scope="module")
+def gemma_auto(gemma):
+    """Our model with `--quantization auto`, the server's default."""
+    return load_model(gemma[2], "float32", progress=False, quantization="auto")
+
+
+def test_auto_quantization_accuracy(gemma, gemma_auto):
     """auto: Q4_K projections as int4 (their values), Q5_0 and Q8_0 as q8_0 (exactly), Q6_K
     rounded to q8_0 per 32. Teacher-forced over a text, the top token agrees with the dense
     model's almost everywhere (printed; docs/benchmarks.md)."""
-    ours, _, path = gemma
-    auto = load_model(path, "float32", progress=False, quantization="auto")
+    ours, auto = gemma[0], gemma_auto
     assert auto.quantization == "int4+q8_0"
     ids = ours.tokenizer.encode(LONG_TEXT)[:300]
     dense_logits, _ = extend(ours, new_pool(ours), [ids], all_rows=True)
@@ -197,3 +202,31 @@ def test_auto_quantization_accuracy(gemma):
     worst = float((dense_logits - auto_logits).abs().max())
     print(f"\nauto vs dense: top-1 agreement {agree}/{len(ids)}, max |logit diff| {worst:.3f}")
     assert agree >= 0.97 * len(ids) and worst < 1.0
+
+
+def test_server_serves_gemma3_through_the_openai_client(gemma, gemma_auto):
+    """`sglite serve --model-path gemma-3-270m-q4_k_m.gguf`: the family's chat template, its
+    `<end_of_turn>` stop, auto quantization per projection, through the real `openai` client."""
+    import openai
+    import requests
+    from server_fixtures import ServerProcess
+
+    ours, path = gemma_auto, gemma[2]
+    server = ServerProcess("--model-path", path)
+    try:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none")
+        answer = client.chat.completions.create(
+            model=path,
+            messages=CHATS[0],
+            max_tokens=12,
+            temperature=0,
+        )
+        ids = chat_ids(ours, CHATS[0])
+        want = ours.tokenizer.decode(greedy(ours, ids, 12))
+        assert answer.choices[0].message.content == want
+        assert answer.usage.prompt_tokens == len(ids)
+        served = requests.get(f"{server.url}/get_server_info", timeout=10).json()
+        assert served["architecture"] == "Gemma3ForCausalLM"
+        assert served["quantization"] == "int4+q8_0"
+    finally:
+        server.stop()

@@ -33,7 +33,7 @@ class Engine:
         # the model (seconds each; in sequence they added up).
         with ThreadPoolExecutor(1) as pool:
             tokenizer_future = pool.submit(
-                _load_tokenizer, self.server_args.tokenizer_path or self.server_args.model_path
+                _load_tokenizer, self.server_args.tokenizer_path, self.server_args.model_path
             )
             self.client = create_client(self.server_args)
             self.tokenizer = tokenizer_future.result()
@@ -185,7 +185,7 @@ def _shutdown_ref(ref: weakref.ref) -> None:
         engine.shutdown()
 
 
-def _load_tokenizer(path: str | None) -> Any:
+def _load_tokenizer(tokenizer_path: str | None, model_path: str | None) -> Any:
     from sglite.runtime.model.loader import load_tokenizer
 
-    return load_tokenizer(path)
+    return load_tokenizer(tokenizer_path or model_path, model_path)

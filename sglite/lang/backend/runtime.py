@@ -158,7 +158,7 @@ class Runtime:
         from sglite.runtime.model.loader import load_tokenizer
 
         info = self.endpoint.model_info
-        return load_tokenizer(info.get("tokenizer_path") or info["model_path"])
+        return load_tokenizer(info.get("tokenizer_path") or info["model_path"], info["model_path"])
 
     def generate(
         self,

@@ -138,7 +138,8 @@ def _template_for(model_info: dict[str, Any]) -> ChatTemplate:
         try:
             from sglite.runtime.model.loader import load_tokenizer
 
-            return from_tokenizer(load_tokenizer(tokenizer_path), model_path)
+            tokenizer = load_tokenizer(tokenizer_path, model_path or None)
+            return from_tokenizer(tokenizer, model_path)
         except Exception as exc:  # an unreadable tokenizer is not fatal: use a named template
             logger.info("could not read the tokenizer at %s (%s)", tokenizer_path, exc)
     return get_chat_template_by_model_path(model_path)

@@ -233,18 +233,39 @@ def _apply_family_tokens(tokenizer: Tokenizer, family: ModelFamily, config: Mode
             tokenizer.eos_token_ids.append(eos)
 
 
-def load_tokenizer(path: str | None = None) -> Tokenizer:
-    """The tokenizer of a model path (GGUF file or Hugging Face directory; None = default)."""
+def _model_family(path: str) -> tuple[ModelFamily, ModelConfig] | None:
+    """The family and config of a model path, None for a tokenizer-only directory."""
+    from sglite.runtime.model import gguf_loader, hf_loader
+    from sglite.runtime.model.gguf_index import open_gguf
+
+    if _is_gguf(path):
+        gf = open_gguf(path)
+        return gguf_loader.gguf_family(gf, path), gguf_loader.gguf_config(gf, path)
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return hf_loader.hf_config(path)
+    return None
+
+
+def load_tokenizer(path: str | None = None, model_path: str | None = None) -> Tokenizer:
+    """The tokenizer of a model path (GGUF file or Hugging Face directory; None = default),
+    with the chat template and stop tokens of the model's family where its files lack them
+    (`model_path`: the model's own path, when the tokenizer comes from another)."""
     from sglite.runtime.model.gguf_loader import load_gguf_tokenizer
     from sglite.runtime.model.hf_loader import load_hf_tokenizer
 
     path = _resolve_path(path)
     path = _single_gguf_in(path) or path
     if _is_gguf(path):
-        return load_gguf_tokenizer(path)
-    if os.path.isdir(path):
-        return load_hf_tokenizer(path)
-    raise ValueError(f"{path} is neither a GGUF file nor a Hugging Face model directory")
+        tokenizer = load_gguf_tokenizer(path)
+    elif os.path.isdir(path):
+        tokenizer = load_hf_tokenizer(path)
+    else:
+        raise ValueError(f"{path} is neither a GGUF file nor a Hugging Face model directory")
+    model = _resolve_path(model_path) if model_path else path
+    known = _model_family(_single_gguf_in(model) or model)
+    if known is not None:
+        _apply_family_tokens(tokenizer, *known)
+    return tokenizer
 
 
 def load_model(
@@ -319,7 +340,7 @@ def load_model(
         tokenizer = gguf_loader.load_gguf_tokenizer(path, gguf_file)  # reuse the parsed metadata
     else:
         tokenizer = load_tokenizer(tokenizer_path or path)
-    _apply_family_tokens(tokenizer, family, config)
+    _apply_family_tokens(tokenizer, family, config)  # the model's, whatever the tokenizer's
     logger.info("loaded %s (%s) as %s on %s", path, config.arch, torch_dtype, dev)
     return LoadedModel(
         model.config,

@@ -218,7 +218,9 @@ def build_state(args: ServerArgs) -> ServerState:
     from sglite.runtime.model.loader import load_tokenizer
 
     with ThreadPoolExecutor(1) as pool:  # the tokenizer loads while the model loads
-        tokenizer_future = pool.submit(load_tokenizer, args.tokenizer_path or args.model_path)
+        tokenizer_future = pool.submit(
+            load_tokenizer, args.tokenizer_path or args.model_path, args.model_path
+        )
         client = create_client(args)
         try:
             tokenizer = tokenizer_future.result()
