@@ -1,11 +1,14 @@
 """Engine benchmark: sglite against the machine's limits, llama.cpp and transformers, one run.
 
-Measured on the default model (SmolLM2-135M-Instruct, the Q4_1 GGUF), same thread count for all:
+Measured on a GGUF (`--model`; the default model, SmolLM2-135M-Instruct's Q4_1, unless given),
+same thread count for all:
 - the machine: torch matmul GFLOP/s (float32, bfloat16) and memory read GB/s, from which the
-  prefill roofline (the faster matmul's GFLOP/s / 0.269 GFLOP per token) and the batch-1
-  decode limits follow;
-- sglite (`dtype=auto`: bfloat16 where the CPU has it) with weights dense, int8, int4 and w4a8
-  (int4 with int8-rounded activations in the decode GEMVs, as llama.cpp computes): prefill
+  prefill roofline (the faster matmul's GFLOP/s / the model's GFLOP per prompt token: 2 x its
+  layers' parameters, the embedding being a lookup and the output projection computed once per
+  prompt) and the batch-1 decode limits follow;
+- sglite (`dtype=auto`: bfloat16 where the CPU has it) with each weight format of
+  `--quantizations` (for the default model dense, int8, int4 and w4a8, int4 with int8-rounded
+  activations in the decode GEMVs, as llama.cpp computes; for others dense and auto): prefill
   of a 1000-token prompt, batch-1 decode (after a 16-token and after a 2000-token prompt), 32
   concurrent decoding requests, and the shared-prefix workload (64 x (800 shared + 30 own
   tokens), 64 new tokens, greedy);
@@ -18,7 +21,8 @@ Measured on the default model (SmolLM2-135M-Instruct, the Q4_1 GGUF), same threa
 Each figure is printed beside its target (issue 7). Ratios are what to quote; absolute times on
 a shared 2-core machine are noisy.
 
-Run: python -m benchmarks.bench_engine [--quick] [--skip-llama-cpp] [--skip-transformers]
+Run: python -m benchmarks.bench_engine [--model PATH.gguf] [--quick] [--skip-llama-cpp]
+[--skip-transformers]
 """
 
 from __future__ import annotations
@@ -39,7 +43,17 @@ import torch
 import sglite
 from sglite.runtime.model.loader import default_model_path
 
-GFLOP_PER_TOKEN = 0.269  # 2 x 134.5 M parameters
+
+def gflop_per_token(model_path: str) -> float:
+    """2 x the parameters of the model's layers (attention and MLP projections, norms)."""
+    from sglite.runtime.model.gguf_index import open_gguf
+
+    params = sum(
+        int(torch.tensor(t.shape).prod())
+        for t in open_gguf(model_path).tensors
+        if t.name.startswith("blk.")
+    )
+    return 2 * params / 1e9
 
 
 @dataclass
@@ -96,7 +110,7 @@ def _best(fn, repeats: int) -> float:
 
 
 # ------------------------------------------------------------------------------ the machine
-def bench_machine(rows: list[Row]) -> dict[str, float]:
+def bench_machine(rows: list[Row], gflop: float) -> dict[str, float]:
     """Matmul GFLOP/s and memory bandwidth with torch, on this run's threads."""
     out = {}
     for dtype in (torch.float32, torch.bfloat16):
@@ -121,7 +135,7 @@ def bench_machine(rows: list[Row]) -> dict[str, float]:
     # PyTorch emulates it at a fraction of float32's rate and sglite runs float32) the faster
     # of the two is the machine's limit.
     best = max(out["bfloat16"], out["float32"])
-    out["prefill_roofline"] = best / GFLOP_PER_TOKEN
+    out["prefill_roofline"] = best / gflop
     rows.append(Row("prefill roofline (best matmul)", "torch", out["prefill_roofline"], "tok/s"))
     return out
 
@@ -165,10 +179,14 @@ def decode_rate_at_depth(engine, prompt: list[int], n_dec: int) -> float:
 
 def bench_sglite(args: argparse.Namespace, rows: list[Row], quantization: str) -> None:
     """One engine per weight format: prefill, batch-1 and 32-way decode, shared prefix."""
-    with sglite.Engine(dtype=args.dtype, log_level="error", quantization=quantization) as engine:
+    engine = sglite.Engine(
+        model_path=args.model, dtype=args.dtype, log_level="error", quantization=quantization
+    )
+    with engine:
         tok = engine.tokenizer
         info = engine.get_server_info()
-        name = f"sglite {info['dtype']} {quantization if quantization != 'none' else 'dense'}"
+        kind = info["quantization"] if quantization == "auto" else quantization
+        name = f"sglite {info['dtype']} {kind if kind != 'none' else 'dense'}"
         prompt = exact_prompt_ids(tok, 1000, seed=0)
         engine.generate(input_ids=prompt[:100], sampling_params={"max_new_tokens": 2})  # warm-up
 
@@ -243,28 +261,26 @@ def bench_accuracy(args: argparse.Namespace, rows: list[Row]) -> None:
     """Each weight format against float32 dense on the same token sequences (teacher forcing)."""
     from sglite.runtime.model.loader import load_model
 
-    ref_model = load_model(None, "float32", progress=False)
+    ref_model = load_model(args.model, "float32", progress=False)
     tok = ref_model.tokenizer
     cases = []
     for text in ACCURACY_PROMPTS:
         prompt = tok.encode(text)
         ref_logits, forced = teacher_forced(ref_model, prompt, args.accuracy_tokens)
         cases.append((prompt, forced, ref_logits))
-    for dtype, quantization in [
-        ("bfloat16", "none"),
-        ("bfloat16", "int8"),
-        ("bfloat16", "int4"),
-        ("float32", "int4"),
-        ("float32", "w4a8"),
-    ]:
-        loaded = load_model(None, dtype, progress=False, quantization=quantization)
+    formats = [("bfloat16", "none")]
+    formats += [("bfloat16", q) for q in args.quantizations if q not in ("none", "w4a8")]
+    formats += [("float32", q) for q in args.quantizations if q != "none"]
+    for dtype, quantization in formats:
+        loaded = load_model(args.model, dtype, progress=False, quantization=quantization)
         worst, agree, total = 0.0, 0, 0
         for prompt, forced, ref in cases:
             ours, _ = teacher_forced(loaded, prompt, len(forced), forced)
             worst = max(worst, float((ours - ref).abs().max()))
             agree += int((ours.argmax(-1) == ref.argmax(-1)).sum())
             total += len(forced)
-        name = f"{dtype} {quantization if quantization != 'none' else 'dense'}"
+        kind = loaded.quantization if quantization == "auto" else quantization
+        name = f"{dtype} {kind if kind != 'none' else 'dense'}"
         rows.append(Row("max |logit error| vs float32", name, worst, ""))
         rows.append(Row("greedy agreement vs float32", name, 100 * agree / total, "%"))
 
@@ -291,14 +307,14 @@ def bench_llama_cpp(args: argparse.Namespace, rows: list[Row]) -> None:
     # llama.cpp's default CPU path repacks weights for AMX where the CPU has it; on some CPUs
     # that path crashes (seen on Sapphire Rapids-class VMs): then measure with --repack 0.
     extra: tuple[str, ...] = ()
-    results = _llama_bench(bench, threads, ())
+    results = _llama_bench(bench, args.model, threads, ())
     if results is None:
         extra = ("--repack", "0")
-        results = _llama_bench(bench, threads, extra)
+        results = _llama_bench(bench, args.model, threads, extra)
     if results is None:
         print("llama-bench failed with and without weight repacking: skipped")
         return
-    name = "llama.cpp Q4_1" + (" (repack off)" if extra else "")
+    name = "llama.cpp" + (" (repack off)" if extra else "")
     for result in results:
         if result.get("n_prompt"):
             rows.append(Row("prefill 1000 tokens", name, result["avg_ts"], "tok/s"))
@@ -310,7 +326,7 @@ def bench_llama_cpp(args: argparse.Namespace, rows: list[Row]) -> None:
     from benchmarks.bench_json import _post, start_llama_server
     from sglite.runtime.model.loader import load_tokenizer
 
-    tok = load_tokenizer()
+    tok = load_tokenizer(args.model)
     work = shared_prefix_workload(tok, args.requests)
     ns = argparse.Namespace(threads=args.threads, llama_ctx_per_slot=2048)
     server_extra = ("--no-repack",) if extra else ()
@@ -338,10 +354,9 @@ def bench_llama_cpp(args: argparse.Namespace, rows: list[Row]) -> None:
         proc.wait(30)
 
 
-def _llama_bench(bench: str, threads: str, extra: tuple[str, ...]) -> list[dict] | None:
-    """llama-bench pp1000 / tg128, then tg128 after LONG_CONTEXT tokens (`-d`), on the default
-    GGUF; None if the first run failed (the second is left out when only it fails)."""
-    model = default_model_path()
+def _llama_bench(bench: str, model: str, threads: str, extra: tuple[str, ...]) -> list[dict] | None:
+    """llama-bench pp1000 / tg128, then tg128 after LONG_CONTEXT tokens (`-d`), on the GGUF;
+    None if the first run failed (the second is left out when only it fails)."""
     runs = [
         ["-p", "1000", "-n", "128"],
         ["-p", "0", "-n", "128", "-d", str(LONG_CONTEXT)],
@@ -364,8 +379,7 @@ def bench_transformers(args: argparse.Namespace, rows: list[Row], dtype: torch.d
     """transformers on the same GGUF weights, same thread count: prefill and batch-1 decode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = default_model_path()
-    folder, fname = os.path.split(path)
+    folder, fname = os.path.split(args.model)
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, dtype=dtype).eval()
     name = f"transformers {str(dtype).replace('torch.', '')}"
@@ -448,6 +462,7 @@ def targets(rows: list[Row], machine: dict[str, float]) -> list[str]:
 def report(rows: list[Row], machine: dict[str, float], args: argparse.Namespace) -> str:
     """Markdown: the table of every figure, then the targets."""
     lines = [
+        f"model: {os.path.basename(args.model)}",
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
         f"{args.threads} threads, torch {torch.__version__}",
         "",
@@ -465,6 +480,12 @@ def report(rows: list[Row], machine: dict[str, float], args: argparse.Namespace)
 def main() -> None:
     """Parse flags, run every system, print the table and the targets."""
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", help="a GGUF file (default: the default model)")
+    parser.add_argument(
+        "--quantizations",
+        help="comma-separated weight formats to run (default model: none,int8,int4,w4a8; "
+        "others: none,auto)",
+    )
     parser.add_argument("--quick", action="store_true", help="fewer repeats and workloads")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -478,12 +499,16 @@ def main() -> None:
     parser.add_argument("--skip-accuracy", action="store_true")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args()
+    default = args.model is None
+    args.model = args.model or default_model_path()
+    formats = args.quantizations or ("none,int8,int4,w4a8" if default else "none,auto")
+    args.quantizations = formats.split(",")
     if args.quick:
         args.requests, args.new_tokens, args.repeats, args.accuracy_tokens = 16, 16, 1, 8
     torch.set_num_threads(args.threads)
     rows: list[Row] = EchoList()
-    machine = bench_machine(rows)
-    for quantization in ("none", "int8", "int4", "w4a8"):
+    machine = bench_machine(rows, gflop_per_token(args.model))
+    for quantization in args.quantizations:
         bench_sglite(args, rows, quantization)
     if not args.skip_accuracy:
         bench_accuracy(args, rows)
