@@ -370,3 +370,43 @@ def test_unsupported_models_get_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="num_hidden_layers"):
         load_model(str(tmp_path / "q"), "float32", progress=False)
     assert os.path.isdir(tmp_path / "q")
+
+
+QWEN3_TEMPLATE = (
+    "{%- for m in messages %}{{ '<|im_start|>' + m['role'] + ' ' + m['content'] + ' <|im_end|> ' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant ' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{ '<think> </think> ' }}{%- endif %}{%- endif %}"
+)
+
+
+def test_qwen3_enable_thinking_reaches_its_chat_template(tmp_path):
+    """Qwen3's template writes an empty think block when `enable_thinking` is false: the chat
+    API passes `chat_template_kwargs` through to it (a real server, the openai client)."""
+    import openai
+    from server_fixtures import ServerProcess
+    from transformers import AutoTokenizer
+
+    path = tmp_path / "qwen3"
+    make_family_model("qwen3", str(path))
+    tok = AutoTokenizer.from_pretrained(str(path))
+    tok.chat_template = QWEN3_TEMPLATE
+    tok.save_pretrained(str(path))
+    server = ServerProcess("--model-path", str(path))
+    try:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none")
+        messages = [{"role": "user", "content": "w5 w6"}]
+
+        def prompt_tokens(**extra) -> int:
+            answer = client.chat.completions.create(
+                model=str(path), messages=messages, max_tokens=1, extra_body=extra
+            )
+            return answer.usage.prompt_tokens
+
+        thinking = prompt_tokens()
+        block = len(tok.encode("<think> </think>", add_special_tokens=False))
+        assert prompt_tokens(chat_template_kwargs={"enable_thinking": False}) == thinking + block
+        assert prompt_tokens(chat_template_kwargs={"enable_thinking": True}) == thinking
+    finally:
+        server.stop()

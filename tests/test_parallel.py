@@ -55,6 +55,16 @@ def test_plan_replicates_kv_heads_beyond_their_count():
         TensorParallelPlan.create(_config(3, 1), 0, 2)
 
 
+def test_plan_refuses_mixture_of_experts_models():
+    import dataclasses
+
+    moe = dataclasses.replace(
+        _config(4, 2), num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64
+    )
+    with pytest.raises(ValueError, match="mixture-of-experts"):
+        TensorParallelPlan.create(moe, 0, 2)
+
+
 def test_shards_cut_rows_columns_and_keep_row_parallel_bias_once():
     cfg = _config(4, 2)
     plan = TensorParallelPlan.create(cfg, 1, 2)

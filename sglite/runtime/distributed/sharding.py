@@ -48,6 +48,11 @@ class TensorParallelPlan:
         """The plan for one rank. Raises ValueError when the model cannot be split `size` ways."""
         if not 0 <= rank < size:
             raise ValueError(f"tensor-parallel rank {rank} is outside 0..{size - 1}")
+        if config.num_experts:
+            raise ValueError(
+                f"tensor parallelism does not split mixture-of-experts models ({config.arch}); "
+                "serve it with tp_size 1 (or data parallelism)"
+            )
         kv, heads = config.num_kv_heads, config.num_heads
         group = heads // kv
         if size <= kv:
