@@ -5,7 +5,8 @@ elementwise kernels) and the scheduler's (building the batch, sampling + detoken
 checks) are wrapped with wall-clock timers; what is left of a step is Python glue. Runs B
 requests of a short prompt decoding N tokens each, greedy.
 
-Run: python -m benchmarks.profile_decode [--batch 1] [--tokens 64] [--quantization int4]
+Run: python -m benchmarks.profile_decode [--model PATH] [--batch 1] [--tokens 64]
+[--quantization int4]
 
 `--compare-native N` instead alternates, N rounds, the model's two decode paths (all layers in
 one native call, or layer by layer from Python) on the same workload in this one process, and
@@ -74,6 +75,7 @@ def instrument() -> None:
 def main() -> None:
     """Run the workload once to warm up, then timed, and print the breakdown."""
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", help="a GGUF file or model directory (default model if not)")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--prompt-tokens", type=int, default=64)
@@ -83,7 +85,7 @@ def main() -> None:
     parser.add_argument("--compare-native", type=int, default=0, metavar="ROUNDS")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    loaded = load_model(None, args.dtype, progress=False, quantization=args.quantization)
+    loaded = load_model(args.model, args.dtype, progress=False, quantization=args.quantization)
     server_args = ServerArgs(
         max_total_tokens=65536,
         quantization=args.quantization,

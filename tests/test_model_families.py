@@ -151,10 +151,13 @@ _GEMMA_BLOCK = {
 }
 
 
-def write_family_gguf(hf: torch.nn.Module, arch: str, path: str) -> None:
+def write_family_gguf(
+    hf: torch.nn.Module, arch: str, path: str, raw: dict[str, tuple[np.ndarray, int]] | None = None
+) -> None:
     """`hf` as llama.cpp's converter writes it (F32 tensors, so `hf` stays the exact
     reference): its names, Gemma's norms stored as 1 + w, Llama's Q/K rows interleaved, and
-    each layer's experts in one 3D tensor per projection."""
+    each layer's experts in one 3D tensor per projection. `raw` maps GGUF tensor names to blocks
+    and their GGML type, written instead."""
     import gguf
 
     cfg = hf.config
@@ -213,6 +216,10 @@ def write_family_gguf(hf: torch.nn.Module, arch: str, path: str) -> None:
             data = _llamacpp_permute(data, cfg.num_attention_heads)
         elif arch == "llama" and ".k_proj." in name:
             data = _llamacpp_permute(data, cfg.num_key_value_heads)
+        if raw and gguf_name in raw:
+            blocks, qtype = raw[gguf_name]
+            writer.add_tensor(gguf_name, blocks, raw_shape=blocks.shape, raw_dtype=qtype)
+            continue
         writer.add_tensor(gguf_name, data)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -410,3 +417,51 @@ def test_qwen3_enable_thinking_reaches_its_chat_template(tmp_path):
         assert prompt_tokens(chat_template_kwargs={"enable_thinking": True}) == thinking
     finally:
         server.stop()
+
+
+def test_unreadable_gguf_files_get_clear_errors(tmp_path):
+    """A GGUF of an unsupported architecture, or holding a tensor type the `gguf` package
+    cannot dequantize, is refused with an error naming what is wrong."""
+    import gguf
+
+    hf = make_family_model("qwen3", str(tmp_path / "hf"))
+    tokenizer = str(tmp_path / "hf")
+    write_family_gguf(hf, "falcon", str(tmp_path / "falcon.gguf"))
+    with pytest.raises(ValueError, match="unsupported GGUF architecture 'falcon'"):
+        load_model(str(tmp_path / "falcon.gguf"), "float32", tokenizer_path=tokenizer)
+    q8_1 = gguf.GGMLQuantizationType.Q8_1
+    block, size = gguf.GGML_QUANT_SIZES[q8_1]
+    blocks = np.zeros((64, 128 // block * size), dtype=np.uint8)  # down_proj: [64, 128]
+    path = str(tmp_path / "q8_1.gguf")
+    write_family_gguf(hf, "qwen3", path, raw={"blk.0.ffn_down.weight": (blocks, q8_1)})
+    with pytest.raises(ValueError, match="blk.0.ffn_down.weight"):
+        load_model(path, "float32", tokenizer_path=tokenizer, progress=False)
+
+
+def test_expert_routing_does_not_depend_on_the_batch():
+    """A token picks the same experts with bitwise the same weights alone, in a prefill of 37
+    rows, or among other decode rows: near-ties cannot flip with the batch's shape."""
+    from sglite.runtime.model.config import ModelConfig
+    from sglite.runtime.model.layers.moe import SparseMoE
+
+    config = ModelConfig(
+        arch="MixtralForCausalLM",
+        vocab_size=VOCAB,
+        hidden_size=96,
+        intermediate_size=64,
+        num_layers=1,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=24,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+    )
+    torch.manual_seed(0)
+    moe = SparseMoE(config)
+    torch.nn.init.normal_(moe.gate.weight, std=0.5)
+    x = torch.randn(37, 96)
+    experts, weights = moe.route(x)
+    for rows in ([5], [5, 6, 7], list(range(0, 37, 4))):
+        e, w = moe.route(x[rows])
+        assert torch.equal(e, experts[rows]) and torch.equal(w, weights[rows])
