@@ -63,6 +63,13 @@ FAMILIES = {
         },
         "gemma3",
     ),
+    # The language model of a multimodal checkpoint (its vision tower is not loaded).
+    "gemma3-vlm": (
+        "Gemma3Config",
+        "Gemma3ForConditionalGeneration",
+        {"head_dim": 32, "sliding_window": 6, "query_pre_attn_scalar": 32},
+        None,
+    ),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", {"sliding_window": 9}, "phi3"),
     "phi3-longrope": (
         "Phi3Config",
@@ -113,7 +120,19 @@ def make_family_model(family: str, path: str) -> torch.nn.Module:
     import transformers
 
     config_name, model_name, overrides, _ = FAMILIES[family]
-    config = getattr(transformers, config_name)(**{**COMMON, **overrides})
+    if config_name == "Gemma3Config":  # a text config inside, and a tiny vision tower
+        vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1)
+        vision.update(num_attention_heads=2, image_size=28, patch_size=14)
+        config = transformers.Gemma3Config(
+            text_config={**COMMON, **overrides},
+            vision_config=vision,
+            mm_tokens_per_image=4,
+            image_token_index=300,
+            boi_token_index=301,
+            eoi_token_index=302,
+        )
+    else:
+        config = getattr(transformers, config_name)(**{**COMMON, **overrides})
     torch.manual_seed(0)
     model = getattr(transformers, model_name)(config).eval()
     with torch.no_grad():
