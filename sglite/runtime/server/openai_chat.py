@@ -1,0 +1,260 @@
+"""POST /v1/chat/completions: a conversation rendered through the model's chat template, with tool
+calls (`chat_tools.py`) parsed out of the answer, whole or streamed."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from sglite.runtime.server.errors import APIError, ErrorResponse, error_responses
+from sglite.runtime.server.openai_common import (
+    GENERATE_ERRORS_CODES,
+    check_common,
+    finish_reason,
+    finite,
+    output_constraint,
+    prepare,
+    sampling_params,
+    stream_events,
+    stream_response,
+    usage_of,
+)
+from sglite.runtime.server.openai_protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatStreamChoice,
+    ChoiceLogprobs,
+    DeltaMessage,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+)
+from sglite.runtime.server.serving import get_state, raise_if_aborted
+from sglite.runtime.server.state import ServerState
+from sglite.runtime.server.streaming import run_until_disconnect, sse_response_content
+from sglite.runtime.tokenizer_manager import GenerateRequest
+
+router = APIRouter(prefix="/v1")
+_GENERATE_ERRORS = error_responses(*GENERATE_ERRORS_CODES)
+
+
+def _render_messages(state: ServerState, body: ChatCompletionRequest) -> list[int]:
+    messages = []
+    for i, msg in enumerate(body.messages):
+        content: Any = msg.content
+        if isinstance(content, list):
+            parts = []
+            for j, part in enumerate(content):
+                if part.type != "text" or part.text is None:
+                    raise APIError(
+                        400,
+                        f"messages.{i}.content.{j}: only text content parts are supported "
+                        f"(got type {part.type!r})",
+                        param=f"messages.{i}.content",
+                        code="not_supported",
+                    )
+                parts.append(part.text)
+            content = "".join(parts)
+        entry: dict[str, Any] = {"role": msg.role, "content": content or ""}
+        for key in ("name", "tool_calls", "tool_call_id"):
+            value = getattr(msg, key)
+            if value is not None:
+                entry[key] = value
+        messages.append(entry)
+    continue_final = bool(body.continue_final_message)
+    if continue_final and messages[-1]["role"] != "assistant":
+        raise APIError(
+            400,
+            "continue_final_message: the last message must be from the assistant",
+            param="continue_final_message",
+        )
+    kwargs = dict(body.chat_template_kwargs or {})
+    if continue_final:
+        kwargs["continue_final_message"] = True
+    try:
+        text = state.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=not continue_final, tools=body.tools, **kwargs
+        )
+    except Exception as exc:  # template errors (e.g. roles must alternate) are the client's
+        raise APIError(
+            400, f"messages: the chat template rejected them: {exc}", "messages"
+        ) from None
+    ids = state.tokenizer.encode(text)
+    bos = state.tokenizer.bos_token_id
+    # Templates that write the BOS text themselves get a second BOS from the tokenizer.
+    if bos is not None and len(ids) >= 2 and ids[0] == bos and ids[1] == bos:
+        ids = ids[1:]
+    return ids
+
+
+def _chat_logprobs(
+    entries: list[list[Any]], tops: list[Any] | None, num_top: int
+) -> ChoiceLogprobs:
+    content = []
+    for k, (logprob, _tid, text) in enumerate(entries):
+        text = text or ""
+        top = tops[k] if tops is not None and k < len(tops) and tops[k] else []
+        content.append(
+            TokenLogprob(
+                token=text,
+                logprob=finite(logprob),
+                bytes=list(text.encode()),
+                top_logprobs=[
+                    TopLogprob(token=t or "", logprob=finite(lp), bytes=list((t or "").encode()))
+                    for lp, _i, t in top[:num_top]
+                ],
+            )
+        )
+    return ChoiceLogprobs(content=content)
+
+
+@router.post(
+    "/chat/completions",
+    response_model=ChatCompletionResponse,
+    responses={
+        200: {
+            "description": "a chat completion, or with `stream` an event stream of "
+            "chat.completion.chunk objects (an error mid-stream is an ErrorResponse event) "
+            "ending with `data: [DONE]`",
+            "content": sse_response_content(ChatCompletionChunk, ErrorResponse),
+        },
+        **_GENERATE_ERRORS,
+    },
+)
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
+    """Answer a conversation, rendered through the model's chat template."""
+    state = get_state(request)
+    check_common(state, body)
+    constraint = output_constraint(body)
+    if body.tool_choice not in (None, "none", "auto"):
+        raise APIError(
+            400,
+            "tool_choice: forcing a tool call is not supported yet",
+            param="tool_choice",
+            code="not_supported",
+        )
+    if body.top_logprobs and not body.logprobs:
+        raise APIError(400, "top_logprobs: requires logprobs: true", param="top_logprobs")
+    n = body.n or 1
+    ids = _render_messages(state, body)
+    max_tokens = body.max_completion_tokens if body.max_tokens is None else body.max_tokens
+    if max_tokens is None:  # the rest of the context (or of the KV pool, if smaller)
+        tm = state.tokenizer_manager
+        max_tokens = max(0, min(tm.context_len, tm.max_total_tokens) - len(ids))
+        if state.args.max_new_tokens_limit is not None:
+            max_tokens = min(max_tokens, state.args.max_new_tokens_limit)
+    want_logprobs = bool(body.logprobs)
+    num_top = body.top_logprobs or 0
+    base_id = body.rid or f"chatcmpl-{uuid.uuid4().hex}"
+    reqs = prepare(
+        state,
+        "messages",
+        constraint,
+        text=None,
+        input_ids=ids,
+        sampling_params=sampling_params(body, max_tokens, constraint),
+        return_logprob=want_logprobs,
+        logprob_start_len=-1,
+        top_logprobs_num=num_top,
+        return_text_in_logprobs=True,
+        rid=base_id,
+    )
+    model = body.model or state.model_name
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        events = _chat_stream(state, reqs, n, base_id, model, want_logprobs, num_top, include_usage)
+        return stream_response(request, events)
+
+    results = await run_until_disconnect(request, state.tokenizer_manager.generate(reqs))
+    choices = []
+    for k, result in enumerate(results):
+        raise_if_aborted(state, result)
+        meta = result["meta_info"]
+        logprobs = None
+        if want_logprobs:
+            logprobs = _chat_logprobs(
+                meta["output_token_logprobs"], meta.get("output_top_logprobs"), num_top
+            )
+        reason, matched = finish_reason(meta)
+        choices.append(
+            ChatChoice(
+                index=k,
+                message=AssistantMessage(content=result["text"]),
+                logprobs=logprobs,
+                finish_reason=reason,
+                matched_stop=matched,
+            )
+        )
+    response = ChatCompletionResponse(
+        id=base_id, model=model, choices=choices, usage=usage_of(results, n)
+    )
+    return Response(response.model_dump_json(), media_type="application/json")
+
+
+def _chat_stream(
+    state: ServerState,
+    reqs: list[GenerateRequest],
+    n: int,
+    base_id: str,
+    model: str,
+    want_logprobs: bool,
+    num_top: int,
+    include_usage: bool,
+) -> AsyncIterator[bytes]:
+    sent = [0] * len(reqs)
+    started = [False] * len(reqs)
+    finals: list[dict[str, Any] | None] = [None] * len(reqs)
+
+    def chunk(k: int, delta: DeltaMessage, logprobs: Any, reason: Any, matched: Any) -> dict:
+        choice = ChatStreamChoice(
+            index=k, delta=delta, logprobs=logprobs, finish_reason=reason, matched_stop=matched
+        )
+        return ChatCompletionChunk(id=base_id, model=model, choices=[choice]).model_dump(
+            mode="json"
+        )
+
+    def on_chunk(k: int, result: dict[str, Any]) -> list[dict[str, Any]]:
+        meta = result["meta_info"]
+        events = []
+        if not started[k]:
+            started[k] = True
+            events.append(chunk(k, DeltaMessage(role="assistant", content=""), None, None, None))
+        text = result["text"]
+        delta = text[sent[k] :]
+        sent[k] = len(text)
+        logprobs = None
+        if want_logprobs and meta.get("output_token_logprobs"):
+            logprobs = _chat_logprobs(
+                meta["output_token_logprobs"], meta.get("output_top_logprobs"), num_top
+            )
+        reason, matched = finish_reason(meta)
+        if reason is not None:
+            finals[k] = result
+        if delta or logprobs is not None or reason is not None:
+            events.append(chunk(k, DeltaMessage(content=delta or None), logprobs, reason, matched))
+        return events
+
+    def on_end() -> list[dict[str, Any]]:
+        if not include_usage:
+            return []
+        done = [r for r in finals if r is not None]
+        usage = usage_of(done, n) if len(done) == len(finals) else Usage()
+        return [
+            ChatCompletionChunk(id=base_id, model=model, choices=[], usage=usage).model_dump(
+                mode="json"
+            )
+        ]
+
+    return stream_events(state, reqs, on_chunk, on_end)
+
+
+def route_paths() -> set[str]:
+    """Paths served by this router (for per-route metrics labels)."""
+    return {route.path for route in router.routes}

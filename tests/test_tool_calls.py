@@ -1,0 +1,137 @@
+"""Tool-call parsing on recorded model outputs, whole and streamed at every split, for each
+format; malformed calls stay text; the enforcing grammars compile and accept their format."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sglite.runtime.tool_calls.base import StreamingToolParser
+from sglite.runtime.tool_calls.formats import FORMATS, detect_format, get_format
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
+            "required": ["city"],
+        },
+    },
+}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
+
+# format -> (output, expected content, expected [(name, arguments)])
+RECORDED = {
+    "hermes": (
+        'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+        '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>',
+        "Let me check.",
+        [("get_weather", {"city": "Paris"}), ("get_time", {})],
+    ),
+    "llama3": (
+        '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo", "unit": "c"}}; '
+        '{"name": "get_time", "parameters": {}}',
+        "",
+        [("get_weather", {"city": "Oslo", "unit": "c"}), ("get_time", {})],
+    ),
+    "mistral": (
+        '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Rome \\"IT\\""}}]',
+        "",
+        [("get_weather", {"city": 'Rome "IT"'})],
+    ),
+    "pythonic": (
+        '[get_weather(city="Lima", unit="f"), get_time()]',
+        "",
+        [("get_weather", {"city": "Lima", "unit": "f"}), ("get_time", {})],
+    ),
+}
+
+
+def _calls(calls) -> list[tuple[str, dict]]:
+    return [(c.name, json.loads(c.arguments)) for c in calls]
+
+
+@pytest.mark.parametrize("name", list(RECORDED))
+def test_whole_outputs_parse_into_content_and_calls(name):
+    text, content, calls = RECORDED[name]
+    parsed = get_format(name).parse(text)
+    assert parsed.content == content
+    assert _calls(parsed.calls) == calls
+    assert len({c.id for c in parsed.calls}) == len(calls)
+
+
+@pytest.mark.parametrize("name", list(RECORDED))
+@pytest.mark.parametrize("eager", [False, True])
+def test_streams_split_anywhere_give_the_same_calls_and_no_call_text(name, eager):
+    text, content, calls = RECORDED[name]
+    fmt = get_format(name)
+    for cut in range(len(text) + 1):
+        for pieces in ([text[:cut], text], [text[: cut // 2], text[:cut], text]):
+            parser = StreamingToolParser(fmt, eager)
+            got_content, got = "", {}
+            deltas = [parser.update(p) for p in pieces[:-1]] + [parser.finish(pieces[-1])]
+            for delta in deltas:
+                got_content += delta.content
+                for d in delta.calls:
+                    call = got.setdefault(d.index, {"id": None, "name": None, "arguments": ""})
+                    if d.id is not None:
+                        assert call["id"] is None and d.name is not None  # id and name first
+                        call["id"], call["name"] = d.id, d.name
+                    call["arguments"] += d.arguments
+            assert got_content.strip() == content, (cut, got_content)
+            assert [(c["name"], json.loads(c["arguments"])) for c in got.values()] == calls
+
+
+@pytest.mark.parametrize(
+    "name, text",
+    [
+        ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": }\n</tool_call>'),
+        ("hermes", "<tool_call>\nnot json\n</tool_call>"),
+        ("llama3", '{"name": "get_weather", "parameters": '),
+        ("mistral", "[TOOL_CALLS] oops"),
+        ("pythonic", "[get_weather(city=Paris)]"),
+    ],
+)
+def test_malformed_calls_come_back_as_text(name, text):
+    fmt = get_format(name)
+    parsed = fmt.parse(text)
+    assert parsed.content == text and parsed.calls == []
+    parser = StreamingToolParser(fmt)
+    first = parser.update(text[: len(text) // 2])
+    finish = parser.finish(text)
+    assert finish.calls == [] and parser.calls == []
+    assert first.content + finish.content == text
+
+
+def test_plain_text_streams_through_and_marker_prefixes_wait():
+    parser = StreamingToolParser(get_format("hermes"))
+    assert parser.update("The answer is 4 <tool").content == "The answer is 4 "
+    assert parser.update("The answer is 4 <tools are not needed").content == "<tools are not needed"
+    assert parser.finish("The answer is 4 <tools are not needed.").content == "."
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("allow_text", [False, True])
+def test_enforcing_grammars_compile(name, parallel, allow_text):
+    import llguidance
+
+    text = get_format(name).grammar([WEATHER, TIME], parallel, allow_text)
+    grammar = llguidance.LLMatcher.grammar_from_lark(text)
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+    assert not is_error, messages
+
+
+def test_formats_are_detected_from_chat_templates():
+    assert detect_format("{% if tools %}<tool_call>{{ tool }}</tool_call>{% endif %}").name == (
+        "hermes"
+    )
+    assert detect_format("{{ '[TOOL_CALLS]' }}").name == "mistral"
+    assert detect_format("{{- '<|python_tag|>' }}").name == "llama3"
+    assert detect_format("[func_name1(params_name1=params_value1)]").name == "pythonic"
+    assert detect_format("{{ messages }}") is None
+    with pytest.raises(ValueError, match="unknown tool call parser 'nope'"):
+        get_format("nope")
