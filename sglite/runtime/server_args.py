@@ -106,6 +106,8 @@ class ServerArgs:
     port: int = 30000
     api_key: str | None = None
     served_model_name: str | None = None
+    # How tool calls are parsed out of chat answers (None: the chat template's format).
+    tool_call_parser: str | None = None
     max_request_body_bytes: int = 16 * 1024 * 1024  # larger bodies get HTTP 413
     allow_origins: str | None = None  # CORS, comma-separated origins or "*"; None = off
     # On SIGTERM, let requests in flight finish for this many seconds, then abort the rest.
@@ -133,6 +135,10 @@ class ServerArgs:
                 f"jump_forward_mode must be one of {JUMP_FORWARD_MODES}, "
                 f"got {self.jump_forward_mode!r}"
             )
+        if self.tool_call_parser is not None:
+            from sglite.runtime.tool_calls.formats import get_format
+
+            get_format(self.tool_call_parser)  # ValueError naming the choices
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(
                 f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}"

@@ -10,9 +10,20 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from sglite.runtime.server.chat_tools import (
+    ToolPlan,
+    calls_json,
+    delta_calls_json,
+    parse_answer,
+    plan_tools,
+    prepare_messages,
+    special_markers,
+    stream_parser,
+)
 from sglite.runtime.server.errors import APIError, ErrorResponse, error_responses
 from sglite.runtime.server.openai_common import (
     GENERATE_ERRORS_CODES,
+    OutputConstraint,
     check_common,
     finish_reason,
     finite,
@@ -45,7 +56,7 @@ router = APIRouter(prefix="/v1")
 _GENERATE_ERRORS = error_responses(*GENERATE_ERRORS_CODES)
 
 
-def _render_messages(state: ServerState, body: ChatCompletionRequest) -> list[int]:
+def _render_messages(state: ServerState, body: ChatCompletionRequest, plan: ToolPlan) -> list[int]:
     messages = []
     for i, msg in enumerate(body.messages):
         content: Any = msg.content
@@ -78,9 +89,10 @@ def _render_messages(state: ServerState, body: ChatCompletionRequest) -> list[in
     kwargs = dict(body.chat_template_kwargs or {})
     if continue_final:
         kwargs["continue_final_message"] = True
+    messages = prepare_messages(plan, messages)
     try:
         text = state.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=not continue_final, tools=body.tools, **kwargs
+            messages, add_generation_prompt=not continue_final, tools=plan.tools, **kwargs
         )
     except Exception as exc:  # template errors (e.g. roles must alternate) are the client's
         raise APIError(
@@ -129,21 +141,25 @@ def _chat_logprobs(
     },
 )
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
-    """Answer a conversation, rendered through the model's chat template."""
+    """Answer a conversation, rendered through the model's chat template; tool calls in the
+    answer come back as `message.tool_calls` (`chat_tools.py`)."""
     state = get_state(request)
     check_common(state, body)
     constraint = output_constraint(body)
-    if body.tool_choice not in (None, "none", "auto"):
-        raise APIError(
-            400,
-            "tool_choice: forcing a tool call is not supported yet",
-            param="tool_choice",
-            code="not_supported",
-        )
+    plan = plan_tools(state, body)
+    if plan.grammar is not None:
+        if constraint is not None:
+            raise APIError(
+                400,
+                f"{constraint.field.split('.')[0]}: cannot be combined with enforced tool calls "
+                "(tool_choice required, a named function, or strict tools)",
+                param=constraint.field.split(".")[0],
+            )
+        constraint = OutputConstraint("ebnf", plan.grammar, "tools")
     if body.top_logprobs and not body.logprobs:
         raise APIError(400, "top_logprobs: requires logprobs: true", param="top_logprobs")
     n = body.n or 1
-    ids = _render_messages(state, body)
+    ids = _render_messages(state, body, plan)
     max_tokens = body.max_completion_tokens if body.max_tokens is None else body.max_tokens
     if max_tokens is None:  # the rest of the context (or of the KV pool, if smaller)
         tm = state.tokenizer_manager
@@ -153,13 +169,16 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     want_logprobs = bool(body.logprobs)
     num_top = body.top_logprobs or 0
     base_id = body.rid or f"chatcmpl-{uuid.uuid4().hex}"
+    params = sampling_params(body, max_tokens, constraint)
+    if special_markers(state, plan):
+        params["skip_special_tokens"] = False
     reqs = prepare(
         state,
         "messages",
         constraint,
         text=None,
         input_ids=ids,
-        sampling_params=sampling_params(body, max_tokens, constraint),
+        sampling_params=params,
         return_logprob=want_logprobs,
         logprob_start_len=-1,
         top_logprobs_num=num_top,
@@ -169,8 +188,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     model = body.model or state.model_name
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        events = _chat_stream(state, reqs, n, base_id, model, want_logprobs, num_top, include_usage)
-        return stream_response(request, events)
+        stream = _ChatStream(state, reqs, n, base_id, model, want_logprobs, num_top, plan)
+        return stream_response(request, stream.events(include_usage))
 
     results = await run_until_disconnect(request, state.tokenizer_manager.generate(reqs))
     choices = []
@@ -183,76 +202,102 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
                 meta["output_token_logprobs"], meta.get("output_top_logprobs"), num_top
             )
         reason, matched = finish_reason(meta)
+        parsed = parse_answer(plan, result["text"])
+        message = AssistantMessage(content=parsed.content or None)
+        if parsed.calls:
+            message.tool_calls = calls_json(parsed.calls)
+            reason = "tool_calls" if reason == "stop" else reason
+        elif message.content is None:
+            message.content = ""
         choices.append(
             ChatChoice(
-                index=k,
-                message=AssistantMessage(content=result["text"]),
-                logprobs=logprobs,
-                finish_reason=reason,
+                index=k, message=message, logprobs=logprobs, finish_reason=reason,
                 matched_stop=matched,
             )
-        )
+        )  # fmt: skip
     response = ChatCompletionResponse(
         id=base_id, model=model, choices=choices, usage=usage_of(results, n)
     )
     return Response(response.model_dump_json(), media_type="application/json")
 
 
-def _chat_stream(
-    state: ServerState,
-    reqs: list[GenerateRequest],
-    n: int,
-    base_id: str,
-    model: str,
-    want_logprobs: bool,
-    num_top: int,
-    include_usage: bool,
-) -> AsyncIterator[bytes]:
-    sent = [0] * len(reqs)
-    started = [False] * len(reqs)
-    finals: list[dict[str, Any] | None] = [None] * len(reqs)
+class _ChatStream:
+    """The events of a streamed chat completion: per choice a role delta, then content and
+    tool-call deltas (`chat_tools.stream_parser`), then the finish reason; with usage, a last
+    usage-only chunk."""
 
-    def chunk(k: int, delta: DeltaMessage, logprobs: Any, reason: Any, matched: Any) -> dict:
+    def __init__(
+        self,
+        state: ServerState,
+        reqs: list[GenerateRequest],
+        n: int,
+        base_id: str,
+        model: str,
+        want_logprobs: bool,
+        num_top: int,
+        plan: ToolPlan,
+    ) -> None:
+        self.state, self.reqs, self.n = state, reqs, n
+        self.base_id, self.model = base_id, model
+        self.want_logprobs, self.num_top = want_logprobs, num_top
+        self.started = [False] * len(reqs)
+        self.sent = [0] * len(reqs)  # characters of each choice's text already parsed
+        self.parsers = [stream_parser(plan) for _ in reqs]
+        self.finals: list[dict[str, Any] | None] = [None] * len(reqs)
+
+    def _chunk(self, k: int, delta: DeltaMessage, logprobs: Any, reason: Any, matched: Any) -> dict:
         choice = ChatStreamChoice(
             index=k, delta=delta, logprobs=logprobs, finish_reason=reason, matched_stop=matched
         )
-        return ChatCompletionChunk(id=base_id, model=model, choices=[choice]).model_dump(
-            mode="json"
-        )
+        chunk = ChatCompletionChunk(id=self.base_id, model=self.model, choices=[choice])
+        return chunk.model_dump(mode="json")
 
-    def on_chunk(k: int, result: dict[str, Any]) -> list[dict[str, Any]]:
+    def _delta(self, k: int, text: str, done: bool) -> DeltaMessage:
+        parser = self.parsers[k]
+        if parser is None:
+            piece = text[self.sent[k] :]
+            self.sent[k] = len(text)
+            return DeltaMessage(content=piece or None)
+        update = parser.finish(text) if done else parser.update(text)
+        calls = delta_calls_json(update)
+        return DeltaMessage(content=update.content or None, tool_calls=calls or None)
+
+    def on_chunk(self, k: int, result: dict[str, Any]) -> list[dict[str, Any]]:
         meta = result["meta_info"]
         events = []
-        if not started[k]:
-            started[k] = True
-            events.append(chunk(k, DeltaMessage(role="assistant", content=""), None, None, None))
-        text = result["text"]
-        delta = text[sent[k] :]
-        sent[k] = len(text)
-        logprobs = None
-        if want_logprobs and meta.get("output_token_logprobs"):
-            logprobs = _chat_logprobs(
-                meta["output_token_logprobs"], meta.get("output_top_logprobs"), num_top
+        if not self.started[k]:
+            self.started[k] = True
+            events.append(
+                self._chunk(k, DeltaMessage(role="assistant", content=""), None, None, None)
             )
         reason, matched = finish_reason(meta)
+        delta = self._delta(k, result["text"], reason is not None)
+        logprobs = None
+        if self.want_logprobs and meta.get("output_token_logprobs"):
+            logprobs = _chat_logprobs(
+                meta["output_token_logprobs"], meta.get("output_top_logprobs"), self.num_top
+            )
         if reason is not None:
-            finals[k] = result
-        if delta or logprobs is not None or reason is not None:
-            events.append(chunk(k, DeltaMessage(content=delta or None), logprobs, reason, matched))
+            self.finals[k] = result
+            parser = self.parsers[k]
+            if parser is not None and parser.calls and reason == "stop":
+                reason = "tool_calls"
+        if delta.content or delta.tool_calls or logprobs is not None or reason is not None:
+            events.append(self._chunk(k, delta, logprobs, reason, matched))
         return events
 
-    def on_end() -> list[dict[str, Any]]:
+    def on_end(self, include_usage: bool) -> list[dict[str, Any]]:
         if not include_usage:
             return []
-        done = [r for r in finals if r is not None]
-        usage = usage_of(done, n) if len(done) == len(finals) else Usage()
-        return [
-            ChatCompletionChunk(id=base_id, model=model, choices=[], usage=usage).model_dump(
-                mode="json"
-            )
-        ]
+        done = [r for r in self.finals if r is not None]
+        usage = usage_of(done, self.n) if len(done) == len(self.finals) else Usage()
+        chunk = ChatCompletionChunk(id=self.base_id, model=self.model, choices=[], usage=usage)
+        return [chunk.model_dump(mode="json")]
 
-    return stream_events(state, reqs, on_chunk, on_end)
+    def events(self, include_usage: bool) -> AsyncIterator[bytes]:
+        return stream_events(
+            self.state, self.reqs, self.on_chunk, lambda: self.on_end(include_usage)
+        )
 
 
 def route_paths() -> set[str]:

@@ -123,9 +123,13 @@ class ChatCompletionRequest(_SamplingExtras):
     logprobs: Bool | None = False
     top_logprobs: Int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: list[dict[str, Any]] | None = Field(
-        None, description="rendered through the chat template; tool calls are not parsed"
+        None, description="functions the model may call; calls come back in message.tool_calls"
     )
-    tool_choice: str | dict[str, Any] | None = None
+    tool_choice: str | dict[str, Any] | None = Field(
+        None,
+        description='none, auto (the default with tools), required, or {"type": "function", '
+        '"function": {"name": ...}}; required and named calls are enforced by the grammar',
+    )
     parallel_tool_calls: Bool | None = None
     continue_final_message: Bool | None = Field(
         False, description="continue the last (assistant) message instead of starting a new one"
@@ -217,7 +221,7 @@ class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
     logprobs: ChoiceLogprobs | None = None
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: Literal["stop", "length", "tool_calls"] | None = None
     matched_stop: int | str | None = None
 
 
@@ -238,6 +242,7 @@ class _DeltaJSON(TypedDict, total=False):
 
     role: Literal["assistant"]
     content: str
+    tool_calls: list[dict[str, Any]]
 
 
 class DeltaMessage(BaseModel):
@@ -245,6 +250,7 @@ class DeltaMessage(BaseModel):
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
     @model_serializer(mode="wrap")
     def _drop_unset(self, handler: Any) -> _DeltaJSON:
@@ -257,7 +263,7 @@ class ChatStreamChoice(BaseModel):
     index: int
     delta: DeltaMessage
     logprobs: ChoiceLogprobs | None = None
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: Literal["stop", "length", "tool_calls"] | None = None
     matched_stop: int | str | None = None
 
 

@@ -1,0 +1,232 @@
+"""Tool calls through the chat API on the real server and the default model (whose template renders
+no tools: they go into a system message in the Hermes format), driven by the `openai` client."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import openai
+import pytest
+import requests
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather of a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"timezone": {"type": "string"}},
+            "required": ["timezone"],
+        },
+    },
+}
+TOOLS = [WEATHER, TIME]
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+
+@pytest.fixture(scope="module")
+def client(sglite_server):
+    return openai.OpenAI(base_url=sglite_server.url + "/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def model(client):
+    return client.models.list().data[0].id
+
+
+def _valid(name: str, arguments: str) -> dict:
+    args = json.loads(arguments)
+    jsonschema.validate(args, SCHEMAS[name])
+    return args
+
+
+def test_required_calls_always_parse_and_validate(client, model):
+    for prompt in ("What is the weather in Paris?", "Hello!", "Write a poem about the sea."):
+        r = client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": prompt}],
+            tools=TOOLS,
+            tool_choice="required",
+            parallel_tool_calls=False,
+            max_tokens=80,
+            temperature=0,
+        )
+        choice = r.choices[0]
+        assert choice.finish_reason == "tool_calls", choice
+        assert len(choice.message.tool_calls) == 1
+        call = choice.message.tool_calls[0]
+        assert call.type == "function" and call.id.startswith("call_")
+        _valid(call.function.name, call.function.arguments)
+
+
+def test_named_choice_calls_that_function(client, model):
+    r = client.chat.completions.create(
+        model=model,
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+        max_tokens=80,
+        temperature=0.8,
+        seed=3,
+    )
+    (call,) = r.choices[0].message.tool_calls
+    assert call.function.name == "get_time"
+    _valid("get_time", call.function.arguments)
+    assert r.choices[0].finish_reason == "tool_calls"
+
+
+def test_auto_parses_a_call_out_of_the_answer(client, model):
+    """auto: whatever the model writes in the call format comes back as tool_calls (here the
+    answer is forced into that format with a regex, as a tool-happy model would write it)."""
+    call = r'<tool_call>\n\{"name": "get_weather", "arguments": \{"city": "[A-Z][a-z]{2,8}", '
+    call += r'"unit": "celsius"\}\}\n</tool_call>'
+    r = client.chat.completions.create(
+        model=model,
+        messages=ASK,
+        tools=TOOLS,
+        max_tokens=60,
+        temperature=0,
+        extra_body={"regex": call},
+    )
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (parsed,) = choice.message.tool_calls
+    assert parsed.function.name == "get_weather"
+    assert _valid("get_weather", parsed.function.arguments)["unit"] == "celsius"
+    plain = client.chat.completions.create(
+        model=model, messages=ASK, tools=TOOLS, max_tokens=12, temperature=0
+    )
+    assert plain.choices[0].message.tool_calls is None  # text stays text
+    assert plain.choices[0].message.content
+
+
+def test_streamed_calls_assemble_from_deltas(client, model):
+    stream = client.chat.completions.create(
+        model=model,
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=60,
+        temperature=0,
+        stream=True,
+    )
+    calls: dict[int, dict] = {}
+    content, reasons, pieces = "", [], 0
+    for chunk in stream:
+        choice = chunk.choices[0]
+        content += choice.delta.content or ""
+        reasons.append(choice.finish_reason)
+        for d in choice.delta.tool_calls or []:
+            entry = calls.setdefault(d.index, {"name": None, "arguments": "", "id": None})
+            if d.id:
+                assert entry["id"] is None and d.function.name  # id and name come first
+                entry["id"], entry["name"] = d.id, d.function.name
+            entry["arguments"] += d.function.arguments or ""
+            pieces += 1
+    assert content == "" and calls
+    for entry in calls.values():
+        _valid(entry["name"], entry["arguments"])
+    assert pieces > len(calls)  # arguments arrived in pieces
+    reference = client.chat.completions.create(
+        model=model, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=60,
+        temperature=0, parallel_tool_calls=False,
+    )  # fmt: skip
+    first = reference.choices[0].message.tool_calls[0]
+    assert (calls[0]["name"], calls[0]["arguments"]) == (
+        first.function.name,
+        first.function.arguments,
+    )
+    assert reasons[-1] == "tool_calls"
+
+
+def test_tool_round_trip_reuses_the_cached_prefix(client, model):
+    first = client.chat.completions.create(
+        model=model,
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=60,
+        temperature=0,
+    )
+    call = first.choices[0].message.tool_calls[0]
+    history = [
+        *ASK,
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21}'},
+    ]
+    second = client.chat.completions.create(
+        model=model, messages=history, tools=TOOLS, max_tokens=20, temperature=0
+    )
+    assert second.choices[0].message.content
+    # The system message with the tools and the question are cached from the first turn.
+    assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 8
+
+
+def test_parse_with_a_pydantic_model(client, model):
+    from pydantic import BaseModel
+
+    class City(BaseModel):
+        name: str
+        country: str
+
+    r = client.chat.completions.parse(
+        model=model,
+        messages=[{"role": "user", "content": "Name a city in France."}],
+        response_format=City,
+        max_tokens=60,
+        temperature=0,
+    )
+    city = r.choices[0].message.parsed
+    assert isinstance(city, City) and city.name
+
+
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+        ({"tool_choice": "sometimes"}, "tool_choice"),
+        ({"tool_choice": "required", "tools": None}, "tool_choice"),
+        ({"n": 2}, "n"),
+        (
+            {
+                "tool_choice": "required",
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {"name": "bad", "parameters": {"type": "no-such-type"}},
+                    }
+                ],
+            },
+            "tools.0.function.parameters",
+        ),
+        ({"tools": [{"type": "function", "function": {"description": "x"}}]}, "tools.0.function"),
+        (
+            {"tool_choice": "required", "response_format": {"type": "json_object"}},
+            "response_format",
+        ),
+    ],
+)
+def test_bad_tool_requests_answer_400_naming_the_field(sglite_server, model, body, field):
+    request = {"model": model, "messages": ASK, "tools": TOOLS, "max_tokens": 8, **body}
+    r = requests.post(sglite_server.url + "/v1/chat/completions", json=request, timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == field, r.json()
