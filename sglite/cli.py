@@ -96,6 +96,7 @@ HELP = {
     "served_model_name": "model id in the OpenAI API (default: the model path)",
     "tool_call_parser": "tool call format: hermes (qwen, qwen25, qwen3), llama3, mistral or "
     "pythonic (default: the chat template's, else hermes)",
+    "reasoning_parser": "separate <think> reasoning into reasoning_content: qwen3 or deepseek-r1",
     "extra": "extra options as a JSON object",
 }
 CHOICES = {

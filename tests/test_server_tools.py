@@ -230,3 +230,38 @@ def test_bad_tool_requests_answer_400_naming_the_field(sglite_server, model, bod
     r = requests.post(sglite_server.url + "/v1/chat/completions", json=request, timeout=60)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == field, r.json()
+
+
+THINKING = r"<think>\nThe user wants a greeting\.\n</think>\n\nHello [a-z]{3,6}!"
+
+
+@pytest.fixture(scope="module")
+def thinking_client():
+    """A server with `--reasoning-parser qwen3` (its answers are forced into a think block
+    with a regex: the default model does not think by itself)."""
+    from server_fixtures import ServerProcess
+
+    server = ServerProcess("--reasoning-parser", "qwen3")
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    yield client, client.models.list().data[0].id
+    server.stop()
+
+
+def test_reasoning_is_separated_whole_and_streamed(thinking_client):
+    client, model = thinking_client
+    ask = {"model": model, "messages": ASK, "max_tokens": 40, "temperature": 0}
+    r = client.chat.completions.create(**ask, extra_body={"regex": THINKING})
+    message = r.choices[0].message
+    assert message.reasoning_content == "The user wants a greeting.\n"
+    assert message.content.startswith("Hello ") and "<think>" not in message.content
+    reasoning, content = "", ""
+    for chunk in client.chat.completions.create(**ask, stream=True, extra_body={"regex": THINKING}):
+        delta = chunk.choices[0].delta
+        reasoning += getattr(delta, "reasoning_content", None) or ""
+        content += delta.content or ""
+    assert (reasoning, content) == (message.reasoning_content, message.content)
+    raw = client.chat.completions.create(
+        **ask, extra_body={"regex": THINKING, "separate_reasoning": False}
+    )
+    assert raw.choices[0].message.content.startswith("<think>")
+    assert getattr(raw.choices[0].message, "reasoning_content", None) is None

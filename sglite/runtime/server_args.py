@@ -108,6 +108,8 @@ class ServerArgs:
     served_model_name: str | None = None
     # How tool calls are parsed out of chat answers (None: the chat template's format).
     tool_call_parser: str | None = None
+    # How a thinking model's reasoning is separated from its answer (None: it is not).
+    reasoning_parser: str | None = None
     max_request_body_bytes: int = 16 * 1024 * 1024  # larger bodies get HTTP 413
     allow_origins: str | None = None  # CORS, comma-separated origins or "*"; None = off
     # On SIGTERM, let requests in flight finish for this many seconds, then abort the rest.
@@ -139,6 +141,10 @@ class ServerArgs:
             from sglite.runtime.tool_calls.formats import get_format
 
             get_format(self.tool_call_parser)  # ValueError naming the choices
+        if self.reasoning_parser is not None:
+            from sglite.runtime.reasoning import get_reasoning_format
+
+            get_reasoning_format(self.reasoning_parser)
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(
                 f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}"

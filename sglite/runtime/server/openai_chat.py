@@ -10,6 +10,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from sglite.runtime.reasoning import (
+    ReasoningFormat,
+    StreamingReasoningParser,
+    get_reasoning_format,
+)
 from sglite.runtime.server.chat_tools import (
     ToolPlan,
     calls_json,
@@ -106,6 +111,22 @@ def _render_messages(state: ServerState, body: ChatCompletionRequest, plan: Tool
     return ids
 
 
+def _reasoning_format(state: ServerState, body: ChatCompletionRequest) -> ReasoningFormat | None:
+    """The server's reasoning format, unless the request keeps reasoning in the content."""
+    name = state.args.reasoning_parser
+    if name is None or body.separate_reasoning is False:
+        return None
+    return get_reasoning_format(name)
+
+
+def _split_reasoning(
+    state: ServerState, body: ChatCompletionRequest, text: str
+) -> tuple[str | None, str]:
+    """(reasoning, answer) of a finished output."""
+    fmt = _reasoning_format(state, body)
+    return (None, text) if fmt is None else fmt.split(text)
+
+
 def _chat_logprobs(
     entries: list[list[Any]], tops: list[Any] | None, num_top: int
 ) -> ChoiceLogprobs:
@@ -188,7 +209,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     model = body.model or state.model_name
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        stream = _ChatStream(state, reqs, n, base_id, model, want_logprobs, num_top, plan)
+        reasoning = _reasoning_format(state, body)
+        stream = _ChatStream(
+            state, reqs, n, base_id, model, want_logprobs, num_top, plan, reasoning
+        )
         return stream_response(request, stream.events(include_usage))
 
     results = await run_until_disconnect(request, state.tokenizer_manager.generate(reqs))
@@ -202,8 +226,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
                 meta["output_token_logprobs"], meta.get("output_top_logprobs"), num_top
             )
         reason, matched = finish_reason(meta)
-        parsed = parse_answer(plan, result["text"])
-        message = AssistantMessage(content=parsed.content or None)
+        reasoning, answer = _split_reasoning(state, body, result["text"])
+        parsed = parse_answer(plan, answer)
+        message = AssistantMessage(content=parsed.content or None, reasoning_content=reasoning)
         if parsed.calls:
             message.tool_calls = calls_json(parsed.calls)
             reason = "tool_calls" if reason == "stop" else reason
@@ -236,6 +261,7 @@ class _ChatStream:
         want_logprobs: bool,
         num_top: int,
         plan: ToolPlan,
+        reasoning: ReasoningFormat | None,
     ) -> None:
         self.state, self.reqs, self.n = state, reqs, n
         self.base_id, self.model = base_id, model
@@ -243,6 +269,7 @@ class _ChatStream:
         self.started = [False] * len(reqs)
         self.sent = [0] * len(reqs)  # characters of each choice's text already parsed
         self.parsers = [stream_parser(plan) for _ in reqs]
+        self.reasoners = [StreamingReasoningParser(reasoning) if reasoning else None for _ in reqs]
         self.finals: list[dict[str, Any] | None] = [None] * len(reqs)
 
     def _chunk(self, k: int, delta: DeltaMessage, logprobs: Any, reason: Any, matched: Any) -> dict:
@@ -253,14 +280,22 @@ class _ChatStream:
         return chunk.model_dump(mode="json")
 
     def _delta(self, k: int, text: str, done: bool) -> DeltaMessage:
+        reasoning = None
+        reasoner = self.reasoners[k]
+        if reasoner is not None:  # the answer follows the reasoning
+            reasoning, text = reasoner.update(text, done)
         parser = self.parsers[k]
         if parser is None:
             piece = text[self.sent[k] :]
             self.sent[k] = len(text)
-            return DeltaMessage(content=piece or None)
+            return DeltaMessage(content=piece or None, reasoning_content=reasoning or None)
         update = parser.finish(text) if done else parser.update(text)
         calls = delta_calls_json(update)
-        return DeltaMessage(content=update.content or None, tool_calls=calls or None)
+        return DeltaMessage(
+            content=update.content or None,
+            reasoning_content=reasoning or None,
+            tool_calls=calls or None,
+        )
 
     def on_chunk(self, k: int, result: dict[str, Any]) -> list[dict[str, Any]]:
         meta = result["meta_info"]
@@ -282,7 +317,8 @@ class _ChatStream:
             parser = self.parsers[k]
             if parser is not None and parser.calls and reason == "stop":
                 reason = "tool_calls"
-        if delta.content or delta.tool_calls or logprobs is not None or reason is not None:
+        new = delta.content or delta.reasoning_content or delta.tool_calls
+        if new or logprobs is not None or reason is not None:
             events.append(self._chunk(k, delta, logprobs, reason, matched))
         return events
 

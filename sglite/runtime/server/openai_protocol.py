@@ -135,6 +135,11 @@ class ChatCompletionRequest(_SamplingExtras):
         False, description="continue the last (assistant) message instead of starting a new one"
     )
     chat_template_kwargs: dict[str, Any] | None = None
+    separate_reasoning: Bool | None = Field(
+        True,
+        description="with --reasoning-parser: reasoning in reasoning_content (else kept "
+        "in content)",
+    )
 
 
 # ---------------------------------------------------------------------------- responses
@@ -212,6 +217,7 @@ class AssistantMessage(BaseModel):
 
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
 
 
@@ -242,6 +248,7 @@ class _DeltaJSON(TypedDict, total=False):
 
     role: Literal["assistant"]
     content: str
+    reasoning_content: str
     tool_calls: list[dict[str, Any]]
 
 
@@ -250,6 +257,7 @@ class DeltaMessage(BaseModel):
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
 
     @model_serializer(mode="wrap")
