@@ -94,6 +94,7 @@ HELP = {
     "port": "port to listen on (0 = any free port)",
     "api_key": "require 'Authorization: Bearer KEY' on every route but /health",
     "served_model_name": "model id in the OpenAI API (default: the model path)",
+    "strict_model_name": "answer requests naming another model with 404 (default: serve any name)",
     "tool_call_parser": "tool call format: hermes (qwen, qwen25, qwen3), llama3, mistral or "
     "pythonic (default: the chat template's, else hermes)",
     "reasoning_parser": "separate <think> reasoning into reasoning_content: qwen3 or deepseek-r1",

@@ -49,7 +49,6 @@ BAD = [
     ("/generate", {"text": "Hi", "logprob_start_len": -7}, "logprob_start_len"),
     ("/generate", {"text": "Hi", "image_data": "abc"}, "image_data"),
     ("/generate", {"text": ["a", "b"], "rid": ["x", "x"]}, "rid"),
-    ("/v1/completions", {"prompt": "Hi", "model": "nope"}, "model"),
     ("/v1/completions", {"prompt": "Hi", "temperature": -0.5}, "temperature"),
     ("/v1/completions", {"prompt": "Hi", "n": 100}, "n"),
     ("/v1/completions", {"prompt": "Hi", "max_tokens": -1}, "max_tokens"),
@@ -67,7 +66,6 @@ BAD = [
     ("/v1/chat/completions", {"messages": []}, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, "role"),
     ("/v1/chat/completions", {"messages": "Hi"}, "messages"),
-    ("/v1/chat/completions", {"messages": CHAT, "model": "gpt-4o"}, "model"),
     ("/v1/chat/completions", {"messages": CHAT, "top_p": 2}, "top_p"),
     ("/v1/chat/completions", {"messages": CHAT, "top_logprobs": 3}, "top_logprobs"),
     (
@@ -148,13 +146,13 @@ def test_body_without_content_type_is_read_as_json(url):
 def test_stream_with_bad_input_is_400_before_streaming(url):
     body = {"text": "Hi", "stream": True, "sampling_params": {"temperature": -1}}
     check_error(requests.post(url + "/generate", json=body, timeout=30), 400, "temperature")
-    body = {"prompt": "Hi", "stream": True, "model": "nope"}
-    check_error(requests.post(url + "/v1/completions", json=body, timeout=30), 400, "model")
+    body = {"prompt": "Hi", "stream": True, "max_tokens": -2}
+    check_error(requests.post(url + "/v1/completions", json=body, timeout=30), 400, "max_tokens")
 
 
 def test_unknown_route_and_method(url):
     check_error(requests.get(url + "/no/such/route", timeout=10), 404, "no route")
-    check_error(requests.post(url + "/v1/embeddings", json={}, timeout=10), 404, "no route")
+    check_error(requests.post(url + "/v1/no-such", json={}, timeout=10), 404, "no route")
     check_error(requests.delete(url + "/generate", timeout=10), 405, "not allowed")
 
 

@@ -238,10 +238,10 @@ THINKING = r"<think>\nThe user wants a greeting\.\n</think>\n\nHello [a-z]{3,6}!
 @pytest.fixture(scope="module")
 def thinking_client():
     """A server with `--reasoning-parser qwen3` (its answers are forced into a think block
-    with a regex: the default model does not think by itself)."""
+    with a regex: the default model does not think by itself) and `--strict-model-name`."""
     from server_fixtures import ServerProcess
 
-    server = ServerProcess("--reasoning-parser", "qwen3")
+    server = ServerProcess("--reasoning-parser", "qwen3", "--strict-model-name")
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
     yield client, client.models.list().data[0].id
     server.stop()
@@ -265,3 +265,19 @@ def test_reasoning_is_separated_whole_and_streamed(thinking_client):
     )
     assert raw.choices[0].message.content.startswith("<think>")
     assert getattr(raw.choices[0].message, "reasoning_content", None) is None
+
+
+def test_any_model_name_is_served_unless_strict(client, model, thinking_client):
+    """Clients send the name they were configured with (SGLang's bench_serving sends its
+    tokenizer path, apps send `default`): one model serves them all, and /v1/models lists its
+    real name; `--strict-model-name` answers other names with OpenAI's 404."""
+    for name in ("default", "Qwen/Qwen3-8B", model):
+        r = client.chat.completions.create(model=name, messages=ASK, max_tokens=2)
+        assert r.choices[0].message.content is not None and r.model == name
+    assert [m.id for m in client.models.list().data] == [model]
+    strict, strict_model = thinking_client
+    with pytest.raises(openai.NotFoundError) as err:
+        strict.chat.completions.create(model="gpt-4o", messages=ASK, max_tokens=2)
+    assert err.value.body["code"] == "model_not_found"
+    for name in (strict_model, "default"):  # its name and the server's aliases
+        assert strict.chat.completions.create(model=name, messages=ASK, max_tokens=2)

@@ -106,6 +106,9 @@ class ServerArgs:
     port: int = 30000
     api_key: str | None = None
     served_model_name: str | None = None
+    # Answer requests naming another model with 404 model_not_found (by default any name is
+    # served by the one model, as SGLang does).
+    strict_model_name: bool = False
     # How tool calls are parsed out of chat answers (None: the chat template's format).
     tool_call_parser: str | None = None
     # How a thinking model's reasoning is separated from its answer (None: it is not).

@@ -68,12 +68,16 @@ class ServerState:
         return bool(self.client.info.get("grammar_backend"))
 
     def check_model(self, model: str | None) -> None:
-        """Raise a 400 unless `model` names the served model (None means "the served one")."""
-        if model is None or model == self.model_name or model in self.model_aliases:
+        """Accept any `model` (clients send the name they were configured with: a tokenizer
+        path, `default`, a hub id; the one model serves them all), except with
+        `--strict-model-name`: then a name other than the served model's is OpenAI's 404."""
+        if not self.args.strict_model_name or model is None:
+            return
+        if model == self.model_name or model in self.model_aliases:
             return
         raise APIError(
-            400,
-            f"model: the model {model!r} is not served here; use {self.model_name!r}",
+            404,
+            f"model: the model {model!r} does not exist; this server serves {self.model_name!r}",
             param="model",
             code="model_not_found",
         )
