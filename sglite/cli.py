@@ -98,6 +98,7 @@ HELP = {
     "tool_call_parser": "tool call format: hermes (qwen, qwen25, qwen3), llama3, mistral or "
     "pythonic (default: the chat template's, else hermes)",
     "reasoning_parser": "separate <think> reasoning into reasoning_content: qwen3 or deepseek-r1",
+    "pooling": "embeddings: the last prompt token's final hidden state, or the mean of all",
     "extra": "extra options as a JSON object",
 }
 CHOICES = {

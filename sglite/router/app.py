@@ -34,11 +34,11 @@ from sglite.runtime.server.streaming import ClientDisconnected, run_until_discon
 
 logger = logging.getLogger("sglite.router")
 
-# Routes passed to one worker as they are (no routing key: they touch no cache).
+# Routes passed to one worker as they are (no routing key: they gain little from a cache).
 PASSTHROUGH_GET = ("/health_generate", "/get_model_info", "/model_info", "/v1/models")
 PASSTHROUGH_POST = (
-    "/encode", "/tokenize", "/detokenize", "/v1/tokenize", "/v1/detokenize",
-    "/concate_and_append_request",
+    "/encode", "/v1/embeddings", "/v1/rerank", "/tokenize", "/detokenize", "/v1/tokenize",
+    "/v1/detokenize", "/concate_and_append_request",
 )  # fmt: skip
 # Generation routes and how to find their routing keys.
 GENERATION_ROUTES: dict[str, Callable[[dict[str, Any]], list[Key]]] = {

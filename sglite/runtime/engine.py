@@ -96,6 +96,19 @@ class Engine:
         results = await asyncio.wrap_future(fut)
         return results[0] if single else results
 
+    def encode(
+        self,
+        prompt: str | list[str] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+    ) -> dict[str, Any] | list[dict[str, Any]]:
+        """Embed one prompt (a dict `{"embedding", "meta_info"}`) or a batch (a list): the
+        model's final hidden states pooled as `pooling` says (last token or mean) and
+        L2-normalized. Raises ValueError for invalid input."""
+        self._check_open()
+        reqs, is_batch = self.tokenizer_manager.embedding_requests(prompt, input_ids)
+        results = self._run(self.tokenizer_manager.generate(reqs))
+        return results if is_batch else results[0]
+
     def _prepare(self, *args: Any) -> tuple[list[GenerateRequest], bool]:
         self._check_open()
         stream = args[7]

@@ -113,6 +113,8 @@ class ServerArgs:
     tool_call_parser: str | None = None
     # How a thinking model's reasoning is separated from its answer (None: it is not).
     reasoning_parser: str | None = None
+    # How embeddings pool the prompt's final hidden states: the last token's, or their mean.
+    pooling: str = "last"
     max_request_body_bytes: int = 16 * 1024 * 1024  # larger bodies get HTTP 413
     allow_origins: str | None = None  # CORS, comma-separated origins or "*"; None = off
     # On SIGTERM, let requests in flight finish for this many seconds, then abort the rest.
@@ -144,6 +146,8 @@ class ServerArgs:
             from sglite.runtime.tool_calls.formats import get_format
 
             get_format(self.tool_call_parser)  # ValueError naming the choices
+        if self.pooling not in ("last", "mean"):
+            raise ValueError(f"pooling must be last or mean, got {self.pooling!r}")
         if self.reasoning_parser is not None:
             from sglite.runtime.reasoning import get_reasoning_format
 

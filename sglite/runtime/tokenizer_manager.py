@@ -42,6 +42,7 @@ class GenerateRequest:
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
+    pooling: str | None = None  # an embedding request ("last" or "mean")
 
 
 @dataclass
@@ -60,6 +61,7 @@ class _RequestState:
     output_top: list[Any] = field(default_factory=list)
     finished: bool = False
     last_token_time: float | None = None
+    embedding: list[float] | None = None
 
 
 class TokenizerManager:
@@ -202,6 +204,22 @@ class TokenizerManager:
             return_text_in_logprobs=return_text_in_logprobs,
         )
 
+    def embedding_requests(
+        self,
+        prompt: str | list[str] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        rid: str | list[str] | None = None,
+    ) -> tuple[list[GenerateRequest], bool]:
+        """Requests for the pooled hidden states of each prompt (`--pooling`), validated as
+        `normalize` validates prompts (a prompt longer than the context is a ValueError).
+        Returns (requests, is_batch)."""
+        reqs, is_batch = self.normalize(
+            prompt=prompt, input_ids=input_ids, sampling_params={"max_new_tokens": 0}, rid=rid
+        )
+        for req in reqs:
+            req.pooling = self.args.pooling
+        return reqs, is_batch
+
     @staticmethod
     def expand_n(reqs: list[GenerateRequest]) -> list[GenerateRequest]:
         """Replace each request with n > 1 by n requests (prompt-major order, distinct seeds)."""
@@ -245,6 +263,7 @@ class TokenizerManager:
             top_logprobs_num=req.top_logprobs_num,
             arrival_time=time.monotonic(),
             stream=stream,
+            pooling=req.pooling,
         )
         self.client.submit(inp, on_output)
         self.in_flight[req.rid] = state
@@ -330,6 +349,8 @@ class TokenizerManager:
             state.output_logprobs += new_out
             state.input_top += new_in_top
             state.output_top += new_out_top
+        if out.embedding is not None:
+            state.embedding = out.embedding
         if out.finish_reason is not None:
             state.finished = True
         if not incremental:
@@ -370,7 +391,10 @@ class TokenizerManager:
             if state.req.top_logprobs_num:
                 meta["input_top_logprobs"] = state.input_top
                 meta["output_top_logprobs"] = state.output_top
-        return {"text": state.text, "output_ids": list(state.output_ids), "meta_info": meta}
+        result = {"text": state.text, "output_ids": list(state.output_ids), "meta_info": meta}
+        if state.req.pooling is not None:
+            result = {"embedding": state.embedding, "meta_info": meta}
+        return result
 
     def _token_text(self, token_id: int, req: GenerateRequest) -> str | None:
         if not req.return_text_in_logprobs:

@@ -169,7 +169,8 @@ class CausalLM(nn.Module):
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
-        """Run all layers over the batch, write its K/V into `pool`, return `[R, vocab]` logits."""
+        """Run all layers over the batch, write its K/V into `pool`, return `[R, vocab]` logits
+        (and the final hidden states of `batch.hidden_rows` in `batch.hidden`)."""
         assert self.ropes is not None
         self.ropes.ensure(max(batch.seq_lens))
         plan = AttentionPlan(batch, self.device)
@@ -179,6 +180,13 @@ class CausalLM(nn.Module):
         decoder = self._decoder() if batch.mode is ForwardMode.DECODE else None
         if decoder is None or not decoder.run(residual, batch, pool):
             self._layers_forward(residual, batch, plan, pool)
+        if batch.hidden_rows is not None:
+            wanted = residual.index_select(0, batch.hidden_rows)
+            batch.hidden = kernels.add_rms_norm(
+                None, wanted, self.norm.weight, self.norm.eps
+            ).float()
+        if batch.logit_rows.numel() == 0:  # only hidden states wanted (embeddings)
+            return torch.empty(0, self.config.vocab_size, device=self.device)
         h = residual.index_select(0, batch.logit_rows)
         h = kernels.add_rms_norm(None, h, self.norm.weight, self.norm.eps)
         return self.tp.all_gather_columns(self._lm_head(h), self.vocab_widths).float()

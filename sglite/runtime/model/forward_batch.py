@@ -9,7 +9,9 @@ Invariants:
 - `kv_slots[i]` (EXTEND only; DECODE uses `padded_slots`) lists the pool slots of all
   `seq_lens[i]` tokens of sequence i in order; its last `extend_lens[i]` entries are where this
   pass writes the new tokens' K/V (`out_slots`).
-- `logit_rows` indexes rows of the flattened T tokens whose logits are returned, in order.
+- `logit_rows` indexes rows of the flattened T tokens whose logits are returned, in order;
+  `hidden_rows` (optional) those whose final hidden states (after the final norm, float32) the
+  model stores in `hidden` (embeddings).
 - `padded_slots`/`padded_mask` describe the *decode-like* sequences: every sequence in DECODE
   mode; in EXTEND mode (a decode step verifying jump-forward drafts) the sequences listed in
   `decode_seqs`, those with one new token after a cached prefix, which attention then serves
@@ -50,6 +52,9 @@ class ForwardBatch:
     # EXTEND only: indices of single-token sequences batched like DECODE, and their token rows.
     decode_seqs: list[int] | None = None
     decode_rows: torch.Tensor | None = None
+    # Rows whose final hidden states are wanted, and where the model puts them ([H, hidden]).
+    hidden_rows: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
 
     @property
     def decode_seq_lens(self) -> list[int]:

@@ -27,6 +27,9 @@ class GenerateInput:
     # False: the client wants only the whole answer, so the scheduler sends the first increment
     # (time to first token) and the last, not one message per step.
     stream: bool = True
+    # An embedding request: the prompt's hidden states pooled ("last" token or "mean"), no
+    # output tokens.
+    pooling: str | None = None
 
 
 @dataclass
@@ -76,6 +79,8 @@ class RequestOutput:
     input_top_logprobs: list[list[tuple[float, int]] | None] | None = None
     output_token_logprobs: list[tuple[float, int]] | None = None
     output_top_logprobs: list[list[tuple[float, int]]] | None = None
+    # An embedding request's L2-normalized pooled hidden state (final increment only).
+    embedding: list[float] | None = None
 
 
 @dataclass

@@ -42,6 +42,8 @@ class RequestKVManager:
         if not self.cache_enabled:
             return 0
         limit = req.num_fill - 1
+        if req.pooling is not None and req.pooling.mode == "mean":
+            limit = 0  # every prompt token's hidden state is needed
         if req.wants_input_logprobs:
             limit = min(limit, req.logprob_start_len)
         if self.tiered is not None:

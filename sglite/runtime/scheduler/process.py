@@ -163,6 +163,7 @@ def run_scheduler(
                 "context_length": scheduler.context_len,
                 "max_total_num_tokens": scheduler.pool.capacity,
                 "vocab_size": cfg.vocab_size,
+                "hidden_size": cfg.hidden_size,
                 "architecture": cfg.arch,
                 "grammar_backend": args.grammar_backend,
                 "jump_forward": scheduler.jump_forward,

@@ -23,6 +23,7 @@ from sglite.runtime.detokenizer import IncrementalDetokenizer, StopChecker
 from sglite.runtime.sampling.params import SamplingParams
 from sglite.runtime.sampling.sampler import SamplingInfo
 from sglite.runtime.scheduler.io import RequestOutput
+from sglite.runtime.scheduler.pooling import Pooling
 
 
 class SlotMirror:
@@ -68,6 +69,7 @@ class Req:
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
     stream: bool = True  # False: only the first and the final increment are sent
+    pooling: Pooling | None = None  # an embedding request
 
     output_ids: list[int] = field(default_factory=list)
     # Constrained decoding: the matcher has consumed exactly `output_ids` (ticket while compiling).
@@ -142,6 +144,8 @@ class Req:
             jump_forward_accepted=self.jump_forward_accepted,
         )
         self.sent_text_len, self.sent_token_len = safe, len(self.output_ids)
+        if self.finished and self.pooling is not None and self.pooling.count:
+            out.embedding = self.pooling.embedding()
         if self.return_logprob:
             if self.input_logprobs_pending:
                 out.input_token_logprobs = self.input_logprobs_pending

@@ -37,6 +37,7 @@ from sglite.runtime.scheduler.grammar import (
 from sglite.runtime.scheduler.io import GenerateInput, RequestOutput
 from sglite.runtime.scheduler.kv_manager import RequestKVManager
 from sglite.runtime.scheduler.policy import order_waiting
+from sglite.runtime.scheduler.pooling import Pooling
 from sglite.runtime.scheduler.request import Req
 from sglite.runtime.server_args import ServerArgs
 
@@ -137,6 +138,7 @@ class Scheduler:
             logprob_start_len=inp.logprob_start_len,
             top_logprobs_num=inp.top_logprobs_num,
             stream=inp.stream,
+            pooling=Pooling(inp.pooling) if inp.pooling else None,
         )
         problem = self._admission_problem(req)
         if problem:
@@ -287,8 +289,9 @@ class Scheduler:
 
     # ------------------------------------------------------------------ prefill
     def _run_prefill(self, batch: list[tuple[Req, int]]) -> None:
-        token_ids, prefix_lens, logit_rows = [], [], []
+        token_ids, prefix_lens, logit_rows, hidden_rows = [], [], [], []
         row_plan: list[tuple[int, int, int]] = []  # per request: (first row, first position, n)
+        hidden_plan: list[tuple[int, int]] = []  # per request: its rows of the hidden states
         offset = 0
         for req, n in batch:
             start = len(req.kv_slots) - n
@@ -296,6 +299,9 @@ class Scheduler:
             prefix_lens.append(start)
             row_plan.append((len(logit_rows), start, n))
             logit_rows.extend(offset + i for i in self._logit_positions(req, start, n))
+            pooled = req.pooling.offsets(start, n, req.num_fill) if req.pooling else []
+            hidden_plan.append((len(hidden_rows), len(hidden_rows) + len(pooled)))
+            hidden_rows.extend(offset + i for i in pooled)
             offset += n
         fb = ForwardBatch.build(
             ForwardMode.EXTEND,
@@ -305,8 +311,13 @@ class Scheduler:
             logit_rows,
             self.device,
         )
+        if hidden_rows:
+            fb.hidden_rows = torch.tensor(hidden_rows, dtype=torch.long, device=fb.input_ids.device)
         start_time = time.perf_counter()
         logits = self._forward(fb)
+        for (req, _), (lo, hi) in zip(batch, hidden_plan, strict=True):
+            if req.pooling is not None and fb.hidden is not None:
+                req.pooling.add(fb.hidden[lo:hi])
         self.kv.observe_prefill(offset, time.perf_counter() - start_time)
         self.counters["prefill_passes"] += 1
         to_sample: list[tuple[Req, int]] = []
@@ -491,6 +502,8 @@ class Scheduler:
         self.counters["retractions"] += 1
         if not req.input_logprobs_done:  # recomputed from logprob_start_len on re-admission
             req.input_logprobs_pending, req.input_top_pending = [], []
+        if req.pooling is not None:  # its prompt is computed again from the cached prefix
+            req.pooling = type(req.pooling)(req.pooling.mode)
         self.kv.release(req)
         self.waiting.insert(0, req)
 

@@ -316,7 +316,7 @@ async def concate_and_append_request(body: ConcateAndAppendIn) -> SuccessOut:
 
 
 # ---------------------------------------------------------------------------- tokens
-def _tokenize(state: ServerState, body: TokenizeIn, with_input_ids: bool) -> TokenizeOut:
+def _tokenize(state: ServerState, body: TokenizeIn) -> TokenizeOut:
     prompt = body.prompt if body.prompt is not None else body.text
     if prompt is None:
         raise APIError(400, "prompt: give the text to tokenize (prompt or text)", param="prompt")
@@ -328,12 +328,7 @@ def _tokenize(state: ServerState, body: TokenizeIn, with_input_ids: bool) -> Tok
     else:
         ids = [list(hf.encode(p, add_special_tokens=body.add_special_tokens)) for p in prompt]
         count = [len(x) for x in ids]
-    return TokenizeOut(
-        tokens=ids,
-        count=count,
-        max_model_len=state.context_length,
-        input_ids=ids if with_input_ids else None,
-    )
+    return TokenizeOut(tokens=ids, count=count, max_model_len=state.context_length)
 
 
 @router.post(
@@ -344,7 +339,7 @@ def _tokenize(state: ServerState, body: TokenizeIn, with_input_ids: bool) -> Tok
 )
 async def tokenize(body: TokenizeIn, request: Request) -> TokenizeOut:
     """Token ids of a text (or of each text in a list)."""
-    return _tokenize(get_state(request), body, with_input_ids=False)
+    return _tokenize(get_state(request), body)
 
 
 @router.post(
@@ -355,15 +350,7 @@ async def tokenize(body: TokenizeIn, request: Request) -> TokenizeOut:
 )
 async def tokenize_v1(body: TokenizeIn, request: Request) -> TokenizeOut:
     """Token ids of a text (OpenAI-style path, as SGLang serves it)."""
-    return _tokenize(get_state(request), body, with_input_ids=False)
-
-
-@router.post(
-    "/encode", response_model=TokenizeOut, response_model_exclude_none=True, responses=_BODY_ERRORS
-)
-async def encode(body: TokenizeIn, request: Request) -> TokenizeOut:
-    """Token ids of a text; like /tokenize, with the ids also under `input_ids`."""
-    return _tokenize(get_state(request), body, with_input_ids=True)
+    return _tokenize(get_state(request), body)
 
 
 def _detokenize(state: ServerState, body: DetokenizeIn) -> DetokenizeOut:
@@ -417,7 +404,6 @@ for _path, _endpoint, _method in (
     ("/generate", generate, "PUT"),
     ("/flush_cache", flush_cache, "GET"),
     ("/concate_and_append_request", concate_and_append_request, "GET"),
-    ("/encode", encode, "PUT"),
 ):
     router.add_api_route(_path, _endpoint, methods=[_method], include_in_schema=False)
 

@@ -113,7 +113,6 @@ class TokenizeOut(BaseModel):
     tokens: list[int] | list[list[int]]
     count: int | list[int]
     max_model_len: int
-    input_ids: list[int] | list[list[int]] | None = Field(None, description="/encode only")
 
 
 class DetokenizeIn(BaseModel):

@@ -55,6 +55,11 @@ class ServerState:
         return self.client.info["model_path"]
 
     @property
+    def hidden_size(self) -> int:
+        """Width of the model's hidden states (its embeddings' size)."""
+        return int(self.client.info["hidden_size"])
+
+    @property
     def context_length(self) -> int:
         """Longest prompt + output the model accepts."""
         return self.client.info["context_length"]
