@@ -222,6 +222,12 @@ def test_stream_events(url):
     # Incremental logprobs: each event carries only its new tokens.
     total = sum(len(c["meta_info"]["output_token_logprobs"]) for c in chunks)
     assert total == final["meta_info"]["completion_tokens"]
+    # ...and how many the stream has carried so far, as SGLang 0.5 sends it.
+    carried = 0
+    for c in chunks:
+        carried += len(c["meta_info"]["output_token_logprobs"])
+        assert c["meta_info"]["output_token_logprobs_length"] == carried
+        assert c["meta_info"]["completion_tokens"] == carried
     body.pop("stream")
     whole = generate(url, **body)
     assert final["text"] == whole["text"]

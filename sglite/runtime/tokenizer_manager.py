@@ -357,7 +357,10 @@ class TokenizerManager:
             return {}
         result = self._result(state, incremental=True)
         if req.return_logprob:
+            # Only the new tokens' entries, and how many the stream has carried in all (as
+            # SGLang 0.5 streams them, so a client can check it got every token).
             result["meta_info"]["output_token_logprobs"] = new_out
+            result["meta_info"]["output_token_logprobs_length"] = len(state.output_logprobs)
             if req.top_logprobs_num:
                 result["meta_info"]["output_top_logprobs"] = new_out_top
         return result

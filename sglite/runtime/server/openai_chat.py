@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -56,6 +57,7 @@ from sglite.runtime.server.serving import get_state, raise_if_aborted
 from sglite.runtime.server.state import ServerState
 from sglite.runtime.server.streaming import run_until_disconnect, sse_response_content
 from sglite.runtime.tokenizer_manager import GenerateRequest
+from sglite.runtime.tool_calls.types import ToolCall
 
 router = APIRouter(prefix="/v1")
 _GENERATE_ERRORS = error_responses(*GENERATE_ERRORS_CODES)
@@ -119,14 +121,6 @@ def _reasoning_format(state: ServerState, body: ChatCompletionRequest) -> Reason
     return get_reasoning_format(name)
 
 
-def _split_reasoning(
-    state: ServerState, body: ChatCompletionRequest, text: str
-) -> tuple[str | None, str]:
-    """(reasoning, answer) of a finished output."""
-    fmt = _reasoning_format(state, body)
-    return (None, text) if fmt is None else fmt.split(text)
-
-
 def _chat_logprobs(
     entries: list[list[Any]], tops: list[Any] | None, num_top: int
 ) -> ChoiceLogprobs:
@@ -165,6 +159,76 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     """Answer a conversation, rendered through the model's chat template; tool calls in the
     answer come back as `message.tool_calls` (`chat_tools.py`)."""
     state = get_state(request)
+    chat = prepare_chat(state, body)
+    model = body.model or state.model_name
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        stream = _ChatStream(state, chat, model)
+        return stream_response(request, stream.events(include_usage))
+    results = await run_until_disconnect(request, state.tokenizer_manager.generate(chat.reqs))
+    choices = []
+    for k, result in enumerate(results):
+        raise_if_aborted(state, result)
+        meta = result["meta_info"]
+        logprobs = None
+        if chat.want_logprobs:
+            logprobs = _chat_logprobs(
+                meta["output_token_logprobs"], meta.get("output_top_logprobs"), chat.num_top
+            )
+        reason, matched = finish_reason(meta)
+        answer = chat.answer(result["text"])
+        message = AssistantMessage(
+            content=answer.content or None, reasoning_content=answer.reasoning
+        )
+        if answer.calls:
+            message.tool_calls = calls_json(answer.calls)
+            reason = "tool_calls" if reason == "stop" else reason
+        elif message.content is None:
+            message.content = ""
+        choices.append(
+            ChatChoice(
+                index=k, message=message, logprobs=logprobs, finish_reason=reason,
+                matched_stop=matched,
+            )
+        )  # fmt: skip
+    response = ChatCompletionResponse(
+        id=chat.base_id, model=model, choices=choices, usage=usage_of(results, chat.n)
+    )
+    return Response(response.model_dump_json(), media_type="application/json")
+
+
+@dataclass
+class ChatAnswer:
+    """A finished answer split into reasoning, text and tool calls."""
+
+    reasoning: str | None
+    content: str
+    calls: list[ToolCall]
+
+
+@dataclass
+class PreparedChat:
+    """A chat request checked, rendered and turned into scheduler requests, with what reading
+    its answers needs (shared by /v1/chat/completions and /v1/responses)."""
+
+    reqs: list[GenerateRequest]
+    plan: ToolPlan
+    reasoning: ReasoningFormat | None
+    n: int
+    base_id: str
+    want_logprobs: bool
+    num_top: int
+    prompt_ids: list[int]
+
+    def answer(self, text: str) -> ChatAnswer:
+        """The reasoning, text and calls of one finished output."""
+        reasoning, rest = (None, text) if self.reasoning is None else self.reasoning.split(text)
+        parsed = parse_answer(self.plan, rest)
+        return ChatAnswer(reasoning, parsed.content, parsed.calls)
+
+
+def prepare_chat(state: ServerState, body: ChatCompletionRequest) -> PreparedChat:
+    """Check `body` (400 naming the field), render it and admit its scheduler requests."""
     check_common(state, body)
     constraint = output_constraint(body)
     plan = plan_tools(state, body)
@@ -179,7 +243,6 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         constraint = OutputConstraint("ebnf", plan.grammar, "tools")
     if body.top_logprobs and not body.logprobs:
         raise APIError(400, "top_logprobs: requires logprobs: true", param="top_logprobs")
-    n = body.n or 1
     ids = _render_messages(state, body, plan)
     max_tokens = body.max_completion_tokens if body.max_tokens is None else body.max_tokens
     if max_tokens is None:  # the rest of the context (or of the KV pool, if smaller)
@@ -187,12 +250,12 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         max_tokens = max(0, min(tm.context_len, tm.max_total_tokens) - len(ids))
         if state.args.max_new_tokens_limit is not None:
             max_tokens = min(max_tokens, state.args.max_new_tokens_limit)
-    want_logprobs = bool(body.logprobs)
-    num_top = body.top_logprobs or 0
     base_id = body.rid or f"chatcmpl-{uuid.uuid4().hex}"
     params = sampling_params(body, max_tokens, constraint)
     if special_markers(state, plan):
         params["skip_special_tokens"] = False
+    want_logprobs = bool(body.logprobs)
+    num_top = body.top_logprobs or 0
     reqs = prepare(
         state,
         "messages",
@@ -206,44 +269,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         return_text_in_logprobs=True,
         rid=base_id,
     )
-    model = body.model or state.model_name
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        reasoning = _reasoning_format(state, body)
-        stream = _ChatStream(
-            state, reqs, n, base_id, model, want_logprobs, num_top, plan, reasoning
-        )
-        return stream_response(request, stream.events(include_usage))
-
-    results = await run_until_disconnect(request, state.tokenizer_manager.generate(reqs))
-    choices = []
-    for k, result in enumerate(results):
-        raise_if_aborted(state, result)
-        meta = result["meta_info"]
-        logprobs = None
-        if want_logprobs:
-            logprobs = _chat_logprobs(
-                meta["output_token_logprobs"], meta.get("output_top_logprobs"), num_top
-            )
-        reason, matched = finish_reason(meta)
-        reasoning, answer = _split_reasoning(state, body, result["text"])
-        parsed = parse_answer(plan, answer)
-        message = AssistantMessage(content=parsed.content or None, reasoning_content=reasoning)
-        if parsed.calls:
-            message.tool_calls = calls_json(parsed.calls)
-            reason = "tool_calls" if reason == "stop" else reason
-        elif message.content is None:
-            message.content = ""
-        choices.append(
-            ChatChoice(
-                index=k, message=message, logprobs=logprobs, finish_reason=reason,
-                matched_stop=matched,
-            )
-        )  # fmt: skip
-    response = ChatCompletionResponse(
-        id=base_id, model=model, choices=choices, usage=usage_of(results, n)
-    )
-    return Response(response.model_dump_json(), media_type="application/json")
+    reasoning = _reasoning_format(state, body)
+    return PreparedChat(reqs, plan, reasoning, body.n or 1, base_id, want_logprobs, num_top, ids)
 
 
 class _ChatStream:
@@ -251,32 +278,22 @@ class _ChatStream:
     tool-call deltas (`chat_tools.stream_parser`), then the finish reason; with usage, a last
     usage-only chunk."""
 
-    def __init__(
-        self,
-        state: ServerState,
-        reqs: list[GenerateRequest],
-        n: int,
-        base_id: str,
-        model: str,
-        want_logprobs: bool,
-        num_top: int,
-        plan: ToolPlan,
-        reasoning: ReasoningFormat | None,
-    ) -> None:
-        self.state, self.reqs, self.n = state, reqs, n
-        self.base_id, self.model = base_id, model
-        self.want_logprobs, self.num_top = want_logprobs, num_top
+    def __init__(self, state: ServerState, chat: PreparedChat, model: str) -> None:
+        self.state, self.chat, self.model = state, chat, model
+        reqs = chat.reqs
         self.started = [False] * len(reqs)
-        self.sent = [0] * len(reqs)  # characters of each choice's text already parsed
-        self.parsers = [stream_parser(plan) for _ in reqs]
-        self.reasoners = [StreamingReasoningParser(reasoning) if reasoning else None for _ in reqs]
+        self.sent = [0] * len(reqs)  # characters of each choice's answer already sent
+        self.parsers = [stream_parser(chat.plan) for _ in reqs]
+        self.reasoners = [
+            StreamingReasoningParser(chat.reasoning) if chat.reasoning else None for _ in reqs
+        ]
         self.finals: list[dict[str, Any] | None] = [None] * len(reqs)
 
     def _chunk(self, k: int, delta: DeltaMessage, logprobs: Any, reason: Any, matched: Any) -> dict:
         choice = ChatStreamChoice(
             index=k, delta=delta, logprobs=logprobs, finish_reason=reason, matched_stop=matched
         )
-        chunk = ChatCompletionChunk(id=self.base_id, model=self.model, choices=[choice])
+        chunk = ChatCompletionChunk(id=self.chat.base_id, model=self.model, choices=[choice])
         return chunk.model_dump(mode="json")
 
     def _delta(self, k: int, text: str, done: bool) -> DeltaMessage:
@@ -308,9 +325,9 @@ class _ChatStream:
         reason, matched = finish_reason(meta)
         delta = self._delta(k, result["text"], reason is not None)
         logprobs = None
-        if self.want_logprobs and meta.get("output_token_logprobs"):
+        if self.chat.want_logprobs and meta.get("output_token_logprobs"):
             logprobs = _chat_logprobs(
-                meta["output_token_logprobs"], meta.get("output_top_logprobs"), self.num_top
+                meta["output_token_logprobs"], meta.get("output_top_logprobs"), self.chat.num_top
             )
         if reason is not None:
             self.finals[k] = result
@@ -326,13 +343,13 @@ class _ChatStream:
         if not include_usage:
             return []
         done = [r for r in self.finals if r is not None]
-        usage = usage_of(done, self.n) if len(done) == len(self.finals) else Usage()
-        chunk = ChatCompletionChunk(id=self.base_id, model=self.model, choices=[], usage=usage)
+        usage = usage_of(done, self.chat.n) if len(done) == len(self.finals) else Usage()
+        chunk = ChatCompletionChunk(id=self.chat.base_id, model=self.model, choices=[], usage=usage)
         return [chunk.model_dump(mode="json")]
 
     def events(self, include_usage: bool) -> AsyncIterator[bytes]:
         return stream_events(
-            self.state, self.reqs, self.on_chunk, lambda: self.on_end(include_usage)
+            self.state, self.chat.reqs, self.on_chunk, lambda: self.on_end(include_usage)
         )
 
 
