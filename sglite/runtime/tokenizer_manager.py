@@ -384,6 +384,8 @@ class TokenizerManager:
             "cached_tokens_details": state.meta.get("cached_tokens_details")
             or {"device": state.meta.get("cached_tokens", 0), "host": 0, "disk": 0},
             "e2e_latency": time.perf_counter() - state.start,
+            # SGLang names the weights a result came from (they change with update_weights).
+            "weight_version": "default",
         }
         if any(state.req.sampling_params.get(k) is not None for k in CONSTRAINT_KINDS):
             meta["jump_forward_drafted_tokens"] = state.meta.get("jump_forward_drafted_tokens", 0)
