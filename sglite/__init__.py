@@ -13,8 +13,10 @@ from sglite.lang import (
     assistant,
     assistant_begin,
     assistant_end,
+    call_tool,
     flush_cache,
     function,
+    function_tool,
     gen,
     gen_int,
     gen_string,
@@ -27,6 +29,7 @@ from sglite.lang import (
     system_begin,
     system_end,
     token_length_normalized,
+    tools_prompt,
     unconditional_likelihood_normalized,
     user,
     user_begin,
@@ -36,9 +39,10 @@ from sglite.runtime.engine import Engine
 
 __all__ = [
     "Engine", "EngineBackend", "OpenAI", "Runtime", "RuntimeEndpoint", "assistant",
-    "assistant_begin", "assistant_end", "flush_cache", "function", "gen", "gen_int", "gen_string",
-    "get_server_info", "global_config", "greedy_token_selection", "select",
-    "set_default_backend", "system", "system_begin", "system_end", "token_length_normalized",
-    "unconditional_likelihood_normalized", "user", "user_begin", "user_end",
+    "assistant_begin", "assistant_end", "call_tool", "flush_cache", "function", "function_tool",
+    "gen", "gen_int", "gen_string", "get_server_info", "global_config", "greedy_token_selection",
+    "select", "set_default_backend", "system", "system_begin", "system_end",
+    "token_length_normalized", "tools_prompt", "unconditional_likelihood_normalized", "user",
+    "user_begin", "user_end",
 ]  # fmt: skip
 __version__ = "0.1.0"

@@ -99,6 +99,7 @@ HELP = {
     "pythonic (default: the chat template's, else hermes)",
     "reasoning_parser": "separate <think> reasoning into reasoning_content: qwen3 or deepseek-r1",
     "pooling": "embeddings: the last prompt token's final hidden state, or the mean of all",
+    "max_stored_responses": "Responses API: stored responses kept for previous_response_id",
     "extra": "extra options as a JSON object",
 }
 CHOICES = {

@@ -27,6 +27,7 @@ EXPECTED_OUTPUT = {
     "json_extraction.py": "extract_with_schema:",
     "parallel_summarization.py": "->",
     "openai_speculative.py": "num_api_spec_tokens=48: API calls",
+    "tool_agent.py": "called get_weather(",
 }
 
 

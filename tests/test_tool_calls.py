@@ -135,3 +135,33 @@ def test_formats_are_detected_from_chat_templates():
     assert detect_format("{{ messages }}") is None
     with pytest.raises(ValueError, match="unknown tool call parser 'nope'"):
         get_format("nope")
+
+
+def test_function_tools_from_python_signatures():
+    import llguidance
+
+    import sglite as sgl
+    from sglite.lang.tools import parse_tool_calls, tool_grammar
+
+    def search(query: str, limit: int = 5, tags: list[str] | None = None) -> list:
+        """Search the notes.
+
+        Longer details that stay out of the description."""
+        return []
+
+    tool = sgl.function_tool(search)["function"]
+    assert tool["name"] == "search" and tool["description"] == "Search the notes."
+    assert tool["parameters"]["required"] == ["query"]
+    assert tool["parameters"]["properties"]["limit"] == {"type": "integer"}
+    for choice in ("required", "auto", "search"):
+        grammar = llguidance.LLMatcher.grammar_from_lark(tool_grammar([search], choice, False))
+        assert not llguidance.LLMatcher.validate_grammar_with_warnings(grammar)[0]
+    with pytest.raises(ValueError, match="names none of the tools"):
+        tool_grammar([search], "nope", False)
+    calls = parse_tool_calls(
+        '<tool_call>\n{"name": "search", "arguments": {"query": "x"}}\n</tool_call>'
+    )
+    assert [(c["name"], c["arguments"]) for c in calls] == [("search", {"query": "x"})]
+    assert (
+        sgl.call_tool([lambda query: query], {"name": "<lambda>", "arguments": {"query": 3}}) == 3
+    )

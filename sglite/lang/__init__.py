@@ -36,12 +36,14 @@ from sglite.lang.choices import (
 from sglite.lang.global_config import global_config
 from sglite.lang.interpreter import ProgramState, ProgramStateGroup
 from sglite.lang.ir import SglFunction
+from sglite.lang.tools import call_tool, function_tool, tools_prompt
 
 __all__ = [
     "BaseBackend", "ChatTemplate", "EngineBackend", "OpenAI", "ProgramState", "ProgramStateGroup",
     "Runtime", "RuntimeEndpoint", "SglFunction", "assistant", "assistant_begin", "assistant_end",
-    "flush_cache", "function", "gen", "gen_int", "gen_string", "get_chat_template",
+    "call_tool", "flush_cache", "function", "function_tool", "gen", "gen_int", "gen_string",
+    "get_chat_template",
     "get_server_info", "global_config", "greedy_token_selection", "select", "set_default_backend",
-    "system", "system_begin", "system_end", "token_length_normalized",
+    "system", "system_begin", "system_end", "token_length_normalized", "tools_prompt",
     "unconditional_likelihood_normalized", "user", "user_begin", "user_end",
 ]  # fmt: skip

@@ -20,6 +20,7 @@ from sglite.lang.ir import (
     SglSelect,
     as_expr,
 )
+from sglite.lang.tools import tool_grammar
 
 
 def function(func: Callable[..., Any] | None = None, num_api_spec_tokens: int | None = None) -> Any:
@@ -102,6 +103,9 @@ def gen(
     choices_method: ChoicesSamplingMethod | None = None,
     regex: str | None = None,
     json_schema: str | dict | None = None,
+    tools: list[Any] | None = None,
+    tool_choice: str = "required",
+    parallel_tool_calls: bool = False,
 ) -> SglGen | SglSelect:
     """Let the model continue the text; the result is stored as variable `name`.
 
@@ -111,6 +115,10 @@ def gen(
     malformed one raises ValueError (the grammar parser's message) here, where it is written.
     `dtype` (int, float, str, bool) is shorthand for SGLang's regex of that type.
     With `n > 1` the variable is the list of n completions and the text continues with the first.
+    `tools` (Python functions or OpenAI tool objects) make the output a call of one of them in
+    the Hermes format, its arguments valid under the tool's schema (`tool_choice`: `required`,
+    a function's name, or `auto`, which also allows plain text; `parallel_tool_calls` allows
+    several); `state.tool_calls(name)` returns the parsed calls (see `sglite.lang.tools`).
     """
     if choices:
         return select(
@@ -125,6 +133,11 @@ def gen(
         if not isinstance(json_schema, str):
             json_schema = json.dumps(json_schema)
         _check_constraint("json_schema", json_schema)
+    ebnf = None
+    if tools:
+        if regex is not None or json_schema is not None:
+            raise ValueError("tools cannot be combined with regex or json_schema")
+        ebnf = tool_grammar(tools, tool_choice, parallel_tool_calls)
     params = SglSamplingParams.unset(
         max_new_tokens=max_tokens,
         min_new_tokens=min_tokens,
@@ -146,8 +159,9 @@ def gen(
         dtype=dtype,
         regex=regex,
         json_schema=json_schema,
+        ebnf=ebnf,
     )
-    return SglGen(name, params)
+    return SglGen(name, params, tools)
 
 
 @functools.lru_cache(maxsize=256)

@@ -42,6 +42,7 @@ from sglite.lang.ir import (
     SglVarScopeEnd,
     as_expr,
 )
+from sglite.lang.tools import parse_tool_calls
 
 logger = logging.getLogger(__name__)
 
@@ -531,7 +532,7 @@ class StreamExecutor:
         if not self.stream or (params.n or 1) > 1:
             comp, meta = self.backend.generate(self, params)
             self._fill(comp[0] if isinstance(comp, list) else comp)
-            self._store(name, comp, meta)
+            self._store(name, comp, _with_tool_calls(expr, comp, meta))
             return
         if name is not None:
             self.variables[name] = ""
@@ -544,7 +545,9 @@ class StreamExecutor:
                     self.meta_info[name] = meta
                 self._cond.notify_all()
         if name is not None:
-            self._store(name, self.variables[name], meta)
+            self._store(
+                name, self.variables[name], _with_tool_calls(expr, self.variables[name], meta)
+            )
 
     def _execute_select(self, expr: SglSelect) -> None:
         decision = self.backend.select(self, expr.choices, expr.temperature, expr.choices_method)
@@ -696,6 +699,14 @@ class ProgramState:
 
     def set_var(self, name: str, value: Any) -> None:
         self.stream_executor.set_var(name, value)
+
+    def tool_calls(self, name: str) -> list[dict[str, Any]]:
+        """The calls a `gen(name, tools=...)` made: `[{"id", "name", "arguments"}]`, arguments
+        as a dict (run them with `sglite.lang.tools.call_tool`)."""
+        meta = self.stream_executor.get_meta_info(name) or {}
+        if "tool_calls" not in meta:
+            raise KeyError(f"{name!r} is not a gen with tools")
+        return meta["tool_calls"]
 
     def get_meta_info(self, name: str) -> Any:
         """The runtime's meta info of variable `name`: for a gen the `/generate` answer's
@@ -853,3 +864,14 @@ class ProgramStateGroup:
         else:
             raise TypeError(f"cannot append {type(other).__name__} to fork branches")
         return self
+
+
+def _with_tool_calls(expr: SglGen, text: Any, meta: Any) -> Any:
+    """`meta` with the calls parsed out of a tools gen's output (`tool_calls`)."""
+    if not expr.tools:
+        return meta
+    outputs = text if isinstance(text, list) else [text]
+    calls = [parse_tool_calls(t) for t in outputs]
+    meta = dict(meta or {})
+    meta["tool_calls"] = calls if isinstance(text, list) else calls[0]
+    return meta

@@ -30,7 +30,7 @@ _OVERRIDABLE = (
     "max_new_tokens", "min_new_tokens", "n", "stop", "stop_token_ids", "stop_regex",
     "temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
     "ignore_eos", "return_logprob", "logprob_start_len", "top_logprobs_num",
-    "return_text_in_logprobs", "dtype", "regex", "json_schema",
+    "return_text_in_logprobs", "dtype", "regex", "json_schema", "ebnf",
 )  # fmt: skip
 
 
@@ -63,6 +63,7 @@ class SglSamplingParams:
     dtype: type | str | None = None
     regex: str | None = None
     json_schema: str | None = None
+    ebnf: str | None = None  # a grammar (GBNF, or Lark for llguidance): tool calls use it
 
     @classmethod
     def unset(cls, **values: Any) -> SglSamplingParams:
@@ -110,6 +111,7 @@ class SglSamplingParams:
             "ignore_eos": self.ignore_eos,
             "regex": self.regex,
             "json_schema": self.json_schema,
+            "ebnf": self.ebnf,
         }
         # Defaults that mean "off" are dropped too, so servers that predate a field still work.
         if out["min_new_tokens"] == 0:
@@ -418,10 +420,16 @@ class SglConstantText(SglExpr):
 class SglGen(SglExpr):
     """A generation call: the model continues the text; the result is stored under `name`."""
 
-    def __init__(self, name: str | None = None, sampling_params: SglSamplingParams | None = None):
+    def __init__(
+        self,
+        name: str | None = None,
+        sampling_params: SglSamplingParams | None = None,
+        tools: list[Any] | None = None,
+    ):
         super().__init__()
         self.name = name
         self.sampling_params = sampling_params or SglSamplingParams.unset()
+        self.tools = tools  # the output is a tool call of these, parsed into meta "tool_calls"
 
     def __repr__(self) -> str:
         return f"Gen({self.name!r})"

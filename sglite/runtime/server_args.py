@@ -115,6 +115,8 @@ class ServerArgs:
     reasoning_parser: str | None = None
     # How embeddings pool the prompt's final hidden states: the last token's, or their mean.
     pooling: str = "last"
+    # Responses API: how many stored responses (`previous_response_id`) are kept.
+    max_stored_responses: int = 1024
     max_request_body_bytes: int = 16 * 1024 * 1024  # larger bodies get HTTP 413
     allow_origins: str | None = None  # CORS, comma-separated origins or "*"; None = off
     # On SIGTERM, let requests in flight finish for this many seconds, then abort the rest.
@@ -146,6 +148,8 @@ class ServerArgs:
             from sglite.runtime.tool_calls.formats import get_format
 
             get_format(self.tool_call_parser)  # ValueError naming the choices
+        if self.max_stored_responses < 1:
+            raise ValueError(f"max_stored_responses must be >= 1, got {self.max_stored_responses}")
         if self.pooling not in ("last", "mean"):
             raise ValueError(f"pooling must be last or mean, got {self.pooling!r}")
         if self.reasoning_parser is not None:

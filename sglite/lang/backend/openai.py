@@ -185,6 +185,8 @@ class OpenAI(BaseBackend):
                 kwargs["logprobs"] = params.top_logprobs_num or 0
         if params.regex is not None:
             extra["regex"] = params.regex
+        if params.ebnf is not None:  # SGLang-compatible servers (sglite, SGLang) take it
+            extra["ebnf"] = params.ebnf
         if params.json_schema is not None:
             if chat:
                 kwargs["response_format"] = {

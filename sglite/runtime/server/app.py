@@ -10,7 +10,13 @@ from fastapi.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import sglite
-from sglite.runtime.server import embeddings_api, native_api, openai_api, openai_chat
+from sglite.runtime.server import (
+    embeddings_api,
+    native_api,
+    openai_api,
+    openai_chat,
+    responses_api,
+)
 from sglite.runtime.server.errors import error_body, install_error_handlers
 from sglite.runtime.server.state import ServerState
 from sglite.runtime.server.streaming import ClientDisconnected, to_json
@@ -167,11 +173,13 @@ def create_app(state: ServerState) -> FastAPI:
     app.include_router(openai_api.router)
     app.include_router(openai_chat.router)
     app.include_router(embeddings_api.router)
+    app.include_router(responses_api.router)
     routes = frozenset(
         native_api.route_paths()
         | openai_api.route_paths()
         | openai_chat.route_paths()
         | embeddings_api.route_paths()
+        | responses_api.route_paths()
     )
     # Added last runs first: count -> CORS -> API key -> body limit -> JSON body -> routes.
     app.add_middleware(JSONBodyMiddleware)

@@ -20,6 +20,7 @@ from sglite.runtime.data_parallel import DataParallelClient, create_client
 from sglite.runtime.scheduler_client import SchedulerClient
 from sglite.runtime.server.errors import APIError
 from sglite.runtime.server.metrics import ServerMetrics
+from sglite.runtime.server.response_store import ResponseStore
 from sglite.runtime.server_args import ServerArgs
 from sglite.runtime.tokenizer import Tokenizer
 from sglite.runtime.tokenizer_manager import TokenizerManager
@@ -40,6 +41,7 @@ class ServerState:
     model_name: str  # the id clients send as `model` and see in /v1/models
     model_aliases: frozenset[str]  # other `model` values accepted for this model
     metrics: ServerMetrics
+    responses: ResponseStore  # the Responses API's stored responses
     created: int = field(default_factory=lambda: int(time.time()))
     shutting_down: bool = False
     stopped: bool = False
@@ -245,5 +247,6 @@ def build_state(args: ServerArgs) -> ServerState:
 
     metrics = ServerMetrics(live_info, lambda: tm.num_in_flight, name)
     tm.output_hooks.append(metrics.on_output)
-    state = ServerState(args, tokenizer, client, tm, name, aliases, metrics)
+    responses = ResponseStore(args.max_stored_responses)
+    state = ServerState(args, tokenizer, client, tm, name, aliases, metrics, responses)
     return state
