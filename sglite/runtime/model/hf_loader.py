@@ -28,7 +28,8 @@ def read_json(path: str) -> dict[str, Any]:
     return data
 
 
-def _as_id_list(value: Any) -> list[int]:
+def as_id_list(value: Any) -> list[int]:
+    """A token id field (absent, one id, or a list) as a list."""
     if value is None:
         return []
     if isinstance(value, int):
@@ -43,7 +44,7 @@ def config_eos_ids(model_dir: str) -> list[int]:
         path = os.path.join(model_dir, name)
         if os.path.isfile(path):
             try:
-                ids += _as_id_list(read_json(path).get("eos_token_id"))
+                ids += as_id_list(read_json(path).get("eos_token_id"))
             except (ValueError, TypeError):
                 continue  # a malformed optional file must not prevent tokenization
     return list(dict.fromkeys(ids))

@@ -77,22 +77,14 @@ def rope_from_hf(cfg: HFConfig, layer_type: str = "full_attention") -> tuple[flo
     return theta, scaling
 
 
-def _as_ids(value: Any) -> list[int]:
-    if value is None:
-        return []
-    if isinstance(value, int):
-        return [value]
-    return [int(v) for v in value]
-
-
 def hf_eos_ids(cfg: HFConfig) -> list[int]:
     """Stop tokens of `generation_config.json` then `config.json`."""
-    from sglite.runtime.model.hf_loader import read_json
+    from sglite.runtime.model.hf_loader import as_id_list, read_json
 
-    eos = _as_ids(cfg.outer.get("eos_token_id")) or _as_ids(cfg.get("eos_token_id"))
+    eos = as_id_list(cfg.outer.get("eos_token_id")) or as_id_list(cfg.get("eos_token_id"))
     generation = os.path.join(cfg.model_dir, "generation_config.json")
     if os.path.isfile(generation):
-        eos = _as_ids(read_json(generation).get("eos_token_id")) + eos
+        eos = as_id_list(read_json(generation).get("eos_token_id")) + eos
     return list(dict.fromkeys(eos))
 
 
