@@ -281,3 +281,33 @@ def test_any_model_name_is_served_unless_strict(client, model, thinking_client):
     assert err.value.body["code"] == "model_not_found"
     for name in (strict_model, "default"):  # its name and the server's aliases
         assert strict.chat.completions.create(model=name, messages=ASK, max_tokens=2)
+
+
+def test_native_parse_function_call(sglite_server):
+    """SGLang's /parse_function_call splits text generated with /generate (here, forced into a
+    call with the Hermes grammar the chat route enforces) into text and calls."""
+    from sglite.runtime.tool_calls.formats import get_format
+
+    url = sglite_server.url
+    grammar = get_format("hermes").grammar(TOOLS, False, allow_text=False)
+    out = requests.post(
+        url + "/generate",
+        json={
+            "text": "Weather in Rome, please.",
+            "sampling_params": {"max_new_tokens": 60, "temperature": 0, "ebnf": grammar},
+        },
+        timeout=120,
+    ).json()
+    body = {"text": "Sure. " + out["text"], "tools": TOOLS, "tool_call_parser": "qwen25"}
+    parsed = requests.post(url + "/parse_function_call", json=body, timeout=30).json()
+    assert parsed["normal_text"] == "Sure."
+    (call,) = parsed["calls"]
+    assert call["tool_index"] == [t["function"]["name"] for t in TOOLS].index(call["name"])
+    _valid(call["name"], call["parameters"])
+    plain = {"text": "No calls here.", "tools": TOOLS}
+    assert requests.post(url + "/parse_function_call", json=plain, timeout=30).json() == {
+        "normal_text": "No calls here.",
+        "calls": [],
+    }
+    bad = requests.post(url + "/parse_function_call", json={**body, "tool_call_parser": "x"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tool_call_parser"

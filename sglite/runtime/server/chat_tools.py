@@ -251,3 +251,18 @@ def special_markers(state: ServerState, plan: ToolPlan) -> bool:
     hf = state.tokenizer.hf
     special = set(state.tokenizer.all_special_ids)
     return any(hf.convert_tokens_to_ids(m) in special for m in plan.fmt.markers)
+
+
+def parse_function_call(
+    state: ServerState, text: str, tools: list[dict[str, Any]], parser: str | None
+) -> tuple[str, list[ToolCall]]:
+    """SGLang's `/parse_function_call`: the text and calls of an output generated elsewhere
+    (e.g. by `/generate`), in `parser`'s format (default: the server's)."""
+    _check_tools(tools)
+    fmt = get_format(parser) if parser else tool_format(state)[0]
+    parsed = fmt.parse(text)
+    names = {t["function"]["name"] for t in tools}
+    unknown = [c.name for c in parsed.calls if c.name not in names]
+    if unknown:  # a call of no given tool stays text, as a malformed one does
+        return text, []
+    return parsed.content, parsed.calls

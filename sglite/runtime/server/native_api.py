@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from prometheus_client import CONTENT_TYPE_LATEST
 
 import sglite
+from sglite.runtime.server import chat_tools
 from sglite.runtime.server.errors import (
     APIError,
     ErrorResponse,
@@ -33,6 +34,8 @@ from sglite.runtime.server.native_protocol import (
     GenerateRequestIn,
     GenerateResult,
     ModelInfo,
+    ParseFunctionCallIn,
+    ParseFunctionCallOut,
     SamplingParamsIn,
     ServerInfo,
     SuccessOut,
@@ -313,6 +316,23 @@ async def concate_and_append_request(body: ConcateAndAppendIn) -> SuccessOut:
     nothing to move on the server.
     """
     return SuccessOut(message=f"appended {len(body.src_rids)} request(s) to {body.dst_rid}")
+
+
+# ---------------------------------------------------------------------------- tool calls
+@router.post("/parse_function_call", response_model=ParseFunctionCallOut, responses=_BODY_ERRORS)
+async def parse_function_call(body: ParseFunctionCallIn, request: Request) -> ParseFunctionCallOut:
+    """Split generated text into its plain text and tool calls (`--tool-call-parser` format
+    unless the request names one)."""
+    state = get_state(request)
+    try:
+        text, calls = chat_tools.parse_function_call(
+            state, body.text, body.tools, body.tool_call_parser
+        )
+    except ValueError as exc:
+        raise APIError(400, f"tool_call_parser: {exc}", param="tool_call_parser") from None
+    index = {t["function"]["name"]: i for i, t in enumerate(body.tools)}
+    out = [{"tool_index": index[c.name], "name": c.name, "parameters": c.arguments} for c in calls]
+    return ParseFunctionCallOut(normal_text=text, calls=out)
 
 
 # ---------------------------------------------------------------------------- tokens

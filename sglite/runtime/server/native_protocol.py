@@ -204,3 +204,18 @@ class ServerInfo(BaseModel):
     kv_invariants: KVInvariants
     internal_states: list[dict[str, Any]]
     version: str
+
+
+class ParseFunctionCallIn(BaseModel):
+    """POST /parse_function_call: tool calls out of text generated with `/generate`."""
+
+    text: str
+    tools: list[dict[str, Any]] = Field(min_length=1)
+    tool_call_parser: str | None = None
+
+
+class ParseFunctionCallOut(BaseModel):
+    """The text around the calls, and each call (`parameters` as JSON text), as SGLang answers."""
+
+    normal_text: str
+    calls: list[dict[str, Any]]
