@@ -32,7 +32,11 @@ class ServerProcess:
     SIGTERM."""
 
     def __init__(
-        self, *extra_args: str, api_key: str | None = None, port: int | None = None
+        self,
+        *extra_args: str,
+        api_key: str | None = None,
+        port: int | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -45,8 +49,10 @@ class ServerProcess:
         if api_key:
             args += ["--api-key", api_key]
         self.log = tempfile.NamedTemporaryFile(prefix="sglite-server-", suffix=".log", delete=False)
-        env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        environment = dict(os.environ, TOKENIZERS_PARALLELISM="false", **(env or {}))
+        self.proc = subprocess.Popen(
+            args, stdout=self.log, stderr=subprocess.STDOUT, env=environment
+        )
         self._wait_ready()
 
     @property

@@ -282,8 +282,15 @@ static inline vec_t vzero(void) { return 0.0f; }
 static inline vec_t vset(float x) { return x; }
 static inline vec_t vfma(vec_t a, vec_t b, vec_t c) { return a * b + c; }
 static inline vec_t vmul(vec_t a, vec_t b) { return a * b; }
+static inline vec_t vadd(vec_t a, vec_t b) { return a + b; }
+static inline vec_t vsub(vec_t a, vec_t b) { return a - b; }
+static inline vec_t vdiv(vec_t a, vec_t b) { return a / b; }
+static inline vec_t vfmsub(vec_t a, vec_t b, vec_t c) { return a * b - c; }
+static inline vec_t vexp(vec_t x) { return fast_expf(x); }
+static inline vec_t vround_to(vec_t v, int dtype) { return round_to(v, dtype); }
 static inline float vsum(vec_t a) { return a; }
 static inline void vstore(float *p, vec_t a) { *p = a; }
+static inline void vstore_as(void *p, int64_t i, vec_t v, int dtype) { store(p, i, v, dtype); }
 #endif
 
 typedef void (*range_fn)(void *ctx, int64_t begin, int64_t end);

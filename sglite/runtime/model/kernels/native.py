@@ -89,13 +89,25 @@ _LIMITS = (
 )
 
 
+# /proc/cpuinfo lines naming the CPU and its features: x86 ("model name", "flags") and ARM
+# ("CPU implementer", "CPU part", "Features").
+_CPU_LINES = ("model name", "flags", "CPU implementer", "CPU part", "Features")
+
+
 def _cpu_fingerprint() -> str:
+    """The machine and its CPU features (the library is built with -march=native)."""
+    lines = [platform.machine(), platform.processor()]
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
-            lines = [ln for ln in f if ln.startswith(("model name", "flags"))][:2]
+            seen: set[str] = set()
+            for line in f:
+                key = line.split(":", 1)[0].strip()
+                if key in _CPU_LINES and key not in seen:  # the first core's
+                    seen.add(key)
+                    lines.append(line)
     except OSError:
-        lines = [platform.processor()]
-    return "".join(lines)
+        pass
+    return "\n".join(lines)
 
 
 def _compiler() -> str | None:

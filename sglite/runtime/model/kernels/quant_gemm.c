@@ -62,15 +62,16 @@ static void dequantize_int4_row(const uint8_t *packed, const uint16_t *scale_off
 
 /* One int8 weight row (K values) times its scale. */
 static void dequantize_int8_row(const int8_t *values, float scale, int64_t k, float *out) {
-  int64_t i = 0;
+  int64_t done = 0;
 #if defined(__AVX2__) && defined(__FMA__)
   const __m256 s = _mm256_set1_ps(scale);
-  for (; i + 8 <= k; i += 8) {
+  done = k - k % 8;
+  for (int64_t i = 0; i < done; i += 8) {
     const __m128i b = _mm_loadl_epi64((const __m128i *)(values + i));
     _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), s));
   }
 #endif
-  for (; i < k; i++) out[i] = (float)values[i] * scale;
+  for (int64_t i = done; i < k; i++) out[i] = (float)values[i] * scale;
 }
 
 /* One GGUF Q8_0 weight row (K values) from its int8 values and f16 scale per group of 32. */

@@ -27,6 +27,7 @@ static float *load_x(int dtype, const void *x, int64_t rows, int64_t k) {
   return xf;
 }
 
+#if VEC == 8
 /* In place, per group of 32: the order in which the AVX2 float int4 block unpacks a group's
  * values (four vectors of 8: values 0-7, 8-15, 16-23, 24-31, each as lanes 0,4,1,5,2,6,3,7). */
 static void permute_x_groups(float *xf, int64_t rows, int64_t k) {
@@ -40,6 +41,7 @@ static void permute_x_groups(float *xf, int64_t rows, int64_t k) {
       memcpy(xg, tmp, sizeof(tmp));
     }
 }
+#endif
 
 #if defined(__AVX2__) && defined(__FMA__)
 /* acc[m][a] += scale * (w . x_m) over group g of R rows of x (float32): `w` is the group's 32
