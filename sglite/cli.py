@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import types
 import typing
@@ -100,7 +99,6 @@ HELP = {
     "reasoning_parser": "separate <think> reasoning into reasoning_content: qwen3 or deepseek-r1",
     "pooling": "embeddings: the last prompt token's final hidden state, or the mean of all",
     "max_stored_responses": "Responses API: stored responses kept for previous_response_id",
-    "extra": "extra options as a JSON object",
 }
 CHOICES = {
     "dtype": DTYPES,
@@ -143,11 +141,6 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         if kind is bool:
             action = argparse.BooleanOptionalAction if default else "store_true"
             parser.add_argument(*names, dest=name, action=action, default=default, help=help_text)
-            continue
-        if kind is dict:
-            parser.add_argument(
-                *names, dest=name, type=json.loads, default=default, metavar="JSON", help=help_text
-            )
             continue
         shown = "" if default is None else f" (default: {default})"
         parser.add_argument(

@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+import sglite
+
 GREEDY = {"temperature": 0, "max_new_tokens": 16}
 SHARED = (
     "You are a careful assistant. Answer every question in one short sentence. "
@@ -248,3 +250,25 @@ def _alive(pid: int) -> bool:
             return f.read().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_engine_refuses_server_only_options():
+    """Options only the HTTP server acts on are an error, not silently ignored."""
+    with pytest.raises(TypeError, match="port: server option"):
+        sglite.Engine(port=31000)
+    with pytest.raises(TypeError, match="api_key, tool_call_parser: server option"):
+        sglite.Engine(api_key="k", tool_call_parser="hermes")
+
+
+def test_max_prefill_tokens_bounds_each_prefill_pass():
+    """A 300-token prompt with max_prefill_tokens=64 takes five prefill passes (64 tokens at
+    most each), whatever the larger chunked_prefill_size says; the answer does not change."""
+    prompt = " ".join(f"w{i}" for i in range(300))
+    answers, passes = [], []
+    for limit in (4096, 64):
+        with sglite.Engine(dtype="float32", max_prefill_tokens=limit, log_level="error") as eng:
+            before = eng.get_server_info()["prefill_passes"]
+            ids = eng.tokenizer.encode(prompt)[:300]
+            answers.append(eng.generate(input_ids=ids, sampling_params=GREEDY)["text"])
+            passes.append(eng.get_server_info()["prefill_passes"] - before)
+    assert passes == [1, 5] and answers[0] == answers[1]

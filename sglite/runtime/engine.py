@@ -28,7 +28,7 @@ class Engine:
     """
 
     def __init__(self, model_path: str | None = None, **kwargs: Any) -> None:
-        self.server_args = ServerArgs.from_kwargs(model_path=model_path, **kwargs)
+        self.server_args = ServerArgs.from_kwargs(engine=True, model_path=model_path, **kwargs)
         # Import torch and load the tokenizer here while the scheduler process starts and loads
         # the model (seconds each; in sequence they added up).
         with ThreadPoolExecutor(1) as pool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -41,6 +41,8 @@ class ServerArgs:
     max_total_tokens: int | None = None
     max_running_requests: int = 64
     max_queued_requests: int = 1024
+    # A prefill batch takes at most min(chunked_prefill_size, max_prefill_tokens) new tokens over
+    # all its requests; a longer prompt is prefilled in chunks of that many.
     chunked_prefill_size: int = 1024
     max_prefill_tokens: int = 4096
     schedule_policy: str = "lpm"
@@ -101,7 +103,7 @@ class ServerArgs:
     max_n: int = 64  # most choices (`n`) per request
     max_new_tokens_limit: int | None = None  # cap on max_new_tokens; None = the context length
     request_timeout: float | None = None  # seconds; a longer request ends with an error
-    # Server-only settings (ignored by the in-process Engine).
+    # Server-only settings (`SERVER_ONLY`: the in-process Engine refuses them).
     host: str = "127.0.0.1"
     port: int = 30000
     api_key: str | None = None
@@ -123,7 +125,6 @@ class ServerArgs:
     graceful_shutdown_timeout: float = 30.0
     # When the scheduler process dies: start a new one (True) or exit non-zero (False).
     restart_on_failure: bool = False
-    extra: dict = field(default_factory=dict)
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad argument."""
@@ -231,12 +232,18 @@ class ServerArgs:
                              "cache; drop disable_radix_cache")  # fmt: skip
 
     @classmethod
-    def from_kwargs(cls, **kwargs) -> ServerArgs:
-        """Build from keyword arguments, rejecting unknown names with a clear error."""
+    def from_kwargs(cls, engine: bool = False, **kwargs) -> ServerArgs:
+        """Build from keyword arguments, rejecting unknown names (and for the in-process
+        `engine`, the server's own options) with a clear error."""
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(kwargs) - names)
         if unknown:
             raise TypeError(f"unknown engine option(s): {', '.join(unknown)}")
+        server_only = sorted(set(kwargs) & SERVER_ONLY) if engine else []
+        if server_only:
+            raise TypeError(
+                f"{', '.join(server_only)}: server option(s), not taken by the in-process Engine"
+            )
         args = cls(**kwargs)
         args.validate()
         return args
@@ -248,3 +255,13 @@ class ServerArgs:
             return self.num_threads
         local = max(1, self.tp_size // self.nnodes) * self.dp_size
         return max(1, (os.cpu_count() or 1) // local)
+
+
+# Options only the HTTP server acts on (`Engine(...)` refuses them).
+SERVER_ONLY = frozenset(
+    {
+        "host", "port", "api_key", "served_model_name", "strict_model_name", "tool_call_parser",
+        "reasoning_parser", "max_stored_responses", "max_request_body_bytes", "allow_origins",
+        "graceful_shutdown_timeout", "restart_on_failure",
+    }
+)  # fmt: skip

@@ -221,7 +221,9 @@ class Scheduler:
         return self.collect_outputs()
 
     def _schedule_prefill(self) -> list[tuple[Req, int]]:
-        budget = self.args.chunked_prefill_size
+        # New tokens in the whole batch: a longer prompt is prefilled in chunks (as SGLang,
+        # both limits bound the batch).
+        budget = min(self.args.chunked_prefill_size, self.args.max_prefill_tokens)
         batch: list[tuple[Req, int]] = []
         if self.chunked is not None:
             req = self.chunked
