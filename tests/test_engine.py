@@ -127,7 +127,12 @@ def test_async_generate(engine):
         return single, many, chunks
 
     single, many, chunks = asyncio.run(main())
-    assert single["text"] and len(many) == 4 and chunks[-1]["meta_info"]["finish_reason"]
+    # The coroutine form answers what the blocking form answers (greedy: the same text).
+    assert single["text"] == engine.generate("Hello, my name is", GREEDY)["text"]
+    batch = engine.generate([f"Number {i} is" for i in range(4)], GREEDY)
+    assert [m["text"] for m in many] == [b["text"] for b in batch]
+    assert chunks[-1]["meta_info"]["finish_reason"] is not None
+    assert chunks[-1]["text"] == engine.generate("Hi", GREEDY)["text"]
 
 
 def test_chunked_prefill_matches_unchunked(engine, engine_small_pool):
