@@ -41,8 +41,10 @@ def get_var(state: Any, name: str) -> Any:
 
 
 def assert_str(value: Any, name: str) -> str:
-    """`value` (the variable `name`) is a string."""
+    """`value` (the variable `name`) is a string with some text (a generation that produced
+    nothing is a failure, not a result)."""
     assert isinstance(value, str), f"{name!r}: expected str, got {type(value).__name__}"
+    assert value.strip(), f"{name!r}: the generation is empty"
     return value
 
 

@@ -83,9 +83,9 @@ def generative_agents(s, memories, kind, query):
         s += greedy_gen("rating", 4, regex=r"(10|[1-9])")
     elif kind == "reaction":
         s += sgl.select("react", choices=YES_NO) + ". Reaction:"
-        s += greedy_gen("response", 24, stop="\n")
-    else:
-        s += "Answer:" + greedy_gen("response", 32, stop="\n")
+        s += greedy_gen("response", 24, min_tokens=2, stop="\n\n")
+    else:  # at least a word (a small model may end at once), up to a blank line
+        s += "Answer:" + greedy_gen("response", 32, min_tokens=2, stop="\n\n")
 
 
 def make_args(num_requests: int, seed: int) -> list[dict[str, Any]]:
