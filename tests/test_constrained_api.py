@@ -184,6 +184,7 @@ def test_completions_json_schema_extra(client, model):
     r = client.completions.create(
         model=model, prompt=PERSON_PROMPT, max_tokens=40, temperature=0, n=2, extra_body=extra
     )
+    assert [c.index for c in r.choices] == [0, 1]
     for choice in r.choices:
         jsonschema.validate(json.loads(choice.text), PERSON_SCHEMA)
 
