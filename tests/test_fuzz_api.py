@@ -60,7 +60,7 @@ CASES: Counter[str] = Counter()
 PHASES: Counter[str] = Counter()
 
 # Fields whose value sets how many tokens the scheduler generates.
-_TOKEN_FIELDS = ("max_new_tokens", "max_tokens", "max_completion_tokens")
+_TOKEN_FIELDS = ("max_new_tokens", "max_tokens", "max_completion_tokens", "max_output_tokens")
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +109,8 @@ def _clamp(case: schemathesis.Case) -> None:
                 _clamp_sampling(p, "max_new_tokens", budget)
     elif case.path in ("/v1/completions", "/v1/chat/completions"):
         _clamp_sampling(body, "max_tokens", budget)
+    elif case.path == "/v1/responses":
+        _clamp_sampling(body, "max_output_tokens", budget)
 
 
 @schema.parametrize()

@@ -25,6 +25,7 @@ from sglite.runtime.server.errors import APIError, bad_request, error_responses
 from sglite.runtime.server.serving import get_state, raise_if_aborted
 from sglite.runtime.server.state import ServerState
 from sglite.runtime.server.streaming import run_until_disconnect
+from sglite.runtime.server.types import Bool, Int, Text
 from sglite.runtime.tokenizer_manager import GenerateRequest
 
 router = APIRouter()
@@ -40,10 +41,10 @@ _JUDGE = (
 class EmbeddingRequest(BaseModel):
     """POST /v1/embeddings."""
 
-    input: str | list[str] | list[int] | list[list[int]]
+    input: Text | list[Text] | list[Int] | list[list[Int]]
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(None, description="only the model's own size is supported")
+    dimensions: Int | None = Field(None, description="only the model's own size is supported")
     user: str | None = None
 
 
@@ -68,20 +69,20 @@ class EmbeddingResponse(BaseModel):
 class EncodeRequest(BaseModel):
     """POST /encode (SGLang's native embedding route)."""
 
-    text: str | list[str] | None = None
-    input_ids: list[int] | list[list[int]] | None = None
+    text: Text | list[Text] | None = None
+    input_ids: list[Int] | list[list[Int]] | None = None
     rid: str | list[str] | None = None
 
 
 class RerankRequest(BaseModel):
     """POST /v1/rerank."""
 
-    query: str = Field(min_length=1)
-    documents: list[str] = Field(min_length=1)
+    query: Text = Field(min_length=1)
+    documents: list[Text] = Field(min_length=1)
     model: str | None = None
-    top_n: int | None = Field(None, ge=1)
-    return_documents: bool = True
-    instruction: str | None = None
+    top_n: Int | None = Field(None, ge=1)
+    return_documents: Bool = True
+    instruction: Text | None = None
 
 
 class RerankResult(BaseModel):

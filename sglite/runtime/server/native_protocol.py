@@ -209,7 +209,7 @@ class ServerInfo(BaseModel):
 class ParseFunctionCallIn(BaseModel):
     """POST /parse_function_call: tool calls out of text generated with `/generate`."""
 
-    text: str
+    text: Text
     tools: list[dict[str, Any]] = Field(min_length=1)
     tool_call_parser: str | None = None
 

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sglite.runtime.reasoning import StreamingReasoningParser
 from sglite.runtime.server.chat_tools import stream_parser
-from sglite.runtime.server.errors import APIError, error_body, error_responses
+from sglite.runtime.server.errors import APIError, ErrorResponse, error_body, error_responses
 from sglite.runtime.server.openai_chat import ChatAnswer, PreparedChat, prepare_chat
 from sglite.runtime.server.openai_protocol import ChatCompletionRequest
 from sglite.runtime.server.serving import abort_event, get_state, raise_if_aborted
@@ -31,8 +31,10 @@ from sglite.runtime.server.streaming import (
     SSE_HEADERS,
     iterate_until_disconnect,
     run_until_disconnect,
+    sse_response_content,
     to_json,
 )
+from sglite.runtime.server.types import Bool, Float, Int, Text
 
 router = APIRouter(prefix="/v1")
 
@@ -42,19 +44,19 @@ class ResponsesRequest(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    input: str | list[dict[str, Any]]
+    input: Text | list[dict[str, Any]]
     model: str | None = None
-    instructions: str | None = None
+    instructions: Text | None = None
     previous_response_id: str | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
-    max_output_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = None
-    top_p: float | None = None
-    seed: int | None = None
-    stream: bool | None = False
-    store: bool | None = True
+    parallel_tool_calls: Bool | None = None
+    max_output_tokens: Int | None = Field(None, ge=1)
+    temperature: Float | None = None
+    top_p: Float | None = None
+    seed: Int | None = None
+    stream: Bool | None = False
+    store: Bool | None = True
     metadata: dict[str, Any] | None = None
     text: dict[str, Any] | None = None
 
@@ -279,7 +281,41 @@ def _reasoning_tokens(state: ServerState, answer: ChatAnswer) -> int:
     return len(state.tokenizer.encode(answer.reasoning)) if answer.reasoning else 0
 
 
-@router.post("/responses", responses=error_responses(400, 401, 413, 503, 504))
+class ResponseObject(BaseModel):
+    """A response (the fields clients read; `output` items as the module docstring says)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    object: str
+    created_at: int
+    status: str
+    model: str
+    output: list[dict[str, Any]]
+    usage: dict[str, Any] | None = None
+
+
+class ResponseStreamEvent(BaseModel):
+    """One streamed event: its `type` (response.created, response.output_text.delta, ...) and
+    sequence number, with the fields of that type."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    sequence_number: int
+
+
+@router.post(
+    "/responses",
+    response_model=ResponseObject,
+    responses={
+        200: {
+            "description": "a response, or with `stream` its events (`event:` and `data:` lines)",
+            "content": sse_response_content(ResponseStreamEvent, ErrorResponse),
+        },
+        **error_responses(400, 401, 413, 503, 504),
+    },
+)
 async def create_response(body: ResponsesRequest, request: Request) -> Any:
     """Answer `input` (after the conversation of `previous_response_id`) as a response."""
     state = get_state(request)
@@ -318,7 +354,9 @@ async def create_response(body: ResponsesRequest, request: Request) -> Any:
     return Response(to_json(response), media_type="application/json")
 
 
-@router.get("/responses/{response_id}", responses=error_responses(401, 404))
+@router.get(
+    "/responses/{response_id}", response_model=ResponseObject, responses=error_responses(401, 404)
+)
 async def retrieve_response(response_id: str, request: Request) -> Any:
     """A stored response."""
     entry = get_state(request).responses.get(response_id)
