@@ -35,7 +35,7 @@ from sglite.lang.choices import (
 )
 from sglite.lang.global_config import global_config
 from sglite.lang.interpreter import ProgramState, ProgramStateGroup
-from sglite.lang.ir import SglFunction
+from sglite.lang.program import SglFunction
 from sglite.lang.tools import call_tool, function_tool, tools_prompt
 
 __all__ = [

@@ -12,7 +12,6 @@ from sglite.lang.global_config import global_config
 from sglite.lang.ir import (
     SglExpr,
     SglExprList,
-    SglFunction,
     SglGen,
     SglRoleBegin,
     SglRoleEnd,
@@ -20,6 +19,7 @@ from sglite.lang.ir import (
     SglSelect,
     as_expr,
 )
+from sglite.lang.program import SglFunction
 from sglite.lang.tools import tool_grammar
 
 

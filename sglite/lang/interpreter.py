@@ -23,7 +23,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 from sglite.lang.global_config import global_config
 from sglite.lang.ir import (
@@ -48,6 +48,17 @@ logger = logging.getLogger(__name__)
 
 
 # ============================================================================ running programs
+class Program(Protocol):
+    """What running needs of a program (`program.SglFunction`, which calls the functions below):
+    the body, the arguments `bind` fixed, the argument names (for tracing) and the API
+    speculation budget."""
+
+    func: Callable[..., Any]
+    bind_arguments: dict[str, Any]
+    arg_names: list[str]
+    num_api_spec_tokens: int | None
+
+
 def resolve_backend(backend: Any) -> Any:
     """The backend to run on: `backend`, else the default one; an `sglite.Engine` is wrapped in
     its `EngineBackend`, a `Runtime` becomes its endpoint. Raises ValueError when there is none."""
@@ -64,7 +75,7 @@ def resolve_backend(backend: Any) -> Any:
 
 def _run_body(
     state: ProgramState,
-    program: Any,
+    program: Program,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     sync: bool,
@@ -86,7 +97,7 @@ def _run_body(
 
 
 def run_program(
-    program: Any,
+    program: Program,
     backend: Any,
     func_args: tuple[Any, ...],
     func_kwargs: dict[str, Any],
@@ -126,7 +137,7 @@ def run_program(
     return state
 
 
-def cache_program(program: Any, backend: Any) -> str:
+def cache_program(program: Program, backend: Any) -> str:
     """Send the program's constant prefix (by tracing) to the backend's cache.
 
     Only prefixes longer than `global_config.precache_min_chars` are sent; failures are logged,
@@ -145,7 +156,7 @@ def cache_program(program: Any, backend: Any) -> str:
 
 
 def run_program_batch(
-    program: Any,
+    program: Program,
     backend: Any,
     batch_arguments: list[dict[str, Any]],
     default_sampling_para: SglSamplingParams,

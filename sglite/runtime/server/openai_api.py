@@ -1,34 +1,36 @@
 """The OpenAI-compatible API under /v1: models and completions (chat: `openai_chat.py`).
 
 Requests become the same scheduler requests as native /generate calls (one per prompt and
-choice, prompt-major: choice index = prompt * n + j); results are reshaped into OpenAI's objects.
+choice, prompt-major: choice index = prompt * n + j), run by `openai_choices.respond`; this
+module gives the completion's side: the echoed prompt, text and legacy logprobs.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
 
 from sglite.runtime.server.errors import (
     APIError,
     ErrorResponse,
     error_responses,
 )
+from sglite.runtime.server.openai_choices import (
+    ChoiceOutput,
+    ChoiceRun,
+    LogprobEntries,
+    respond,
+)
 from sglite.runtime.server.openai_common import (
     GENERATE_ERRORS_CODES,
     check_common,
-    finish_reason,
     finite,
     output_constraint,
     prepare,
     sampling_params,
-    stream_events,
-    stream_response,
-    usage_of,
 )
 from sglite.runtime.server.openai_protocol import (
     CompletionChoice,
@@ -39,16 +41,9 @@ from sglite.runtime.server.openai_protocol import (
     ModelList,
     Usage,
 )
-from sglite.runtime.server.serving import (
-    get_state,
-    raise_if_aborted,
-)
+from sglite.runtime.server.serving import get_state
 from sglite.runtime.server.state import ServerState
-from sglite.runtime.server.streaming import (
-    run_until_disconnect,
-    sse_response_content,
-)
-from sglite.runtime.tokenizer_manager import GenerateRequest
+from sglite.runtime.server.streaming import sse_response_content
 
 router = APIRouter(prefix="/v1")
 
@@ -88,12 +83,12 @@ async def retrieve_model(model: str, request: Request) -> ModelCard:
 
 
 # ---------------------------------------------------------------------------- completions
-def _completion_logprobs(
-    entries: list[list[Any]], tops: list[Any] | None, offset: int
-) -> CompletionLogprobs:
-    """Legacy logprobs from `[logprob, id, text]` entries; each top dict holds the chosen token."""
+def _completion_logprobs(entries: LogprobEntries, offset: int) -> CompletionLogprobs:
+    """Legacy logprobs of `entries`, the first token at text offset `offset`; each top dict
+    holds the chosen token."""
     out = CompletionLogprobs()
-    for k, (raw, _tid, text) in enumerate(entries):
+    tops = entries.tops
+    for k, (raw, _tid, text) in enumerate(entries.entries):
         text = text or ""
         logprob = None if raw is None else finite(raw)
         out.tokens.append(text)
@@ -118,6 +113,87 @@ def _merge_logprobs(a: CompletionLogprobs, b: CompletionLogprobs) -> CompletionL
         top_logprobs=a.top_logprobs + b.top_logprobs,
         text_offset=a.text_offset + b.text_offset,
     )
+
+
+class _CompletionText:
+    """One choice's text and legacy logprobs, output by output.
+
+    The first output starts with the echoed prompt (`head`, "" without echo); text offsets count
+    from the start of the prompt's logprob tokens and, for the output's, from the end of `head`.
+    """
+
+    def __init__(self, head: str) -> None:
+        self.head = head
+        self.sent = 0  # characters of the choice's text already given
+        self.prompt_offset = 0
+        self.offset = len(head)
+
+    def advance(self, output: ChoiceOutput) -> tuple[str, CompletionLogprobs | None]:
+        """The text and logprobs `output` adds."""
+        head, self.head = self.head, ""
+        logprobs = None
+        if output.prompt_logprobs is not None:
+            logprobs = _completion_logprobs(output.prompt_logprobs, self.prompt_offset)
+            self.prompt_offset += sum(len(t) for t in logprobs.tokens)
+        if output.output_logprobs is not None:
+            new = _completion_logprobs(output.output_logprobs, self.offset)
+            self.offset += sum(len(t) for t in new.tokens)
+            logprobs = new if logprobs is None else _merge_logprobs(logprobs, new)
+        delta = output.text[self.sent :]
+        self.sent = len(output.text)
+        return head + delta, logprobs
+
+
+class _CompletionStreamer:
+    """A streamed completion choice: an event whenever text, logprobs or the finish arrive."""
+
+    def __init__(self, head: str) -> None:
+        self.text = _CompletionText(head)
+
+    def opening(self) -> CompletionChoice | None:
+        return None
+
+    def increment(self, output: ChoiceOutput) -> CompletionChoice | None:
+        text, logprobs = self.text.advance(output)
+        if not text and logprobs is None and output.finish_reason is None:
+            return None
+        return _completion_choice(output, text, logprobs)
+
+
+def _completion_choice(
+    output: ChoiceOutput, text: str, logprobs: CompletionLogprobs | None
+) -> CompletionChoice:
+    return CompletionChoice(
+        index=output.index,
+        text=text,
+        logprobs=logprobs,
+        finish_reason=output.finish_reason,  # type: ignore[arg-type]
+        matched_stop=output.matched_stop,
+    )
+
+
+@dataclass(frozen=True)
+class _CompletionFormat:
+    """Completion choices: text (after the echoed prompt) and legacy logprobs; every chunk is a
+    `text_completion` object too."""
+
+    base_id: str
+    model: str
+    n: int
+    heads: list[str]  # per prompt, the echoed prompt text ("" without echo)
+
+    def whole(self, output: ChoiceOutput) -> CompletionChoice:
+        text, logprobs = _CompletionText(self.heads[output.index // self.n]).advance(output)
+        return _completion_choice(output, text, logprobs)
+
+    def streamer(self, index: int) -> _CompletionStreamer:
+        return _CompletionStreamer(self.heads[index // self.n])
+
+    def response(self, choices: list[CompletionChoice], usage: Usage) -> CompletionResponse:
+        return CompletionResponse(id=self.base_id, model=self.model, choices=choices, usage=usage)
+
+    def chunk(self, choices: list[CompletionChoice], usage: Usage | None) -> CompletionResponse:
+        return CompletionResponse(id=self.base_id, model=self.model, choices=choices, usage=usage)
 
 
 @router.post(
@@ -175,120 +251,19 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
         rid=[f"{base_id}-{i}" for i in range(num_prompts)],
     )
     if echo:
-        prompt_texts = texts or [state.tokenizer.decode(x, skip_special_tokens=False) for x in ids]
+        heads = texts or [state.tokenizer.decode(x, skip_special_tokens=False) for x in ids or []]
     else:
-        prompt_texts = [""] * num_prompts
-    model = body.model or state.model_name
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        events = _completion_stream(
-            state, reqs, n, base_id, model, prompt_texts, echo, want_logprobs, include_usage
-        )
-        return stream_response(request, events)
-
-    results = await run_until_disconnect(request, state.tokenizer_manager.generate(reqs))
-    choices = []
-    for k, result in enumerate(results):
-        raise_if_aborted(state, result)
-        meta = result["meta_info"]
-        ptext = prompt_texts[k // n]
-        logprobs = None
-        if want_logprobs:
-            logprobs = _completion_logprobs(
-                meta["output_token_logprobs"], meta.get("output_top_logprobs"), len(ptext)
-            )
-            if echo:
-                head = _completion_logprobs(
-                    meta["input_token_logprobs"], meta.get("input_top_logprobs"), 0
-                )
-                logprobs = _merge_logprobs(head, logprobs)
-        reason, matched = finish_reason(meta)
-        choices.append(
-            CompletionChoice(
-                index=k,
-                text=ptext + result["text"],
-                logprobs=logprobs,
-                finish_reason=reason,
-                matched_stop=matched,
-            )
-        )
-    response = CompletionResponse(
-        id=base_id, model=model, choices=choices, usage=usage_of(results, n)
+        heads = [""] * num_prompts
+    run = ChoiceRun(
+        reqs,
+        n,
+        _CompletionFormat(base_id, body.model or state.model_name, n, heads),
+        output_logprobs=want_logprobs,
+        prompt_logprobs=echo and want_logprobs,
+        stream=bool(body.stream),
+        include_usage=bool(body.stream_options and body.stream_options.include_usage),
     )
-    return Response(response.model_dump_json(), media_type="application/json")
-
-
-def _completion_stream(
-    state: ServerState,
-    reqs: list[GenerateRequest],
-    n: int,
-    base_id: str,
-    model: str,
-    prompt_texts: list[str],
-    echo: bool,
-    want_logprobs: bool,
-    include_usage: bool,
-) -> AsyncIterator[bytes]:
-    sent = [0] * len(reqs)  # characters of each choice's text already sent
-    sent_in = [0] * len(reqs)  # prompt logprob entries already sent (echo)
-    started = [False] * len(reqs)
-    in_offsets = [0] * len(reqs)
-    offsets = [len(prompt_texts[k // n]) for k in range(len(reqs))]
-    finals: list[dict[str, Any] | None] = [None] * len(reqs)
-
-    def chunk(k: int, text: str, logprobs: Any, reason: Any, matched: Any) -> dict[str, Any]:
-        choice = CompletionChoice(
-            index=k, text=text, logprobs=logprobs, finish_reason=reason, matched_stop=matched
-        )
-        return CompletionResponse(id=base_id, model=model, choices=[choice]).model_dump(mode="json")
-
-    def on_chunk(k: int, result: dict[str, Any]) -> list[dict[str, Any]]:
-        meta = result["meta_info"]
-        events = []
-        head = ""
-        logprobs = None
-        if not started[k]:
-            started[k] = True
-            head = prompt_texts[k // n] if echo else ""
-        if echo and want_logprobs:
-            # Prompt logprobs may arrive over several increments (chunked prefill).
-            entries = meta.get("input_token_logprobs") or []
-            tops = meta.get("input_top_logprobs")
-            if len(entries) > sent_in[k]:
-                start = sent_in[k]
-                logprobs = _completion_logprobs(
-                    entries[start:], tops[start:] if tops else None, in_offsets[k]
-                )
-                sent_in[k] = len(entries)
-                in_offsets[k] += sum(len(t) for t in logprobs.tokens)
-        text = result["text"]
-        delta = text[sent[k] :]
-        sent[k] = len(text)
-        if want_logprobs and meta.get("output_token_logprobs"):
-            new = _completion_logprobs(
-                meta["output_token_logprobs"], meta.get("output_top_logprobs"), offsets[k]
-            )
-            offsets[k] += sum(len(t) for t in new.tokens)
-            logprobs = new if logprobs is None else _merge_logprobs(logprobs, new)
-        reason, matched = finish_reason(meta)
-        if reason is not None:
-            finals[k] = result
-        if head or delta or logprobs is not None or reason is not None:
-            events.append(chunk(k, head + delta, logprobs, reason, matched))
-        return events
-
-    def on_end() -> list[dict[str, Any]]:
-        if not include_usage:
-            return []
-        done = [r for r in finals if r is not None]
-        usage = usage_of(done, n) if len(done) == len(finals) else Usage()
-        return [
-            CompletionResponse(id=base_id, model=model, choices=[], usage=usage).model_dump(
-                mode="json"
-            )
-        ]
-
-    return stream_events(state, reqs, on_chunk, on_end)
+    return await respond(request, state, run)
 
 
 def route_paths() -> set[str]:

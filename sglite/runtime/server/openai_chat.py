@@ -4,12 +4,10 @@ calls (`chat_tools.py`) parsed out of the answer, whole or streamed."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
 
 from sglite.runtime.reasoning import (
     ReasoningFormat,
@@ -27,18 +25,20 @@ from sglite.runtime.server.chat_tools import (
     stream_parser,
 )
 from sglite.runtime.server.errors import APIError, ErrorResponse, error_responses
+from sglite.runtime.server.openai_choices import (
+    ChoiceOutput,
+    ChoiceRun,
+    LogprobEntries,
+    respond,
+)
 from sglite.runtime.server.openai_common import (
     GENERATE_ERRORS_CODES,
     OutputConstraint,
     check_common,
-    finish_reason,
     finite,
     output_constraint,
     prepare,
     sampling_params,
-    stream_events,
-    stream_response,
-    usage_of,
 )
 from sglite.runtime.server.openai_protocol import (
     AssistantMessage,
@@ -53,9 +53,9 @@ from sglite.runtime.server.openai_protocol import (
     TopLogprob,
     Usage,
 )
-from sglite.runtime.server.serving import get_state, raise_if_aborted
+from sglite.runtime.server.serving import get_state
 from sglite.runtime.server.state import ServerState
-from sglite.runtime.server.streaming import run_until_disconnect, sse_response_content
+from sglite.runtime.server.streaming import sse_response_content
 from sglite.runtime.tokenizer_manager import GenerateRequest
 from sglite.runtime.tool_calls.types import ToolCall
 
@@ -121,11 +121,11 @@ def _reasoning_format(state: ServerState, body: ChatCompletionRequest) -> Reason
     return get_reasoning_format(name)
 
 
-def _chat_logprobs(
-    entries: list[list[Any]], tops: list[Any] | None, num_top: int
-) -> ChoiceLogprobs:
+def _chat_logprobs(entries: LogprobEntries, num_top: int) -> ChoiceLogprobs:
+    """Chat logprobs of `entries`, at most `num_top` alternatives per token."""
     content = []
-    for k, (logprob, _tid, text) in enumerate(entries):
+    tops = entries.tops
+    for k, (logprob, _tid, text) in enumerate(entries.entries):
         text = text or ""
         top = tops[k] if tops is not None and k < len(tops) and tops[k] else []
         content.append(
@@ -160,41 +160,15 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     answer come back as `message.tool_calls` (`chat_tools.py`)."""
     state = get_state(request)
     chat = prepare_chat(state, body)
-    model = body.model or state.model_name
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        stream = _ChatStream(state, chat, model)
-        return stream_response(request, stream.events(include_usage))
-    results = await run_until_disconnect(request, state.tokenizer_manager.generate(chat.reqs))
-    choices = []
-    for k, result in enumerate(results):
-        raise_if_aborted(state, result)
-        meta = result["meta_info"]
-        logprobs = None
-        if chat.want_logprobs:
-            logprobs = _chat_logprobs(
-                meta["output_token_logprobs"], meta.get("output_top_logprobs"), chat.num_top
-            )
-        reason, matched = finish_reason(meta)
-        answer = chat.answer(result["text"])
-        message = AssistantMessage(
-            content=answer.content or None, reasoning_content=answer.reasoning
-        )
-        if answer.calls:
-            message.tool_calls = calls_json(answer.calls)
-            reason = "tool_calls" if reason == "stop" else reason
-        elif message.content is None:
-            message.content = ""
-        choices.append(
-            ChatChoice(
-                index=k, message=message, logprobs=logprobs, finish_reason=reason,
-                matched_stop=matched,
-            )
-        )  # fmt: skip
-    response = ChatCompletionResponse(
-        id=chat.base_id, model=model, choices=choices, usage=usage_of(results, chat.n)
+    run = ChoiceRun(
+        chat.reqs,
+        chat.n,
+        _ChatFormat(chat, body.model or state.model_name),
+        output_logprobs=chat.want_logprobs,
+        stream=bool(body.stream),
+        include_usage=bool(body.stream_options and body.stream_options.include_usage),
     )
-    return Response(response.model_dump_json(), media_type="application/json")
+    return await respond(request, state, run)
 
 
 @dataclass
@@ -273,38 +247,74 @@ def prepare_chat(state: ServerState, body: ChatCompletionRequest) -> PreparedCha
     return PreparedChat(reqs, plan, reasoning, body.n or 1, base_id, want_logprobs, num_top, ids)
 
 
-class _ChatStream:
-    """The events of a streamed chat completion: per choice a role delta, then content and
-    tool-call deltas (`chat_tools.stream_parser`), then the finish reason; with usage, a last
-    usage-only chunk."""
+def _finish(reason: str | None, calls: bool) -> str | None:
+    # A stop after tool calls is OpenAI's `tool_calls`; a length cut stays `length`.
+    return "tool_calls" if calls and reason == "stop" else reason
 
-    def __init__(self, state: ServerState, chat: PreparedChat, model: str) -> None:
-        self.state, self.chat, self.model = state, chat, model
-        reqs = chat.reqs
-        self.started = [False] * len(reqs)
-        self.sent = [0] * len(reqs)  # characters of each choice's answer already sent
-        self.parsers = [stream_parser(chat.plan) for _ in reqs]
-        self.reasoners = [
-            StreamingReasoningParser(chat.reasoning) if chat.reasoning else None for _ in reqs
-        ]
-        self.finals: list[dict[str, Any] | None] = [None] * len(reqs)
 
-    def _chunk(self, k: int, delta: DeltaMessage, logprobs: Any, reason: Any, matched: Any) -> dict:
-        choice = ChatStreamChoice(
-            index=k, delta=delta, logprobs=logprobs, finish_reason=reason, matched_stop=matched
+@dataclass(frozen=True)
+class _ChatFormat:
+    """Chat choices: an assistant message (reasoning, content, tool calls) when whole; streamed,
+    a role delta, then content, reasoning and tool-call deltas, then the finish reason."""
+
+    chat: PreparedChat
+    model: str
+
+    def whole(self, output: ChoiceOutput) -> ChatChoice:
+        logprobs = None
+        if output.output_logprobs is not None:
+            logprobs = _chat_logprobs(output.output_logprobs, self.chat.num_top)
+        reason = output.finish_reason
+        answer = self.chat.answer(output.text)
+        message = AssistantMessage(
+            content=answer.content or None, reasoning_content=answer.reasoning
         )
-        chunk = ChatCompletionChunk(id=self.chat.base_id, model=self.model, choices=[choice])
-        return chunk.model_dump(mode="json")
+        if answer.calls:
+            message.tool_calls = calls_json(answer.calls)
+            reason = _finish(reason, True)
+        elif message.content is None:
+            message.content = ""
+        return ChatChoice(
+            index=output.index, message=message, logprobs=logprobs,
+            finish_reason=reason, matched_stop=output.matched_stop,  # type: ignore[arg-type]
+        )  # fmt: skip
 
-    def _delta(self, k: int, text: str, done: bool) -> DeltaMessage:
+    def streamer(self, index: int) -> _ChatStreamer:
+        return _ChatStreamer(self.chat, index)
+
+    def response(self, choices: list[ChatChoice], usage: Usage) -> ChatCompletionResponse:
+        return ChatCompletionResponse(
+            id=self.chat.base_id, model=self.model, choices=choices, usage=usage
+        )
+
+    def chunk(self, choices: list[ChatStreamChoice], usage: Usage | None) -> ChatCompletionChunk:
+        return ChatCompletionChunk(
+            id=self.chat.base_id, model=self.model, choices=choices, usage=usage
+        )
+
+
+class _ChatStreamer:
+    """One streamed chat choice: reasoning split off first (`--reasoning-parser`), then tool-call
+    text held back from the content (`chat_tools.stream_parser`)."""
+
+    def __init__(self, chat: PreparedChat, index: int) -> None:
+        self.chat, self.index = chat, index
+        self.sent = 0  # characters of the answer already sent (without a tool parser)
+        self.parser = stream_parser(chat.plan)
+        self.reasoner = StreamingReasoningParser(chat.reasoning) if chat.reasoning else None
+
+    def opening(self) -> ChatStreamChoice:
+        delta = DeltaMessage(role="assistant", content="")
+        return ChatStreamChoice(index=self.index, delta=delta)
+
+    def _delta(self, text: str, done: bool) -> DeltaMessage:
         reasoning = None
-        reasoner = self.reasoners[k]
-        if reasoner is not None:  # the answer follows the reasoning
-            reasoning, text = reasoner.update(text, done)
-        parser = self.parsers[k]
+        if self.reasoner is not None:  # the answer follows the reasoning
+            reasoning, text = self.reasoner.update(text, done)
+        parser = self.parser
         if parser is None:
-            piece = text[self.sent[k] :]
-            self.sent[k] = len(text)
+            piece = text[self.sent :]
+            self.sent = len(text)
             return DeltaMessage(content=piece or None, reasoning_content=reasoning or None)
         update = parser.finish(text) if done else parser.update(text)
         calls = delta_calls_json(update)
@@ -314,43 +324,21 @@ class _ChatStream:
             tool_calls=calls or None,
         )
 
-    def on_chunk(self, k: int, result: dict[str, Any]) -> list[dict[str, Any]]:
-        meta = result["meta_info"]
-        events = []
-        if not self.started[k]:
-            self.started[k] = True
-            events.append(
-                self._chunk(k, DeltaMessage(role="assistant", content=""), None, None, None)
-            )
-        reason, matched = finish_reason(meta)
-        delta = self._delta(k, result["text"], reason is not None)
+    def increment(self, output: ChoiceOutput) -> ChatStreamChoice | None:
+        reason = output.finish_reason
+        delta = self._delta(output.text, reason is not None)
         logprobs = None
-        if self.chat.want_logprobs and meta.get("output_token_logprobs"):
-            logprobs = _chat_logprobs(
-                meta["output_token_logprobs"], meta.get("output_top_logprobs"), self.chat.num_top
-            )
+        if output.output_logprobs is not None:
+            logprobs = _chat_logprobs(output.output_logprobs, self.chat.num_top)
         if reason is not None:
-            self.finals[k] = result
-            parser = self.parsers[k]
-            if parser is not None and parser.calls and reason == "stop":
-                reason = "tool_calls"
+            reason = _finish(reason, self.parser is not None and bool(self.parser.calls))
         new = delta.content or delta.reasoning_content or delta.tool_calls
-        if new or logprobs is not None or reason is not None:
-            events.append(self._chunk(k, delta, logprobs, reason, matched))
-        return events
-
-    def on_end(self, include_usage: bool) -> list[dict[str, Any]]:
-        if not include_usage:
-            return []
-        done = [r for r in self.finals if r is not None]
-        usage = usage_of(done, self.chat.n) if len(done) == len(self.finals) else Usage()
-        chunk = ChatCompletionChunk(id=self.chat.base_id, model=self.model, choices=[], usage=usage)
-        return [chunk.model_dump(mode="json")]
-
-    def events(self, include_usage: bool) -> AsyncIterator[bytes]:
-        return stream_events(
-            self.state, self.chat.reqs, self.on_chunk, lambda: self.on_end(include_usage)
-        )
+        if not new and logprobs is None and reason is None:
+            return None
+        return ChatStreamChoice(
+            index=self.index, delta=delta, logprobs=logprobs,
+            finish_reason=reason, matched_stop=output.matched_stop,  # type: ignore[arg-type]
+        )  # fmt: skip
 
 
 def route_paths() -> set[str]:

@@ -1,33 +1,17 @@
-"""What the OpenAI routes share: request checks, the output constraint, sampling parameters,
-finish reasons, usage, and running requests as event streams."""
+"""What the OpenAI routes share before generating: request checks, the output constraint, sampling
+parameters and admission (running the choices: `openai_choices.py`)."""
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import Request
-from fastapi.responses import StreamingResponse
-
-from sglite.runtime.server.errors import APIError, bad_request, error_body
-from sglite.runtime.server.openai_protocol import (
-    PromptTokensDetails,
-    ResponseFormat,
-    Usage,
-    _SamplingExtras,
-)
-from sglite.runtime.server.serving import abort_event, constraint_of, prepare_requests
+from sglite.runtime.server.errors import APIError, bad_request
+from sglite.runtime.server.openai_protocol import ResponseFormat, _SamplingExtras
+from sglite.runtime.server.serving import constraint_of, prepare_requests
 from sglite.runtime.server.state import ServerState
-from sglite.runtime.server.streaming import (
-    SSE_DONE,
-    SSE_HEADERS,
-    iterate_until_disconnect,
-    merge_streams,
-    sse,
-)
 from sglite.runtime.tokenizer_manager import GenerateRequest
 
 # Statuses the generating routes really answer besides 200 (401 with --api-key, 413 from the body
@@ -38,6 +22,7 @@ _RENAME = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
 
 
 def check_common(state: ServerState, body: _SamplingExtras) -> None:
+    """400 (404 for the model) for what neither OpenAI route serves."""
     state.check_model(body.model)
     if body.logit_bias:
         raise APIError(
@@ -106,6 +91,7 @@ def response_format_schema(fmt: ResponseFormat) -> tuple[str, str] | None:
 def sampling_params(
     body: _SamplingExtras, max_new_tokens: int | None, constraint: OutputConstraint | None
 ) -> dict[str, Any]:
+    """The runtime's `sampling_params` of a request; fields the client left unset are absent."""
     params = {
         "max_new_tokens": max_new_tokens,
         "min_new_tokens": body.min_tokens,
@@ -133,6 +119,8 @@ def sampling_params(
 def prepare(
     state: ServerState, default_param: str, constraint: OutputConstraint | None, **kwargs: Any
 ) -> list[GenerateRequest]:
+    """Validate and admit the scheduler requests; a ValueError becomes a 400 naming the field the
+    client set (`default_param` when the message names none)."""
     try:
         reqs, _ = prepare_requests(state, **kwargs)
     except ValueError as exc:
@@ -146,60 +134,6 @@ def prepare(
             err.param = default_param
         raise err from None
     return reqs
-
-
-def finish_reason(meta: dict[str, Any]) -> tuple[str | None, Any]:
-    reason = meta.get("finish_reason")
-    if not reason:
-        return None, None
-    kind = "length" if reason.get("type") == "length" else "stop"
-    return kind, reason.get("matched")
-
-
-def usage_of(results: list[dict[str, Any]], n: int) -> Usage:
-    # The prompt counts once per prompt (as OpenAI does); its first choice reports the cache hit.
-    firsts = [r["meta_info"] for r in results[::n]]
-    prompt = sum(m["prompt_tokens"] for m in firsts)
-    completion = sum(r["meta_info"]["completion_tokens"] for r in results)
-    cached = sum(m["cached_tokens"] for m in firsts)
-    return Usage(
-        prompt_tokens=prompt,
-        completion_tokens=completion,
-        total_tokens=prompt + completion,
-        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
-    )
-
-
-def stream_response(request: Request, events: AsyncIterator[bytes]) -> StreamingResponse:
-    return StreamingResponse(
-        iterate_until_disconnect(request, events),
-        media_type="text/event-stream",
-        headers=SSE_HEADERS,
-    )
-
-
-async def stream_events(
-    state: ServerState,
-    reqs: list[GenerateRequest],
-    on_chunk: Any,
-    on_end: Any,
-) -> AsyncIterator[bytes]:
-    """Run `reqs` as streams; `on_chunk(index, chunk)` and `on_end()` return events to send."""
-    tm = state.tokenizer_manager
-    try:
-        async for i, chunk in merge_streams([tm.stream(r) for r in reqs]):
-            error = abort_event(state, chunk)
-            if error is not None:
-                yield sse(error)
-                break
-            for event in on_chunk(i, chunk):
-                yield sse(event)
-        else:
-            for event in on_end():
-                yield sse(event)
-    except Exception as exc:
-        yield sse(error_body(503 if not state.client.alive else 500, str(exc)))
-    yield SSE_DONE
 
 
 def finite(logprob: float) -> float:
