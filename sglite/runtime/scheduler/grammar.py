@@ -1,31 +1,18 @@
-"""The scheduler's side of constrained decoding: waiting for grammars, masks, jump-forward drafts.
+"""The scheduler's side of constrained decoding: waiting for grammars, and vocabulary masks.
 
-Jump-forward, exact mode (the default): where the grammar forces a continuation, its canonical
-tokens become a *draft*. The next forward runs `[last token] + draft` as one extend and returns
-logits at every position; the scheduler then samples position by position under the grammar mask
-and keeps the draft token while the sampled token equals it, stopping at the first difference
-(whose sampled token is kept too). For a draft known in advance (a point distribution), this IS
-the speculative-sampling rule: the draft token is accepted with probability p(draft), and on
-rejection the emitted token is distributed as p restricted to the other tokens. So outputs
-follow exactly the distribution of token-by-token decoding; greedy outputs are identical, and a
-seeded request draws one uniform per emitted token, as it would without jump-forward.
-
-Retokenize mode (SGLang's original, kept for comparison): the forced *text* is tokenized on its
-own and appended unverified; the model never chose those tokens, so what follows can drift.
+Requests whose grammar is still compiling wait in `GrammarQueue` (compiling runs on worker
+threads, so it never stalls other requests' forward passes). Each sampling step masks the rows
+of constrained requests in one vectorised op. Jump-forward, which drafts the tokens a grammar
+forces, lives in `drafts.py`.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 
 from sglite.runtime.constrained import Constraint, GrammarError, GrammarManager
 from sglite.runtime.constrained.bitmask import allocate_bitmask, apply_bitmask
 from sglite.runtime.scheduler.request import Req
-
-# Longest draft verified in one forward (forced JSON keys are rarely longer).
-MAX_DRAFT_TOKENS = 32
 
 
 class GrammarQueue:
@@ -89,34 +76,3 @@ def apply_grammar_masks(
             bitmask[j] = -1  # a half-filled row would make sampling fail for nothing
     apply_bitmask(logits, bitmask, torch.tensor(rows, dtype=torch.long, device=logits.device))
     return failed
-
-
-def exact_draft(req: Req, context_len: int) -> list[int]:
-    """The forced tokens to verify in the next forward (empty when nothing is forced).
-
-    At most MAX_DRAFT_TOKENS, and short enough that the draft plus the model's own next token
-    fit in `max_new_tokens` and the context.
-    """
-    if req.grammar is None:
-        return []
-    room = min(req.remaining_new_tokens, context_len - req.num_fill) - 1
-    if room <= 0:
-        return []
-    return req.grammar.forced_tokens()[: min(room, MAX_DRAFT_TOKENS)]
-
-
-def retokenized_forced_tokens(req: Req, encode: Callable[[str], list[int]]) -> list[int]:
-    """SGLang's original jump-forward: the forced text, tokenized on its own, as far as the
-    grammar takes those tokens (the boundary may differ from what the model would write)."""
-    if req.grammar is None:
-        return []
-    forced = req.grammar.forced_text()
-    if not forced:
-        return []
-    text = forced.decode("utf-8", errors="ignore")
-    if not text:
-        return []
-    tokens = encode(text)
-    room = max(0, req.remaining_new_tokens - 1)
-    tokens = tokens[:room]
-    return tokens[: req.grammar.count_allowed(tokens)]

@@ -5,7 +5,8 @@
 - `dfs-weight`: walk the radix tree depth-first, heavier subtrees (more waiting requests) first, so
   requests that share a prefix run back to back.
 Every policy puts requests that waited longer than the starvation bound first (SGLang's lpm can
-starve a request with no cache hit forever; this bound fixes it).
+starve a request with no cache hit forever; this bound fixes it). `shares_with_batch` defers a
+request whose uncached prefix another request of the same prefill computes.
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ from sglite.runtime.scheduler.request import Req
 # Matching every waiting request costs a tree walk each; past this queue length the gain of a
 # cache-aware order does not pay for it and the policy falls back to fcfs (as SGLang does).
 MAX_QUEUE_FOR_CACHE_AWARE = 128
+
+# Requests sharing at least this many uncached tokens with one admitted in the same step wait one
+# step, so they hit the cache instead of computing the shared part again.
+IN_BATCH_SHARING_MIN_TOKENS = 32
 
 
 def order_waiting(
@@ -71,3 +76,16 @@ def _dfs_weight(reqs: list[Req], cache: RadixCache) -> list[Req]:
         children = [c for c in node.children.values() if weight.get(id(c), 0) > 0]
         stack.extend(sorted(children, key=lambda c: weight[id(c)]))  # heaviest popped first
     return ordered
+
+
+def shares_with_batch(req: Req, matched: int, batch: list[tuple[Req, int]]) -> bool:
+    """Whether `req`, with `matched` tokens cached, should wait for a prefix that a request of
+    this prefill `batch` computes (its next IN_BATCH_SHARING_MIN_TOKENS tokens are the same)."""
+    span = IN_BATCH_SHARING_MIN_TOKENS
+    if req.num_fill - matched <= span:
+        return False
+    window = req.fill_ids[matched : matched + span]
+    for other, _ in batch:
+        if other.cached_len <= matched and other.fill_ids[matched : matched + span] == window:
+            return True
+    return False

@@ -12,6 +12,7 @@ Invariants:
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,8 +23,9 @@ from sglite.runtime.constrained import GrammarMatcher, GrammarTicket
 from sglite.runtime.detokenizer import IncrementalDetokenizer, StopChecker
 from sglite.runtime.sampling.params import SamplingParams
 from sglite.runtime.sampling.sampler import SamplingInfo
-from sglite.runtime.scheduler.io import RequestOutput
+from sglite.runtime.scheduler.io import GenerateInput, RequestOutput
 from sglite.runtime.scheduler.pooling import Pooling
+from sglite.runtime.tokenizer import Tokenizer
 
 
 class SlotMirror:
@@ -97,6 +99,32 @@ class Req:
     input_logprobs_done: bool = False
     output_logprobs_pending: list[tuple[float, int]] = field(default_factory=list)
     output_top_pending: list[list[tuple[float, int]]] = field(default_factory=list)
+
+    @classmethod
+    def from_input(cls, inp: GenerateInput, tokenizer: Tokenizer, device: torch.device) -> Req:
+        """The request for `inp`, its sampling state on `device`; raises ValueError for invalid
+        sampling parameters (the client validated them already)."""
+        params = SamplingParams.from_dict(inp.sampling_params)
+        return cls(
+            rid=inp.rid,
+            prompt_ids=list(inp.input_ids),
+            params=params,
+            sampling=SamplingInfo.create(params, list(inp.input_ids), device),
+            detokenizer=IncrementalDetokenizer(
+                tokenizer,
+                skip_special_tokens=params.skip_special_tokens,
+                spaces_between_special_tokens=params.spaces_between_special_tokens,
+                # Context so SentencePiece-style tokenizers keep the first output's leading space.
+                prompt_ids=inp.input_ids,
+            ),
+            stop_checker=StopChecker(params.stop, params.stop_regex),
+            arrival_time=inp.arrival_time or time.monotonic(),
+            return_logprob=inp.return_logprob,
+            logprob_start_len=inp.logprob_start_len,
+            top_logprobs_num=inp.top_logprobs_num,
+            stream=inp.stream,
+            pooling=Pooling(inp.pooling) if inp.pooling else None,
+        )
 
     @property
     def fill_ids(self) -> list[int]:
