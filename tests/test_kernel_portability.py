@@ -4,10 +4,12 @@ without a warning; and a server whose kernels fail to build still serves the sam
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import subprocess
 
+import pytest
 import requests
 
 from sglite.runtime.model.kernels import native
@@ -79,3 +81,56 @@ def test_a_failed_kernel_build_still_serves_the_same_answers(tmp_path, sglite_se
     finally:
         server.stop()
     assert os.environ.get("CC") != str(failing)
+
+
+def test_the_structs_python_builds_from_the_header_match_the_compilers_layout(tmp_path):
+    """native.py passes the decode step's layer table as ctypes structs built from kernels.h;
+    their size and every field's offset equal what the C compiler lays out."""
+    from sglite.runtime.model.kernels.abi import ABI, HEADER
+
+    lines = [
+        "#include <stddef.h>",
+        "#include <stdio.h>",
+        f'#include "{HEADER}"',
+        "int main(void) {",
+    ]
+    for name, struct in ABI.structs.items():
+        lines.append(f'  printf("{name} %zu\\n", sizeof({name}));')
+        for field, _ in struct._fields_:
+            lines.append(f'  printf("{name}.{field} %zu\\n", offsetof({name}, {field}));')
+    lines += ["  return 0;", "}"]
+    (tmp_path / "layout.c").write_text("\n".join(lines))
+    subprocess.run(["gcc", "-o", "layout", "layout.c"], cwd=tmp_path, check=True)
+    compiled = subprocess.run([str(tmp_path / "layout")], capture_output=True, text=True).stdout
+    expected = []
+    for name, struct in ABI.structs.items():
+        expected.append(f"{name} {ctypes.sizeof(struct)}")
+        expected += [f"{name}.{f} {getattr(struct, f).offset}" for f, _ in struct._fields_]
+    assert compiled.split("\n")[:-1] == expected
+    assert {"linear_t", "layer_t"} <= set(ABI.structs)
+
+
+def test_every_function_the_header_declares_is_in_the_library():
+    """The library loads with every declared function (a missing one would make `load()` fall
+    back to PyTorch), and the constants Python uses come from the header."""
+    from sglite.runtime.model.kernels.abi import ABI
+
+    lib = native.load()
+    assert lib is not None
+    assert all(hasattr(lib, name) for name in ABI.functions)
+    assert ABI.constants["QGEMV_MAX_ROWS"] >= ABI.constants["INT4_FLOAT_GEMV_MAX_ROWS"] >= 1
+
+
+def test_a_header_outside_the_parsed_subset_is_refused():
+    from sglite.runtime.model.kernels.abi import parse
+
+    with pytest.raises(ValueError, match="double"):
+        parse("typedef struct { double weight; } bad_t;")
+    with pytest.raises(ValueError, match="unsigned"):
+        parse("int f(unsigned char c);")
+    abi = parse(
+        "enum { A = 0x10 };\ntypedef struct { int64_t n, *p; } s_t;\nint64_t g(const s_t *s);"
+    )
+    assert abi.constants == {"A": 16}
+    assert [f for f, _ in abi.structs["s_t"]._fields_] == ["n", "p"]
+    assert abi.functions["g"].argtypes == (ctypes.c_void_p,)

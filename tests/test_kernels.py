@@ -349,16 +349,17 @@ def test_panels_serve_a_partial_panel_and_fall_back_without_the_library(monkeypa
     """n_out = 83 leaves a partial last panel; with the native library gone after packing (as
     when a test switches it off), the same panels are read through PyTorch."""
     from sglite.runtime.model.linear import Linear
+    from sglite.runtime.model.linear_weight import PanelWeight
 
     torch.manual_seed(1)
     layer = Linear(96, 83, bias=True)
     layer.finalize(extra_layouts=True)
-    assert layer.packed is not None and layer.packed.kind == "panels"
+    assert isinstance(layer.kernel, PanelWeight)
     xs = [torch.randn(rows, 96) for rows in (1, 7, 300)]
     wants = [x @ layer.weight.detach().T + layer.bias.detach() for x in xs]
     for x, want in zip(xs, wants, strict=True):
         torch.testing.assert_close(layer(x).detach(), want, atol=1e-4, rtol=1e-4)
     monkeypatch.setattr(native, "load", lambda: None)
-    assert kernels.panel_gemm(xs[0], layer.packed.data, None, 83) is None
+    assert kernels.panel_gemm(xs[0], layer.kernel.panels, None, 83) is None
     for x, want in zip(xs, wants, strict=True):
         torch.testing.assert_close(layer(x).detach(), want, atol=1e-4, rtol=1e-4)

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from sglite.runtime.cache.kv_pool import KVPool
 from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from sglite.runtime.model.linear import Linear
+from sglite.runtime.model.linear_weight import PlainWeight
 from sglite.runtime.model.loader import load_model
 from sglite.runtime.model.quantization import (
     Int4Weight,
@@ -105,19 +106,25 @@ def test_dense_layouts_compute_the_same_product_at_every_row_count(dtype):
     x @ W.T + b. bf16 runs here even where oneDNN cannot pack it (then only the transposed copy
     exists)."""
     from sglite.runtime.model import kernels
-    from sglite.runtime.model.linear import PACKED_MAX_ROWS, pack_for_onednn
+    from sglite.runtime.model.linear_weight import (
+        PACKED_MAX_ROWS,
+        BlockedWeight,
+        PanelWeight,
+        pack_for_onednn,
+    )
 
     torch.manual_seed(0)
     layer = Linear(96, 80, bias=True).to(dtype)
     layer.finalize(extra_layouts=True)
     if dtype == torch.float32 and kernels.native_available():
-        assert layer.packed is not None and layer.packed.kind == "panels"
-        assert layer.weight_t is None
+        assert isinstance(layer.kernel, PanelWeight)
     else:
+        kernel = layer.kernel
+        assert isinstance(kernel, BlockedWeight)
         packable = pack_for_onednn(layer.weight.data) is not None  # bf16 needs CPU support
-        assert (layer.packed is not None) == packable
+        assert (kernel.packed is not None) == packable
         # Without a packed copy the transposed one serves large batches, in any dtype.
-        assert (layer.weight_t is None) == (packable and dtype == torch.float32)
+        assert (kernel.weight_t is None) == (packable and dtype == torch.float32)
     tol = 1e-4 if dtype == torch.float32 else 3e-2
     for rows in (1, 2, 8, PACKED_MAX_ROWS, PACKED_MAX_ROWS + 1, 1000):
         x = torch.randn(rows, 96).to(dtype)
@@ -126,7 +133,7 @@ def test_dense_layouts_compute_the_same_product_at_every_row_count(dtype):
         assert got.shape == (rows, 80) and got.dtype == dtype
         torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
     layer.finalize(extra_layouts=False)
-    assert layer.packed is None and layer.weight_t is None
+    assert isinstance(layer.kernel, PlainWeight)
 
 
 def _logits(loaded, prompt: list[int], forced: list[int]) -> list[torch.Tensor]:
@@ -210,11 +217,11 @@ def test_float32_quantized_models_keep_no_dense_copy_and_compute_the_same():
     assert lean.quantized_max_rows == -1 and dense.quantized_max_rows == 8
     projections = [m for m in lean.model.modules() if isinstance(m, Linear)]
     assert projections and all(m.weight.numel() == 0 for m in projections)
-    assert lean.model.lm_head_packed is None  # the Q8_0 output projection serves every row
+    assert isinstance(lean.model.output_weight, Q8Weight)  # the Q8_0 head serves every row
 
     assert lean.model.weight_bytes() < 0.25 * dense.model.weight_bytes()
-    # Both output projections quantized for every row, so only the layers' paths differ.
-    dense.model.lm_head_quantized_max_rows = lean.model.lm_head_quantized_max_rows
+    # Both output projections the same quantized weight, so only the layers' paths differ.
+    dense.model.output_weight = lean.model.output_weight
     tok = lean.tokenizer
     prompts = [tok.encode(f"Count from {i} to {i + 9}, slowly, one by one:") for i in range(12)]
     assert sum(map(len, prompts)) >= 128  # the quantized GEMM's panel path for prefill
@@ -283,7 +290,8 @@ def test_gguf_q4_k_projections_load_as_their_own_4_bit_values(tmp_path, monkeypa
     reference = hf_logits(hf, PROMPT)
 
     def logit_error(model) -> float:
-        model.model.lm_head_quantized_max_rows = 0  # the layers' error only, not the int8 head's
+        # The layers' error only, not the int8 output projection's: the reference's own head.
+        model.model.output_weight = PlainWeight(hf.get_output_embeddings().weight.detach().float())
         return float((last_logits(model, PROMPT) - reference).abs().max())
 
     error = logit_error(loaded)

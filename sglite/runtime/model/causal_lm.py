@@ -32,7 +32,8 @@ from sglite.runtime.model.config import ModelConfig
 from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from sglite.runtime.model.layers.decoder_layer import DecoderLayer
 from sglite.runtime.model.layers.norm import RMSNorm
-from sglite.runtime.model.linear import Linear, PackedWeight, linear, pack_dense
+from sglite.runtime.model.linear import Linear
+from sglite.runtime.model.linear_weight import LinearWeight, select_weight
 from sglite.runtime.model.native_decode import NativeDecoder
 from sglite.runtime.model.quantization import (
     Int4Parts,
@@ -48,8 +49,6 @@ logger = logging.getLogger(__name__)
 # Quantized float32 models without packed weights: output projections of up to this many rows
 # use the int8 copy.
 LM_HEAD_INT8_FLOAT32_ROWS = 32
-# A row limit no batch reaches: every row uses the quantized weights.
-ALL_ROWS = 1 << 62
 # A projection's quantization from the canonical names of the checkpoint tensors it is made of
 # (int8, q8_0, int4, w4a8 or none: `--quantization auto` decides per projection for a GGUF).
 KindFor = Callable[[list[str]], str]
@@ -119,10 +118,11 @@ class CausalLM(nn.Module):
         self.ropes: RopeSet | None = None
         # Gemma scales its embeddings; rounded to the weights' dtype as transformers does.
         self.embedding_multiplier = config.embedding_multiplier
-        # Quantized copy of the output projection for small batches (see `quantize_model`).
+        # Quantized copy of the output projection (see `quantize`) and the weight object the
+        # output projection computes with (`finalize_weights`; None: the dense weight as is).
         self.lm_head_quantized: QuantizedWeight | None = None
         self.lm_head_quantized_max_rows = 0
-        self.lm_head_packed: PackedWeight | None = None
+        self.output_weight: LinearWeight | None = None
         # Small DECODE batches run their layers in one native call (native_decode.py); built on
         # first use, after any quantization. False = not built yet; None = not available.
         self.use_native_decode = True
@@ -223,14 +223,21 @@ class CausalLM(nn.Module):
         return self._native_decoder  # type: ignore[return-value]
 
     def _lm_head(self, h: torch.Tensor) -> torch.Tensor:
-        q = self.lm_head_quantized
-        rows = h.shape[0]
-        if q is not None and rows <= self.lm_head_quantized_max_rows:
-            return q.matmul(h)
-        if self.lm_head_packed is not None and self.lm_head_packed.serves(rows):
-            return self.lm_head_packed.matmul(h, None)
-        out = kernels.dense_gemv(h, self.lm_head_weight())
-        return out if out is not None else linear(h, self.lm_head_weight())
+        if self.output_weight is None:  # not finalized: the loaded weights as they are
+            return self._select_output_weight(extra_layouts=False).matmul(h)
+        return self.output_weight.matmul(h)
+
+    def _select_output_weight(self, extra_layouts: bool) -> LinearWeight:
+        dense = self.lm_head_weight().data
+        rows = self.lm_head_quantized_max_rows
+        unpacked_float32 = self.dtype == torch.float32 and not extra_layouts
+        if self.lm_head_quantized is not None and unpacked_float32 and rows >= 0:
+            if kernels.native_available():
+                # Unpacked float32 GEMMs of this wide, short shape ran at ~50 GFLOP/s on 2 AVX2
+                # cores: the int8 GEMV in chunks of rows was 1.45x faster at 32 rows, 3.5x at 9
+                # (with packed weights, float32 beats it from 16 rows on).
+                rows = max(rows, LM_HEAD_INT8_FLOAT32_ROWS)
+        return select_weight(dense, self.lm_head_quantized, rows, extra_layouts)
 
     def weight_bytes(self) -> int:
         """Bytes of every copy of the weights this model holds: parameters (dense weights that
@@ -241,13 +248,10 @@ class CausalLM(nn.Module):
 
         total = sum(size(p) for p in self.parameters())
         for module in self.modules():
-            if isinstance(module, Linear):
-                total += size(module.packed.data if module.packed else None)
-                total += size(module.weight_t)
-                total += module.quantized.nbytes() if module.quantized is not None else 0
-        total += size(self.lm_head_packed.data if self.lm_head_packed else None)
-        head = self.lm_head_quantized
-        return total + (head.nbytes() if head is not None else 0)
+            if isinstance(module, Linear) and module is not self.lm_head:
+                total += module.kernel.nbytes()
+        head = self.output_weight or self._select_output_weight(extra_layouts=False)
+        return total + head.nbytes()
 
     def finalize_weights(self, pack: bool) -> None:
         """Add the dense weights' extra layouts (see `Linear.finalize`) when `pack`; call after
@@ -255,16 +259,7 @@ class CausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, Linear) and module is not self.lm_head:
                 module.finalize(pack)
-        every_row_quantized = self.lm_head_quantized_max_rows >= ALL_ROWS
-        pack_head = pack and not every_row_quantized and self.lm_head_weight().numel() > 0
-        self.lm_head_packed = pack_dense(self.lm_head_weight().data) if pack_head else None
-        unpacked_float32 = self.lm_head_packed is None and self.dtype == torch.float32
-        if self.lm_head_quantized is not None and unpacked_float32 and kernels.native_available():
-            # Unpacked float32 GEMMs of this wide, short shape ran at ~50 GFLOP/s on 2 AVX2
-            # cores: the int8 GEMV in chunks of rows was 1.45x faster at 32 rows, 3.5x at 9
-            # (with packed weights, float32 beats it from 16 rows on).
-            limit = self.lm_head_quantized_max_rows
-            self.lm_head_quantized_max_rows = max(limit, LM_HEAD_INT8_FLOAT32_ROWS)
+        self.output_weight = self._select_output_weight(extra_layouts=pack)
         self._native_decoder = False  # weight pointers changed
 
     def load_weights(
@@ -301,9 +296,10 @@ class CausalLM(nn.Module):
         dense_head = self.lm_head_weight().data
         fits = head is not None and head.values.shape == dense_head.shape
         self.lm_head_quantized = head if fits else Int8Weight(dense_head, self.dtype)
-        self.lm_head_quantized_max_rows = max_rows if max_rows >= 0 else ALL_ROWS
-        if max_rows < 0 and self.lm_head is not None:
-            self.lm_head.drop_dense()  # an untied output projection has no other use
+        self.lm_head_quantized_max_rows = max_rows
+        self.output_weight = None
+        if max_rows < 0 and self.lm_head is not None:  # an untied projection has no other use
+            self.lm_head.weight = nn.Parameter(dense_head.new_empty(0), requires_grad=False)
 
     def quantize_projection(
         self,
@@ -334,7 +330,7 @@ class CausalLM(nn.Module):
         kinds = {
             m.quantized.kind
             for m in self.modules()
-            if isinstance(m, Linear) and m.quantized is not None
+            if isinstance(m, Linear) and m is not self.lm_head and m.quantized is not None
         }
         return sorted(kinds)
 

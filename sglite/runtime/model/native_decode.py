@@ -27,9 +27,10 @@ from torch import nn
 
 from sglite.runtime.model import kernels
 from sglite.runtime.model.kernels import native
+from sglite.runtime.model.kernels.abi import ABI
 from sglite.runtime.model.layers.mlp import GatedMLP
 from sglite.runtime.model.linear import Linear
-from sglite.runtime.model.quantization import Int4Weight, Int8Weight, Q8Weight
+from sglite.runtime.model.linear_weight import LinearWeight, RowSplitWeight
 
 if TYPE_CHECKING:
     from sglite.runtime.cache.kv_pool import KVPool
@@ -38,83 +39,29 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-DENSE, INT8, INT4, PANELS, INT4_A8, Q8_0 = 0, 1, 2, 3, 4, 5
-# Dense weights that are not in panels go through the native GEMV for at most this many rows
-# (its cost grows with the rows; a GEMM wins beyond)...
-DENSE_GEMV_MAX_ROWS = 8
-# ...and only up to this many when oneDNN-packed weights exist (measured at 8 rows, 1 thread:
-# 46 ms/step through PyTorch against 54 ms native).
-DENSE_MAX_ROWS = 4
-
-
-class LinearDesc(ctypes.Structure):
-    """`linear_t` of decode_step.c."""
-
-    _fields_ = [
-        ("kind", ctypes.c_int64),
-        ("n_out", ctypes.c_int64),
-        ("k", ctypes.c_int64),
-        ("weight", ctypes.c_void_p),
-        ("scale", ctypes.c_void_p),
-        ("bias", ctypes.c_void_p),
-    ]
-
-
-class LayerDesc(ctypes.Structure):
-    """`layer_t` of decode_step.c."""
-
-    _fields_ = [
-        ("input_norm", ctypes.c_void_p),
-        ("post_norm", ctypes.c_void_p),
-        ("attn_out_norm", ctypes.c_void_p),
-        ("mlp_out_norm", ctypes.c_void_p),
-        ("q_norm", ctypes.c_void_p),
-        ("k_norm", ctypes.c_void_p),
-        ("qkv", LinearDesc),
-        ("o", LinearDesc),
-        ("gate_up", LinearDesc),
-        ("down", LinearDesc),
-        ("k_cache", ctypes.c_void_p),
-        ("v_cache", ctypes.c_void_p),
-        ("window", ctypes.c_int64),
-        ("rope", ctypes.c_int64),
-    ]
+LayerDesc = ABI.structs["layer_t"]
+NATIVE_MAX_ROWS = ABI.constants["NATIVE_MAX_ROWS"]
 
 
 def _weight_ptr(norm: nn.Module | None) -> int | None:
     return None if norm is None else norm.weight.data_ptr()
 
 
-def _describe(layer: Linear, quantized: bool) -> LinearDesc | None:
-    """The C description of one projection (quantized or dense weight), None if unsupported."""
-    bias = layer.bias.data_ptr() if layer.bias is not None else None
-    q = layer.quantized
-    if quantized and isinstance(q, Int4Weight) and q.native:
-        shape = (q.out_features, q.in_features)
-        kind = INT4_A8 if q.round_activations else INT4
-        return LinearDesc(kind, *shape, q.packed.data_ptr(), q.scale_offset.data_ptr(), bias)
-    if quantized and isinstance(q, Int8Weight):
-        n, k = q.values.shape
-        return LinearDesc(INT8, n, k, q.values.data_ptr(), q.scale.data_ptr(), bias)
-    if quantized and isinstance(q, Q8Weight):
-        n, k = q.values.shape
-        return LinearDesc(Q8_0, n, k, q.values.data_ptr(), q.scales.data_ptr(), bias)
-    if quantized and q is not None:
-        return None  # a quantized format the C side does not know
-    if layer.weight.numel() == 0:
-        return None  # dense weight dropped
-    n, k = layer.weight.shape
-    packed = layer.packed
-    if packed is not None and packed.kind == "panels":
-        return LinearDesc(PANELS, n, k, packed.data.data_ptr(), None, bias)
-    return LinearDesc(DENSE, n, k, layer.weight.data_ptr(), None, bias)
+def _variant(layer: Linear, small: bool) -> LinearWeight:
+    """The weight a layer computes small (`small`) or large batches with."""
+    weight = layer.kernel
+    if isinstance(weight, RowSplitWeight):
+        return weight.small if small else weight.large
+    return weight
 
 
-def _quantized_inputs_fit_gemm(model: CausalLM) -> bool:
-    """Whether every quantized projection has a multiple of 32 inputs (the quantized GEMM's
-    unit; others would make the C step fail past the GEMVs' rows)."""
-    projections = (m for m in model.layers.modules() if isinstance(m, Linear))
-    return all(p.in_features % 32 == 0 for p in projections if p.quantized is not None)
+def _split_rows(model: CausalLM) -> int | None:
+    """The row count up to which split layers use their quantized weight (None: no layer is
+    split, every batch size uses the same weights)."""
+    for module in model.layers.modules():
+        if isinstance(module, Linear) and isinstance(module.kernel, RowSplitWeight):
+            return module.kernel.max_rows
+    return None
 
 
 class NativeDecoder:
@@ -123,46 +70,34 @@ class NativeDecoder:
     def __init__(self, model: CausalLM, lib: ctypes.CDLL) -> None:
         self.model = weakref.proxy(model)
         self.lib = lib
-        self.max_rows = int(lib.native_decode_max_rows())
-        cfg = model.config
         self.dtype_code = 1 if model.dtype == torch.bfloat16 else 0
-        first = model.layers[0].self_attn.qkv_proj
-        # Quantized rows: a few in bf16 (the GEMVs), any batch in float32 (past the GEMVs'
-        # rows the C side runs the quantized GEMM, which takes whole vectors of 32 inputs).
-        self.quantized_rows_limit = int(lib.qgemv_max_rows())
-        if self.dtype_code == 0 and _quantized_inputs_fit_gemm(model):
-            self.quantized_rows_limit = self.max_rows
-        # Calls of at most `quantized_max_rows` rows use the quantized weights, as in Python.
-        self.quantized_max_rows = first.quantized_max_rows if first.quantized is not None else 0
-        self.tables: dict[bool, ctypes.Array] = {}
-        for quantized in (False, True):
-            table = self._layer_table(quantized)
+        # Split layers: batches of up to `split_rows` rows use the small-batch table.
+        self.split_rows = _split_rows(model)
+        # Per table: the layer descriptions and the most rows the C step takes with them.
+        self.tables: dict[bool, tuple[ctypes.Array, int]] = {}
+        for small in (True, False) if self.split_rows is not None else (True,):
+            table = self._layer_table(small, model.dtype)
             if table is not None:
-                self.tables[quantized] = table
-        # Dense rows the native step takes: any batch with panels (the same GEMM as PyTorch's
-        # path, without its per-operation Python cost), else a few (see DENSE_MAX_ROWS).
-        if first.packed is None:
-            self.dense_max_rows = DENSE_GEMV_MAX_ROWS
-        elif first.packed.kind == "panels":
-            self.dense_max_rows = self.max_rows
-        else:
-            self.dense_max_rows = DENSE_MAX_ROWS
+                self.tables[small] = table
         self.eps = float(model.layers[0].input_layernorm.eps)
         self.scale = model.layers[0].self_attn.scale
-        self.act = kernels.ACTIVATION_CODES[cfg.hidden_act]
+        self.act = kernels.ACTIVATION_CODES[model.config.hidden_act]
         self._pool_id: int | None = None
 
-    def _layer_table(self, quantized: bool) -> ctypes.Array | None:
+    def _layer_table(self, small: bool, dtype: torch.dtype) -> tuple[ctypes.Array, int] | None:
         descs = []
+        max_rows = NATIVE_MAX_ROWS
         for i, layer in enumerate(self.model.layers):
             attn, mlp = layer.self_attn, layer.mlp
             if not isinstance(mlp, GatedMLP):
                 return None  # experts: the PyTorch path
-            parts = [
-                _describe(p, quantized)
-                for p in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-            ]
-            if any(p is None for p in parts):
+            projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            parts = []
+            for projection in projections:
+                weight = _variant(projection, small)
+                parts.append(weight.native_linear(projection.bias))
+                max_rows = min(max_rows, weight.native_rows(dtype))
+            if any(p is None for p in parts) or max_rows == 0:
                 return None
             descs.append(
                 LayerDesc(
@@ -180,7 +115,7 @@ class NativeDecoder:
                 )
             )
             assert attn.layer_id == i
-        return (LayerDesc * len(descs))(*descs)
+        return (LayerDesc * len(descs))(*descs), max_rows
 
     @classmethod
     def create(cls, model: CausalLM) -> NativeDecoder | None:
@@ -206,16 +141,10 @@ class NativeDecoder:
         """Run every layer over `residual` (`[rows, hidden]`, updated in place) for a DECODE
         batch; False (nothing done) when this batch is not one the native path serves."""
         rows = residual.shape[0]
-        if rows > self.max_rows or batch.padded_slots is None:
-            return False
-        quantized = rows <= self.quantized_max_rows or self.quantized_max_rows < 0
-        if quantized and rows > self.quantized_rows_limit:
-            return False  # bf16: the quantized GEMVs take a few rows only
-        if not quantized and rows > self.dense_max_rows:
-            return False  # a GEMM through PyTorch beats the native GEMV from here on
-        table = self.tables.get(quantized)
-        if table is None:
-            return False
+        small = self.split_rows is None or rows <= self.split_rows
+        table, max_rows = self.tables.get(small, (None, 0))
+        if table is None or rows > max_rows or batch.padded_slots is None:
+            return False  # e.g. bf16 quantized GEMVs past their rows: PyTorch's GEMM wins
         self._attach_pool(pool)
         cfg = self.model.config
         ropes = self.model.ropes
@@ -255,7 +184,7 @@ class NativeDecoder:
     def _attach_pool(self, pool: KVPool) -> None:
         if self._pool_id == id(pool):
             return
-        for table in self.tables.values():
+        for table, _ in self.tables.values():
             for i, desc in enumerate(table):
                 desc.k_cache = pool.k[i].data_ptr()
                 desc.v_cache = pool.v[i].data_ptr()

@@ -23,12 +23,20 @@ times f16): its values load as they are too, the products rounded to f16.
 from __future__ import annotations
 
 import abc
+import ctypes
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from sglite.runtime.model import kernels
+from sglite.runtime.model.kernels.abi import ABI
+from sglite.runtime.model.linear_weight import (
+    NATIVE_MAX_ROWS,
+    QGEMV_MAX_ROWS,
+    LinearWeight,
+    c_linear,
+)
 
 # int8, q8_0 and int4 are weight-only (activations stay float); w4a8 is int4 whose GEMVs also
 # round activations to int8, as llama.cpp does: faster decode, but answers depend on batch and
@@ -36,9 +44,8 @@ from sglite.runtime.model import kernels
 # tensors exactly.
 QUANTIZATIONS = ("none", "int8", "q8_0", "int4", "w4a8")
 GGUF_BLOCK = 32
-# int4 (float x) rows its GEMV takes in float32: from 3 rows the quantized GEMM was 1.05-1.5x
-# faster (decode_step.c's INT4_FLOAT_GEMV_MAX_ROWS, the same rule).
-INT4_FLOAT_GEMV_MAX_ROWS = 2
+# int4 (float x) rows its GEMV takes in float32 (the decode step's rule too; see kernels.h).
+INT4_FLOAT_GEMV_MAX_ROWS = ABI.constants["INT4_FLOAT_GEMV_MAX_ROWS"]
 _INT8_ROWS_PER_SLICE = 4096
 
 
@@ -73,18 +80,21 @@ class Int4Parts:
         return self.values.float() * scale + offset
 
 
-class QuantizedWeight(abc.ABC):
-    """A weight `[N, K]` stored quantized; `matmul(x)` computes `x @ W.T` for `x [M, K]`."""
+class QuantizedWeight(LinearWeight):
+    """A weight `[N, K]` stored quantized; `matmul(x)` computes `x @ W.T` for `x [M, K]`;
+    `nbytes()` is all the memory it takes."""
 
-    kind: str = ""
+    def native_rows(self, dtype: torch.dtype) -> int:
+        """The GEMVs' rows in bf16; any batch in float32, the C step then running the quantized
+        GEMM past them, which takes whole vectors of 32 inputs."""
+        in_features = self.shape()[1]
+        if dtype == torch.float32 and in_features % GGUF_BLOCK == 0:
+            return NATIVE_MAX_ROWS
+        return QGEMV_MAX_ROWS
 
     @abc.abstractmethod
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """`[M, K] -> [M, N]` in x's dtype."""
-
-    @abc.abstractmethod
-    def nbytes(self) -> int:
-        """Bytes of memory the quantized weight takes."""
+    def shape(self) -> tuple[int, int]:
+        """`(N, K)`."""
 
 
 class Int8Weight(QuantizedWeight):
@@ -128,6 +138,13 @@ class Int8Weight(QuantizedWeight):
         """int8 values plus one scale per row."""
         return self.values.numel() + self.scale.numel() * 4
 
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.values.shape)  # type: ignore[return-value]
+
+    def native_linear(self, bias: torch.Tensor | None) -> ctypes.Structure | None:
+        n, k = self.values.shape
+        return c_linear("INT8", n, k, self.values.data_ptr(), self.scale.data_ptr(), bias)
+
 
 class Q8Weight(QuantizedWeight):
     """GGUF Q8_0 as the file stores it: int8 values `[N, K]` and an f16 scale per group of 32
@@ -166,6 +183,13 @@ class Q8Weight(QuantizedWeight):
     def nbytes(self) -> int:
         """int8 values plus an f16 scale per group of 32."""
         return self.values.numel() + self.scales.numel() * 2
+
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.values.shape)  # type: ignore[return-value]
+
+    def native_linear(self, bias: torch.Tensor | None) -> ctypes.Structure | None:
+        n, k = self.values.shape
+        return c_linear("Q8_0", n, k, self.values.data_ptr(), self.scales.data_ptr(), bias)
 
 
 def quantize_q8_0(weight: torch.Tensor) -> Q8Weight | None:
@@ -272,6 +296,17 @@ class Int4Weight(QuantizedWeight):
         """Packed nibbles plus a scale and offset per group."""
         so = self.scale_offset
         return self.packed.numel() * self.packed.element_size() + so.numel() * so.element_size()
+
+    def shape(self) -> tuple[int, int]:
+        return self.out_features, self.in_features
+
+    def native_linear(self, bias: torch.Tensor | None) -> ctypes.Structure | None:
+        """In the Q4_1 layout only (PyTorch's packing is not one the C step reads)."""
+        if not self.native:
+            return None
+        kind = "INT4_A8" if self.round_activations else "INT4"
+        n, k = self.shape()
+        return c_linear(kind, n, k, self.packed.data_ptr(), self.scale_offset.data_ptr(), bias)
 
 
 def int4_group_size(in_features: int) -> int | None:

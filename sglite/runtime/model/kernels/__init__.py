@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from sglite.runtime.model.kernels import native
+from sglite.runtime.model.kernels.abi import ABI
 from sglite.runtime.model.kernels.matmul import (  # noqa: F401 (the package's API)
     dense_gemv,
     int4_dequantize,
@@ -64,8 +65,11 @@ def add_rms_norm(
     return out
 
 
-# ModelConfig.hidden_act -> the kernels' activation code (common.h).
-ACTIVATION_CODES = {"silu": 0, "gelu_tanh": 1}
+# ModelConfig.hidden_act -> the kernels' activation code (kernels.h).
+ACTIVATION_CODES = {
+    "silu": ABI.constants["ACT_SILU"],
+    "gelu_tanh": ABI.constants["ACT_GELU_TANH"],
+}
 
 
 def gated_act(gate_up: torch.Tensor, act: str = "silu") -> torch.Tensor:

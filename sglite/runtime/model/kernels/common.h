@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels.h"
 #include "threadpool.h"
 #ifdef __F16C__
 #include <immintrin.h>
@@ -29,8 +30,10 @@
 #define PARALLEL_MIN_ELEMS 32768
 #define PARALLEL_MIN_ATTN 1024
 
-/* Gated MLP activations (act_mul, decode_layers): ModelConfig.hidden_act. */
-enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };
+/* panel_gemm.c's row pass, which quant_gemm.c runs over the panels it dequantizes: y[r, 0:cols]
+ * (row stride ldy) = x[r] . panel (+ bias) for all rows; `next` (or NULL) is prefetched. */
+void panel_rows(const float *x, int64_t rows, int64_t k, const float *panel, const float *next,
+                float *y, int64_t ldy, int64_t cols, const float *bias);
 
 static inline float bf16_to_f32(uint16_t h) {
   uint32_t u = (uint32_t)h << 16;

@@ -18,75 +18,7 @@
  */
 #include "common.h"
 
-#define QGEMV_MAX_ROWS 8
-/* Rows decode_layers takes (quantized layers in bf16: at most QGEMV_MAX_ROWS; the caller
- * picks). */
-#define NATIVE_MAX_ROWS 256
-
 __thread int sglite_in_native_step = 0;
-
-/* LINEAR_INT4_A8: int4 weights whose GEMVs round x to int8 (w4a8; quant_gemv.c). */
-/* float32 int4 (float x) rows the GEMV takes: from 3 rows quant_gemm was 1.05-1.5x faster
- * (30 layers of the default model's shapes, AVX2). Keep in step with quantization.py. */
-#define INT4_FLOAT_GEMV_MAX_ROWS 2
-enum {
-  LINEAR_DENSE = 0,
-  LINEAR_INT8 = 1,
-  LINEAR_INT4 = 2,
-  LINEAR_PANELS = 3,
-  LINEAR_INT4_A8 = 4,
-  LINEAR_Q8_0 = 5 /* GGUF Q8_0 layout: int8 values, an f16 scale per 32 inputs */
-};
-/* quant_gemm's kind for GGUF Q8_0 weights (quant_gemm.c). */
-#define QUANT_GEMM_Q8_0 3
-
-typedef struct {
-  int64_t kind;  /* LINEAR_* */
-  int64_t n_out, k;
-  const void *weight; /* dense: [n_out, k] dtype; int8: int8 values; int4: packed nibbles;
-                         panels: float32 as panel_gemm reads them */
-  const void *scale;  /* int8: float32 [n_out]; int4: f16 (scale, offset) pairs; q8_0: f16
-                         [n_out, k / 32]; else NULL */
-  const void *bias;   /* dtype [n_out] or NULL */
-} linear_t;
-
-typedef struct {
-  const void *input_norm, *post_norm; /* dtype [hidden]: before attention, before the MLP */
-  const void *attn_out_norm, *mlp_out_norm; /* dtype [hidden] on the attention / MLP output,
-                                               or NULL (only Gemma 3 has them) */
-  const void *q_norm, *k_norm;              /* dtype [head_dim] per-head norms, or NULL */
-  linear_t qkv, o, gate_up, down;
-  void *k_cache, *v_cache; /* [slots, kv_heads, head_dim] dtype */
-  int64_t window;          /* sliding window, 0 = full attention */
-  int64_t rope;            /* the RoPE table pair it rotates with: 0 global, 1 local */
-} layer_t;
-
-void panel_gemm(const float *x, const float *panels, const float *bias, float *y, int64_t rows,
-                int64_t n_out, int64_t k, int threads);
-int int8_gemv(int dtype, const void *x, const int8_t *q, const float *scale, void *y,
-              int64_t rows, int64_t n_out, int64_t k, int threads);
-int quant_gemm(int kind, const float *x, const void *weight, const void *scale,
-               const float *bias, float *y, int64_t rows, int64_t n_out, int64_t k, int threads);
-int int4_gemv(int dtype, const void *x, const uint8_t *packed, const uint16_t *scale_offset,
-              void *y, int64_t rows, int64_t n_out, int64_t k, int threads, int round_x);
-int q8_gemv(int dtype, const void *x, const int8_t *q, const uint16_t *scales, void *y,
-            int64_t rows, int64_t n_out, int64_t k, int threads);
-void add_rms_norm(int dtype, const void *x, void *residual, const void *weight, void *out,
-                  int64_t rows, int64_t dim, float eps, int threads);
-void act_mul(int dtype, int act, const void *gate_up, void *out, int64_t rows, int64_t inter,
-             int threads);
-void head_rms_norm(int dtype, void *qkv, int64_t tokens, int64_t width, int64_t heads,
-                   int64_t kv_heads, int64_t head_dim, const void *q_weight, const void *k_weight,
-                   float eps, int threads);
-void rope_store_kv(int dtype, void *qkv, int64_t tokens, int64_t heads, int64_t kv_heads,
-                   int64_t head_dim, const int64_t *positions, const float *cos_table,
-                   const float *sin_table, void *k_cache, void *v_cache,
-                   const int64_t *out_slots, int threads);
-void paged_decode_attention(int dtype, const void *q, int64_t q_stride, const void *k_cache,
-                            const void *v_cache, const int64_t *table, int64_t table_stride,
-                            const int64_t *lens, void *out, int64_t rows, int64_t heads,
-                            int64_t kv_heads, int64_t head_dim, float scale, int64_t window,
-                            int threads);
 
 typedef struct {
   int dtype;
@@ -182,7 +114,7 @@ static int linear_rows(int dtype, const linear_t *l, const void *x, void *y, int
                                                                   : QGEMV_MAX_ROWS;
   if ((int4 || q8 || l->kind == LINEAR_INT8) && rows > gemv_rows) {
     if (dtype != 0) return -1; /* quant_gemm takes float32 rows only; it adds the bias */
-    const int kind = int4 ? LINEAR_INT4 : q8 ? QUANT_GEMM_Q8_0 : LINEAR_INT8;
+    const int kind = int4 ? QUANT_GEMM_INT4 : q8 ? QUANT_GEMM_Q8_0 : QUANT_GEMM_INT8;
     return quant_gemm(kind, x, l->weight, l->scale, l->bias, y, rows, l->n_out, l->k, threads);
   }
   if (l->kind == LINEAR_INT8)
@@ -266,4 +198,3 @@ int decode_layers(int dtype, int64_t rows, int64_t hidden, int64_t heads, int64_
   return status;
 }
 
-int64_t native_decode_max_rows(void) { return NATIVE_MAX_ROWS; }

@@ -10,21 +10,21 @@ import functools
 import torch
 
 from sglite.runtime.model.kernels import native
+from sglite.runtime.model.kernels.abi import ABI
 from sglite.runtime.model.kernels.native import DTYPE_CODES as _DTYPE_CODES
 from sglite.runtime.model.kernels.native import lib_for as _lib_for
 
 
 def qgemv_max_rows() -> int:
     """Most rows one native GEMV call takes (0 without the native library)."""
-    lib = native.load()
-    return int(lib.qgemv_max_rows()) if lib is not None else 0
+    return ABI.constants["QGEMV_MAX_ROWS"] if native.load() is not None else 0
 
 
 def _gemv_lib(x: torch.Tensor) -> ctypes.CDLL | None:
     lib = _lib_for(x)
     if lib is None or x.dim() != 2 or not x.is_contiguous():
         return None
-    if x.shape[0] > lib.qgemv_max_rows():
+    if x.shape[0] > ABI.constants["QGEMV_MAX_ROWS"]:
         return None
     return lib
 

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from sglite.runtime.model.kernels.abi import ABI
+
 logger = logging.getLogger(__name__)
 
 _HERE = Path(__file__).parent
@@ -36,7 +38,7 @@ SOURCES = [
     _HERE / "quant_gemm.c",
     _HERE / "threadpool.c",
 ]
-HEADERS = [_HERE / "common.h", _HERE / "threadpool.h"]
+HEADERS = [_HERE / "kernels.h", _HERE / "common.h", _HERE / "threadpool.h"]
 # -fno-math-errno lets lrintf/fmaxf/sqrtf compile to single instructions (errno is never read);
 # -fopenmp links libgomp, which torch has loaded already (one OpenMP runtime in the process).
 FLAGS = [
@@ -52,42 +54,6 @@ FLAGS = [
 
 _lock = threading.Lock()
 _state: dict[str, ctypes.CDLL | None] = {}
-
-# Argument types, one letter each: i = int, I = int64, F = float, P = pointer.
-_CTYPES = {"i": ctypes.c_int, "I": ctypes.c_int64, "F": ctypes.c_float, "P": ctypes.c_void_p}
-# Functions returning nothing.
-_SIGNATURES = {
-    "add_rms_norm": "iPPPPIIFi",
-    "act_mul": "iiPPIIi",
-    "head_rms_norm": "iPIIIIIPPFi",
-    "rope_store_kv": "iPIIIIPPPPPPi",
-    "paged_decode_attention": "iPIPPPIPPIIIIFIi",
-    "int4_dequantize": "iPPPIIi",
-    "row_max": "PIIPP",
-    "panel_gemm": "PPPPIIIi",
-}
-# Functions returning int (0 = done, -1 = refused: the caller falls back).
-_STATUS_SIGNATURES = {
-    "int8_gemv": "iPPPPIIIi",
-    "int4_gemv": "iPPPPIIIii",
-    "q8_gemv": "iPPPPIIIi",
-    "quant_gemm": "iPPPPPIIIi",
-    "dense_gemv_rows": "iPPPIIIi",
-    "decode_layers": "iIIIIIIiFFIPPPPPPPPPIPi",
-    "extend_attention": "iPIPPPPPPPIPIIIFIi",
-}
-
-# Constants the attention kernel was built with (its query-group and head-size limits).
-_LIMITS = (
-    "attention_max_group",
-    "attention_max_head_dim",
-    "attention_vec_width",
-    "attention_max_heads",
-    "qgemv_max_rows",
-    "native_decode_max_rows",
-    "panel_width",
-)
-
 
 # /proc/cpuinfo lines naming the CPU and its features: x86 ("model name", "flags") and ARM
 # ("CPU implementer", "CPU part", "Features").
@@ -158,13 +124,7 @@ def load() -> ctypes.CDLL | None:
             else:
                 try:
                     lib = ctypes.CDLL(str(_build(cc)))
-                    for table, restype in ((_SIGNATURES, None), (_STATUS_SIGNATURES, ctypes.c_int)):
-                        for name, letters in table.items():
-                            fn = getattr(lib, name)
-                            fn.argtypes = [_CTYPES[c] for c in letters]
-                            fn.restype = restype
-                    for name in _LIMITS:
-                        getattr(lib, name).restype = ctypes.c_int64
+                    ABI.declare(lib)
                 except Exception as exc:  # any build or load failure falls back to torch
                     logger.warning("native CPU kernels unavailable (%s): using PyTorch", exc)
                     lib = None
@@ -172,7 +132,10 @@ def load() -> ctypes.CDLL | None:
         return lib
 
 
-DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+DTYPE_CODES = {
+    torch.float32: ABI.constants["DTYPE_FLOAT32"],
+    torch.bfloat16: ABI.constants["DTYPE_BFLOAT16"],
+}
 
 
 def lib_for(*tensors: torch.Tensor) -> ctypes.CDLL | None:

@@ -140,11 +140,8 @@ static void dot_tile3(const float *x, const float *w, int64_t k, float out[][GEM
   dot_tile(3, x, w, k, out);
 }
 
-/* decode_step.c's LINEAR_INT8 / LINEAR_INT4; GEMM_Q8_0: GGUF Q8_0 (the output projection) */
-enum { GEMM_INT8 = 1, GEMM_INT4 = 2, GEMM_Q8_0 = 3 };
-
 typedef struct {
-  int kind; /* GEMM_INT8, GEMM_INT4 or GEMM_Q8_0 */
+  int kind; /* QUANT_GEMM_INT8, QUANT_GEMM_INT4 or QUANT_GEMM_Q8_0 */
   const float *x;
   const void *weight; /* int8 values or int4 nibbles */
   const void *scale;  /* int8: float32 per row; int4: f16 (scale, offset) per group; Q8_0: f16
@@ -176,9 +173,6 @@ static float *thread_scratch(int64_t floats) {
 /* Rows from which a chunk runs as panels (panels_from_rows). */
 #define GEMM_PANEL_MIN_ROWS 128
 
-int64_t panel_width(void);
-void panel_rows(const float *x, int64_t rows, int64_t k, const float *panel, const float *next,
-                float *y, int64_t ldy, int64_t cols, const float *bias);
 
 /* Rows [r0, r1) of x against the GEMM_COLS dequantized weight rows at `w` (columns n0 + c). */
 static void tile_rows(const quant_gemm_args *a, const float *w, int64_t n0, int64_t cols,
@@ -230,10 +224,10 @@ static void quant_gemm_range(void *p, int64_t chunk0, int64_t chunk1) {
     const int64_t padded = (width + GEMM_COLS - 1) / GEMM_COLS * GEMM_COLS;
     for (int64_t c = 0; c < padded; c++) {
       const int64_t n = first + c;
-      if (c < width && a->kind == GEMM_INT4)
+      if (c < width && a->kind == QUANT_GEMM_INT4)
         dequantize_int4_row((const uint8_t *)a->weight + n * (k / 2),
                             (const uint16_t *)a->scale + n * groups * 2, k, w + c * k);
-      else if (c < width && a->kind == GEMM_Q8_0)
+      else if (c < width && a->kind == QUANT_GEMM_Q8_0)
         dequantize_q8_row((const int8_t *)a->weight + n * k, (const uint16_t *)a->scale + n * groups,
                           k, w + c * k);
       else if (c < width)
@@ -262,7 +256,7 @@ static void quant_gemm_range(void *p, int64_t chunk0, int64_t chunk1) {
 int quant_gemm(int kind, const float *x, const void *weight, const void *scale,
                const float *bias, float *y, int64_t rows, int64_t n_out, int64_t k, int threads) {
   /* k a multiple of 32: whole int4 groups, and whole vectors for the dot tiles (VEC <= 16). */
-  if (rows < 1 || k < 1 || k % Q4_GROUP || kind < GEMM_INT8 || kind > GEMM_Q8_0) return -1;
+  if (rows < 1 || k < 1 || k % Q4_GROUP || kind < QUANT_GEMM_INT8 || kind > QUANT_GEMM_Q8_0) return -1;
   quant_gemm_args a = {kind, x, weight, scale, bias, y, rows, n_out, k, 0};
   const int64_t chunks = (n_out + GEMM_CHUNK_COLS - 1) / GEMM_CHUNK_COLS;
   parallel_range(quant_gemm_range, &a, chunks, 1, threads, rows * n_out * k >= 65536);

@@ -16,7 +16,6 @@
  */
 #include "common.h"
 
-#define QGEMV_MAX_ROWS 8
 #define Q4_GROUP 32
 
 /* x rows converted to float32 once per call (each is read N times). */
@@ -705,4 +704,3 @@ void int4_dequantize(int dtype, const uint8_t *packed, const uint16_t *scale_off
                  n_out * k >= 65536);
 }
 
-int64_t qgemv_max_rows(void) { return QGEMV_MAX_ROWS; }

@@ -1,0 +1,124 @@
+/*
+ * The C ABI of the kernels library: every function Python calls, the structs it passes and the
+ * constants both sides use. native.py reads this file to declare the functions to ctypes, to
+ * build the structs and to learn the constants, so the contract is written once, here.
+ *
+ * native.py parses a small subset of C, so declarations here keep to it: `enum { NAME = integer,
+ * ... };` for constants, `typedef struct { type name, *name; ... } name_t;` for structs (fields of
+ * int, int64_t, float, pointers or an earlier struct), and prototypes `ret name(type arg, ...);`
+ * returning void, int or int64_t with arguments of int, int64_t, float or pointers. Functions
+ * returning int answer 0 when done and -1 when they refused (the caller then uses PyTorch).
+ * Conventions of the tensors they take: see common.h.
+ */
+#ifndef SGLITE_KERNELS_H
+#define SGLITE_KERNELS_H
+#include <stdint.h>
+
+/* `dtype` arguments: the activations', weights' and KV pool's storage type. */
+enum { DTYPE_FLOAT32 = 0, DTYPE_BFLOAT16 = 1 };
+
+/* Gated MLP activations (act_mul, decode_layers): ModelConfig.hidden_act. */
+enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };
+
+/* Rows one quantized or dense GEMV call takes (quant_gemv.c, dense_gemv_rows). */
+enum { QGEMV_MAX_ROWS = 8 };
+/* float32 rows an int4 (float x) weight goes through its GEMV; from 3 rows the quantized GEMM
+ * is faster (it dequantizes each weight once for all rows). */
+enum { INT4_FLOAT_GEMV_MAX_ROWS = 2 };
+/* Rows decode_layers takes (quantized layers in bf16: at most QGEMV_MAX_ROWS; the caller picks). */
+enum { NATIVE_MAX_ROWS = 256 };
+
+/* quant_gemm's weight formats. */
+enum { QUANT_GEMM_INT8 = 1, QUANT_GEMM_INT4 = 2, QUANT_GEMM_Q8_0 = 3 };
+
+/* A projection's weight format in the decode step (linear_t.kind). */
+enum {
+  LINEAR_DENSE = 0,   /* [n_out, k] in the activation dtype */
+  LINEAR_INT8 = 1,    /* int8 values, a float32 scale per output row */
+  LINEAR_INT4 = 2,    /* GGUF Q4_1 nibbles, f16 (scale, offset) per 32 inputs */
+  LINEAR_PANELS = 3,  /* float32 in panel_gemm's panels */
+  LINEAR_INT4_A8 = 4, /* LINEAR_INT4 whose GEMVs round x to int8 (w4a8) */
+  LINEAR_Q8_0 = 5     /* GGUF Q8_0: int8 values, an f16 scale per 32 inputs */
+};
+
+typedef struct {
+  int64_t kind; /* LINEAR_* */
+  int64_t n_out, k;
+  const void *weight; /* dense: [n_out, k] dtype; int8 and q8_0: int8 values; int4: packed
+                         nibbles; panels: float32 as panel_gemm reads them */
+  const void *scale;  /* int8: float32 [n_out]; int4: f16 (scale, offset) pairs; q8_0: f16
+                         [n_out, k / 32]; else NULL */
+  const void *bias;   /* dtype [n_out] or NULL */
+} linear_t;
+
+typedef struct {
+  const void *input_norm, *post_norm; /* dtype [hidden]: before attention, before the MLP */
+  const void *attn_out_norm, *mlp_out_norm; /* dtype [hidden] on the attention / MLP output,
+                                               or NULL (only Gemma 3 has them) */
+  const void *q_norm, *k_norm;              /* dtype [head_dim] per-head norms, or NULL */
+  linear_t qkv, o, gate_up, down;
+  void *k_cache, *v_cache; /* [slots, kv_heads, head_dim] dtype */
+  int64_t window;          /* sliding window, 0 = full attention */
+  int64_t rope;            /* the RoPE table pair it rotates with: 0 global, 1 local */
+} layer_t;
+
+/* elementwise.c */
+void add_rms_norm(int dtype, const void *x, void *residual, const void *weight, void *out,
+                  int64_t rows, int64_t dim, float eps, int threads);
+void act_mul(int dtype, int act, const void *gate_up, void *out, int64_t rows, int64_t inter,
+             int threads);
+void head_rms_norm(int dtype, void *qkv, int64_t tokens, int64_t width, int64_t heads,
+                   int64_t kv_heads, int64_t head_dim, const void *q_weight, const void *k_weight,
+                   float eps, int threads);
+void rope_store_kv(int dtype, void *qkv, int64_t tokens, int64_t heads, int64_t kv_heads,
+                   int64_t head_dim, const int64_t *positions, const float *cos_table,
+                   const float *sin_table, void *k_cache, void *v_cache,
+                   const int64_t *out_slots, int threads);
+void row_max(const float *x, int64_t rows, int64_t n, float *values, int64_t *indices);
+
+/* attention.c, extend_attention.c */
+void paged_decode_attention(int dtype, const void *q, int64_t q_stride, const void *k_cache,
+                            const void *v_cache, const int64_t *table, int64_t table_stride,
+                            const int64_t *lens, void *out, int64_t rows, int64_t heads,
+                            int64_t kv_heads, int64_t head_dim, float scale, int64_t window,
+                            int threads);
+int extend_attention(int dtype, const void *q, int64_t q_stride, const void *k_cache,
+                     const void *v_cache, const int64_t *slots, const int64_t *slot_off,
+                     const int64_t *q_start, const int64_t *prefix, const int64_t *ext,
+                     int64_t num_seqs, void *out, int64_t heads, int64_t kv_heads, int64_t dim,
+                     float scale, int64_t window, int threads);
+/* Limits the attention kernels were built with (they depend on the vector width). */
+int64_t attention_max_group(void);
+int64_t attention_max_head_dim(void);
+int64_t attention_vec_width(void);
+int64_t attention_max_heads(void);
+
+/* quant_gemv.c */
+int int8_gemv(int dtype, const void *x, const int8_t *q, const float *scale, void *y,
+              int64_t rows, int64_t n_out, int64_t k, int threads);
+int int4_gemv(int dtype, const void *x, const uint8_t *packed, const uint16_t *scale_offset,
+              void *y, int64_t rows, int64_t n_out, int64_t k, int threads, int round_x);
+int q8_gemv(int dtype, const void *x, const int8_t *q, const uint16_t *scales, void *y,
+            int64_t rows, int64_t n_out, int64_t k, int threads);
+void int4_dequantize(int dtype, const uint8_t *packed, const uint16_t *scale_offset, void *out,
+                     int64_t n_out, int64_t k, int threads);
+
+/* quant_gemm.c, panel_gemm.c */
+int quant_gemm(int kind, const float *x, const void *weight, const void *scale,
+               const float *bias, float *y, int64_t rows, int64_t n_out, int64_t k, int threads);
+void panel_gemm(const float *x, const float *panels, const float *bias, float *y, int64_t rows,
+                int64_t n_out, int64_t k, int threads);
+/* Output columns per panel (the vector width it was built with). */
+int64_t panel_width(void);
+
+/* decode_step.c */
+int dense_gemv_rows(int dtype, const void *x, const void *w, void *y, int64_t rows, int64_t n_out,
+                    int64_t k, int threads);
+int decode_layers(int dtype, int64_t rows, int64_t hidden, int64_t heads, int64_t kv_heads,
+                  int64_t head_dim, int64_t inter, int act, float eps, float attn_scale,
+                  int64_t n_layers, const layer_t *layers, void *residual,
+                  const int64_t *positions, const float *cos0, const float *sin0,
+                  const float *cos1, const float *sin1, const int64_t *out_slots,
+                  const int64_t *table, int64_t table_stride, const int64_t *lens, int threads);
+
+#endif
