@@ -4,11 +4,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
-# A cross compiler, so the kernels are checked to build for aarch64 too (as root, from Debian).
-if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v aarch64-linux-gnu-gcc >/dev/null; then
+# A cross compiler and qemu, so the kernels are checked to build for aarch64 and to compute
+# there what they compute here (as root, from Debian).
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+  && ! { command -v aarch64-linux-gnu-gcc && command -v qemu-aarch64-static; } >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
-  apt-get install -y -q gcc-aarch64-linux-gnu >/dev/null 2>&1 \
-    || { apt-get update -q >/dev/null && apt-get install -y -q gcc-aarch64-linux-gnu >/dev/null; }
+  packages="gcc-aarch64-linux-gnu qemu-user-static"
+  apt-get install -y -q $packages >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null && apt-get install -y -q $packages >/dev/null; }
 fi
 bash scripts/install.sh
 # The test tools at the versions in tests/constraints.txt, known to work together (sglite's own

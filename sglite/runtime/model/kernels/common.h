@@ -1,8 +1,9 @@
 /*
  * Shared helpers of the CPU kernels: bfloat16 conversion, a small vector abstraction (AVX-512
- * when the compiler targets it, else AVX2 with FMA, else scalar), a vectorizable exp, and the
- * work thresholds. Code written against vec_t (vload, vfma, vexp, vstore_as, ...) runs on all
- * three; `#if VEC > 1` guards the vector loops whose scalar tails finish the rows.
+ * when the compiler targets it, else AVX2 with FMA, else NEON on aarch64, else scalar), a
+ * vectorizable exp, and the work thresholds. Code written against vec_t (vload, vfma, vexp,
+ * vstore_as, ...) runs on all four; `#if VEC > 1` guards the vector loops whose scalar tails
+ * finish the rows.
  *
  * Conventions of every kernel: tensors are row-major and contiguous in their last dimension;
  * `dtype` is 0 for float32 and 1 for bfloat16 (activations, weights and the KV pool share it).
@@ -275,6 +276,59 @@ static inline __m256 vexp(__m256 x) {
   const __m256i e = _mm256_slli_epi32(
       _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+/* Arm (Graviton, Apple Silicon under Linux): NEON's four float lanes, FMA included. */
+#include <arm_neon.h>
+#define VEC 4
+typedef float32x4_t vec_t;
+static inline vec_t vload(const void *p, int64_t i, int dtype) {
+  if (dtype) return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16((const uint16_t *)p + i), 16));
+  return vld1q_f32((const float *)p + i);
+}
+static inline vec_t vzero(void) { return vdupq_n_f32(0.0f); }
+static inline vec_t vset(float x) { return vdupq_n_f32(x); }
+static inline vec_t vfma(vec_t a, vec_t b, vec_t c) { return vfmaq_f32(c, a, b); }
+static inline vec_t vmul(vec_t a, vec_t b) { return vmulq_f32(a, b); }
+static inline vec_t vadd(vec_t a, vec_t b) { return vaddq_f32(a, b); }
+static inline vec_t vsub(vec_t a, vec_t b) { return vsubq_f32(a, b); }
+static inline vec_t vdiv(vec_t a, vec_t b) { return vdivq_f32(a, b); }
+static inline vec_t vfmsub(vec_t a, vec_t b, vec_t c) { return vnegq_f32(vfmsq_f32(c, a, b)); }
+static inline float vsum(vec_t a) { return vaddvq_f32(a); }
+static inline void vstore(float *p, vec_t a) { vst1q_f32(p, a); }
+/* Round 4 floats to bf16 (nearest even), as 4 packed halves (NaN payloads are not kept). */
+static inline uint16x4_t to_bf16x4(vec_t v) {
+  const uint32x4_t u = vreinterpretq_u32_f32(v);
+  const uint32x4_t lsb = vandq_u32(vshrq_n_u32(u, 16), vdupq_n_u32(1));
+  return vshrn_n_u32(vaddq_u32(u, vaddq_u32(vdupq_n_u32(0x7fff), lsb)), 16);
+}
+/* Store 4 floats at p[i] in the storage dtype. */
+static inline void vstore_as(void *p, int64_t i, vec_t v, int dtype) {
+  if (dtype)
+    vst1_u16((uint16_t *)p + i, to_bf16x4(v));
+  else
+    vst1q_f32((float *)p + i, v);
+}
+/* v rounded through the storage dtype (identity for float32). */
+static inline vec_t vround_to(vec_t v, int dtype) {
+  if (!dtype) return v;
+  return vreinterpretq_f32_u32(vshll_n_u16(to_bf16x4(v), 16));
+}
+/* fast_expf on 4 lanes; 2^n is built in the exponent bits (n stays in [-126, 127]). */
+static inline vec_t vexp(vec_t x) {
+  x = vminq_f32(vmaxq_f32(x, vdupq_n_f32(-87.0f)), vdupq_n_f32(88.0f));
+  const vec_t n = vrndnq_f32(vmulq_f32(x, vdupq_n_f32(1.44269504088896341f)));
+  vec_t r = vfmsq_f32(x, n, vdupq_n_f32(0.693359375f));
+  r = vfmaq_f32(r, n, vdupq_n_f32(2.12194440e-4f));
+  vec_t p = vdupq_n_f32(1.9875691500e-4f);
+  p = vfmaq_f32(vdupq_n_f32(1.3981999507e-3f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(8.3334519073e-3f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(4.1665795894e-2f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(1.6666665459e-1f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(5.0000001201e-1f), p, r);
+  p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), vmulq_f32(p, r), r);
+  const int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
+  return vmulq_f32(p, vreinterpretq_f32_s32(e));
 }
 #else
 /* Portable fallback: one "vector" is one float. */
