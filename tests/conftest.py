@@ -136,3 +136,19 @@ def backend(request, engine):
 # The HTTP server fixture (sglite_server) for tests/test_server_*.py lives in server_fixtures.py;
 # importing it here registers it once, so the whole session shares one server process.
 from server_fixtures import sglite_server  # noqa: E402, F401
+
+
+@pytest.fixture(scope="session")
+def smollm2_transformers():
+    """transformers' SmolLM2 from the default model's GGUF (dequantized to float32, eval mode):
+    the reference the parity and embedding tests compare with, loaded once."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from sglite.runtime.model.loader import default_model_path
+
+    path = default_model_path()
+    folder, name = os.path.dirname(path), os.path.basename(path)
+    hf = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    assert hf.lm_head.weight.data_ptr() == hf.model.embed_tokens.weight.data_ptr()  # tied
+    return hf.eval()

@@ -6,9 +6,6 @@ the default SmolLM2 GGUF is compared end to end (greedy tokens).
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import pytest
 import torch
 
@@ -304,36 +301,9 @@ SMOL_STEPS = 32
 
 
 @pytest.fixture(scope="module")
-def smollm2():
+def smollm2(smollm2_transformers):
     """Our SmolLM2 in float32, and the transformers model from the same GGUF (float32)."""
-    from transformers import AutoModelForCausalLM
-
-    from sglite.runtime.model.loader import default_model_path
-
-    ours = load_model(None, "float32", progress=False)
-    path = default_model_path()
-    folder, name = os.path.dirname(path), os.path.basename(path)
-    if importlib.util.find_spec("accelerate") is not None:
-        hf = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    else:
-        # from_pretrained(gguf_file=) insists on accelerate; the same transformers conversion
-        # (dequantize + Q/K un-permutation) is reachable without it.
-        from transformers import AutoConfig
-        from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-        config = AutoConfig.from_pretrained(folder, gguf_file=name)
-        hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        tensors = load_gguf_checkpoint(path, return_tensors=True, model_to_load=hf)["tensors"]
-        result = hf.load_state_dict(tensors, strict=False)
-        assert not result.unexpected_keys and set(result.missing_keys) <= {"lm_head.weight"}
-        hf.tie_weights()
-        assert hf.lm_head.weight.data_ptr() == hf.model.embed_tokens.weight.data_ptr()
-    # One thread: on this 2-core machine two OpenMP threads slow down by 5-10x whenever another
-    # process is busy (each op waits for a descheduled worker); one thread is predictable.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield ours, hf.eval()
-    torch.set_num_threads(threads)
+    return load_model(None, "float32", progress=False), smollm2_transformers
 
 
 def _chat_ids(loaded: LoadedModel, messages: list[dict]) -> list[int]:
