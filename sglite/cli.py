@@ -63,6 +63,12 @@ HELP = {
     "disable_jump_forward": "decode constrained output token by token (no jump-forward)",
     "jump_forward_mode": "exact: forced tokens verified by the model (outputs unchanged); "
     "retokenize: SGLang's original unverified append (outputs may drift)",
+    "speculative_algorithm": "ngram: speculative decoding with drafts copied from the request's "
+    "own prompt and output, verified by the model (outputs unchanged; faster on text that "
+    "repeats or quotes its input); default off",
+    "speculative_num_draft_tokens": "most draft tokens verified per request and step",
+    "speculative_ngram_min_match_window_size": "shortest suffix (tokens) an n-gram draft matches",
+    "speculative_ngram_max_match_window_size": "longest suffix (tokens) an n-gram draft matches",
     "num_threads": "compute threads per scheduler process (default: the cores shared among the "
     "node's tp ranks and dp replicas)",
     "tp_size": "tensor parallel ranks (one process each; gloo on CPU, NCCL on CUDA)",

@@ -52,6 +52,14 @@ def engine_small_pool():
 
 
 @pytest.fixture(scope="module")
+def engine_ngram():
+    """The default engine with n-gram speculative decoding."""
+    eng = _start_engine(max_total_tokens=POOL_TOKENS, speculative_algorithm="ngram")
+    yield eng
+    eng.shutdown()
+
+
+@pytest.fixture(scope="module")
 def engine_no_jump_forward():
     """Constrained decoding token by token (the reference for jump-forward)."""
     eng = _start_engine(max_total_tokens=POOL_TOKENS, disable_jump_forward=True)

@@ -63,6 +63,10 @@ def test_a_failed_kernel_build_still_serves_the_same_answers(tmp_path, sglite_se
         plain = requests.post(server.url + "/generate", json=body, timeout=120).json()
         info = requests.get(server.url + "/get_server_info", timeout=30).json()
         assert info["native_kernels"] is False and info["quantization"] == "none"
+        assert info["kernel_isa"] == [] and info["weight_layouts"] == ["blocked"]
+        served = requests.get(sglite_server.url + "/get_server_info", timeout=30).json()
+        assert served["native_kernels"] is True and served["kernel_isa"] == native.isa()
+        assert "int4" in served["quantization"] and "int4" in served["weight_layouts"]
         native_answer = requests.post(sglite_server.url + "/generate", json=body, timeout=120)
         assert plain["text"] == native_answer.json()["text"]
         assert "native CPU kernels unavailable" in server.output()

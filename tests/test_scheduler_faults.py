@@ -212,3 +212,36 @@ def test_non_streamed_request_gets_first_and_final_increment_only(scheduler):
     assert [v for v, _ in lp_whole] == pytest.approx([v for v, _ in lp_streamed], abs=1e-4)
     assert "".join(o.new_text for o in whole) == "".join(o.new_text for o in streamed)
     assert scheduler.check_invariants()["held_by_requests"] == 0
+
+
+def test_a_sampler_failure_while_a_draft_is_verified_leaks_no_slot(scheduler, monkeypatch):
+    """The draft's K/V slots are taken from the request before verification; a sampler that
+    raises then (the whole step fails) still leaves every slot free, cached or held."""
+    tok = scheduler.tokenizer.hf
+    scheduler.flush_cache()
+    inp = GenerateInput(
+        "json",
+        tok.encode("A person as JSON:"),
+        {"max_new_tokens": 24, "temperature": 0, "regex": JSON_REGEX},
+    )
+    real = scheduler._sample_and_append
+    drafted = scheduler.counters["jump_forward_drafted_tokens"]
+
+    def failing(reqs: Any, logits: Any) -> Any:
+        if scheduler.counters["jump_forward_drafted_tokens"] > drafted:  # inside verify
+            raise RuntimeError("injected sampler fault")
+        return real(reqs, logits)
+
+    monkeypatch.setattr(scheduler, "_sample_and_append", failing)
+    scheduler.add_request(inp)
+    reasons = {}
+    for _ in range(100):
+        if not scheduler.has_work:
+            break
+        for out in _step_like_the_loop(scheduler):
+            if out.finish_reason is not None:
+                reasons[out.rid] = out.finish_reason
+    monkeypatch.undo()
+    assert scheduler.counters["jump_forward_drafted_tokens"] > drafted  # a draft was verified
+    assert reasons["json"]["type"] == "abort", reasons
+    assert scheduler.check_invariants()["held_by_requests"] == 0

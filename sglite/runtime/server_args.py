@@ -14,6 +14,7 @@ SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 GRAMMAR_BACKENDS = ("llguidance", "xgrammar")
 JUMP_FORWARD_MODES = ("exact", "retokenize")
+SPECULATIVE_ALGORITHMS = ("ngram",)
 # auto: the model file's own quantization (see `loader.resolve_quantization`).
 QUANTIZATIONS = ("auto", "none", "int8", "int4", "w4a8")
 GEMM_PACKING = ("auto", "on", "off")
@@ -74,6 +75,14 @@ class ServerArgs:
     # exact: forced tokens are a draft the model verifies (outputs unchanged); retokenize:
     # SGLang's original jump-forward, forced text appended unverified (faster, outputs drift).
     jump_forward_mode: str = "exact"
+    # Speculative decoding (scheduler/ngram.py): "ngram" drafts from the request's own text,
+    # verified in the next forward (outputs unchanged); None = off. Drafts of at most
+    # `speculative_num_draft_tokens` tokens continue the latest earlier match of the request's
+    # last n tokens, n from the max down to the min match window.
+    speculative_algorithm: str | None = None
+    speculative_num_draft_tokens: int = 8
+    speculative_ngram_min_match_window_size: int = 2
+    speculative_ngram_max_match_window_size: int = 12
     # Compute threads per scheduler process; None = this machine's cores shared evenly among
     # the scheduler processes it runs (tp ranks x dp replicas).
     num_threads: int | None = None
@@ -144,6 +153,25 @@ class ServerArgs:
             raise ValueError(
                 f"jump_forward_mode must be one of {JUMP_FORWARD_MODES}, "
                 f"got {self.jump_forward_mode!r}"
+            )
+        if self.speculative_algorithm is not None:
+            if self.speculative_algorithm.lower() not in SPECULATIVE_ALGORITHMS:
+                raise ValueError(
+                    f"speculative_algorithm must be one of {SPECULATIVE_ALGORITHMS}, "
+                    f"got {self.speculative_algorithm!r}"
+                )
+            self.speculative_algorithm = self.speculative_algorithm.lower()
+        if not 1 <= self.speculative_num_draft_tokens <= 64:
+            raise ValueError(
+                "speculative_num_draft_tokens must be in 1..64, "
+                f"got {self.speculative_num_draft_tokens}"
+            )
+        low = self.speculative_ngram_min_match_window_size
+        high = self.speculative_ngram_max_match_window_size
+        if not 1 <= low <= high:
+            raise ValueError(
+                "speculative_ngram_min_match_window_size and speculative_ngram_max_match_window_"
+                f"size must satisfy 1 <= min <= max, got {low} and {high}"
             )
         if self.tool_call_parser is not None:
             from sglite.runtime.tool_calls.formats import get_format

@@ -336,6 +336,9 @@ class TokenizerManager:
             finish_reason=out.finish_reason,
             jump_forward_drafted_tokens=out.jump_forward_drafted,
             jump_forward_accepted_tokens=out.jump_forward_accepted,
+            spec_draft_tokens=out.spec_drafted,
+            spec_accepted_tokens=out.spec_accepted,
+            spec_verify_ct=out.spec_verify_ct,
         )
         req = state.req
         new_in, new_out, new_in_top, new_out_top = [], [], [], []
@@ -390,6 +393,9 @@ class TokenizerManager:
         if any(state.req.sampling_params.get(k) is not None for k in CONSTRAINT_KINDS):
             meta["jump_forward_drafted_tokens"] = state.meta.get("jump_forward_drafted_tokens", 0)
             meta["jump_forward_accepted_tokens"] = state.meta.get("jump_forward_accepted_tokens", 0)
+        if self.args.speculative_algorithm is not None:
+            for key in ("spec_draft_tokens", "spec_accepted_tokens", "spec_verify_ct"):
+                meta[key] = state.meta.get(key, 0)
         if state.req.return_logprob:
             meta["input_token_logprobs"] = state.input_logprobs
             meta["output_token_logprobs"] = state.output_logprobs

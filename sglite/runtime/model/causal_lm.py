@@ -334,6 +334,17 @@ class CausalLM(nn.Module):
         }
         return sorted(kinds)
 
+    def weight_layouts(self) -> list[str]:
+        """The layouts the projections and the output projection compute with (the kinds of
+        their weight objects, e.g. "panels", "int4", "int4 up to 8 rows, else blocked"),
+        sorted."""
+        head = self.output_weight or self._select_output_weight(extra_layouts=False)
+        kinds = {head.kind}
+        for module in self.modules():
+            if isinstance(module, Linear) and module is not self.lm_head:
+                kinds.add(module.kernel.kind)
+        return sorted(kinds)
+
     def _source_parts(
         self, source: QuantizedSource, kind: str, module: str
     ) -> Int4Parts | Q8Weight | None:

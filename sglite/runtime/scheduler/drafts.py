@@ -7,16 +7,20 @@ The scheduler's decode step calls three things here:
 3. `DraftVerifier.verify` walks one request's logits, emitting the model's own tokens and
    keeping draft tokens (and their K/V) while they match, and returns the `Verdict`.
 
-Jump-forward, exact mode (the default) is the one proposer today: where the grammar forces a
-continuation, its canonical tokens are the draft. Verification samples position by position under
-the grammar mask and keeps a draft token while the sampled token equals it, stopping at the first
-difference (whose sampled token is kept too). For a draft known in advance (a point
-distribution), this IS the speculative-sampling rule: the draft token is accepted with
-probability p(draft), and on rejection the emitted token is distributed as p restricted to the
-other tokens. So outputs follow exactly the distribution of token-by-token decoding; greedy
-outputs are identical, and a seeded request draws one uniform per emitted token, as it would
-without drafts. This holds whatever proposes the draft (n-gram, draft model): every emitted token
-is the model's own sample, and the draft only decides how many of them one forward yields.
+Two proposers: jump-forward, exact mode (the default): where the grammar forces a continuation,
+its canonical tokens are the draft; and n-gram speculation (`ngram.py`, opt-in): the tokens
+that followed the last earlier occurrence of the request's latest tokens. Verification samples
+position by position under the grammar mask and keeps a draft token while the sampled token
+equals it, stopping at the first difference (whose sampled token is kept too). For a draft
+known in advance (a point distribution), this IS the speculative-sampling rule: the draft token
+is accepted with probability p(draft), and on rejection the emitted token is distributed as p
+restricted to the other tokens. So outputs follow exactly the distribution of token-by-token
+decoding; greedy outputs are identical, and a seeded request draws one uniform per emitted
+token, as it would without drafts. This holds whatever proposes the draft (n-gram, draft
+model): every emitted token is the model's own sample, and the draft only decides how many of
+them one forward yields. (The logits of a verification pass come from the EXTEND path, those
+of a plain step from the DECODE one: equal to float rounding, so a token whose top two logits
+tie to that precision may differ.)
 
 Retokenize mode (SGLang's original jump-forward, kept for comparison, `RetokenizingJump`): the
 forced *text* is tokenized on its own and appended unverified; the model never chose those
@@ -126,6 +130,33 @@ class VerifyBatch:
 
 
 @dataclass(frozen=True)
+class DraftSource:
+    """Where a draft came from, and the request fields and scheduler counters that tally its
+    drafted and accepted tokens."""
+
+    req_drafted: str
+    req_accepted: str
+    drafted_counter: str
+    accepted_counter: str
+
+
+JUMP_FORWARD = DraftSource(
+    "jump_forward_drafted",
+    "jump_forward_accepted",
+    "jump_forward_drafted_tokens",
+    "jump_forward_accepted_tokens",
+)
+SPECULATION = DraftSource(
+    "spec_drafted", "spec_accepted", "spec_draft_tokens", "spec_accepted_tokens"
+)
+
+
+def _tally(req: Req, counters: dict[str, int], field: str, counter: str, n: int) -> None:
+    setattr(req, field, getattr(req, field) + n)
+    counters[counter] += n
+
+
+@dataclass(frozen=True)
 class Verdict:
     """How much of a draft the model emitted."""
 
@@ -143,12 +174,18 @@ class DraftVerifier:
 
     def __init__(self, pool: KVPool, counters: dict[str, int]) -> None:
         self.pool = pool
-        # The scheduler's counters (one flat dict for get_server_info); this class adds to
-        # jump_forward_drafted_tokens and jump_forward_accepted_tokens.
+        # The scheduler's counters (one flat dict for get_server_info); this class adds to the
+        # drafted and accepted counters of each draft's `DraftSource`.
         self.counters = counters
 
     def verify(
-        self, req: Req, draft: list[int], kept: int, logits: torch.Tensor, sample: SampleFn
+        self,
+        req: Req,
+        draft: list[int],
+        kept: int,
+        logits: torch.Tensor,
+        sample: SampleFn,
+        source: DraftSource = JUMP_FORWARD,
     ) -> Verdict:
         """Emit the model's tokens position by position, keeping draft tokens while they match.
 
@@ -158,24 +195,29 @@ class DraftVerifier:
         """
         spare = req.kv_slots[kept:]
         del req.kv_slots[kept:]
-        req.jump_forward_drafted += len(draft)
-        self.counters["jump_forward_drafted_tokens"] += len(draft)
+        req.slot_mirror.truncate(kept)
+        _tally(req, self.counters, source.req_drafted, source.drafted_counter, len(draft))
         accepted = 0
         used = 0  # draft slots whose K/V now belong to an output token
-        for j in range(len(draft) + 1):
-            sample([req], logits[j : j + 1])
-            matched = j < len(draft) and req.output_ids[-1] == draft[j]
-            if matched:
-                accepted += 1
-                req.jump_forward_accepted += 1
-                self.counters["jump_forward_accepted_tokens"] += 1
-            if req.finished or not matched:
-                break
-            # draft[j] is now an output token, so its K/V (already written) is the request's;
-            # owned before the next token, which may finish the request and cache its slots.
-            req.kv_slots.append(spare[j])
-            used += 1
-        self.pool.free(spare[used:])
+        try:
+            for j in range(len(draft) + 1):
+                emitted = len(req.output_ids)
+                sample([req], logits[j : j + 1])
+                # A sample that failed the request appended nothing: no token to compare.
+                grew = len(req.output_ids) > emitted
+                matched = grew and j < len(draft) and req.output_ids[-1] == draft[j]
+                if matched:
+                    accepted += 1
+                    _tally(req, self.counters, source.req_accepted, source.accepted_counter, 1)
+                if req.finished or not matched:
+                    break
+                # draft[j] is now an output token, so its K/V (already written) is the
+                # request's; owned before the next token, which may finish the request and
+                # cache its slots.
+                req.kv_slots.append(spare[j])
+                used += 1
+        finally:  # also when sampling raises (the step then fails): no slot is left unowned
+            self.pool.free(spare[used:])
         return Verdict(draft, accepted)
 
 

@@ -74,6 +74,9 @@ class RequestOutput:
     completion_tokens: int = 0
     jump_forward_drafted: int = 0  # cumulative forced tokens drafted / accepted
     jump_forward_accepted: int = 0
+    spec_drafted: int = 0  # cumulative speculative draft tokens / accepted / verify passes
+    spec_accepted: int = 0
+    spec_verify_ct: int = 0
     # [(logprob | None, token_id)] entries; text is attached on the client side when asked.
     input_token_logprobs: list[tuple[float | None, int]] | None = None
     input_top_logprobs: list[list[tuple[float, int]] | None] | None = None

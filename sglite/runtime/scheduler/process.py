@@ -138,6 +138,7 @@ def run_scheduler(
     try:
         import torch
 
+        from sglite.runtime.model.kernels import native
         from sglite.runtime.model.kernels import native_available as native_kernels_available
         from sglite.runtime.scheduler.scheduler import Scheduler
 
@@ -170,6 +171,8 @@ def run_scheduler(
                 "quantization": loaded.quantization,  # auto resolved
                 "quantized_max_rows": loaded.quantized_max_rows,  # resolved (-1: no dense copy)
                 "native_kernels": native_kernels_available(),
+                "kernel_isa": native.isa(),  # what the native kernels were built for
+                "weight_layouts": loaded.model.weight_layouts(),
                 "num_threads": torch.get_num_threads(),
                 "tp_size": tp.size,
                 "weight_bytes_per_rank": weight_bytes,

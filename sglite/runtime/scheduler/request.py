@@ -5,8 +5,8 @@ Invariants:
 - `kv_slots[:cached_len]` belong to the radix cache (locked through `last_node`); the rest
   belong to this request and must be freed or handed to the cache when it leaves.
 - While decoding, exactly one token (the last sampled) lacks K/V: `len(kv_slots) == len(fill) - 1`.
-- `kv_slots` changes only by appending, by truncating its tail (and regrowing it with the same
-  slots, as draft verification does), or by being replaced with a new list. `SlotMirror`
+- `kv_slots` changes only by appending, by truncating its tail (then `slot_mirror.truncate`
+  is told, as draft verification does), or by being replaced with a new list. `SlotMirror`
   relies on this to keep a tensor copy in step without re-reading the whole list.
 """
 
@@ -39,6 +39,11 @@ class SlotMirror:
         self._source: list[int] | None = None
         self._buf = torch.empty(0, dtype=torch.long)
         self._synced = 0
+
+    def truncate(self, n: int) -> None:
+        """The list was cut to `n` entries: later entries must be copied again (the slots
+        appended after a cut need not be the ones that were cut)."""
+        self._synced = min(self._synced, n)
 
     def view(self, slots: list[int]) -> torch.Tensor:
         """`torch.tensor(slots)`, reusing the entries copied before (see module invariants)."""
@@ -79,6 +84,9 @@ class Req:
     grammar_ticket: GrammarTicket | None = None
     jump_forward_drafted: int = 0  # forced tokens proposed to the model
     jump_forward_accepted: int = 0  # of those, the ones emitted
+    spec_drafted: int = 0  # speculative (n-gram) draft tokens proposed to the model
+    spec_accepted: int = 0  # of those, the ones emitted
+    spec_verify_ct: int = 0  # forward passes that verified a speculative draft
     kv_slots: list[int] = field(default_factory=list)
     slot_mirror: SlotMirror = field(default_factory=SlotMirror)
     cached_len: int = 0
@@ -170,6 +178,9 @@ class Req:
             completion_tokens=len(self.output_ids),
             jump_forward_drafted=self.jump_forward_drafted,
             jump_forward_accepted=self.jump_forward_accepted,
+            spec_drafted=self.spec_drafted,
+            spec_accepted=self.spec_accepted,
+            spec_verify_ct=self.spec_verify_ct,
         )
         self.sent_text_len, self.sent_token_len = safe, len(self.output_ids)
         if self.finished and self.pooling is not None and self.pooling.count:

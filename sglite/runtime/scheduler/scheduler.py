@@ -29,6 +29,7 @@ from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from sglite.runtime.model.loader import LoadedModel
 from sglite.runtime.sampling.sampler import Sampler
 from sglite.runtime.scheduler.drafts import (
+    SPECULATION,
     DraftProposer,
     DraftVerifier,
     ForcedTokenProposer,
@@ -38,6 +39,7 @@ from sglite.runtime.scheduler.drafts import (
 from sglite.runtime.scheduler.grammar import GrammarQueue, apply_grammar_masks
 from sglite.runtime.scheduler.io import GenerateInput, RequestOutput
 from sglite.runtime.scheduler.kv_manager import RequestKVManager
+from sglite.runtime.scheduler.ngram import NgramProposer
 from sglite.runtime.scheduler.output import OutputProcessor, TopLogprobs, abort_reason
 from sglite.runtime.scheduler.policy import order_waiting, shares_with_batch
 from sglite.runtime.scheduler.prefill import PrefillBatch, collect_input_logprobs
@@ -45,6 +47,10 @@ from sglite.runtime.scheduler.request import Req
 from sglite.runtime.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
+
+# Running requests up to which speculative drafts are verified: past a few rows a decode step
+# stops being bound by reading the weights, and verification rows then cost every request.
+SPEC_MAX_BATCH = 4
 
 
 def default_pool_capacity(loaded: LoadedModel, context_len: int) -> int:
@@ -110,6 +116,9 @@ class Scheduler:
             "aborted_requests": 0,
             "jump_forward_drafted_tokens": 0,
             "jump_forward_accepted_tokens": 0,
+            "spec_draft_tokens": 0,
+            "spec_accepted_tokens": 0,
+            "spec_verify_passes": 0,
         }
         self.output = OutputProcessor(self.kv, self.eos_token_ids, self.context_len, self.counters)
         # None, "exact" or "retokenize" (see scheduler/drafts.py).
@@ -118,6 +127,15 @@ class Scheduler:
         if self.jump_forward == "exact":
             self.proposer = ForcedTokenProposer(self.context_len)
         self.verifier = DraftVerifier(self.pool, self.counters)
+        self.speculator: NgramProposer | None = None
+        if args.speculative_algorithm == "ngram":
+            self.speculator = NgramProposer(
+                self.context_len,
+                args.speculative_num_draft_tokens,
+                args.speculative_ngram_min_match_window_size,
+                args.speculative_ngram_max_match_window_size,
+            )
+        self.speculated: set[str] = set()  # rids whose draft this step is speculative
         self.retokenizer: RetokenizingJump | None = None
         if self.jump_forward == "retokenize":
             encode = lambda text: self.tokenizer.hf.encode(text, add_special_tokens=False)
@@ -342,13 +360,21 @@ class Scheduler:
         )
 
     def _plan_drafts(self) -> dict[str, list[int]]:
-        """Each running request's draft to verify this step (none without a proposer)."""
-        if self.proposer is None:
-            return {}
-        drafts = {}
+        """Each running request's draft to verify this step: the tokens its grammar forces
+        (jump-forward), else a speculative one (small batches only: a large batch is compute
+        bound, and verification rows would slow every request in it)."""
+        drafts: dict[str, list[int]] = {}
+        self.speculated = set()
+        speculate = self.speculator is not None and len(self.running) <= SPEC_MAX_BATCH
+        if self.speculator is not None:
+            self.speculator.forget({req.rid for req in self.running})
         for req in self.running:
             try:
-                draft = self.proposer.propose(req)
+                draft = self.proposer.propose(req) if self.proposer is not None else []
+                if not draft and speculate:
+                    draft = self.speculator.propose(req)  # type: ignore[union-attr]
+                    if draft:
+                        self.speculated.add(req.rid)
             except Exception as exc:
                 self._fail_request(req, exc)
                 continue
@@ -376,7 +402,16 @@ class Scheduler:
             self._sample_and_append([item.req for item in plain], logits.index_select(0, rows))
         for item in batch.drafted():
             rows = logits[item.first_row : item.first_row + len(item.draft) + 1]
-            self.verifier.verify(item.req, item.draft, item.kept, rows, self._sample_and_append)
+            if item.req.rid not in self.speculated:
+                self.verifier.verify(item.req, item.draft, item.kept, rows, self._sample_and_append)
+                continue
+            verdict = self.verifier.verify(
+                item.req, item.draft, item.kept, rows, self._sample_and_append, SPECULATION
+            )
+            item.req.spec_verify_ct += 1
+            self.counters["spec_verify_passes"] += 1
+            assert self.speculator is not None
+            self.speculator.record(item.req, len(item.draft), verdict.accepted)
 
     def _make_room_for_decode(self, drafts: dict[str, list[int]]) -> None:
         """Drop drafts, then retract the least advanced requests, until every running request

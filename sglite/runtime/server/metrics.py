@@ -57,7 +57,20 @@ class _SchedulerCollector(Collector):
             value = info.get(key)
             if value is not None:
                 yield GaugeMetricFamily(PREFIX + name, doc, value=float(value))
+        for name, doc in DRAFT_COUNTERS:
+            if name in info:
+                yield CounterMetricFamily(PREFIX + name, doc, value=float(info[name]))
         yield from _tier_metrics(info.get("hicache") or {})
+
+
+# Scheduler counters of drafted and accepted tokens (jump-forward and speculative decoding).
+DRAFT_COUNTERS = (
+    ("spec_draft_tokens", "Speculative draft tokens verified"),
+    ("spec_accepted_tokens", "Speculative draft tokens the model emitted as its own"),
+    ("spec_verify_passes", "Per-request verifications of a speculative draft"),
+    ("jump_forward_drafted_tokens", "Grammar-forced tokens verified (exact jump-forward)"),
+    ("jump_forward_accepted_tokens", "Grammar-forced tokens the model emitted as its own"),
+)
 
 
 # Per-tier series of the hierarchical cache: (metric, help, key in tier_info, is a counter).

@@ -62,6 +62,19 @@ typedef struct {
   int64_t rope;            /* the RoPE table pair it rotates with: 0 global, 1 local */
 } layer_t;
 
+/* Instruction-set extensions a build uses (kernel_isa's bits). */
+enum {
+  ISA_AVX2_FMA = 1,
+  ISA_F16C = 2,
+  ISA_AVX512 = 4,
+  ISA_AVX512_BF16 = 8,
+  ISA_AVX512_VNNI = 16,
+  ISA_NEON = 32
+};
+
+/* build_info.c: the ISA_* bits this build was compiled with. */
+int64_t kernel_isa(void);
+
 /* elementwise.c */
 void add_rms_norm(int dtype, const void *x, void *residual, const void *weight, void *out,
                   int64_t rows, int64_t dim, float eps, int threads);

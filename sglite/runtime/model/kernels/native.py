@@ -37,6 +37,7 @@ SOURCES = [
     _HERE / "panel_gemm.c",
     _HERE / "quant_gemm.c",
     _HERE / "threadpool.c",
+    _HERE / "build_info.c",
 ]
 HEADERS = [_HERE / "kernels.h", _HERE / "common.h", _HERE / "threadpool.h"]
 # -fno-math-errno lets lrintf/fmaxf/sqrtf compile to single instructions (errno is never read);
@@ -147,3 +148,14 @@ def lib_for(*tensors: torch.Tensor) -> ctypes.CDLL | None:
         if t.dtype != dtype or t.device.type != "cpu":
             return None
     return load()
+
+
+def isa() -> list[str]:
+    """The instruction-set extensions the loaded library was built with (e.g. ["avx2_fma",
+    "f16c"]; empty for the portable C path or without the library)."""
+    lib = load()
+    if lib is None:
+        return []
+    bits = int(lib.kernel_isa())
+    names = [name for name in ABI.constants if name.startswith("ISA_")]
+    return [name[4:].lower() for name in names if bits & ABI.constants[name]]

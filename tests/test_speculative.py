@@ -1,0 +1,209 @@
+"""N-gram speculative decoding (`--speculative-algorithm ngram`): drafts copied from the
+request's own text, verified by the model in the next forward. Outputs are those of decoding
+without it (greedy: identical; seeded sampling: the same draws); copy-heavy text takes fewer
+forward passes."""
+
+from __future__ import annotations
+
+import collections
+import json
+from types import SimpleNamespace
+
+import pytest
+import requests
+
+from sglite.runtime.scheduler.ngram import PAUSE_STEPS, NgramProposer
+
+CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+PASSAGE = (
+    "The old lighthouse stood on the northern cliff for two hundred years. Every night its "
+    "keeper climbed the ninety steps, trimmed the wick and wound the clockwork that turned the "
+    "great lens, so that ships passing the reef would see the beam and steer clear of the rocks."
+)
+CODE = "def area(width, height):\n    return width * height\n\n\nprint(area(3, 4))\n"
+COPY_PROMPTS = [
+    CHAT.format(f"Repeat this passage exactly, word for word:\n\n{PASSAGE}"),
+    CHAT.format(f"Rename the function `area` to `rectangle_area` in this code:\n\n{CODE}"),
+    CHAT.format(f"Quote the first sentence of this text:\n\n{PASSAGE}"),
+]
+FREE_PROMPTS = [
+    CHAT.format("Tell me a short story about a fox."),
+    CHAT.format("What is the capital of Italy?"),
+]
+GREEDY = {"temperature": 0, "max_new_tokens": 48}
+
+
+# --------------------------------------------------------------------------- the proposer
+def _req(tokens: list[int], rid: str = "r", remaining: int = 100) -> SimpleNamespace:
+    """What the proposer reads of a request."""
+    return SimpleNamespace(
+        rid=rid, fill_ids=tokens, num_fill=len(tokens), remaining_new_tokens=remaining
+    )
+
+
+def test_proposes_what_followed_the_longest_earlier_match():
+    proposer = NgramProposer(context_len=1000, num_draft_tokens=4, min_match=1, max_match=3)
+    # "7 8" occurs at 1-2 (then 9 10 11) and, longer, "6 7 8" at 4-6 (then 20 21 22 23).
+    tokens = [5, 7, 8, 9, 10, 6, 7, 8, 20, 21, 22, 23, 24, 6, 7, 8]
+    assert proposer.propose(_req(tokens)) == [20, 21, 22, 23]
+    # Only a one-token match (the latest 8 is at position 7).
+    assert proposer.propose(_req([1, 8, 2, 3, 4, 5, 8], rid="s")) == [2, 3, 4, 5]
+    assert proposer.propose(_req([1, 2, 3], rid="t")) == []  # nothing repeats
+
+
+def test_drafts_fit_the_requests_budget_and_context():
+    proposer = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=2, max_match=4)
+    tokens = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2]
+    assert proposer.propose(_req(tokens, remaining=4)) == [3, 4, 5]  # 3 + the model's own token
+    assert proposer.propose(_req(tokens, rid="b", remaining=1)) == []
+    tight = NgramProposer(context_len=len(tokens) + 2, num_draft_tokens=8, min_match=2, max_match=4)
+    assert tight.propose(_req(tokens)) == [3]
+
+
+def test_draft_length_follows_acceptance_and_speculation_pauses_when_it_does_not_pay():
+    proposer = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=1, max_match=2)
+    tokens = list(range(20)) * 3
+    req = _req(tokens)
+    assert len(proposer.propose(req)) == 8
+    proposer.record(req, drafted=8, accepted=2)
+    assert len(proposer.propose(req)) == 3  # just past what was accepted
+    proposer.record(req, drafted=3, accepted=3)
+    assert len(proposer.propose(req)) == 6  # doubles while whole drafts are accepted
+    proposer.record(req, drafted=6, accepted=0)  # closes a window: 5 of 17 accepted, fine
+    assert len(proposer.propose(req)) == 1
+    proposer.record(req, drafted=8, accepted=0)
+    proposer.record(req, drafted=8, accepted=0)  # none of 16 accepted: speculation pauses
+    assert [proposer.propose(req) for _ in range(PAUSE_STEPS)] == [[]] * PAUSE_STEPS
+    assert len(proposer.propose(req)) == 8  # back, at full length
+    proposer.forget(set())
+    assert proposer.states == {}
+
+
+def test_match_windows_are_checked():
+    with pytest.raises(ValueError, match="match windows"):
+        NgramProposer(context_len=10, num_draft_tokens=4, min_match=3, max_match=2)
+
+
+# --------------------------------------------------------------------------- end to end
+def _passes(engine) -> int:
+    return engine.get_server_info()["forward_passes"]
+
+
+def test_greedy_outputs_are_identical_and_copying_takes_fewer_passes(engine, engine_ngram):
+    """One request at a time, then the copy and free prompts mixed in one batch of four."""
+    for prompt in [*COPY_PROMPTS[:2], FREE_PROMPTS[0]]:
+        engine.flush_cache(), engine_ngram.flush_cache()
+        before = _passes(engine), _passes(engine_ngram)
+        plain = engine.generate(prompt, GREEDY)
+        spec = engine_ngram.generate(prompt, GREEDY)
+        passes = _passes(engine) - before[0], _passes(engine_ngram) - before[1]
+        assert spec["output_ids"] == plain["output_ids"], prompt
+        meta = spec["meta_info"]
+        assert meta["spec_accepted_tokens"] <= meta["spec_draft_tokens"]
+        assert passes[1] <= passes[0] - meta["spec_accepted_tokens"] + 1
+        if prompt == COPY_PROMPTS[0]:  # the passage repeated: most tokens come from drafts
+            assert meta["spec_accepted_tokens"] >= 0.5 * meta["completion_tokens"], meta
+            assert passes[1] < 0.6 * passes[0], passes
+    batch = [COPY_PROMPTS[0], FREE_PROMPTS[0], COPY_PROMPTS[1], FREE_PROMPTS[1]]
+    params = [{**GREEDY, "max_new_tokens": n} for n in (32, 16, 24, 8)]
+    want = engine.generate(batch, params)
+    got = engine_ngram.generate(batch, params)
+    assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want]
+    assert sum(o["meta_info"]["spec_accepted_tokens"] for o in got) > 0
+
+
+def test_budgets_stops_logprobs_n_and_the_cache_behave_as_without(engine, engine_ngram):
+    prompt = COPY_PROMPTS[0]
+    short = engine_ngram.generate(prompt, {**GREEDY, "max_new_tokens": 5})
+    assert short["meta_info"]["completion_tokens"] == 5
+    stop = {**GREEDY, "stop": [" keeper"]}
+    want, got = engine.generate(prompt, stop), engine_ngram.generate(prompt, stop)
+    assert got["text"] == want["text"] and "keeper" not in got["text"]
+    assert got["meta_info"]["finish_reason"] == want["meta_info"]["finish_reason"]
+    lp = {**GREEDY, "max_new_tokens": 24}
+    want = engine.generate(prompt, lp, return_logprob=True)
+    got = engine_ngram.generate(prompt, lp, return_logprob=True)
+    assert got["meta_info"]["spec_accepted_tokens"] > 0
+    ours, theirs = (o["meta_info"]["output_token_logprobs"] for o in (got, want))
+    assert len(ours) == len(theirs) == 24
+    for (g, g_id, _), (w, w_id, _) in zip(ours, theirs, strict=True):
+        assert g_id == w_id and abs(g - w) < 1e-3
+    both = engine_ngram.generate(prompt, {**GREEDY, "n": 2})
+    alone = engine.generate(prompt, GREEDY)["output_ids"]
+    assert len(both) == 2
+    assert all(o["output_ids"] == alone for o in both)
+    cached = engine_ngram.generate(prompt, GREEDY)  # its prompt now in the radix cache
+    assert cached["meta_info"]["cached_tokens"] > 0 and cached["output_ids"] == alone
+
+
+def test_grammar_requests_combine_speculation_with_jump_forward(engine, engine_ngram):
+    document = "Name: Ada Lovelace. Age: 36. City: London."
+    prompt = CHAT.format(f"Fill a JSON record from this document:\n\n{document}")
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
+    params = {**GREEDY, "max_new_tokens": 40, "json_schema": json.dumps(schema)}
+    want, got = engine.generate(prompt, params), engine_ngram.generate(prompt, params)
+    assert got["output_ids"] == want["output_ids"]
+    record = json.loads(got["text"])
+    assert set(record) == {"name", "age"}
+    assert got["meta_info"]["jump_forward_accepted_tokens"] > 0  # forced keys still jump
+
+
+def test_seeded_sampling_draws_the_same_tokens(engine, engine_ngram):
+    """Every emitted token is the model's own sample with the request's own generator, so a
+    seeded request answers as without speculation (up to float rounding between the passes'
+    logits), and the answers are distributed the same."""
+    n = 16
+    params = [{"temperature": 1.0, "max_new_tokens": 24, "seed": s} for s in range(n)]
+    want, got = [], []
+    for i in range(0, n, 4):  # batches small enough to speculate
+        chunk = params[i : i + 4]
+        want += engine.generate([COPY_PROMPTS[0]] * len(chunk), chunk)
+        got += engine_ngram.generate([COPY_PROMPTS[0]] * len(chunk), chunk)
+    assert sum(o["meta_info"]["spec_accepted_tokens"] for o in got) > 0
+    a = collections.Counter(o["text"] for o in got)
+    b = collections.Counter(o["text"] for o in want)
+    assert len(b) >= 4  # the samples really vary
+    same = sum(x["output_ids"] == y["output_ids"] for x, y in zip(got, want, strict=True))
+    assert same >= n - 1, same  # one near-tie flipped by the passes' rounding at most
+    distance = sum(abs(a[k] - b[k]) for k in set(a) | set(b)) / (2 * n)
+    assert distance <= 0.1, (a, b)
+
+
+def test_server_reports_speculation(engine_ngram):
+    info = engine_ngram.get_server_info()
+    assert info["spec_draft_tokens"] >= info["spec_accepted_tokens"] > 0
+    assert info["spec_verify_passes"] > 0
+
+
+def test_bad_speculative_arguments_are_refused():
+    import sglite
+
+    with pytest.raises(ValueError, match="speculative_algorithm"):
+        sglite.Engine(speculative_algorithm="eagle9")
+    with pytest.raises(ValueError, match="speculative_num_draft_tokens"):
+        sglite.Engine(speculative_algorithm="ngram", speculative_num_draft_tokens=0)
+
+
+def test_metrics_export_the_draft_counters(sglite_server):
+    text = requests.get(sglite_server.url + "/metrics", timeout=30).text
+    for name in ("spec_draft_tokens", "spec_accepted_tokens", "jump_forward_accepted_tokens"):
+        assert f"sglite:{name}_total " in text, name
+
+
+def test_slot_table_follows_a_rejected_draft():
+    """A rejected draft's slots are cut from a request's list and later slots appended in their
+    place need not be the same: the decode batch's tensor copy must show the new ones."""
+    from sglite.runtime.scheduler.request import SlotMirror
+
+    slots = [10, 11, 12, 13, 14]
+    mirror = SlotMirror()
+    assert mirror.view(slots).tolist() == slots
+    del slots[3:]  # draft verification keeps the first three
+    mirror.truncate(3)
+    slots += [40, 41]  # the next tokens' slots come from the free list
+    assert mirror.view(slots).tolist() == [10, 11, 12, 40, 41]
