@@ -26,6 +26,7 @@ bash scripts/install_xgrammar.sh -c tests/constraints.txt >/dev/null
 # PyTorch path every kernel falls back to (and CUDA runs), end to end, as on a machine without
 # a C compiler.
 if [ "$#" -eq 0 ]; then
-  SGLITE_NATIVE_KERNELS=0 "$PY" -m pytest -q -p no:cacheprovider tests/test_engine_sampling.py \
-    tests/test_engine.py -k "sampling or cache_on_and_off or chunked or stream_matches or concurrent"
+  SGLITE_NATIVE_KERNELS=0 "$PY" -m pytest -q -p no:cacheprovider tests/test_engine.py \
+    tests/test_engine_sampling.py -k "input_ids or shared_prefix or multi_turn or stream_matches \
+    or concurrent or logprobs_equal or seed_reproducible or stop_string_trims"
 fi

@@ -420,26 +420,24 @@ def test_auto_quantization_follows_the_gguf_projections(tmp_path, engine):
     assert dense.quantization == "none" and dense.quantized_max_rows is None
 
 
-def test_int4_answers_do_not_depend_on_batch_or_cache():
+def test_int4_answers_do_not_depend_on_batch_or_cache(engine):
     """int4 is weight-only (activations stay float32), so like the dense model its greedy
     answers do not change with the batch they decode in or with a cached prefix: each prompt
     alone, again from the cache, and all in one batch answer alike. (w4a8 rounds activations to
-    int8 in the decode GEMVs; there a 16-row batch changed 13 of these 16 answers.)"""
-    import sglite
-
-    topics = "rain sun moon cats dogs rivers trees stars music bread glass iron gold salt wind snow"
+    int8 in the decode GEMVs; there a 16-row batch changed 13 of 16 such answers.)"""
+    topics = "rain sun moon cats dogs rivers trees stars music bread"
     prompts = [
         f"<|im_start|>user\nTell me a short fact about {word}.<|im_end|>\n<|im_start|>assistant\n"
         for word in topics.split()
     ]
     greedy = {"temperature": 0, "max_new_tokens": 32}
-    with sglite.Engine(dtype="float32", quantization="int4", log_level="error") as engine:
-        assert engine.get_server_info()["quantization"] == "int4"
-        alone = [engine.generate(p, greedy)["text"] for p in prompts]
-        cached = [engine.generate(p, greedy)["text"] for p in prompts]
-        engine.flush_cache()
-        batched = [out["text"] for out in engine.generate(prompts, greedy)]
-        assert engine.check_invariants()["held_by_requests"] == 0
+    assert engine.get_server_info()["quantization"] == "int4"  # the float32 default, auto
+    engine.flush_cache()
+    alone = [engine.generate(p, greedy)["text"] for p in prompts]
+    cached = [engine.generate(p, greedy)["text"] for p in prompts]
+    engine.flush_cache()
+    batched = [out["text"] for out in engine.generate(prompts, greedy)]
+    assert engine.check_invariants()["held_by_requests"] == 0
     assert cached == alone
     assert batched == alone
 
