@@ -386,16 +386,7 @@ class Scheduler:
     def _run_decode_extend(self, reqs: list[Req], drafts: dict[str, list[int]]) -> None:
         """A decode step as one EXTEND that also verifies the drafts (see `VerifyBatch`)."""
         batch = VerifyBatch.plan(reqs, drafts, self.kv.alloc)
-        fb = ForwardBatch.build(
-            ForwardMode.EXTEND,
-            batch.token_ids,
-            batch.prefix_lens,
-            [req.kv_slots for req in reqs],
-            batch.logit_rows,
-            self.device,
-            slot_tensors=[req.slot_mirror.view(req.kv_slots) for req in reqs],
-        )
-        logits = self._forward(fb)
+        logits = self._forward(self._verify_forward_batch(reqs, batch))
         plain = batch.plain()
         if plain:
             rows = torch.tensor([item.first_row for item in plain], device=logits.device)
@@ -412,6 +403,31 @@ class Scheduler:
             self.counters["spec_verify_passes"] += 1
             assert self.speculator is not None
             self.speculator.record(item.req, len(item.draft), verdict.accepted)
+
+    def _verify_forward_batch(self, reqs: list[Req], batch: VerifyBatch) -> ForwardBatch:
+        """The verification pass as a DECODE batch of one row per token: row i of a request
+        attends to its slots up to its own, and every row's K/V is written before any row's
+        attention reads the pool (in each layer), so a draft token sees the ones before it, as
+        in an EXTEND. DECODE takes the decode path (on CPU the whole step in one native call),
+        far cheaper for a few rows than an EXTEND through the layers one operation at a time."""
+        tokens, positions, slots, tables = [], [], [], []
+        for req, ids, start in zip(reqs, batch.token_ids, batch.prefix_lens, strict=True):
+            table = req.slot_mirror.view(req.kv_slots)
+            for i, token in enumerate(ids):
+                end = start + i + 1
+                tokens.append([token])
+                positions.append(end - 1)
+                slots.append(req.kv_slots[:end])
+                tables.append(table[:end])
+        return ForwardBatch.build(
+            ForwardMode.DECODE,
+            tokens,
+            positions,
+            slots,
+            batch.logit_rows,
+            self.device,
+            slot_tensors=tables,
+        )
 
     def _make_room_for_decode(self, drafts: dict[str, list[int]]) -> None:
         """Drop drafts, then retract the least advanced requests, until every running request
