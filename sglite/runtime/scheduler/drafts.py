@@ -2,8 +2,9 @@
 
 The scheduler's decode step calls three things here:
 1. a `DraftProposer` proposes, per running request, tokens likely to come next;
-2. `VerifyBatch.plan` lays the step out as one EXTEND: each request's tokens without K/V plus
-   its draft, with logits at the last pending token and at every draft token;
+2. `VerifyBatch.plan` lays the step out: each request's tokens without K/V plus its draft,
+   with logits at the last pending token and at every draft token (the scheduler runs them as
+   one DECODE row per token);
 3. `DraftVerifier.verify` walks one request's logits, emitting the model's own tokens and
    keeping draft tokens (and their K/V) while they match, and returns the `Verdict`.
 
@@ -18,9 +19,9 @@ restricted to the other tokens. So outputs follow exactly the distribution of to
 decoding; greedy outputs are identical, and a seeded request draws one uniform per emitted
 token, as it would without drafts. This holds whatever proposes the draft (n-gram, draft
 model): every emitted token is the model's own sample, and the draft only decides how many of
-them one forward yields. (The logits of a verification pass come from the EXTEND path, those
-of a plain step from the DECODE one: equal to float rounding, so a token whose top two logits
-tie to that precision may differ.)
+them one forward yields. (A verification pass has more rows than a plain step, and row count
+can change a matmul's kernel, e.g. the int4 GEMV vs GEMM: logits equal to float rounding, so a
+token whose top two logits tie to that precision may differ.)
 
 Retokenize mode (SGLang's original jump-forward, kept for comparison, `RetokenizingJump`): the
 forced *text* is tokenized on its own and appended unverified; the model never chose those
@@ -87,9 +88,10 @@ class VerifyItem:
 
 @dataclass
 class VerifyBatch:
-    """A decode step as one EXTEND: each request computes its tokens without K/V (one, or more
+    """A decode step's tokens: each request computes its tokens without K/V (one, or more
     after a retokenizing jump) plus its draft, whose K/V slots are allocated here and become
-    `req.kv_slots[item.kept:]`.
+    `req.kv_slots[item.kept:]`. Laid out as an EXTEND's flat token list (the scheduler runs it
+    as one DECODE row per token, in this order).
 
     `logit_rows` has, per request, its last pending token then each draft token, so
     `logits[item.first_row + j]` predicts the token after `draft[:j]`.
