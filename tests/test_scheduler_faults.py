@@ -105,6 +105,20 @@ def _step_like_the_loop(scheduler: Any) -> list[RequestOutput]:
         return scheduler.fail_all("internal error in the scheduler step")
 
 
+def _finish_reasons(scheduler: Any, inputs: list[GenerateInput]) -> dict[str, dict]:
+    """Run `inputs` to the end as the scheduler process does: {rid: finish reason}."""
+    for inp in inputs:
+        scheduler.add_request(inp)
+    reasons: dict[str, dict] = {}
+    for _ in range(100):
+        if not scheduler.has_work:
+            break
+        for out in _step_like_the_loop(scheduler):
+            if out.finish_reason is not None:
+                reasons[out.rid] = out.finish_reason
+    return reasons
+
+
 @pytest.mark.parametrize("mode", ["extend", "decode"])
 def test_failed_forward_answers_every_request_and_caches_nothing_unwritten(
     scheduler, monkeypatch, mode
@@ -128,15 +142,7 @@ def test_failed_forward_answers_every_request_and_caches_nothing_unwritten(
         return real_forward(fb)
 
     monkeypatch.setattr(scheduler, "_forward", failing_forward)
-    for inp in inputs:
-        scheduler.add_request(inp)
-    reasons: dict[str, dict] = {}
-    for _ in range(100):
-        if not scheduler.has_work:
-            break
-        for out in _step_like_the_loop(scheduler):
-            if out.finish_reason is not None:
-                reasons[out.rid] = out.finish_reason
+    reasons = _finish_reasons(scheduler, inputs)
     monkeypatch.undo()
     assert calls["n"] >= 1
     assert set(reasons) == {inp.rid for inp in inputs}, reasons
@@ -233,14 +239,7 @@ def test_a_sampler_failure_while_a_draft_is_verified_leaks_no_slot(scheduler, mo
         return real(reqs, logits)
 
     monkeypatch.setattr(scheduler, "_sample_and_append", failing)
-    scheduler.add_request(inp)
-    reasons = {}
-    for _ in range(100):
-        if not scheduler.has_work:
-            break
-        for out in _step_like_the_loop(scheduler):
-            if out.finish_reason is not None:
-                reasons[out.rid] = out.finish_reason
+    reasons = _finish_reasons(scheduler, [inp])
     monkeypatch.undo()
     assert scheduler.counters["jump_forward_drafted_tokens"] > drafted  # a draft was verified
     assert reasons["json"]["type"] == "abort", reasons
