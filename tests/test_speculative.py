@@ -37,7 +37,11 @@ GREEDY = {"temperature": 0, "max_new_tokens": 48}
 def _req(tokens: list[int], rid: str = "r", remaining: int = 100) -> SimpleNamespace:
     """What the proposer reads of a request."""
     return SimpleNamespace(
-        rid=rid, fill_ids=tokens, num_fill=len(tokens), remaining_new_tokens=remaining
+        rid=rid,
+        prompt_ids=tokens,
+        output_ids=[],
+        num_fill=len(tokens),
+        remaining_new_tokens=remaining,
     )
 
 

@@ -32,6 +32,9 @@ class NgramState:
 
     # ends[n][ngram] = the end (exclusive) of the ngram's latest indexed occurrence.
     ends: dict[int, dict[tuple[int, ...], int]] = field(default_factory=dict)
+    # The request's prompt and output so far, extended by the new tokens only (building
+    # `req.fill_ids` every step would copy the whole sequence on the decode path).
+    tokens: list[int] = field(default_factory=list)
     indexed: int = 0  # positions below this are indexed as n-gram ends
     draft_len: int = 0
     drafted: int = 0  # over the current acceptance window
@@ -66,7 +69,7 @@ class NgramProposer:
         room = min(req.remaining_new_tokens, self.context_len - req.num_fill) - 1
         if room <= 0:
             return []
-        tokens = req.fill_ids
+        tokens = self._sync(state, req)
         self._index(state, tokens)
         for n in range(min(self.max_match, len(tokens) - 1), self.min_match - 1, -1):
             end = state.ends.get(n, {}).get(tuple(tokens[-n:]))
@@ -95,6 +98,14 @@ class NgramProposer:
         """Drop the state of requests not in `live` (finished or aborted ones)."""
         for rid in [rid for rid in self.states if rid not in live]:
             del self.states[rid]
+
+    @staticmethod
+    def _sync(state: NgramState, req: Req) -> list[int]:
+        """`state.tokens` brought up to `req.fill_ids` by copying what is new."""
+        if not state.tokens:
+            state.tokens = list(req.prompt_ids)
+        state.tokens.extend(req.output_ids[len(state.tokens) - len(req.prompt_ids) :])
+        return state.tokens
 
     def _index(self, state: NgramState, tokens: list[int]) -> None:
         """Index every n-gram ending before the last token (the suffix being matched must find
