@@ -1,6 +1,6 @@
-"""Batch-1 decode with and without n-gram speculative decoding, alternated round by round.
+"""Batch-1 decode with and without speculative decoding, alternated round by round.
 
-Two engines on the same model (`--speculative-algorithm ngram` and without), greedy, one
+Two engines on the same model (`--speculative-algorithm ngram` or `draft`, and without), greedy, one
 request at a time. Per workload and round: the decode rate of each (output tokens / time, with
 the prompt already in the radix cache and a 1-token run's time subtracted, so prefill drops
 out), then the ratio; the table gives the median ratio over rounds, both rates' medians and the
@@ -11,7 +11,13 @@ Workloads: (a) copy-heavy: repeating a passage, editing code, quoting a retrieve
 filling a JSON record from a document; (b) free chat. The outputs of the two engines are
 compared too (they must be identical: speculation does not change greedy answers).
 
+With `--algorithm draft` the draft model is `--draft-model-path` (default: the target's own
+file, i.e. self-speculation), optionally only its first `--draft-num-layers` layers and in
+`--draft-quantization`.
+
 Run: python -m benchmarks.bench_spec [--rounds 3] [--tokens 96] [--quantization auto]
+     [--algorithm ngram|draft] [--draft-model-path P] [--draft-quantization Q]
+     [--draft-num-layers N]
 """
 
 from __future__ import annotations
@@ -69,6 +75,21 @@ def decode_run(engine: sglite.Engine, prompt: str, tokens: int) -> tuple[float, 
     return done / max(total - first, 1e-9), out["meta_info"], out["output_ids"]
 
 
+def speculation_args(args: argparse.Namespace, plain: sglite.Engine) -> dict:
+    """The speculative engine's keywords (a draft model defaults to the target's own file)."""
+    spec = {
+        "speculative_algorithm": args.algorithm,
+        "speculative_num_draft_tokens": args.num_draft_tokens,
+    }
+    if args.algorithm == "draft":
+        spec["speculative_draft_model_path"] = (
+            args.draft_model_path or plain.get_server_info()["model_path"]
+        )
+        spec["speculative_draft_model_quantization"] = args.draft_quantization
+        spec["speculative_draft_num_layers"] = args.draft_num_layers
+    return spec
+
+
 def main() -> None:
     """Alternate the two engines per workload and round; print the table."""
     parser = argparse.ArgumentParser(description=__doc__)
@@ -77,17 +98,23 @@ def main() -> None:
     parser.add_argument("--quantization", default="auto")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--num-draft-tokens", type=int, default=8)
+    parser.add_argument("--algorithm", choices=("ngram", "draft"), default="ngram")
+    parser.add_argument("--draft-model-path", default=None)
+    parser.add_argument("--draft-quantization", default="auto")
+    parser.add_argument("--draft-num-layers", type=int, default=None)
     args = parser.parse_args()
     common = {"dtype": args.dtype, "quantization": args.quantization, "log_level": "error"}
     plain = sglite.Engine(**common)
-    spec = sglite.Engine(
-        **common,
-        speculative_algorithm="ngram",
-        speculative_num_draft_tokens=args.num_draft_tokens,
-    )
+    spec = sglite.Engine(**common, **speculation_args(args, plain))
     info = spec.get_server_info()
     print(f"model {info['model_path']}, {info['dtype']}, weights {info['weight_layouts']}, ")
     print(f"kernels {info['kernel_isa'] or 'portable C'}, torch threads {torch.get_num_threads()}")
+    if args.algorithm == "draft":
+        draft = info["speculative_draft"]
+        print(
+            f"draft model {draft['model_path']}, weights {draft['quantization']}, "
+            f"{draft['num_layers']} layers"
+        )
     rows = []
     for name, prompt in WORKLOADS.items():
         ratios, rates_off, rates_on, drafted, accepted, emitted, same = [], [], [], 0, 0, 0, True
@@ -116,7 +143,7 @@ def main() -> None:
     plain.shutdown()
     spec.shutdown()
     print(
-        "\n| workload | off (tok/s) | ngram (tok/s) | speedup (median) | acceptance "
+        f"\n| workload | off (tok/s) | {args.algorithm} (tok/s) | speedup (median) | acceptance "
         "| tokens per forward | same output |"
     )
     print("|---|---:|---:|---:|---:|---:|---|")

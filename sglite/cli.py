@@ -63,12 +63,18 @@ HELP = {
     "disable_jump_forward": "decode constrained output token by token (no jump-forward)",
     "jump_forward_mode": "exact: forced tokens verified by the model (outputs unchanged); "
     "retokenize: SGLang's original unverified append (outputs may drift)",
-    "speculative_algorithm": "ngram: speculative decoding with drafts copied from the request's "
-    "own prompt and output, verified by the model (outputs unchanged; faster on text that "
-    "repeats or quotes its input); default off",
+    "speculative_algorithm": "speculative decoding, drafts verified by the model (outputs "
+    "unchanged); ngram: drafts copied from the request's own prompt and output (faster on text "
+    "that repeats or quotes its input); draft (or standalone): drafts from a smaller model with "
+    "the same tokenizer (--speculative-draft-model-path); default off",
     "speculative_num_draft_tokens": "most draft tokens verified per request and step",
     "speculative_ngram_min_match_window_size": "shortest suffix (tokens) an n-gram draft matches",
     "speculative_ngram_max_match_window_size": "longest suffix (tokens) an n-gram draft matches",
+    "speculative_draft_model_path": "draft model (GGUF or HF directory) with the target's "
+    "tokenizer; the target's own file makes a self-speculative draft",
+    "speculative_draft_model_quantization": "the draft model's weight format (as --quantization)",
+    "speculative_draft_num_layers": "the draft model runs only its first N layers (an early "
+    "exit; for self-speculation)",
     "num_threads": "compute threads per scheduler process (default: the cores shared among the "
     "node's tp ranks and dp replicas)",
     "tp_size": "tensor parallel ranks (one process each; gloo on CPU, NCCL on CUDA)",
@@ -112,6 +118,7 @@ CHOICES = {
     "grammar_backend": GRAMMAR_BACKENDS,
     "jump_forward_mode": JUMP_FORWARD_MODES,
     "quantization": QUANTIZATIONS,
+    "speculative_draft_model_quantization": QUANTIZATIONS,
     "gemm_packing": GEMM_PACKING,
     "dp_policy": DP_POLICIES,
     "hicache_write_policy": HICACHE_WRITE_POLICIES,

@@ -60,6 +60,21 @@ def engine_ngram():
 
 
 @pytest.fixture(scope="module")
+def engine_draft():
+    """The default engine with the default model as its own draft model (self-speculation:
+    the draft agrees with the target, so nearly every draft token is accepted)."""
+    from sglite.runtime.model.loader import default_model_path
+
+    eng = _start_engine(
+        max_total_tokens=POOL_TOKENS,
+        speculative_algorithm="draft",
+        speculative_draft_model_path=default_model_path(),
+    )
+    yield eng
+    eng.shutdown()
+
+
+@pytest.fixture(scope="module")
 def engine_no_jump_forward():
     """Constrained decoding token by token (the reference for jump-forward)."""
     eng = _start_engine(max_total_tokens=POOL_TOKENS, disable_jump_forward=True)
@@ -79,6 +94,8 @@ ENGINE_FIXTURES = (
     "engine",
     "engine_no_cache",
     "engine_small_pool",
+    "engine_ngram",
+    "engine_draft",
     "engine_no_jump_forward",
     "engine_retokenize",
 )

@@ -12,7 +12,8 @@ from types import SimpleNamespace
 import pytest
 import requests
 
-from sglite.runtime.scheduler.ngram import PAUSE_STEPS, NgramProposer
+from sglite.runtime.scheduler.ngram import NgramProposer
+from sglite.runtime.scheduler.speculation import PAUSE_STEPS
 
 CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 PASSAGE = (

@@ -14,7 +14,9 @@ SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 GRAMMAR_BACKENDS = ("llguidance", "xgrammar")
 JUMP_FORWARD_MODES = ("exact", "retokenize")
-SPECULATIVE_ALGORITHMS = ("ngram",)
+SPECULATIVE_ALGORITHMS = ("ngram", "draft")
+# SGLang names a separate draft model STANDALONE.
+SPECULATIVE_ALIASES = {"standalone": "draft"}
 # auto: the model file's own quantization (see `loader.resolve_quantization`).
 QUANTIZATIONS = ("auto", "none", "int8", "int4", "w4a8")
 GEMM_PACKING = ("auto", "on", "off")
@@ -75,14 +77,19 @@ class ServerArgs:
     # exact: forced tokens are a draft the model verifies (outputs unchanged); retokenize:
     # SGLang's original jump-forward, forced text appended unverified (faster, outputs drift).
     jump_forward_mode: str = "exact"
-    # Speculative decoding (scheduler/ngram.py): "ngram" drafts from the request's own text,
-    # verified in the next forward (outputs unchanged); None = off. Drafts of at most
-    # `speculative_num_draft_tokens` tokens continue the latest earlier match of the request's
-    # last n tokens, n from the max down to the min match window.
+    # Speculative decoding (scheduler/speculation.py), verified in the next forward (outputs
+    # unchanged); None = off. "ngram" drafts from the request's own text: at most
+    # `speculative_num_draft_tokens` tokens continuing the latest earlier match of the request's
+    # last n tokens, n from the max down to the min match window. "draft" drafts with a second
+    # model of the same tokenizer (`speculative_draft_model_path`; the target's own file with
+    # `speculative_draft_num_layers` and/or a cheaper quantization is self-speculation).
     speculative_algorithm: str | None = None
     speculative_num_draft_tokens: int = 8
     speculative_ngram_min_match_window_size: int = 2
     speculative_ngram_max_match_window_size: int = 12
+    speculative_draft_model_path: str | None = None
+    speculative_draft_model_quantization: str = "auto"
+    speculative_draft_num_layers: int | None = None
     # Compute threads per scheduler process; None = this machine's cores shared evenly among
     # the scheduler processes it runs (tp ranks x dp replicas).
     num_threads: int | None = None
@@ -155,12 +162,15 @@ class ServerArgs:
                 f"got {self.jump_forward_mode!r}"
             )
         if self.speculative_algorithm is not None:
-            if self.speculative_algorithm.lower() not in SPECULATIVE_ALGORITHMS:
+            known = (*SPECULATIVE_ALGORITHMS, *SPECULATIVE_ALIASES)
+            if self.speculative_algorithm.lower() not in known:
                 raise ValueError(
-                    f"speculative_algorithm must be one of {SPECULATIVE_ALGORITHMS}, "
+                    f"speculative_algorithm must be one of {known}, "
                     f"got {self.speculative_algorithm!r}"
                 )
-            self.speculative_algorithm = self.speculative_algorithm.lower()
+            algorithm = self.speculative_algorithm.lower()
+            self.speculative_algorithm = SPECULATIVE_ALIASES.get(algorithm, algorithm)
+        self._validate_draft_model()
         if not 1 <= self.speculative_num_draft_tokens <= 64:
             raise ValueError(
                 "speculative_num_draft_tokens must be in 1..64, "
@@ -231,6 +241,26 @@ class ServerArgs:
         self._validate_hicache()
         if self.context_length is not None and self.context_length <= 1:
             raise ValueError(f"context_length must be > 1, got {self.context_length}")
+
+    def _validate_draft_model(self) -> None:
+        draft = self.speculative_algorithm == "draft"
+        if draft and not self.speculative_draft_model_path:
+            raise ValueError("speculative_algorithm='draft' needs speculative_draft_model_path")
+        if not draft and self.speculative_draft_model_path is not None:
+            raise ValueError(
+                "speculative_draft_model_path is used with speculative_algorithm='draft' only"
+            )
+        if draft and self.tp_size > 1:
+            # The draft model runs on rank 0 alone; it is not sharded.
+            raise ValueError("speculative_algorithm='draft' is not supported with tp_size > 1")
+        if self.speculative_draft_model_quantization not in QUANTIZATIONS:
+            raise ValueError(
+                f"speculative_draft_model_quantization must be one of {QUANTIZATIONS}, "
+                f"got {self.speculative_draft_model_quantization!r}"
+            )
+        layers = self.speculative_draft_num_layers
+        if layers is not None and layers < 1:
+            raise ValueError(f"speculative_draft_num_layers must be >= 1, got {layers}")
 
     def _validate_hicache(self) -> None:
         for name, choices in (

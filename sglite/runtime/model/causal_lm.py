@@ -16,6 +16,7 @@ heads and MLP width); `num_heads`/`num_kv_heads` on the attention module are per
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterable
 
@@ -261,6 +262,16 @@ class CausalLM(nn.Module):
                 module.finalize(pack)
         self.output_weight = self._select_output_weight(extra_layouts=pack)
         self._native_decoder = False  # weight pointers changed
+
+    def keep_first_layers(self, count: int) -> None:
+        """Drop every decoder layer after the first `count` (an early exit: the kept layers,
+        then the final norm and output projection), e.g. for a self-speculative draft. Call
+        after loading, before the first forward; the config then says `count` layers."""
+        if not 1 <= count <= len(self.layers):
+            raise ValueError(f"can keep 1..{len(self.layers)} layers, not {count}")
+        self.layers = self.layers[:count]
+        self.config = dataclasses.replace(self.config, num_layers=count)
+        self._native_decoder = False  # built for the layers in place
 
     def load_weights(
         self,

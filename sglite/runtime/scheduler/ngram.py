@@ -16,34 +16,25 @@ what was accepted, and speculation pauses for a request whose drafts are mostly 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from sglite.runtime.scheduler.request import Req
-
-# A request whose acceptance falls below this share (over at least PAUSE_AFTER drafted
-# tokens) stops drafting for PAUSE_STEPS proposals: verification rows cost compute.
-LOW_ACCEPTANCE = 0.2
-PAUSE_AFTER = 16
-PAUSE_STEPS = 16
+from sglite.runtime.scheduler.speculation import DraftLength, TokenHistory, draft_room
 
 
 @dataclass
 class NgramState:
-    """One request's n-gram index and draft-length state."""
+    """One request's n-gram index, tokens and draft length."""
 
+    length: DraftLength
     # ends[n][ngram] = the end (exclusive) of the ngram's latest indexed occurrence.
     ends: dict[int, dict[tuple[int, ...], int]] = field(default_factory=dict)
-    # The request's prompt and output so far, extended by the new tokens only (building
-    # `req.fill_ids` every step would copy the whole sequence on the decode path).
-    tokens: list[int] = field(default_factory=list)
+    history: TokenHistory = field(default_factory=TokenHistory)
     indexed: int = 0  # positions below this are indexed as n-gram ends
-    draft_len: int = 0
-    drafted: int = 0  # over the current acceptance window
-    accepted: int = 0
-    paused: int = 0  # proposals left to skip
 
 
 class NgramProposer:
-    """Drafts from the request's prompt and output (`DraftProposer`)."""
+    """Drafts from the request's prompt and output (a `speculation.Speculator`)."""
 
     def __init__(
         self, context_len: int, num_draft_tokens: int, min_match: int, max_match: int
@@ -62,50 +53,41 @@ class NgramProposer:
         `DraftProposer` bound holds."""
         state = self.states.get(req.rid)
         if state is None:
-            state = self.states[req.rid] = NgramState(draft_len=self.num_draft_tokens)
-        if state.paused:
-            state.paused -= 1
+            state = self.states[req.rid] = NgramState(DraftLength(self.num_draft_tokens))
+        length = state.length.next(draft_room(req, self.context_len))
+        if length <= 0:
             return []
-        room = min(req.remaining_new_tokens, self.context_len - req.num_fill) - 1
-        if room <= 0:
-            return []
-        tokens = self._sync(state, req)
+        tokens = state.history.sync(req)
         self._index(state, tokens)
         for n in range(min(self.max_match, len(tokens) - 1), self.min_match - 1, -1):
             end = state.ends.get(n, {}).get(tuple(tokens[-n:]))
             if end is not None:
-                return tokens[end : end + min(room, state.draft_len)]
+                return tokens[end : end + length]
         return []
 
     def record(self, req: Req, drafted: int, accepted: int) -> None:
         """Adapt the request's draft length to a verification's result."""
         state = self.states.get(req.rid)
-        if state is None or drafted == 0:
-            return
-        if accepted == drafted:
-            state.draft_len = min(self.num_draft_tokens, state.draft_len * 2)
-        else:
-            state.draft_len = max(1, accepted + 1)
-        state.drafted += drafted
-        state.accepted += accepted
-        if state.drafted >= PAUSE_AFTER:
-            if state.accepted < LOW_ACCEPTANCE * state.drafted:
-                state.paused = PAUSE_STEPS
-                state.draft_len = self.num_draft_tokens
-            state.drafted = state.accepted = 0
+        if state is not None:
+            state.length.record(drafted, accepted)
 
     def forget(self, live: set[str]) -> None:
         """Drop the state of requests not in `live` (finished or aborted ones)."""
         for rid in [rid for rid in self.states if rid not in live]:
             del self.states[rid]
 
-    @staticmethod
-    def _sync(state: NgramState, req: Req) -> list[int]:
-        """`state.tokens` brought up to `req.fill_ids` by copying what is new."""
-        if not state.tokens:
-            state.tokens = list(req.prompt_ids)
-        state.tokens.extend(req.output_ids[len(state.tokens) - len(req.prompt_ids) :])
-        return state.tokens
+    def flush(self) -> None:
+        """Nothing is shared across requests: each index lives as long as its request."""
+
+    def check_invariants(self) -> None:
+        """The proposer holds no KV slots."""
+
+    def info(self) -> dict[str, Any]:
+        """The algorithm and its settings, for get_server_info."""
+        return {
+            "speculative_algorithm": "ngram",
+            "speculative_ngram_match_window": [self.min_match, self.max_match],
+        }
 
     def _index(self, state: NgramState, tokens: list[int]) -> None:
         """Index every n-gram ending before the last token (the suffix being matched must find

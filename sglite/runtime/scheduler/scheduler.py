@@ -39,11 +39,11 @@ from sglite.runtime.scheduler.drafts import (
 from sglite.runtime.scheduler.grammar import GrammarQueue, apply_grammar_masks
 from sglite.runtime.scheduler.io import GenerateInput, RequestOutput
 from sglite.runtime.scheduler.kv_manager import RequestKVManager
-from sglite.runtime.scheduler.ngram import NgramProposer
 from sglite.runtime.scheduler.output import OutputProcessor, TopLogprobs, abort_reason
 from sglite.runtime.scheduler.policy import order_waiting, shares_with_batch
 from sglite.runtime.scheduler.prefill import PrefillBatch, collect_input_logprobs
 from sglite.runtime.scheduler.request import Req
+from sglite.runtime.scheduler.speculation import Speculator, build_speculator
 from sglite.runtime.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -127,14 +127,8 @@ class Scheduler:
         if self.jump_forward == "exact":
             self.proposer = ForcedTokenProposer(self.context_len)
         self.verifier = DraftVerifier(self.pool, self.counters)
-        self.speculator: NgramProposer | None = None
-        if args.speculative_algorithm == "ngram":
-            self.speculator = NgramProposer(
-                self.context_len,
-                args.speculative_num_draft_tokens,
-                args.speculative_ngram_min_match_window_size,
-                args.speculative_ngram_max_match_window_size,
-            )
+        self.speculator: Speculator | None
+        self.speculator = build_speculator(args, loaded, self.context_len, capacity)
         self.speculated: set[str] = set()  # rids whose draft this step is speculative
         self.retokenizer: RetokenizingJump | None = None
         if self.jump_forward == "retokenize":
@@ -355,6 +349,8 @@ class Scheduler:
             self._sample_and_append(reqs, logits)
         self.counters["decode_passes"] += 1
         self.running = [r for r in self.running if not r.finished]
+        if self.speculator is not None:
+            self.speculator.forget({req.rid for req in self.running})
         self.new_token_ratio = max(
             self.args.min_new_token_ratio, self.new_token_ratio - self.args.new_token_ratio_decay
         )
@@ -366,7 +362,7 @@ class Scheduler:
         drafts: dict[str, list[int]] = {}
         self.speculated = set()
         speculate = self.speculator is not None and len(self.running) <= SPEC_MAX_BATCH
-        if self.speculator is not None:
+        if self.speculator is not None:  # requests retracted or aborted since the last step
             self.speculator.forget({req.rid for req in self.running})
         for req in self.running:
             try:
@@ -525,6 +521,8 @@ class Scheduler:
         reqs += self.grammars.pending + self.prefilling
         self.waiting, self.running, self.chunked, self.grammars.pending = [], [], None, []
         self.prefilling = []
+        if self.speculator is not None:
+            self.speculator.forget(set())
         seen: set[int] = set()
         for req in reqs:
             if id(req) in seen or req.finished:
@@ -551,10 +549,14 @@ class Scheduler:
         if self.has_work:
             raise RuntimeError("cannot flush the cache while requests are running or queued")
         self.cache.flush()
+        if self.speculator is not None:
+            self.speculator.flush()
 
     def check_invariants(self) -> dict[str, int]:
         """Verify slot accounting; raises AssertionError naming the broken invariant."""
         holders = list(self.running) + ([self.chunked] if self.chunked else [])
+        if self.speculator is not None:
+            self.speculator.check_invariants()
         return self.kv.check_invariants(holders)
 
     def info(self) -> dict[str, Any]:
@@ -575,6 +577,7 @@ class Scheduler:
             "new_token_ratio": self.new_token_ratio,
             **self.counters,
             **self._tier_info(),
+            **(self.speculator.info() if self.speculator is not None else {}),
         }
 
     def _tier_info(self) -> dict[str, Any]:

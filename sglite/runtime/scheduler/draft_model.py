@@ -1,0 +1,224 @@
+"""Draft-model speculation: a smaller model with the target's tokenizer proposes the draft.
+
+`--speculative-algorithm draft --speculative-draft-model-path P` loads P as a second model in
+the scheduler process. Per running request it keeps the draft model's K/V of the request's
+tokens (`DraftSequence`) in its own `KVPool`, under its own `RadixCache`, so a prompt prefix
+the draft model has seen before costs it nothing. Each decode step the draft model catches up
+on the tokens the target emitted since (usually one), then proposes its greedy continuation
+token by token; the target verifies the draft in its next forward (`drafts.DraftVerifier`).
+After a rejection the draft sequence is cut back to the tokens the target kept: its K/V follows
+the target's accepted tokens, never the rejected ones.
+
+The draft is the draft model's greedy choice, a point distribution, so the verifier's rule (keep
+a draft token while the target's own sample equals it) is speculative sampling's accept rule
+for that draft: outputs follow token-by-token decoding of the target exactly, greedy or sampled
+(see drafts.py), whatever the draft model. A draft model only changes the speed.
+
+Self-speculation: the draft may be the target's own file, with `--speculative-draft-num-layers
+N` (its first N layers, then its final norm and output projection: an early exit) and/or
+`--speculative-draft-model-quantization` (a cheaper weight format).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from sglite.runtime.cache.kv_pool import KVPool
+from sglite.runtime.cache.radix_cache import RadixCache, TreeNode
+from sglite.runtime.model.causal_lm import CausalLM
+from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
+from sglite.runtime.scheduler.request import Req
+from sglite.runtime.scheduler.speculation import DraftLength, TokenHistory, draft_room
+
+if TYPE_CHECKING:
+    from sglite.runtime.model.loader import LoadedModel
+    from sglite.runtime.server_args import ServerArgs
+
+
+@dataclass
+class DraftSequence:
+    """The draft model's K/V of one request: `slots[i]` holds that of `tokens[i]`.
+
+    Invariants: `tokens[:verified]` are the request's own tokens (prompt and output); any
+    tokens after them are the last draft's, not yet checked. `slots[:cached_len]` belong to the
+    draft cache and are locked through `node`; the rest belong to this sequence.
+    """
+
+    length: DraftLength
+    node: TreeNode
+    tokens: list[int] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+    cached_len: int = 0
+    verified: int = 0
+    history: TokenHistory = field(default_factory=TokenHistory)
+
+
+class DraftModelProposer:
+    """Drafts from a second, smaller model (a `speculation.Speculator`)."""
+
+    def __init__(
+        self, draft: LoadedModel, context_len: int, num_draft_tokens: int, capacity: int
+    ) -> None:
+        cfg = draft.config
+        self.model: CausalLM = draft.model
+        self.model_path = draft.model_path
+        self.quantization = draft.quantization
+        self.device = draft.device
+        self.vocab_size = cfg.vocab_size
+        self.pool = KVPool(
+            capacity, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, draft.dtype, draft.device
+        )
+        self.cache = RadixCache(self.pool)
+        self.context_len = context_len
+        self.num_draft_tokens = num_draft_tokens
+        self.sequences: dict[str, DraftSequence] = {}
+        self.forward_passes = 0
+
+    @classmethod
+    def load(
+        cls, args: ServerArgs, target: LoadedModel, context_len: int, capacity: int
+    ) -> DraftModelProposer:
+        """Load `args.speculative_draft_model_path` in the target's dtype and device.
+
+        Raises ValueError when its tokenizer's vocabulary is not the target's (its token ids
+        would mean other text).
+        """
+        from sglite.runtime.model.loader import load_model
+
+        assert args.speculative_draft_model_path is not None
+        draft = load_model(
+            args.speculative_draft_model_path,
+            dtype=target.dtype,
+            device=target.device,
+            progress=False,
+            quantization=args.speculative_draft_model_quantization,
+            gemm_packing="off",  # the draft runs small decode batches only
+        )
+        if draft.tokenizer.hf.get_vocab() != target.tokenizer.hf.get_vocab():
+            raise ValueError(
+                f"speculative_draft_model_path {args.speculative_draft_model_path!r}: its "
+                "tokenizer's vocabulary differs from the target model's"
+            )
+        if args.speculative_draft_num_layers is not None:
+            draft.model.keep_first_layers(args.speculative_draft_num_layers)
+            draft.config = draft.model.config
+        return cls(draft, context_len, args.speculative_num_draft_tokens, capacity)
+
+    # ------------------------------------------------------------------ Speculator
+    def propose(self, req: Req) -> list[int]:
+        """The draft model's greedy continuation of `req`, up to the request's draft length
+        (the `DraftProposer` bound holds); shorter when the draft pool is full."""
+        seq = self.sequences.get(req.rid)
+        if seq is None:
+            seq = self.sequences[req.rid] = self._start(req)
+        length = seq.length.next(draft_room(req, self.context_len))
+        if length <= 0:
+            return []
+        target = seq.history.sync(req)
+        self._rewind(seq, target)
+        feed = target[len(seq.tokens) :]
+        draft: list[int] = []
+        while len(draft) < length:
+            token = self._extend(seq, feed)
+            if token is None or token >= self.vocab_size:
+                break
+            draft.append(token)
+            feed = [token]
+        return draft
+
+    def record(self, req: Req, drafted: int, accepted: int) -> None:
+        """Adapt the request's draft length to a verification's result."""
+        seq = self.sequences.get(req.rid)
+        if seq is not None:
+            seq.length.record(drafted, accepted)
+
+    def forget(self, live: set[str]) -> None:
+        """Cache the verified tokens of requests not in `live` (so a later request with the
+        same prefix reuses them) and release the rest of their slots."""
+        for rid in [rid for rid in self.sequences if rid not in live]:
+            self._release(self.sequences.pop(rid))
+
+    def flush(self) -> None:
+        """Empty the draft cache; called with no request in flight, so every sequence (an
+        aborted request's may linger until the next decode step) is released first."""
+        self.forget(set())
+        self.cache.flush()
+
+    def info(self) -> dict[str, Any]:
+        """The draft model, its pool and cache, for get_server_info."""
+        return {
+            "speculative_algorithm": "draft",
+            "speculative_draft": {
+                "model_path": self.model_path,
+                "num_layers": self.model.config.num_layers,
+                "quantization": self.quantization,
+                "pool_tokens": self.pool.capacity,
+                "cached_tokens": self.cache.total_size(),
+                "forward_passes": self.forward_passes,
+            },
+        }
+
+    # ------------------------------------------------------------------ bookkeeping
+    def check_invariants(self) -> None:
+        """Free + cached + held by sequences == the draft pool's capacity; raises otherwise."""
+        self.cache.check_invariants()
+        held = sum(len(seq.slots) - seq.cached_len for seq in self.sequences.values())
+        total = self.pool.num_free + self.cache.total_size() + held
+        assert total == self.pool.capacity, (
+            f"draft pool: {self.pool.num_free} free + {self.cache.total_size()} cached + "
+            f"{held} held != {self.pool.capacity}"
+        )
+
+    def _start(self, req: Req) -> DraftSequence:
+        """A new sequence holding the draft cache's longest match of the prompt (all but its
+        last token, whose logits the first proposal needs)."""
+        match = self.cache.match_prefix(req.prompt_ids[:-1])
+        self.cache.lock(match.node)
+        cached = len(match.slots)
+        seq = DraftSequence(DraftLength(self.num_draft_tokens), match.node)
+        seq.tokens, seq.slots = list(req.prompt_ids[:cached]), list(match.slots)
+        seq.cached_len = seq.verified = cached
+        return seq
+
+    def _rewind(self, seq: DraftSequence, target: list[int]) -> None:
+        """Cut `seq` back to its longest prefix that is in `target` (the request's tokens)."""
+        keep = min(seq.verified, len(seq.tokens))
+        end = min(len(seq.tokens), len(target))
+        while keep < end and seq.tokens[keep] == target[keep]:
+            keep += 1
+        self.pool.free(seq.slots[keep:])
+        del seq.tokens[keep:], seq.slots[keep:]
+        seq.verified = len(target)  # the tokens fed next are the request's own
+
+    def _extend(self, seq: DraftSequence, feed: list[int]) -> int | None:
+        """Run the draft model over `feed` after `seq`'s tokens; returns its greedy next token,
+        None when the pool has no room for `feed` or the context is full."""
+        if not feed or len(seq.tokens) + len(feed) > self.context_len:
+            return None
+        if self.pool.num_free < len(feed):
+            self.cache.evict(len(feed) - self.pool.num_free)
+            if self.pool.num_free < len(feed):
+                return None
+        start = len(seq.tokens)
+        seq.tokens.extend(feed)
+        seq.slots.extend(self.pool.alloc(len(feed)))
+        mode = ForwardMode.DECODE if len(feed) == 1 else ForwardMode.EXTEND
+        batch = ForwardBatch.build(mode, [feed], [start], [seq.slots], [len(feed) - 1], self.device)
+        self.forward_passes += 1
+        try:
+            logits = self.model(batch, self.pool)
+        except BaseException:  # the K/V of `feed` was not (fully) written: never keep it
+            self.pool.free(seq.slots[start:])
+            del seq.tokens[start:], seq.slots[start:]
+            raise
+        return int(torch.argmax(logits[0]))
+
+    def _release(self, seq: DraftSequence) -> None:
+        verified = min(seq.verified, len(seq.tokens))
+        already = self.cache.insert(seq.tokens[:verified], seq.slots[:verified])
+        self.pool.free(seq.slots[seq.cached_len : already])
+        self.pool.free(seq.slots[verified:])
+        self.cache.unlock(seq.node)

@@ -1,0 +1,133 @@
+"""Speculative decoding: what every draft source shares, and the one that the flags choose.
+
+A `Speculator` proposes a request's draft for the next decode step (the scheduler verifies it
+with `drafts.DraftVerifier`), learns how much of it was accepted, and forgets finished requests.
+Two exist: n-gram lookup in the request's own text (`ngram.py`) and a draft model
+(`draft_model.py`). Both keep, per request, a copy of its tokens extended by the new ones
+(`TokenHistory`) and a draft length adapted to its acceptance (`DraftLength`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from sglite.runtime.scheduler.request import Req
+
+if TYPE_CHECKING:
+    from sglite.runtime.model.loader import LoadedModel
+    from sglite.runtime.server_args import ServerArgs
+
+# A request whose acceptance falls below this share (over at least PAUSE_AFTER drafted
+# tokens) stops drafting for PAUSE_STEPS proposals: verification rows cost compute.
+LOW_ACCEPTANCE = 0.2
+PAUSE_AFTER = 16
+PAUSE_STEPS = 16
+
+
+class Speculator(Protocol):
+    """A speculative draft source (a `drafts.DraftProposer` that learns from verification)."""
+
+    def propose(self, req: Req) -> list[int]:
+        """The request's draft, within the `DraftProposer.propose` bound; empty for none."""
+        ...
+
+    def record(self, req: Req, drafted: int, accepted: int) -> None:
+        """A verification of `req`'s draft kept `accepted` of its `drafted` tokens."""
+        ...
+
+    def forget(self, live: set[str]) -> None:
+        """Release what is kept for requests not in `live` (finished, aborted, retracted)."""
+        ...
+
+    def flush(self) -> None:
+        """Drop what is cached across requests (the server's cache flush)."""
+        ...
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError when the speculator's own KV accounting is broken."""
+        ...
+
+    def info(self) -> dict[str, Any]:
+        """What get_server_info reports of the speculator."""
+        ...
+
+
+@dataclass
+class DraftLength:
+    """One request's draft length: it doubles while whole drafts are accepted, shrinks to just
+    past what was accepted, and drafting pauses for a while when most drafts are rejected."""
+
+    maximum: int
+    current: int = 0
+    drafted: int = 0  # over the current acceptance window
+    accepted: int = 0
+    paused: int = 0  # proposals left to skip
+
+    def __post_init__(self) -> None:
+        self.current = self.current or self.maximum
+
+    def next(self, room: int) -> int:
+        """Tokens to draft now (0 while paused), at most `room`."""
+        if self.paused:
+            self.paused -= 1
+            return 0
+        return max(0, min(room, self.current))
+
+    def record(self, drafted: int, accepted: int) -> None:
+        """Adapt to a verification's result."""
+        if drafted == 0:
+            return
+        if accepted == drafted:
+            self.current = min(self.maximum, self.current * 2)
+        else:
+            self.current = max(1, accepted + 1)
+        self.drafted += drafted
+        self.accepted += accepted
+        if self.drafted >= PAUSE_AFTER:
+            if self.accepted < LOW_ACCEPTANCE * self.drafted:
+                self.paused = PAUSE_STEPS
+                self.current = self.maximum
+            self.drafted = self.accepted = 0
+
+
+@dataclass
+class TokenHistory:
+    """A request's prompt and output so far, extended by the new tokens only (building
+    `req.fill_ids` every step would copy the whole sequence on the decode path)."""
+
+    tokens: list[int] = field(default_factory=list)
+
+    def sync(self, req: Req) -> list[int]:
+        """The tokens, brought up to the request's prompt and output."""
+        if not self.tokens:
+            self.tokens = list(req.prompt_ids)
+        self.tokens.extend(req.output_ids[len(self.tokens) - len(req.prompt_ids) :])
+        return self.tokens
+
+
+def draft_room(req: Req, context_len: int) -> int:
+    """Most draft tokens `req` can take: the draft plus the model's own next token fit in its
+    budget and context."""
+    return min(req.remaining_new_tokens, context_len - req.num_fill) - 1
+
+
+def build_speculator(
+    args: ServerArgs, target: LoadedModel, context_len: int, capacity: int
+) -> Speculator | None:
+    """The speculator `args` ask for (None when speculation is off). A draft model is loaded
+    here, its KV pool sized to `capacity` tokens like the target's."""
+    if args.speculative_algorithm == "ngram":
+        from sglite.runtime.scheduler.ngram import NgramProposer
+
+        return NgramProposer(
+            context_len,
+            args.speculative_num_draft_tokens,
+            args.speculative_ngram_min_match_window_size,
+            args.speculative_ngram_max_match_window_size,
+        )
+    if args.speculative_algorithm == "draft":
+        from sglite.runtime.scheduler.draft_model import DraftModelProposer
+
+        return DraftModelProposer.load(args, target, context_len, capacity)
+    return None
