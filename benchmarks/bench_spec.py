@@ -15,6 +15,12 @@ With `--algorithm draft` the draft model is `--draft-model-path` (default: the t
 file, i.e. self-speculation), optionally only its first `--draft-num-layers` layers and in
 `--draft-quantization`.
 
+With llama.cpp's `llama-server` found (`--llama-server PATH`, on PATH, or built by
+`benchmarks/build_llama_cpp.sh`), the same rounds also run it on the same GGUF and prompts,
+one slot, greedy, prompt cached: without speculation and with each of its n-gram draft types in
+`LLAMA_SPEC` (its decode rate is its own `timings.predicted_per_second`, which excludes the
+prompt); the table shows its plain rate and its best n-gram configuration per workload.
+
 Run: python -m benchmarks.bench_spec [--rounds 3] [--tokens 96] [--quantization auto]
      [--algorithm ngram|draft] [--draft-model-path P] [--draft-quantization Q]
      [--draft-num-layers N]
@@ -24,11 +30,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
+import tempfile
 import time
+from dataclasses import dataclass, field
 
 import torch
 
 import sglite
+from benchmarks.bench_json import _free_port, _post
+from benchmarks.runners.llama_cpp import find_llama_server, llama_version
 
 CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 PASSAGE = (
@@ -61,6 +72,18 @@ WORKLOADS = {
 }
 
 
+# llama-server's n-gram speculation: its default n-gram lookup, the same with a short lookup and
+# draft (its best on these prompts), and its n-gram-mod type.
+LLAMA_SPEC = {
+    "ngram-simple": ("--spec-type", "ngram-simple"),
+    "ngram-simple n3 m8": (
+        "--spec-type", "ngram-simple",
+        "--spec-ngram-simple-size-n", "3", "--spec-ngram-simple-size-m", "8",
+    ),
+    "ngram-mod": ("--spec-type", "ngram-mod"),
+}  # fmt: skip
+
+
 def decode_run(engine: sglite.Engine, prompt: str, tokens: int) -> tuple[float, dict, list]:
     """(decode tok/s, the run's meta_info, output ids) with the prompt cached beforehand."""
     params = {"temperature": 0, "max_new_tokens": 1}
@@ -73,6 +96,63 @@ def decode_run(engine: sglite.Engine, prompt: str, tokens: int) -> tuple[float, 
     total = time.perf_counter() - start
     done = out["meta_info"]["completion_tokens"] - 1
     return done / max(total - first, 1e-9), out["meta_info"], out["output_ids"]
+
+
+class LlamaServer:
+    """One llama-server (one slot) on the default GGUF with the given speculative flags."""
+
+    def __init__(self, binary: str, model_path: str, threads: int, extra: tuple[str, ...]):
+        port = _free_port()
+        self.log = tempfile.NamedTemporaryFile("w", suffix=".log", delete=False)
+        cmd = [
+            binary, "-m", model_path, "--host", "127.0.0.1", "--port", str(port),
+            "-t", str(threads), "-tb", str(threads), "-np", "1", "-c", "4096", "-ngl", "0",
+            *extra,
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        self.base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited; see {self.log.name}")
+            try:
+                _post(self.base + "/tokenize", {"content": "x"}, timeout=2)
+                return
+            except OSError:
+                time.sleep(0.5)
+        raise TimeoutError("llama-server did not start")
+
+    def decode_run(self, prompt: str, tokens: int) -> tuple[float, int, int]:
+        """(decode tok/s, drafted, accepted) with the prompt cached beforehand."""
+        body = {"prompt": prompt, "n_predict": tokens, "temperature": 0, "cache_prompt": True}
+        _post(self.base + "/completion", {**body, "n_predict": 1})
+        timings = _post(self.base + "/completion", body)["timings"]
+        return (
+            timings["predicted_per_second"],
+            timings.get("draft_n", 0),
+            timings.get("draft_n_accepted", 0),
+        )
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+@dataclass
+class Tally:
+    """One system's rates and draft counts over the rounds of one workload."""
+
+    rates: list[float] = field(default_factory=list)
+    drafted: int = 0
+    accepted: int = 0
+
+    @property
+    def rate(self) -> float:
+        return statistics.median(self.rates)
+
+    @property
+    def acceptance(self) -> str:
+        return f"{100 * self.accepted / self.drafted:.0f}%" if self.drafted else "-"
 
 
 def speculation_args(args: argparse.Namespace, plain: sglite.Engine) -> dict:
@@ -90,8 +170,7 @@ def speculation_args(args: argparse.Namespace, plain: sglite.Engine) -> dict:
     return spec
 
 
-def main() -> None:
-    """Alternate the two engines per workload and round; print the table."""
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=96)
@@ -102,7 +181,28 @@ def main() -> None:
     parser.add_argument("--draft-model-path", default=None)
     parser.add_argument("--draft-quantization", default="auto")
     parser.add_argument("--draft-num-layers", type=int, default=None)
-    args = parser.parse_args()
+    parser.add_argument("--llama-server", default=None, help="llama-server binary")
+    parser.add_argument("--no-llama", action="store_true", help="skip llama.cpp")
+    return parser.parse_args()
+
+
+def start_llama(args: argparse.Namespace, model_path: str) -> dict[str, LlamaServer]:
+    """llama-server without speculation ("off") and with each `LLAMA_SPEC` configuration."""
+    if args.no_llama:
+        return {}
+    binary, why = find_llama_server(args.llama_server)
+    if binary is None:
+        print(f"llama.cpp skipped: {why}")
+        return {}
+    print(f"llama.cpp {llama_version(binary)} ({why}): {binary}")
+    threads = torch.get_num_threads()
+    configs = {"off": (), **LLAMA_SPEC}
+    return {name: LlamaServer(binary, model_path, threads, cfg) for name, cfg in configs.items()}
+
+
+def main() -> None:
+    """Alternate the engines (and llama-servers) per workload and round; print the table."""
+    args = parse_args()
     common = {"dtype": args.dtype, "quantization": args.quantization, "log_level": "error"}
     plain = sglite.Engine(**common)
     spec = sglite.Engine(**common, **speculation_args(args, plain))
@@ -115,43 +215,74 @@ def main() -> None:
             f"draft model {draft['model_path']}, weights {draft['quantization']}, "
             f"{draft['num_layers']} layers"
         )
+    llama = start_llama(args, info["model_path"])
     rows = []
-    for name, prompt in WORKLOADS.items():
-        ratios, rates_off, rates_on, drafted, accepted, emitted, same = [], [], [], 0, 0, 0, True
-        for _ in range(args.rounds):
-            off, _, ids_off = decode_run(plain, prompt, args.tokens)
-            on, meta, ids_on = decode_run(spec, prompt, args.tokens)
-            ratios.append(on / off)
-            rates_off.append(off)
-            rates_on.append(on)
-            drafted += meta["spec_draft_tokens"]
-            accepted += meta["spec_accepted_tokens"]
-            emitted += meta["completion_tokens"]
-            same = same and ids_on == ids_off
-        rows.append(
-            (
-                name,
-                statistics.median(rates_off),
-                statistics.median(rates_on),
-                statistics.median(ratios),
-                accepted / max(drafted, 1),
-                emitted / max(emitted - accepted, 1),
-                same,
-            )
-        )
-        print(f"  {name}: {rows[-1][3]:.2f}x", flush=True)
-    plain.shutdown()
-    spec.shutdown()
-    print(
-        f"\n| workload | off (tok/s) | {args.algorithm} (tok/s) | speedup (median) | acceptance "
+    try:
+        for name, prompt in WORKLOADS.items():
+            rows.append((name, *run_workload(args, plain, spec, llama, prompt)))
+            print(f"  {name}: {rows[-1][2].rate / rows[-1][1].rate:.2f}x", flush=True)
+    finally:
+        plain.shutdown()
+        spec.shutdown()
+        for server in llama.values():
+            server.close()
+    print_table(args, rows, bool(llama))
+
+
+def run_workload(
+    args: argparse.Namespace,
+    plain: sglite.Engine,
+    spec: sglite.Engine,
+    llama: dict[str, LlamaServer],
+    prompt: str,
+) -> tuple[Tally, Tally, float, bool, Tally | None, tuple[str, Tally] | None]:
+    """(off, speculative, median ratio, same output, llama.cpp off, best llama.cpp n-gram)."""
+    off, on, ratios, emitted, same = Tally(), Tally(), [], 0, True
+    peers = {name: Tally() for name in llama}
+    for _ in range(args.rounds):
+        rate_off, _, ids_off = decode_run(plain, prompt, args.tokens)
+        rate_on, meta, ids_on = decode_run(spec, prompt, args.tokens)
+        off.rates.append(rate_off)
+        on.rates.append(rate_on)
+        ratios.append(rate_on / rate_off)
+        on.drafted += meta["spec_draft_tokens"]
+        on.accepted += meta["spec_accepted_tokens"]
+        emitted += meta["completion_tokens"]
+        same = same and ids_on == ids_off
+        for name, server in llama.items():
+            rate, drafted, accepted = server.decode_run(prompt, args.tokens)
+            peers[name].rates.append(rate)
+            peers[name].drafted += drafted
+            peers[name].accepted += accepted
+    per_forward = emitted / max(emitted - on.accepted, 1)
+    if not llama:
+        return off, on, statistics.median(ratios), per_forward, same, None, None
+    best = max((n for n in peers if n != "off"), key=lambda n: peers[n].rate)
+    return off, on, statistics.median(ratios), per_forward, same, peers["off"], (best, peers[best])
+
+
+def print_table(args: argparse.Namespace, rows: list, with_llama: bool) -> None:
+    head = (
+        f"| workload | off (tok/s) | {args.algorithm} (tok/s) | speedup (median) | acceptance "
         "| tokens per forward | same output |"
     )
-    print("|---|---:|---:|---:|---:|---:|---|")
-    for name, off, on, ratio, acceptance, per_forward, same in rows:
-        print(
-            f"| {name} | {off:.1f} | {on:.1f} | {ratio:.2f}x | {100 * acceptance:.0f}% "
+    rule = "|---|---:|---:|---:|---:|---:|---|"
+    if with_llama:
+        head += " llama.cpp off | llama.cpp best n-gram (tok/s, acceptance) | vs llama.cpp n-gram |"
+        rule += "---:|---|---:|"
+    print("\n" + head + "\n" + rule)
+    for name, off, on, ratio, per_forward, same, peer_off, peer in rows:
+        line = (
+            f"| {name} | {off.rate:.1f} | {on.rate:.1f} | {ratio:.2f}x | {on.acceptance} "
             f"| {per_forward:.2f} | {'yes' if same else 'NO'} |"
         )
+        if peer is not None:
+            config, best = peer
+            line += (
+                f" {peer_off.rate:.1f} | {best.rate:.1f} ({config}, {best.acceptance}) "
+                f"| {on.rate / best.rate:.2f}x |"
+            )
+        print(line)
 
 
 if __name__ == "__main__":
