@@ -75,6 +75,8 @@ HELP = {
     "speculative_draft_model_quantization": "the draft model's weight format (as --quantization)",
     "speculative_draft_num_layers": "the draft model runs only its first N layers (an early "
     "exit; for self-speculation)",
+    "speculative_adaptive": "speculate only at batch sizes where measured decode steps show it "
+    "faster per emitted token (default on; --no-speculative-adaptive: whenever there is a draft)",
     "num_threads": "compute threads per scheduler process (default: the cores shared among the "
     "node's tp ranks and dp replicas)",
     "tp_size": "tensor parallel ranks (one process each; gloo on CPU, NCCL on CUDA)",

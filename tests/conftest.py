@@ -54,7 +54,10 @@ def engine_small_pool():
 @pytest.fixture(scope="module")
 def engine_ngram():
     """The default engine with n-gram speculative decoding."""
-    eng = _start_engine(max_total_tokens=POOL_TOKENS, speculative_algorithm="ngram")
+    # Not adaptive: these tests count drafts, which must not depend on measured step times.
+    eng = _start_engine(
+        max_total_tokens=POOL_TOKENS, speculative_algorithm="ngram", speculative_adaptive=False
+    )
     yield eng
     eng.shutdown()
 
@@ -69,6 +72,7 @@ def engine_draft():
         max_total_tokens=POOL_TOKENS,
         speculative_algorithm="draft",
         speculative_draft_model_path=default_model_path(),
+        speculative_adaptive=False,  # as engine_ngram
     )
     yield eng
     eng.shutdown()

@@ -105,8 +105,9 @@ def test_a_smaller_draft_model_and_an_early_exit_draft_leave_outputs_unchanged(t
             outs = eng.generate(input_ids=prompts, sampling_params=params)
             assert [o["output_ids"] for o in outs] == want, draft
             assert sum(o["meta_info"]["spec_draft_tokens"] for o in outs) > 0
-            info = eng.get_server_info()["speculative_draft"]
-            assert info["num_layers"] == 1
+            info = eng.get_server_info()
+            assert info["speculative_draft"]["num_layers"] == 1
+            assert "3" in info["speculative_guard"]  # per batch size measured (3, then fewer)
             eng.check_invariants()
         finally:
             eng.shutdown()

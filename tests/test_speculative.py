@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from sglite.runtime.scheduler.ngram import NgramProposer
-from sglite.runtime.scheduler.speculation import PAUSE_STEPS
+from sglite.runtime.scheduler.speculation import PAUSE_STEPS, PROBE_EVERY, SpeculationGuard
 
 CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 PASSAGE = (
@@ -87,6 +87,28 @@ def test_draft_length_follows_acceptance_and_speculation_pauses_when_it_does_not
 def test_match_windows_are_checked():
     with pytest.raises(ValueError, match="match windows"):
         NgramProposer(context_len=10, num_draft_tokens=4, min_match=3, max_match=2)
+
+
+def _guarded_steps(guard: SpeculationGuard, steps: int, spec_ms: float, plain_ms: float) -> int:
+    """Run `steps` one-request decode steps whose speculative and plain ones cost the given
+    milliseconds per token; returns how many speculated."""
+    speculated = 0
+    for _ in range(steps):
+        spec = guard.should_speculate(1)
+        guard.observe(1, spec, (spec_ms if spec else plain_ms) / 1e3, 1)
+        speculated += spec
+    return speculated
+
+
+def test_the_guard_keeps_speculation_only_where_it_is_faster():
+    guard = SpeculationGuard()
+    # Slower: after the first measurements only the probes speculate.
+    assert _guarded_steps(guard, 64, spec_ms=14.0, plain_ms=10.0) <= 64 // PROBE_EVERY + 8
+    assert not guard.pays(1) and guard.pays(2)  # batch sizes are measured apart
+    # The workload changes (say, the answer starts quoting its input): the probes notice.
+    assert _guarded_steps(guard, 64, spec_ms=4.0, plain_ms=10.0) >= 64 - 64 // PROBE_EVERY - 8
+    assert guard.pays(1)
+    assert guard.info()["1"]["pays"] is True
 
 
 # --------------------------------------------------------------------------- end to end

@@ -90,6 +90,9 @@ class ServerArgs:
     speculative_draft_model_path: str | None = None
     speculative_draft_model_quantization: str = "auto"
     speculative_draft_num_layers: int | None = None
+    # Speculation only at batch sizes where measured steps show it faster per emitted token
+    # (scheduler/speculation.py's `SpeculationGuard`); False = whenever there is a draft.
+    speculative_adaptive: bool = True
     # Compute threads per scheduler process; None = this machine's cores shared evenly among
     # the scheduler processes it runs (tp ranks x dp replicas).
     num_threads: int | None = None

@@ -43,7 +43,11 @@ from sglite.runtime.scheduler.output import OutputProcessor, TopLogprobs, abort_
 from sglite.runtime.scheduler.policy import order_waiting, shares_with_batch
 from sglite.runtime.scheduler.prefill import PrefillBatch, collect_input_logprobs
 from sglite.runtime.scheduler.request import Req
-from sglite.runtime.scheduler.speculation import Speculator, build_speculator
+from sglite.runtime.scheduler.speculation import (
+    SpeculationGuard,
+    Speculator,
+    build_speculator,
+)
 from sglite.runtime.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -130,6 +134,9 @@ class Scheduler:
         self.speculator: Speculator | None
         self.speculator = build_speculator(args, loaded, self.context_len, capacity)
         self.speculated: set[str] = set()  # rids whose draft this step is speculative
+        self.spec_guard: SpeculationGuard | None = None
+        if self.speculator is not None and args.speculative_adaptive:
+            self.spec_guard = SpeculationGuard()
         self.retokenizer: RetokenizingJump | None = None
         if self.jump_forward == "retokenize":
             encode = lambda text: self.tokenizer.hf.encode(text, add_special_tokens=False)
@@ -325,7 +332,19 @@ class Scheduler:
 
     # ------------------------------------------------------------------ decode
     def _run_decode(self) -> None:
-        """One token (plus any accepted draft tokens) for every running request."""
+        """One token (plus any accepted draft tokens) for every running request; with the
+        speculation guard on, the step's time per emitted token is measured for it."""
+        if self.spec_guard is None or len(self.running) > SPEC_MAX_BATCH:
+            self._decode_step()
+            return
+        reqs, start = list(self.running), time.perf_counter()
+        emitted = sum(len(req.output_ids) for req in reqs)
+        self._decode_step()
+        emitted = sum(len(req.output_ids) for req in reqs) - emitted
+        seconds = time.perf_counter() - start
+        self.spec_guard.observe(len(reqs), bool(self.speculated), seconds, emitted)
+
+    def _decode_step(self) -> None:
         drafts = self._plan_drafts()
         self._make_room_for_decode(drafts)
         if not self.running:
@@ -362,6 +381,8 @@ class Scheduler:
         drafts: dict[str, list[int]] = {}
         self.speculated = set()
         speculate = self.speculator is not None and len(self.running) <= SPEC_MAX_BATCH
+        if speculate and self.spec_guard is not None:
+            speculate = self.spec_guard.should_speculate(len(self.running))
         if self.speculator is not None:  # requests retracted or aborted since the last step
             self.speculator.forget({req.rid for req in self.running})
         for req in self.running:
@@ -578,6 +599,7 @@ class Scheduler:
             **self.counters,
             **self._tier_info(),
             **(self.speculator.info() if self.speculator is not None else {}),
+            **({"speculative_guard": self.spec_guard.info()} if self.spec_guard else {}),
         }
 
     def _tier_info(self) -> dict[str, Any]:

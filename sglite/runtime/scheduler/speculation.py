@@ -106,6 +106,81 @@ class TokenHistory:
         return self.tokens
 
 
+# The guard's probes: every PROBE_EVERY-th step at a batch size runs the other way, and a
+# verdict needs MIN_SAMPLES measured steps of each kind.
+PROBE_EVERY = 8
+MIN_SAMPLES = 2
+COST_SMOOTHING = 0.5  # weight of the newest step in the moving average
+
+
+@dataclass
+class StepCost:
+    """A moving average of decode-step seconds per emitted token."""
+
+    seconds_per_token: float = 0.0
+    samples: int = 0
+
+    def observe(self, seconds: float, tokens: int) -> None:
+        value = seconds / max(tokens, 1)
+        if self.samples:
+            value = (1 - COST_SMOOTHING) * self.seconds_per_token + COST_SMOOTHING * value
+        self.seconds_per_token = value
+        self.samples += 1
+
+
+class SpeculationGuard:
+    """Keeps speculation on only where it pays: per batch size, the measured time per emitted
+    token of decode steps that verified speculative drafts against that of steps that did not.
+
+    Speculation starts on, alternating with plain steps until both are measured; then every
+    `PROBE_EVERY`-th step at a batch size runs the other way, so both measures stay current (a
+    request that starts copying its input turns it back on). Proposing is part of a
+    speculative step's time (a draft model's passes included)."""
+
+    def __init__(self) -> None:
+        self.costs: dict[tuple[int, bool], StepCost] = {}
+        self.steps: dict[int, int] = {}
+
+    def should_speculate(self, batch_size: int) -> bool:
+        """Whether this step (of `batch_size` running requests) proposes speculative drafts."""
+        step = self.steps.get(batch_size, 0)
+        self.steps[batch_size] = step + 1
+        every = 2 if self._learning(batch_size) else PROBE_EVERY
+        return self.pays(batch_size) != (step % every == every - 1)
+
+    def pays(self, batch_size: int) -> bool:
+        """True until both kinds of step are measured, then whether speculative steps cost
+        less per emitted token."""
+        if self._learning(batch_size):
+            return True
+        spec, plain = self.costs[batch_size, True], self.costs[batch_size, False]
+        return spec.seconds_per_token <= plain.seconds_per_token
+
+    def _learning(self, batch_size: int) -> bool:
+        """Fewer than `MIN_SAMPLES` steps of either kind measured (every other step is then a
+        plain one)."""
+        kinds = (self.costs.get((batch_size, True)), self.costs.get((batch_size, False)))
+        return any(cost is None or cost.samples < MIN_SAMPLES for cost in kinds)
+
+    def observe(self, batch_size: int, speculated: bool, seconds: float, tokens: int) -> None:
+        """A decode step took `seconds` and emitted `tokens`; `speculated`: it verified at
+        least one speculative draft."""
+        self.costs.setdefault((batch_size, speculated), StepCost()).observe(seconds, tokens)
+
+    def info(self) -> dict[str, Any]:
+        """Per batch size: the two costs (ms per token) and whether speculation pays."""
+        sizes = sorted({size for size, _ in self.costs})
+        out = {}
+        for size in sizes:
+            spec, plain = self.costs.get((size, True)), self.costs.get((size, False))
+            out[str(size)] = {
+                "speculative_ms_per_token": spec and 1e3 * spec.seconds_per_token,
+                "plain_ms_per_token": plain and 1e3 * plain.seconds_per_token,
+                "pays": self.pays(size),
+            }
+        return out
+
+
 def draft_room(req: Req, context_len: int) -> int:
     """Most draft tokens `req` can take: the draft plus the model's own next token fit in its
     budget and context."""
