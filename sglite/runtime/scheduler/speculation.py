@@ -106,11 +106,16 @@ class TokenHistory:
         return self.tokens
 
 
-# The guard's probes: every PROBE_EVERY-th step at a batch size runs the other way, and a
-# verdict needs MIN_SAMPLES measured steps of each kind.
-PROBE_EVERY = 8
+# The guard's probes: where speculation does not pay, every SPEC_PROBE_EVERY-th step at that
+# batch size speculates anyway (the workload may have turned copy-heavy); where it pays, every
+# PLAIN_PROBE_EVERY-th step does not (a plain step's cost is the model's, it changes little, and
+# a plain step forgoes a whole draft). A verdict needs MIN_SAMPLES measured steps of each kind.
+SPEC_PROBE_EVERY = 8
+PLAIN_PROBE_EVERY = 64
 MIN_SAMPLES = 2
-COST_SMOOTHING = 0.5  # weight of the newest step in the moving average
+# Weight of the newest step in the moving average: low, so that the verdict follows the cost
+# structure (model sizes, batch size, how much the workload copies), not one rejected draft.
+COST_SMOOTHING = 0.125
 
 
 @dataclass
@@ -132,10 +137,10 @@ class SpeculationGuard:
     """Keeps speculation on only where it pays: per batch size, the measured time per emitted
     token of decode steps that verified speculative drafts against that of steps that did not.
 
-    Speculation starts on, alternating with plain steps until both are measured; then every
-    `PROBE_EVERY`-th step at a batch size runs the other way, so both measures stay current (a
-    request that starts copying its input turns it back on). Proposing is part of a
-    speculative step's time (a draft model's passes included)."""
+    Speculation alternates with plain steps until both are measured; then probes of the other
+    way (see `SPEC_PROBE_EVERY`) keep both measures current, so a request that starts copying
+    its input turns speculation back on. Proposing is part of a speculative step's time (a
+    draft model's passes included)."""
 
     def __init__(self) -> None:
         self.costs: dict[tuple[int, bool], StepCost] = {}
@@ -145,8 +150,11 @@ class SpeculationGuard:
         """Whether this step (of `batch_size` running requests) proposes speculative drafts."""
         step = self.steps.get(batch_size, 0)
         self.steps[batch_size] = step + 1
-        every = 2 if self._learning(batch_size) else PROBE_EVERY
-        return self.pays(batch_size) != (step % every == every - 1)
+        if self._learning(batch_size):
+            return step % 2 == 0
+        if self.pays(batch_size):
+            return step % PLAIN_PROBE_EVERY != PLAIN_PROBE_EVERY - 1
+        return step % SPEC_PROBE_EVERY == SPEC_PROBE_EVERY - 1
 
     def pays(self, batch_size: int) -> bool:
         """True until both kinds of step are measured, then whether speculative steps cost
