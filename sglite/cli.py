@@ -75,8 +75,11 @@ HELP = {
     "speculative_draft_model_quantization": "the draft model's weight format (as --quantization)",
     "speculative_draft_num_layers": "the draft model runs only its first N layers (an early "
     "exit; for self-speculation)",
-    "speculative_adaptive": "speculate only at batch sizes where measured decode steps show it "
-    "faster per emitted token (default on; --no-speculative-adaptive: whenever there is a draft)",
+    "enable_deterministic_inference": "bitwise the same logits for a request whatever its batch, "
+    "cached prefix, prefill chunking, drafts and thread count (CPU native kernels; quantized "
+    "projections for every batch size; see docs/deterministic.md)",
+    "speculative_adaptive": "pause a request's drafts below the measured break-even acceptance "
+    "(a drafted token's cost as a share of a plain decode step; off: a fixed 20%)",
     "num_threads": "compute threads per scheduler process (default: the cores shared among the "
     "node's tp ranks and dp replicas)",
     "tp_size": "tensor parallel ranks (one process each; gloo on CPU, NCCL on CUDA)",

@@ -107,7 +107,7 @@ def test_a_smaller_draft_model_and_an_early_exit_draft_leave_outputs_unchanged(t
             assert sum(o["meta_info"]["spec_draft_tokens"] for o in outs) > 0
             info = eng.get_server_info()
             assert info["speculative_draft"]["num_layers"] == 1
-            assert "3" in info["speculative_guard"]  # per batch size measured (3, then fewer)
+            assert "3" in info["speculative_costs"]  # per batch size measured (3, then fewer)
             eng.check_invariants()
         finally:
             eng.shutdown()

@@ -13,7 +13,13 @@ import pytest
 import requests
 
 from sglite.runtime.scheduler.ngram import NgramProposer
-from sglite.runtime.scheduler.speculation import PAUSE_STEPS, SPEC_PROBE_EVERY, SpeculationGuard
+from sglite.runtime.scheduler.speculation import (
+    LOW_ACCEPTANCE,
+    PAUSE_STEPS,
+    PLAIN_PROBE_EVERY,
+    DraftLength,
+    SpeculationCosts,
+)
 
 CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 PASSAGE = (
@@ -70,14 +76,18 @@ def test_draft_length_follows_acceptance_and_speculation_pauses_when_it_does_not
     tokens = list(range(20)) * 3
     req = _req(tokens)
     assert len(proposer.propose(req)) == 8
-    proposer.record(req, drafted=8, accepted=2)
+    proposer.record(req, drafted=8, accepted=2, needed=LOW_ACCEPTANCE)
     assert len(proposer.propose(req)) == 3  # just past what was accepted
-    proposer.record(req, drafted=3, accepted=3)
+    proposer.record(req, drafted=3, accepted=3, needed=LOW_ACCEPTANCE)
     assert len(proposer.propose(req)) == 6  # doubles while whole drafts are accepted
-    proposer.record(req, drafted=6, accepted=0)  # closes a window: 5 of 17 accepted, fine
+    proposer.record(
+        req, drafted=6, accepted=0, needed=LOW_ACCEPTANCE
+    )  # closes a window: 5 of 17 accepted, fine
     assert len(proposer.propose(req)) == 1
-    proposer.record(req, drafted=8, accepted=0)
-    proposer.record(req, drafted=8, accepted=0)  # none of 16 accepted: speculation pauses
+    proposer.record(req, drafted=8, accepted=0, needed=LOW_ACCEPTANCE)
+    proposer.record(
+        req, drafted=8, accepted=0, needed=LOW_ACCEPTANCE
+    )  # none of 16 accepted: speculation pauses
     assert [proposer.propose(req) for _ in range(PAUSE_STEPS)] == [[]] * PAUSE_STEPS
     assert len(proposer.propose(req)) == 8  # back, at full length
     proposer.forget(set())
@@ -89,27 +99,30 @@ def test_match_windows_are_checked():
         NgramProposer(context_len=10, num_draft_tokens=4, min_match=3, max_match=2)
 
 
-def _guarded_steps(guard: SpeculationGuard, steps: int, spec_ms: float, plain_ms: float) -> int:
-    """Run `steps` one-request decode steps whose speculative and plain ones cost the given
-    milliseconds per token; returns how many speculated."""
-    speculated = 0
-    for _ in range(steps):
-        spec = guard.should_speculate(1)
-        guard.observe(1, spec, (spec_ms if spec else plain_ms) / 1e3, 1)
-        speculated += spec
-    return speculated
-
-
-def test_the_guard_keeps_speculation_only_where_it_is_faster():
-    guard = SpeculationGuard()
-    # Slower: after the first measurements only the probes speculate.
-    assert _guarded_steps(guard, 64, spec_ms=14.0, plain_ms=10.0) <= 64 // SPEC_PROBE_EVERY + 4
-    assert not guard.pays(1) and guard.pays(2)  # batch sizes are measured apart
-    # The workload changes (say, the answer starts quoting its input): the probes notice.
-    # A few probes move the average past the plain cost; then nearly every step speculates.
-    assert _guarded_steps(guard, 128, spec_ms=4.0, plain_ms=10.0) >= 128 - 5 * SPEC_PROBE_EVERY
-    assert guard.pays(1)
-    assert guard.info()["1"]["pays"] is True
+def test_measured_costs_set_the_acceptance_drafts_need():
+    costs = SpeculationCosts()
+    assert costs.plain_step_due(1)  # nothing measured at this batch size: a plain step first
+    costs.observe(1, drafted=0, seconds=0.010)
+    assert not costs.plain_step_due(1)
+    assert costs.break_even(1) == LOW_ACCEPTANCE  # no speculative step measured yet
+    costs.observe(1, drafted=8, seconds=0.010 + 8 * 0.011)  # a draft model as slow as the target
+    assert costs.break_even(1) == pytest.approx(1.1)
+    length = DraftLength(8)
+    length.record(8, 7, costs.break_even(1))
+    length.record(8, 8, costs.break_even(1))  # 15 of 16 accepted
+    assert length.paused  # yet each drafted token costs more than the token it may save
+    cheap = SpeculationCosts()
+    cheap.observe(1, drafted=0, seconds=0.010)
+    cheap.observe(1, drafted=8, seconds=0.010 + 8 * 0.001)  # n-gram drafts: verification rows
+    assert cheap.break_even(1) == pytest.approx(0.1)
+    length = DraftLength(8)
+    length.record(8, 2, cheap.break_even(1))
+    length.record(8, 2, cheap.break_even(1))  # 4 of 16: pays
+    assert not length.paused
+    # Plain steps keep the plain cost current, one in PLAIN_PROBE_EVERY.
+    due = [cheap.plain_step_due(1) for _ in range(2 * PLAIN_PROBE_EVERY)]
+    assert sum(due) == 2
+    assert cheap.info()["1"]["break_even_acceptance"] == pytest.approx(0.1)
 
 
 # --------------------------------------------------------------------------- end to end

@@ -90,8 +90,13 @@ class ServerArgs:
     speculative_draft_model_path: str | None = None
     speculative_draft_model_quantization: str = "auto"
     speculative_draft_num_layers: int | None = None
-    # Speculation only at batch sizes where measured steps show it faster per emitted token
-    # (scheduler/speculation.py's `SpeculationGuard`); False = whenever there is a draft.
+    # Deterministic inference (docs/deterministic.md): a request's logits are bitwise the same
+    # whatever its batch, cached prefix, prefill chunking, jump-forward or speculation and thread
+    # count: every forward runs as rows through the native decode step with one kernel per
+    # weight for every row count. Quantized projections are then used for every batch size.
+    enable_deterministic_inference: bool = False
+    # Drafting pauses below the measured break-even acceptance (scheduler/speculation.py's
+    # `SpeculationCosts`); False = below the fixed LOW_ACCEPTANCE.
     speculative_adaptive: bool = True
     # Compute threads per scheduler process; None = this machine's cores shared evenly among
     # the scheduler processes it runs (tp ranks x dp replicas).
@@ -174,6 +179,7 @@ class ServerArgs:
             algorithm = self.speculative_algorithm.lower()
             self.speculative_algorithm = SPECULATIVE_ALIASES.get(algorithm, algorithm)
         self._validate_draft_model()
+        self._validate_deterministic()
         if not 1 <= self.speculative_num_draft_tokens <= 64:
             raise ValueError(
                 "speculative_num_draft_tokens must be in 1..64, "
@@ -244,6 +250,24 @@ class ServerArgs:
         self._validate_hicache()
         if self.context_length is not None and self.context_length <= 1:
             raise ValueError(f"context_length must be > 1, got {self.context_length}")
+
+    def _validate_deterministic(self) -> None:
+        if not self.enable_deterministic_inference:
+            return
+        if self.device != "cpu":
+            raise ValueError("enable_deterministic_inference needs device='cpu' (native kernels)")
+        if self.tp_size > 1:
+            raise ValueError("enable_deterministic_inference is not supported with tp_size > 1")
+        if self.quantization == "w4a8":
+            raise ValueError(
+                "enable_deterministic_inference: quantization 'w4a8' rounds activations per "
+                "batch of rows; use int4"
+            )
+        if self.quantized_max_rows not in (None, -1):
+            raise ValueError(
+                "enable_deterministic_inference uses one weight for every batch size: "
+                "quantized_max_rows must be unset or -1"
+            )
 
     def _validate_draft_model(self) -> None:
         draft = self.speculative_algorithm == "draft"

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import abc
 import ctypes
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -79,6 +80,24 @@ class LinearWeight(abc.ABC):
         """Rows up to which the C decode step should run this weight (0: never)."""
         return 0
 
+    def matmul_rows(self, x: torch.Tensor) -> torch.Tensor | None:
+        """`x @ W.T` where each output row is computed by the same kernel, in the same order,
+        whatever the number of rows (deterministic inference); None where this layout has no
+        such kernel."""
+        return None
+
+
+def in_row_chunks(
+    x: torch.Tensor, rows: int, kernel: Callable[[torch.Tensor], torch.Tensor | None]
+) -> torch.Tensor | None:
+    """`kernel` over `x` in chunks of at most `rows` rows, concatenated (None if any refuses)."""
+    if x.dim() != 2 or x.shape[0] == 0:
+        return None
+    parts = [kernel(x[i : i + rows].contiguous()) for i in range(0, x.shape[0], rows)]
+    if any(part is None for part in parts):
+        return None
+    return torch.cat(parts)  # type: ignore[arg-type]
+
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear`, with a matrix-vector path for one bf16 row on CPU (oneDNN's bf16 GEMM is
@@ -113,6 +132,11 @@ class PlainWeight(LinearWeight):
     def native_rows(self, dtype: torch.dtype) -> int:
         return QGEMV_MAX_ROWS
 
+    def matmul_rows(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The native dense GEMV (rows independent), in chunks of its rows."""
+        gemv = lambda rows: kernels.dense_gemv(rows, self.weight, any_dtype=True)  # noqa: E731
+        return in_row_chunks(x, QGEMV_MAX_ROWS, gemv)
+
 
 class PanelWeight(LinearWeight):
     """float32 panels `[ceil(N / P), K, P]` for `kernels.panel_gemm` (any row count)."""
@@ -144,6 +168,10 @@ class PanelWeight(LinearWeight):
 
     def native_rows(self, dtype: torch.dtype) -> int:
         return NATIVE_MAX_ROWS if dtype == torch.float32 else 0
+
+    def matmul_rows(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The panel GEMM: each row's products over K in one fixed order for any row count."""
+        return kernels.panel_gemm(x, self.panels, None, self.n_out)
 
 
 def pack_for_onednn(weight: torch.Tensor) -> torch.Tensor | None:

@@ -83,6 +83,8 @@ class NativeDecoder:
         self.scale = model.layers[0].self_attn.scale
         self.act = kernels.ACTIVATION_CODES[model.config.hidden_act]
         self._pool_id: int | None = None
+        # Deterministic inference (`CausalLM.enable_deterministic`): see `decode_layers`.
+        self.deterministic = False
 
     def _layer_table(self, small: bool, dtype: torch.dtype) -> tuple[ctypes.Array, int] | None:
         descs = []
@@ -145,13 +147,46 @@ class NativeDecoder:
         table, max_rows = self.tables.get(small, (None, 0))
         if table is None or rows > max_rows or batch.padded_slots is None:
             return False  # e.g. bf16 quantized GEMVs past their rows: PyTorch's GEMM wins
+        self._run(table, residual, batch.positions, batch.out_slots, batch.padded_slots, pool)
+        return True
+
+    @property
+    def max_rows(self) -> int:
+        """Most rows one call takes with the small-batch table."""
+        return self.tables[True][1] if True in self.tables else 0
+
+    def run_rows(
+        self,
+        residual: torch.Tensor,
+        positions: torch.Tensor,
+        out_slots: torch.Tensor,
+        slot_table: torch.Tensor,
+        pool: KVPool,
+    ) -> None:
+        """Deterministic mode: rows of tokens, each at `positions[i]` of its sequence, whose K/V
+        goes to `out_slots[i]` and which attends to `slot_table[i, : positions[i] + 1]` (rows
+        of one sequence in order, so a row sees the K/V of the rows before it). At most
+        `max_rows` rows; every row's result depends on its own token and context only."""
+        table, max_rows = self.tables[True]
+        assert self.deterministic and 0 < residual.shape[0] <= max_rows
+        self._run(table, residual, positions, out_slots, slot_table, pool)
+
+    def _run(
+        self,
+        table: ctypes.Array,
+        residual: torch.Tensor,
+        positions: torch.Tensor,
+        out_slots: torch.Tensor,
+        slots: torch.Tensor,
+        pool: KVPool,
+    ) -> None:
+        rows = residual.shape[0]
         self._attach_pool(pool)
         cfg = self.model.config
         ropes = self.model.ropes
         assert ropes is not None
         rope, local = ropes.tables[0], ropes.tables[-1]
-        slots = batch.padded_slots
-        lens = batch.positions + 1  # DECODE: each row's new token is its last
+        lens = positions + 1  # each row's new token is its last
         status = self.lib.decode_layers(
             self.dtype_code,
             rows,
@@ -166,20 +201,20 @@ class NativeDecoder:
             len(table),
             table,
             residual.data_ptr(),
-            batch.positions.data_ptr(),
+            positions.data_ptr(),
             rope.cos.data_ptr(),
             rope.sin.data_ptr(),
             local.cos.data_ptr(),
             local.sin.data_ptr(),
-            batch.out_slots.data_ptr(),
+            out_slots.data_ptr(),
             slots.data_ptr(),
             slots.stride(0),
             lens.data_ptr(),
             torch.get_num_threads(),
+            int(self.deterministic),
         )
         if status != 0:
             raise RuntimeError("native decode step failed (out of memory?)")
-        return True
 
     def _attach_pool(self, pool: KVPool) -> None:
         if self._pool_id == id(pool):

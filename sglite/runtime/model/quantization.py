@@ -36,6 +36,7 @@ from sglite.runtime.model.linear_weight import (
     QGEMV_MAX_ROWS,
     LinearWeight,
     c_linear,
+    in_row_chunks,
 )
 
 # int8, q8_0 and int4 are weight-only (activations stay float); w4a8 is int4 whose GEMVs also
@@ -134,6 +135,13 @@ class Int8Weight(QuantizedWeight):
                 return torch.cat(parts)  # type: ignore[arg-type]
         return torch.ops.aten._weight_int8pack_mm(x, self.values, self.scale_act)
 
+    def matmul_rows(self, x: torch.Tensor) -> torch.Tensor | None:
+        """float32: the GEMM for every row count; bf16: the GEMV in chunks of its rows."""
+        if x.dtype == torch.float32:
+            return kernels.int8_gemm(x, self.values, self.scale)
+        gemv = lambda r: kernels.int8_gemv(r, self.values, self.scale)  # noqa: E731
+        return in_row_chunks(x, QGEMV_MAX_ROWS, gemv)
+
     def nbytes(self) -> int:
         """int8 values plus one scale per row."""
         return self.values.numel() + self.scale.numel() * 4
@@ -173,6 +181,13 @@ class Q8Weight(QuantizedWeight):
         if out is None:
             out = torch.nn.functional.linear(x, self.dequantize().to(x.dtype))
         return out
+
+    def matmul_rows(self, x: torch.Tensor) -> torch.Tensor | None:
+        """float32: the GEMM for every row count; bf16: the GEMV in chunks of its rows."""
+        if x.dtype == torch.float32:
+            return kernels.q8_gemm(x, self.values, self.scales)
+        gemv = lambda r: kernels.q8_gemv(r, self.values, self.scales)  # noqa: E731
+        return in_row_chunks(x, QGEMV_MAX_ROWS, gemv)
 
     def dequantize(self) -> torch.Tensor:
         """The float32 weight `[N, K]`."""
@@ -291,6 +306,16 @@ class Int4Weight(QuantizedWeight):
         # bf16 rows (or no native library): dequantize for a dense GEMM.
         dense = kernels.int4_dequantize(self.packed, self.scale_offset, x.dtype)
         return torch.nn.functional.linear(x, dense)
+
+    def matmul_rows(self, x: torch.Tensor) -> torch.Tensor | None:
+        """float32: the GEMM for every row count; bf16: the GEMV in chunks of its rows. Not
+        for w4a8, whose GEMVs round each call's activations."""
+        if not self.native or self.round_activations:
+            return None
+        if x.dtype == torch.float32:
+            return kernels.int4_gemm(x, self.packed, self.scale_offset)
+        gemv = lambda r: kernels.int4_gemv(r, self.packed, self.scale_offset)  # noqa: E731
+        return in_row_chunks(x, QGEMV_MAX_ROWS, gemv)
 
     def nbytes(self) -> int:
         """Packed nibbles plus a scale and offset per group."""

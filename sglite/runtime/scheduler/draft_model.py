@@ -129,11 +129,11 @@ class DraftModelProposer:
             feed = [token]
         return draft
 
-    def record(self, req: Req, drafted: int, accepted: int) -> None:
+    def record(self, req: Req, drafted: int, accepted: int, needed: float) -> None:
         """Adapt the request's draft length to a verification's result."""
         seq = self.sequences.get(req.rid)
         if seq is not None:
-            seq.length.record(drafted, accepted)
+            seq.length.record(drafted, accepted, needed)
 
     def forget(self, live: set[str]) -> None:
         """Cache the verified tokens of requests not in `live` (so a later request with the

@@ -65,11 +65,11 @@ class NgramProposer:
                 return tokens[end : end + length]
         return []
 
-    def record(self, req: Req, drafted: int, accepted: int) -> None:
+    def record(self, req: Req, drafted: int, accepted: int, needed: float) -> None:
         """Adapt the request's draft length to a verification's result."""
         state = self.states.get(req.rid)
         if state is not None:
-            state.length.record(drafted, accepted)
+            state.length.record(drafted, accepted, needed)
 
     def forget(self, live: set[str]) -> None:
         """Drop the state of requests not in `live` (finished or aborted ones)."""

@@ -72,11 +72,15 @@ def _load(args: ServerArgs, rank: int) -> tuple[Any, Any]:
     import torch
 
     from sglite.runtime.distributed.parallel import init_tensor_parallel
-    from sglite.runtime.model.loader import load_model
+    from sglite.runtime.model.loader import load_model, resolve_dtype
 
     torch.set_num_threads(args.resolved_num_threads())
     torch.manual_seed(args.random_seed)
     tp = init_tensor_parallel(rank, args.tp_size, args.dist_init_addr or "", args.device)
+    deterministic = args.enable_deterministic_inference
+    packing = args.gemm_packing
+    if deterministic and resolve_dtype(args.dtype, args.device) != torch.float32:
+        packing = "off"  # bf16's packed layouts are oneDNN's, whose rows depend on the batch
     loaded = load_model(
         args.model_path,
         args.dtype,
@@ -84,10 +88,12 @@ def _load(args: ServerArgs, rank: int) -> tuple[Any, Any]:
         args.tokenizer_path,
         progress=rank == 0,
         quantization=args.quantization,
-        quantized_max_rows=args.quantized_max_rows,
-        gemm_packing=args.gemm_packing,
+        quantized_max_rows=-1 if deterministic else args.quantized_max_rows,
+        gemm_packing=packing,
         tp=tp,
     )
+    if deterministic:
+        loaded.model.enable_deterministic()
     return tp, loaded
 
 

@@ -44,7 +44,8 @@ from sglite.runtime.scheduler.policy import order_waiting, shares_with_batch
 from sglite.runtime.scheduler.prefill import PrefillBatch, collect_input_logprobs
 from sglite.runtime.scheduler.request import Req
 from sglite.runtime.scheduler.speculation import (
-    SpeculationGuard,
+    LOW_ACCEPTANCE,
+    SpeculationCosts,
     Speculator,
     build_speculator,
 )
@@ -134,9 +135,9 @@ class Scheduler:
         self.speculator: Speculator | None
         self.speculator = build_speculator(args, loaded, self.context_len, capacity)
         self.speculated: set[str] = set()  # rids whose draft this step is speculative
-        self.spec_guard: SpeculationGuard | None = None
+        self.spec_costs: SpeculationCosts | None = None
         if self.speculator is not None and args.speculative_adaptive:
-            self.spec_guard = SpeculationGuard()
+            self.spec_costs = SpeculationCosts()
         self.retokenizer: RetokenizingJump | None = None
         if self.jump_forward == "retokenize":
             encode = lambda text: self.tokenizer.hf.encode(text, add_special_tokens=False)
@@ -332,24 +333,28 @@ class Scheduler:
 
     # ------------------------------------------------------------------ decode
     def _run_decode(self) -> None:
-        """One token (plus any accepted draft tokens) for every running request; with the
-        speculation guard on, the step's time per emitted token is measured for it."""
-        if self.spec_guard is None or len(self.running) > SPEC_MAX_BATCH:
+        """One token (plus any accepted draft tokens) for every running request; with
+        `speculative_adaptive`, the step is timed for `SpeculationCosts`."""
+        if self.spec_costs is None or len(self.running) > SPEC_MAX_BATCH:
             self._decode_step()
             return
-        reqs, start = list(self.running), time.perf_counter()
-        emitted = sum(len(req.output_ids) for req in reqs)
-        self._decode_step()
-        emitted = sum(len(req.output_ids) for req in reqs) - emitted
-        seconds = time.perf_counter() - start
-        self.spec_guard.observe(len(reqs), bool(self.speculated), seconds, emitted)
+        start = time.perf_counter()
+        measured = self._decode_step()
+        if measured is not None:
+            self.spec_costs.observe(*measured, time.perf_counter() - start)
 
-    def _decode_step(self) -> None:
+    def _decode_step(self) -> tuple[int, int] | None:
+        """The decode step; returns (its batch size, its speculative draft tokens) when its
+        cost says what speculation costs: None when it also verified jump-forward drafts or
+        lost requests to retraction."""
         drafts = self._plan_drafts()
+        planned = len(self.running)
         self._make_room_for_decode(drafts)
         if not self.running:
-            return
+            return None
         reqs = list(self.running)
+        speculative = sum(len(d) for rid, d in drafts.items() if rid in self.speculated)
+        comparable = len(reqs) == planned and all(rid in self.speculated for rid in drafts)
         if drafts or any(r.num_fill - len(r.kv_slots) > 1 for r in reqs):
             self._run_decode_extend(reqs, drafts)
         else:
@@ -373,6 +378,7 @@ class Scheduler:
         self.new_token_ratio = max(
             self.args.min_new_token_ratio, self.new_token_ratio - self.args.new_token_ratio_decay
         )
+        return (planned, speculative) if comparable else None
 
     def _plan_drafts(self) -> dict[str, list[int]]:
         """Each running request's draft to verify this step: the tokens its grammar forces
@@ -381,8 +387,8 @@ class Scheduler:
         drafts: dict[str, list[int]] = {}
         self.speculated = set()
         speculate = self.speculator is not None and len(self.running) <= SPEC_MAX_BATCH
-        if speculate and self.spec_guard is not None:
-            speculate = self.spec_guard.should_speculate(len(self.running))
+        if speculate and self.spec_costs is not None:
+            speculate = not self.spec_costs.plain_step_due(len(self.running))
         if self.speculator is not None:  # requests retracted or aborted since the last step
             self.speculator.forget({req.rid for req in self.running})
         for req in self.running:
@@ -419,7 +425,8 @@ class Scheduler:
             item.req.spec_verify_ct += 1
             self.counters["spec_verify_passes"] += 1
             assert self.speculator is not None
-            self.speculator.record(item.req, len(item.draft), verdict.accepted)
+            needed = self.spec_costs.break_even(len(reqs)) if self.spec_costs else LOW_ACCEPTANCE
+            self.speculator.record(item.req, len(item.draft), verdict.accepted, needed)
 
     def _verify_forward_batch(self, reqs: list[Req], batch: VerifyBatch) -> ForwardBatch:
         """The verification pass as a DECODE batch of one row per token: row i of a request
@@ -599,7 +606,7 @@ class Scheduler:
             **self.counters,
             **self._tier_info(),
             **(self.speculator.info() if self.speculator is not None else {}),
-            **({"speculative_guard": self.spec_guard.info()} if self.spec_guard else {}),
+            **({"speculative_costs": self.spec_costs.info()} if self.spec_costs else {}),
         }
 
     def _tier_info(self) -> dict[str, Any]:

@@ -18,8 +18,9 @@ if TYPE_CHECKING:
     from sglite.runtime.model.loader import LoadedModel
     from sglite.runtime.server_args import ServerArgs
 
-# A request whose acceptance falls below this share (over at least PAUSE_AFTER drafted
-# tokens) stops drafting for PAUSE_STEPS proposals: verification rows cost compute.
+# A request whose acceptance falls below this share, or below the measured break-even
+# (`SpeculationCosts`), over at least PAUSE_AFTER drafted tokens stops drafting for PAUSE_STEPS
+# proposals: verification rows cost compute.
 LOW_ACCEPTANCE = 0.2
 PAUSE_AFTER = 16
 PAUSE_STEPS = 16
@@ -32,8 +33,9 @@ class Speculator(Protocol):
         """The request's draft, within the `DraftProposer.propose` bound; empty for none."""
         ...
 
-    def record(self, req: Req, drafted: int, accepted: int) -> None:
-        """A verification of `req`'s draft kept `accepted` of its `drafted` tokens."""
+    def record(self, req: Req, drafted: int, accepted: int, needed: float) -> None:
+        """A verification of `req`'s draft kept `accepted` of its `drafted` tokens; drafts pay
+        at an acceptance above `needed`."""
         ...
 
     def forget(self, live: set[str]) -> None:
@@ -74,8 +76,9 @@ class DraftLength:
             return 0
         return max(0, min(room, self.current))
 
-    def record(self, drafted: int, accepted: int) -> None:
-        """Adapt to a verification's result."""
+    def record(self, drafted: int, accepted: int, needed: float = LOW_ACCEPTANCE) -> None:
+        """Adapt to a verification's result; drafting pauses when the acceptance over the
+        window is below `needed` (`SpeculationCosts.break_even`)."""
         if drafted == 0:
             return
         if accepted == drafted:
@@ -85,7 +88,7 @@ class DraftLength:
         self.drafted += drafted
         self.accepted += accepted
         if self.drafted >= PAUSE_AFTER:
-            if self.accepted < LOW_ACCEPTANCE * self.drafted:
+            if self.accepted < max(needed, LOW_ACCEPTANCE) * self.drafted:
                 self.paused = PAUSE_STEPS
                 self.current = self.maximum
             self.drafted = self.accepted = 0
@@ -106,87 +109,63 @@ class TokenHistory:
         return self.tokens
 
 
-# The guard's probes: where speculation does not pay, every SPEC_PROBE_EVERY-th step at that
-# batch size speculates anyway (the workload may have turned copy-heavy); where it pays, every
-# PLAIN_PROBE_EVERY-th step does not (a plain step's cost is the model's, it changes little, and
-# a plain step forgoes a whole draft). A verdict needs MIN_SAMPLES measured steps of each kind.
-SPEC_PROBE_EVERY = 8
-PLAIN_PROBE_EVERY = 64
-MIN_SAMPLES = 2
-# Weight of the newest step in the moving average: low, so that the verdict follows the cost
-# structure (model sizes, batch size, how much the workload copies), not one rejected draft.
+# Step costs: weight of the newest step in the moving averages, and how often a step runs
+# without drafts to keep the plain cost current.
 COST_SMOOTHING = 0.125
+PLAIN_PROBE_EVERY = 64
 
 
-@dataclass
-class StepCost:
-    """A moving average of decode-step seconds per emitted token."""
-
-    seconds_per_token: float = 0.0
-    samples: int = 0
-
-    def observe(self, seconds: float, tokens: int) -> None:
-        value = seconds / max(tokens, 1)
-        if self.samples:
-            value = (1 - COST_SMOOTHING) * self.seconds_per_token + COST_SMOOTHING * value
-        self.seconds_per_token = value
-        self.samples += 1
-
-
-class SpeculationGuard:
-    """Keeps speculation on only where it pays: per batch size, the measured time per emitted
-    token of decode steps that verified speculative drafts against that of steps that did not.
-
-    Speculation alternates with plain steps until both are measured; then probes of the other
-    way (see `SPEC_PROBE_EVERY`) keep both measures current, so a request that starts copying
-    its input turns speculation back on. Proposing is part of a speculative step's time (a
-    draft model's passes included)."""
+class SpeculationCosts:
+    """What speculation costs, measured per batch size: a plain decode step's seconds, and the
+    seconds each drafted token adds to a step (its verification row, and the draft model's
+    passes that proposed it). A drafted token costs `per_draft / plain` of a plain step and
+    saves one when accepted, so a request's drafts pay when its acceptance exceeds that ratio
+    (`break_even`); `DraftLength` pauses drafting below it. This separates what the hardware
+    and models cost (here) from what the request's text allows (its acceptance)."""
 
     def __init__(self) -> None:
-        self.costs: dict[tuple[int, bool], StepCost] = {}
+        self.plain: dict[int, float] = {}
+        self.per_draft: dict[int, float] = {}
         self.steps: dict[int, int] = {}
 
-    def should_speculate(self, batch_size: int) -> bool:
-        """Whether this step (of `batch_size` running requests) proposes speculative drafts."""
+    def plain_step_due(self, batch_size: int) -> bool:
+        """Whether this step runs without drafts to measure the plain cost (none measured yet
+        at this batch size, or every `PLAIN_PROBE_EVERY` steps)."""
         step = self.steps.get(batch_size, 0)
         self.steps[batch_size] = step + 1
-        if self._learning(batch_size):
-            return step % 2 == 0
-        if self.pays(batch_size):
-            return step % PLAIN_PROBE_EVERY != PLAIN_PROBE_EVERY - 1
-        return step % SPEC_PROBE_EVERY == SPEC_PROBE_EVERY - 1
+        return batch_size not in self.plain or step % PLAIN_PROBE_EVERY == PLAIN_PROBE_EVERY - 1
 
-    def pays(self, batch_size: int) -> bool:
-        """True until both kinds of step are measured, then whether speculative steps cost
-        less per emitted token."""
-        if self._learning(batch_size):
-            return True
-        spec, plain = self.costs[batch_size, True], self.costs[batch_size, False]
-        return spec.seconds_per_token <= plain.seconds_per_token
+    def observe(self, batch_size: int, drafted: int, seconds: float) -> None:
+        """A decode step of `batch_size` requests verified `drafted` speculative draft tokens
+        (proposing included) and took `seconds`."""
+        if drafted == 0:
+            self.plain[batch_size] = _smooth(self.plain.get(batch_size), seconds)
+        elif batch_size in self.plain:
+            extra = max(0.0, seconds - self.plain[batch_size]) / drafted
+            self.per_draft[batch_size] = _smooth(self.per_draft.get(batch_size), extra)
 
-    def _learning(self, batch_size: int) -> bool:
-        """Fewer than `MIN_SAMPLES` steps of either kind measured (every other step is then a
-        plain one)."""
-        kinds = (self.costs.get((batch_size, True)), self.costs.get((batch_size, False)))
-        return any(cost is None or cost.samples < MIN_SAMPLES for cost in kinds)
-
-    def observe(self, batch_size: int, speculated: bool, seconds: float, tokens: int) -> None:
-        """A decode step took `seconds` and emitted `tokens`; `speculated`: it verified at
-        least one speculative draft."""
-        self.costs.setdefault((batch_size, speculated), StepCost()).observe(seconds, tokens)
+    def break_even(self, batch_size: int) -> float:
+        """The acceptance at which drafts pay (`LOW_ACCEPTANCE` until measured)."""
+        if batch_size not in self.per_draft:
+            return LOW_ACCEPTANCE
+        return self.per_draft[batch_size] / max(self.plain[batch_size], 1e-9)
 
     def info(self) -> dict[str, Any]:
-        """Per batch size: the two costs (ms per token) and whether speculation pays."""
-        sizes = sorted({size for size, _ in self.costs})
-        out = {}
-        for size in sizes:
-            spec, plain = self.costs.get((size, True)), self.costs.get((size, False))
-            out[str(size)] = {
-                "speculative_ms_per_token": spec and 1e3 * spec.seconds_per_token,
-                "plain_ms_per_token": plain and 1e3 * plain.seconds_per_token,
-                "pays": self.pays(size),
+        """Per batch size: the plain step, the cost per drafted token, the break-even."""
+        return {
+            str(size): {
+                "plain_step_ms": 1e3 * plain,
+                "ms_per_drafted_token": 1e3 * self.per_draft[size]
+                if size in self.per_draft
+                else None,
+                "break_even_acceptance": self.break_even(size),
             }
-        return out
+            for size, plain in sorted(self.plain.items())
+        }
+
+
+def _smooth(old: float | None, new: float) -> float:
+    return new if old is None else (1 - COST_SMOOTHING) * old + COST_SMOOTHING * new
 
 
 def draft_room(req: Req, context_len: int) -> int:

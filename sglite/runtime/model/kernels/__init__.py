@@ -218,12 +218,14 @@ def paged_decode_attention(
     lens: torch.Tensor,
     scale: float,
     window: int | None = None,
+    fixed_span: int = 0,
 ) -> torch.Tensor | None:
     """Attention of one query token per row over K/V read through the slot table, no copy.
 
     `q` is `[rows, heads * head_dim]` (row stride may be larger: a view into fused QKV);
     `table` `[rows, W]` int64 slots (row stride may be larger), `lens` `[rows]` int64 valid
-    entries per row; with `window`, only a row's last `window` tokens. Returns
+    entries per row; with `window`, only a row's last `window` tokens; `fixed_span` > 0: the
+    deterministic mode's ranges (see kernels.h). Returns
     `[rows, heads * head_dim]`, or None when the native kernel cannot serve these tensors (the
     caller then uses its PyTorch path).
     """
@@ -241,7 +243,7 @@ def paged_decode_attention(
     ):
         return None
     out = q.new_empty(rows, heads * head_dim)
-    lib.paged_decode_attention(
+    status = lib.paged_decode_attention(
         _DTYPE_CODES[q.dtype],
         q.data_ptr(),
         q.stride(0),
@@ -258,8 +260,9 @@ def paged_decode_attention(
         scale,
         window or 0,
         torch.get_num_threads(),
+        fixed_span,
     )
-    return out
+    return out if status == 0 else None
 
 
 @dataclass

@@ -180,6 +180,7 @@ typedef struct {
   int64_t rows, heads, kv_heads, group, head_dim, nvec, window;
   float scale;
   int64_t splits;       /* token ranges per row (1 = no split) */
+  int64_t span;         /* tokens per range; 0 = the row's context cut into `splits` equal ones */
   float *partial;       /* splits > 1: per (row, split): heads x (m, l) then heads x head_dim */
   block_fn special;     /* specialized for (group, nvec), or NULL */
 } attention_args;
@@ -238,8 +239,8 @@ static void attention_tasks(void *p, int64_t first, int64_t last) {
     const int64_t b = task / a->splits, s = task % a->splits;
     int64_t begin, end;
     context_range(a, b, &begin, &end);
-    if (a->splits > 1) {
-      const int64_t span = (end - begin + a->splits - 1) / a->splits;
+    if (a->partial != NULL) {
+      const int64_t span = a->span ? a->span : (end - begin + a->splits - 1) / a->splits;
       const int64_t lo = begin + s * span, hi = lo + span < end ? lo + span : end;
       attend_range(a, b, lo, hi > lo ? hi : lo, qbuf, acc, st);
       float *dst = a->partial + task * heads * (2 + head_dim);
@@ -310,11 +311,11 @@ static block_fn special_block(int64_t group, int64_t nvec) {
  * int64. Requires heads / kv_heads <= MAX_GROUP, heads <= MAX_HEADS and head_dim <=
  * MAX_HEAD_DIM, a multiple of VEC (the caller checks).
  */
-void paged_decode_attention(int dtype, const void *q, int64_t q_stride, const void *k_cache,
-                            const void *v_cache, const int64_t *table, int64_t table_stride,
-                            const int64_t *lens, void *out, int64_t rows, int64_t heads,
-                            int64_t kv_heads, int64_t head_dim, float scale, int64_t window,
-                            int threads) {
+int paged_decode_attention(int dtype, const void *q, int64_t q_stride, const void *k_cache,
+                           const void *v_cache, const int64_t *table, int64_t table_stride,
+                           const int64_t *lens, void *out, int64_t rows, int64_t heads,
+                           int64_t kv_heads, int64_t head_dim, float scale, int64_t window,
+                           int threads, int64_t fixed_span) {
   const int64_t group = heads / kv_heads, nvec = head_dim / VEC;
   attention_args a = {.dtype = dtype,
                       .q = q,
@@ -334,6 +335,7 @@ void paged_decode_attention(int dtype, const void *q, int64_t q_stride, const vo
                       .window = window,
                       .scale = scale,
                       .splits = 1,
+                      .span = 0,
                       .partial = NULL,
                       .special = special_block(group, nvec)};
   int64_t attended = 0, longest = 0;
@@ -344,15 +346,23 @@ void paged_decode_attention(int dtype, const void *q, int64_t q_stride, const vo
     longest = end - begin > longest ? end - begin : longest;
   }
   const int parallel = threads > 1 && attended * kv_heads >= PARALLEL_MIN_ATTN;
-  if (parallel && rows < 2 * threads && longest >= 2 * SPLIT_MIN_TOKENS) {
+  if (fixed_span > 0) {
+    /* Always through the ranges and the merge, even for one range: the same rounding for
+     * every row whatever its neighbours. */
+    a.span = fixed_span;
+    a.splits = longest > 0 ? (longest + fixed_span - 1) / fixed_span : 1;
+    a.partial = malloc((size_t)(rows * a.splits * heads * (2 + head_dim)) * sizeof(float));
+    if (a.partial == NULL) return -1;
+  } else if (parallel && rows < 2 * threads && longest >= 2 * SPLIT_MIN_TOKENS) {
     int64_t splits = (2 * threads + rows - 1) / rows;
     if (splits > longest / SPLIT_MIN_TOKENS) splits = longest / SPLIT_MIN_TOKENS;
     a.partial = malloc((size_t)(rows * splits * heads * (2 + head_dim)) * sizeof(float));
     if (a.partial != NULL) a.splits = splits;
   }
   parallel_range(attention_tasks, &a, rows * a.splits, 1, threads, parallel);
-  if (a.splits > 1) merge_splits(&a);
+  if (a.partial != NULL) merge_splits(&a);
   free(a.partial);
+  return 0;
 }
 
 /* Limits the Python side checks before calling paged_decode_attention. */

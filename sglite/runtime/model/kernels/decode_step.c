@@ -100,7 +100,7 @@ int dense_gemv_rows(int dtype, const void *x, const void *w, void *y, int64_t ro
 }
 
 static int linear_rows(int dtype, const linear_t *l, const void *x, void *y, int64_t rows,
-                       int threads) {
+                       int threads, int deterministic) {
   int status = 0;
   if (l->kind == LINEAR_PANELS) { /* adds the bias itself */
     if (dtype != 0) return -1;      /* panels are float32 only */
@@ -110,8 +110,10 @@ static int linear_rows(int dtype, const linear_t *l, const void *x, void *y, int
   const int int4 = l->kind == LINEAR_INT4 || l->kind == LINEAR_INT4_A8;
   const int q8 = l->kind == LINEAR_Q8_0;
   /* int4 with float x: the GEMM wins from 3 rows (its GEMV widens every weight for few rows). */
-  const int64_t gemv_rows = l->kind == LINEAR_INT4 && dtype == 0 ? INT4_FLOAT_GEMV_MAX_ROWS
-                                                                  : QGEMV_MAX_ROWS;
+  int64_t gemv_rows = l->kind == LINEAR_INT4 && dtype == 0 ? INT4_FLOAT_GEMV_MAX_ROWS
+                                                            : QGEMV_MAX_ROWS;
+  /* Deterministic: one kernel for every row count (the GEMM's rows are independent). */
+  if (deterministic && dtype == 0) gemv_rows = 0;
   if ((int4 || q8 || l->kind == LINEAR_INT8) && rows > gemv_rows) {
     if (dtype != 0) return -1; /* quant_gemm takes float32 rows only; it adds the bias */
     const int kind = int4 ? QUANT_GEMM_INT4 : q8 ? QUANT_GEMM_Q8_0 : QUANT_GEMM_INT8;
@@ -141,8 +143,15 @@ int decode_layers(int dtype, int64_t rows, int64_t hidden, int64_t heads, int64_
                   int64_t n_layers, const layer_t *layers, void *residual,
                   const int64_t *positions, const float *cos0, const float *sin0,
                   const float *cos1, const float *sin1, const int64_t *out_slots,
-                  const int64_t *table, int64_t table_stride, const int64_t *lens, int threads) {
+                  const int64_t *table, int64_t table_stride, const int64_t *lens, int threads,
+                  int deterministic) {
   if (rows < 1 || rows > NATIVE_MAX_ROWS) return -1;
+  /* w4a8 rounds each GEMV row block's activations: not one kernel for every row count. */
+  if (deterministic)
+    for (int64_t l = 0; l < n_layers; l++)
+      if (layers[l].qkv.kind == LINEAR_INT4_A8 || layers[l].o.kind == LINEAR_INT4_A8 ||
+          layers[l].gate_up.kind == LINEAR_INT4_A8 || layers[l].down.kind == LINEAR_INT4_A8)
+        return -1;
   sglite_in_native_step = 1;
   const size_t elem = dtype ? 2 : 4;
   const int64_t qkv_width = (heads + 2 * kv_heads) * head_dim;
@@ -157,7 +166,7 @@ int decode_layers(int dtype, int64_t rows, int64_t hidden, int64_t heads, int64_
     const layer_t *layer = layers + l;
     if (l == 0)
       add_rms_norm(dtype, NULL, residual, layer->input_norm, x, rows, hidden, eps, threads);
-    status = linear_rows(dtype, &layer->qkv, x, qkv, rows, threads);
+    status = linear_rows(dtype, &layer->qkv, x, qkv, rows, threads, deterministic);
     if (status) break;
     if (layer->q_norm != NULL)
       head_rms_norm(dtype, qkv, rows, qkv_width, heads, kv_heads, head_dim, layer->q_norm,
@@ -165,18 +174,20 @@ int decode_layers(int dtype, int64_t rows, int64_t hidden, int64_t heads, int64_
     rope_store_kv(dtype, qkv, rows, heads, kv_heads, head_dim, positions,
                   layer->rope ? cos1 : cos0, layer->rope ? sin1 : sin0, layer->k_cache,
                   layer->v_cache, out_slots, threads);
-    paged_decode_attention(dtype, qkv, qkv_width, layer->k_cache, layer->v_cache, table,
-                           table_stride, lens, attn, rows, heads, kv_heads, head_dim, attn_scale,
-                           layer->window, threads);
-    status = linear_rows(dtype, &layer->o, attn, out, rows, threads);
+    status = paged_decode_attention(dtype, qkv, qkv_width, layer->k_cache, layer->v_cache,
+                                    table, table_stride, lens, attn, rows, heads, kv_heads,
+                                    head_dim, attn_scale, layer->window, threads,
+                                    deterministic ? DETERMINISTIC_SPAN : 0);
+    if (status) break;
+    status = linear_rows(dtype, &layer->o, attn, out, rows, threads, deterministic);
     if (status) break;
     if (layer->attn_out_norm != NULL) /* in place: each row is read whole before it is written */
       add_rms_norm(dtype, NULL, out, layer->attn_out_norm, out, rows, hidden, eps, threads);
     add_rms_norm(dtype, out, residual, layer->post_norm, x, rows, hidden, eps, threads);
-    status = linear_rows(dtype, &layer->gate_up, x, gate_up, rows, threads);
+    status = linear_rows(dtype, &layer->gate_up, x, gate_up, rows, threads, deterministic);
     if (status) break;
     act_mul(dtype, act, gate_up, activated, rows, inter, threads);
-    status = linear_rows(dtype, &layer->down, activated, out, rows, threads);
+    status = linear_rows(dtype, &layer->down, activated, out, rows, threads, deterministic);
     if (status) break;
     if (layer->mlp_out_norm != NULL)
       add_rms_norm(dtype, NULL, out, layer->mlp_out_norm, out, rows, hidden, eps, threads);

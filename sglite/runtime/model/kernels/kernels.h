@@ -28,6 +28,9 @@ enum { INT4_FLOAT_GEMV_MAX_ROWS = 2 };
 /* Rows decode_layers takes (quantized layers in bf16: at most QGEMV_MAX_ROWS; the caller picks). */
 enum { NATIVE_MAX_ROWS = 256 };
 
+/* Attention range in deterministic mode (paged_decode_attention's fixed_span). */
+enum { DETERMINISTIC_SPAN = 256 };
+
 /* quant_gemm's weight formats. */
 enum { QUANT_GEMM_INT8 = 1, QUANT_GEMM_INT4 = 2, QUANT_GEMM_Q8_0 = 3 };
 
@@ -90,11 +93,15 @@ void rope_store_kv(int dtype, void *qkv, int64_t tokens, int64_t heads, int64_t 
 void row_max(const float *x, int64_t rows, int64_t n, float *values, int64_t *indices);
 
 /* attention.c, extend_attention.c */
-void paged_decode_attention(int dtype, const void *q, int64_t q_stride, const void *k_cache,
-                            const void *v_cache, const int64_t *table, int64_t table_stride,
-                            const int64_t *lens, void *out, int64_t rows, int64_t heads,
-                            int64_t kv_heads, int64_t head_dim, float scale, int64_t window,
-                            int threads);
+/* fixed_span > 0 (deterministic mode): a row's context is cut into ranges of fixed_span tokens
+ * from its start, whatever the batch and thread count, and the ranges' softmax states merged in
+ * order, so each row's output depends on its own query and context only. Returns -1 when the
+ * ranges' scratch cannot be allocated. */
+int paged_decode_attention(int dtype, const void *q, int64_t q_stride, const void *k_cache,
+                           const void *v_cache, const int64_t *table, int64_t table_stride,
+                           const int64_t *lens, void *out, int64_t rows, int64_t heads,
+                           int64_t kv_heads, int64_t head_dim, float scale, int64_t window,
+                           int threads, int64_t fixed_span);
 int extend_attention(int dtype, const void *q, int64_t q_stride, const void *k_cache,
                      const void *v_cache, const int64_t *slots, const int64_t *slot_off,
                      const int64_t *q_start, const int64_t *prefix, const int64_t *ext,
@@ -127,11 +134,15 @@ int64_t panel_width(void);
 /* decode_step.c */
 int dense_gemv_rows(int dtype, const void *x, const void *w, void *y, int64_t rows, int64_t n_out,
                     int64_t k, int threads);
+/* deterministic != 0: every row's result depends on its own token and context only (not on
+ * the other rows, their number or the thread count): float32 quantized projections always take
+ * quant_gemm (whose rows are independent), attention fixed ranges (DETERMINISTIC_SPAN). */
 int decode_layers(int dtype, int64_t rows, int64_t hidden, int64_t heads, int64_t kv_heads,
                   int64_t head_dim, int64_t inter, int act, float eps, float attn_scale,
                   int64_t n_layers, const layer_t *layers, void *residual,
                   const int64_t *positions, const float *cos0, const float *sin0,
                   const float *cos1, const float *sin1, const int64_t *out_slots,
-                  const int64_t *table, int64_t table_stride, const int64_t *lens, int threads);
+                  const int64_t *table, int64_t table_stride, const int64_t *lens, int threads,
+                  int deterministic);
 
 #endif

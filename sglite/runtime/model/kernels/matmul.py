@@ -29,19 +29,24 @@ def _gemv_lib(x: torch.Tensor) -> ctypes.CDLL | None:
     return lib
 
 
-def dense_gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+def dense_gemv(
+    x: torch.Tensor, weight: torch.Tensor, any_dtype: bool = False
+) -> torch.Tensor | None:
     """`x @ weight.T` for a few float32 rows `x [M, K]` (as many as the quantized GEMVs take),
     reading `weight [N, K]` once with all cores; None when the native kernel cannot serve it.
     For the output projection of decode, where PyTorch's float32 GEMV reaches about half the
-    machine's memory bandwidth."""
+    machine's memory bandwidth. `any_dtype`: bfloat16 too (deterministic inference's rows; for
+    speed PyTorch's bf16 GEMV is used elsewhere)."""
     lib = _gemv_lib(x)
-    float32 = x.dtype == weight.dtype == torch.float32
-    if lib is None or not float32 or not weight.is_contiguous():
+    dtypes = (torch.float32, torch.bfloat16) if any_dtype else (torch.float32,)
+    if lib is None or x.dtype != weight.dtype or x.dtype not in dtypes:
+        return None
+    if not weight.is_contiguous():
         return None
     rows, k = x.shape
     out = x.new_empty(rows, weight.shape[0])
     status = lib.dense_gemv_rows(
-        0,
+        _DTYPE_CODES[x.dtype],
         x.data_ptr(),
         weight.data_ptr(),
         out.data_ptr(),
