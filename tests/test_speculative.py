@@ -14,7 +14,9 @@ import requests
 
 from sglite.runtime.scheduler.ngram import NgramProposer
 from sglite.runtime.scheduler.speculation import (
+    HOPELESS_PROBE_EVERY,
     LOW_ACCEPTANCE,
+    MAX_BACKOFF,
     PAUSE_STEPS,
     PLAIN_PROBE_EVERY,
     DraftLength,
@@ -101,16 +103,16 @@ def test_match_windows_are_checked():
 
 def test_measured_costs_set_the_acceptance_drafts_need():
     costs = SpeculationCosts()
-    assert costs.plain_step_due(1)  # nothing measured at this batch size: a plain step first
+    assert not costs.allows_drafts(1)  # nothing measured at this batch size: a plain step first
     costs.observe(1, drafted=0, seconds=0.010)
-    assert not costs.plain_step_due(1)
+    assert costs.allows_drafts(1)
     assert costs.break_even(1) == LOW_ACCEPTANCE  # no speculative step measured yet
     costs.observe(1, drafted=8, seconds=0.010 + 8 * 0.011)  # a draft model as slow as the target
     assert costs.break_even(1) == pytest.approx(1.1)
     length = DraftLength(8)
     length.record(8, 7, costs.break_even(1))
     length.record(8, 8, costs.break_even(1))  # 15 of 16 accepted
-    assert length.paused  # yet each drafted token costs more than the token it may save
+    assert length.paused == PAUSE_STEPS << (MAX_BACKOFF - 1)  # a draft that cannot pay: long
     cheap = SpeculationCosts()
     cheap.observe(1, drafted=0, seconds=0.010)
     cheap.observe(1, drafted=8, seconds=0.010 + 8 * 0.001)  # n-gram drafts: verification rows
@@ -119,9 +121,16 @@ def test_measured_costs_set_the_acceptance_drafts_need():
     length.record(8, 2, cheap.break_even(1))
     length.record(8, 2, cheap.break_even(1))  # 4 of 16: pays
     assert not length.paused
-    # Plain steps keep the plain cost current, one in PLAIN_PROBE_EVERY.
-    due = [cheap.plain_step_due(1) for _ in range(2 * PLAIN_PROBE_EVERY)]
-    assert sum(due) == 2
+    for failures in range(1, MAX_BACKOFF + 2):  # rejected again and again: pauses double
+        length.paused = 0
+        length.record(16, 0, cheap.break_even(1))
+        assert length.paused == PAUSE_STEPS << (min(failures, MAX_BACKOFF) - 1)
+    # Plain steps keep the plain cost current, one in PLAIN_PROBE_EVERY; where drafts cannot
+    # pay, one step in HOPELESS_PROBE_EVERY still tries them.
+    assert sum(cheap.allows_drafts(1) for _ in range(2 * PLAIN_PROBE_EVERY)) == 2 * (
+        PLAIN_PROBE_EVERY - 1
+    )
+    assert sum(costs.allows_drafts(1) for _ in range(2 * HOPELESS_PROBE_EVERY)) == 2
     assert cheap.info()["1"]["break_even_acceptance"] == pytest.approx(0.1)
 
 

@@ -388,7 +388,7 @@ class Scheduler:
         self.speculated = set()
         speculate = self.speculator is not None and len(self.running) <= SPEC_MAX_BATCH
         if speculate and self.spec_costs is not None:
-            speculate = not self.spec_costs.plain_step_due(len(self.running))
+            speculate = self.spec_costs.allows_drafts(len(self.running))
         if self.speculator is not None:  # requests retracted or aborted since the last step
             self.speculator.forget({req.rid for req in self.running})
         for req in self.running:

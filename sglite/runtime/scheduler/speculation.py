@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 LOW_ACCEPTANCE = 0.2
 PAUSE_AFTER = 16
 PAUSE_STEPS = 16
+# Consecutive pauses double, up to PAUSE_STEPS << (MAX_BACKOFF - 1) proposals: drafts that keep
+# failing (or a draft model that cannot pay at any acceptance) are tried less and less often.
+MAX_BACKOFF = 4
 
 
 class Speculator(Protocol):
@@ -65,6 +68,7 @@ class DraftLength:
     drafted: int = 0  # over the current acceptance window
     accepted: int = 0
     paused: int = 0  # proposals left to skip
+    backoff: int = 0  # consecutive pauses
 
     def __post_init__(self) -> None:
         self.current = self.current or self.maximum
@@ -87,10 +91,15 @@ class DraftLength:
             self.current = max(1, accepted + 1)
         self.drafted += drafted
         self.accepted += accepted
-        if self.drafted >= PAUSE_AFTER:
+        if self.drafted >= PAUSE_AFTER or needed >= 1.0:
             if self.accepted < max(needed, LOW_ACCEPTANCE) * self.drafted:
-                self.paused = PAUSE_STEPS
+                # A break-even of 1 or more cannot be reached: the longest pause at once.
+                grown = MAX_BACKOFF if needed >= 1.0 else self.backoff + 1
+                self.backoff = min(grown, MAX_BACKOFF)
+                self.paused = PAUSE_STEPS << (self.backoff - 1)
                 self.current = self.maximum
+            else:
+                self.backoff = 0
             self.drafted = self.accepted = 0
 
 
@@ -113,6 +122,9 @@ class TokenHistory:
 # without drafts to keep the plain cost current.
 COST_SMOOTHING = 0.125
 PLAIN_PROBE_EVERY = 64
+# Where drafts cannot pay at any acceptance, one step in this many still tries them (a probe
+# costs a draft model its catch-up on every token since the last one).
+HOPELESS_PROBE_EVERY = 1024
 
 
 class SpeculationCosts:
@@ -128,12 +140,16 @@ class SpeculationCosts:
         self.per_draft: dict[int, float] = {}
         self.steps: dict[int, int] = {}
 
-    def plain_step_due(self, batch_size: int) -> bool:
-        """Whether this step runs without drafts to measure the plain cost (none measured yet
-        at this batch size, or every `PLAIN_PROBE_EVERY` steps)."""
+    def allows_drafts(self, batch_size: int) -> bool:
+        """Whether this step may verify speculative drafts: not when it is due to measure the
+        plain cost (none measured yet at this batch size, or every `PLAIN_PROBE_EVERY` steps),
+        and where drafts cannot pay at any acceptance (a break-even of 1 or more) only one
+        step in `HOPELESS_PROBE_EVERY`, to notice when that changes."""
         step = self.steps.get(batch_size, 0)
         self.steps[batch_size] = step + 1
-        return batch_size not in self.plain or step % PLAIN_PROBE_EVERY == PLAIN_PROBE_EVERY - 1
+        if batch_size not in self.plain or step % PLAIN_PROBE_EVERY == PLAIN_PROBE_EVERY - 1:
+            return False
+        return self.break_even(batch_size) < 1.0 or step % HOPELESS_PROBE_EVERY == 0
 
     def observe(self, batch_size: int, drafted: int, seconds: float) -> None:
         """A decode step of `batch_size` requests verified `drafted` speculative draft tokens
