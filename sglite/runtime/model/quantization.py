@@ -138,7 +138,7 @@ class Int8Weight(QuantizedWeight):
     def matmul_rows(self, x: torch.Tensor) -> torch.Tensor | None:
         """float32: the GEMM for every row count; bf16: the GEMV in chunks of its rows."""
         if x.dtype == torch.float32:
-            return kernels.int8_gemm(x, self.values, self.scale)
+            return kernels.int8_gemm(x, self.values, self.scale, row_independent=True)
         gemv = lambda r: kernels.int8_gemv(r, self.values, self.scale)  # noqa: E731
         return in_row_chunks(x, QGEMV_MAX_ROWS, gemv)
 
@@ -185,7 +185,7 @@ class Q8Weight(QuantizedWeight):
     def matmul_rows(self, x: torch.Tensor) -> torch.Tensor | None:
         """float32: the GEMM for every row count; bf16: the GEMV in chunks of its rows."""
         if x.dtype == torch.float32:
-            return kernels.q8_gemm(x, self.values, self.scales)
+            return kernels.q8_gemm(x, self.values, self.scales, row_independent=True)
         gemv = lambda r: kernels.q8_gemv(r, self.values, self.scales)  # noqa: E731
         return in_row_chunks(x, QGEMV_MAX_ROWS, gemv)
 
@@ -313,7 +313,7 @@ class Int4Weight(QuantizedWeight):
         if not self.native or self.round_activations:
             return None
         if x.dtype == torch.float32:
-            return kernels.int4_gemm(x, self.packed, self.scale_offset)
+            return kernels.int4_gemm(x, self.packed, self.scale_offset, row_independent=True)
         gemv = lambda r: kernels.int4_gemv(r, self.packed, self.scale_offset)  # noqa: E731
         return in_row_chunks(x, QGEMV_MAX_ROWS, gemv)
 

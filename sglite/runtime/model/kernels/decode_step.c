@@ -117,7 +117,8 @@ static int linear_rows(int dtype, const linear_t *l, const void *x, void *y, int
   if ((int4 || q8 || l->kind == LINEAR_INT8) && rows > gemv_rows) {
     if (dtype != 0) return -1; /* quant_gemm takes float32 rows only; it adds the bias */
     const int kind = int4 ? QUANT_GEMM_INT4 : q8 ? QUANT_GEMM_Q8_0 : QUANT_GEMM_INT8;
-    return quant_gemm(kind, x, l->weight, l->scale, l->bias, y, rows, l->n_out, l->k, threads);
+    return quant_gemm(kind, x, l->weight, l->scale, l->bias, y, rows, l->n_out, l->k, threads,
+                      deterministic);
   }
   if (l->kind == LINEAR_INT8)
     status = int8_gemv(dtype, x, l->weight, l->scale, y, rows, l->n_out, l->k, threads);

@@ -123,9 +123,12 @@ int q8_gemv(int dtype, const void *x, const int8_t *q, const uint16_t *scales, v
 void int4_dequantize(int dtype, const uint8_t *packed, const uint16_t *scale_offset, void *out,
                      int64_t n_out, int64_t k, int threads);
 
-/* quant_gemm.c, panel_gemm.c */
+/* quant_gemm.c, panel_gemm.c. quant_gemm with row_independent != 0 never takes its panel path
+ * (used from GEMM_PANEL_MIN_ROWS rows, whose tiles sum over k in another order), so a row's
+ * result is the same whatever the row count (deterministic mode). */
 int quant_gemm(int kind, const float *x, const void *weight, const void *scale,
-               const float *bias, float *y, int64_t rows, int64_t n_out, int64_t k, int threads);
+               const float *bias, float *y, int64_t rows, int64_t n_out, int64_t k, int threads,
+               int row_independent);
 void panel_gemm(const float *x, const float *panels, const float *bias, float *y, int64_t rows,
                 int64_t n_out, int64_t k, int threads);
 /* Output columns per panel (the vector width it was built with). */

@@ -162,6 +162,7 @@ def _quant_gemm(
     scale: torch.Tensor,
     bias: torch.Tensor | None,
     k: int,
+    row_independent: bool,
 ) -> torch.Tensor | None:
     lib = native.load()
     if lib is None or x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 2:
@@ -185,6 +186,7 @@ def _quant_gemm(
         n,
         k,
         torch.get_num_threads(),
+        int(row_independent),
     )
     return out if status == 0 else None
 
@@ -194,17 +196,19 @@ def int4_gemm(
     packed: torch.Tensor,
     scale_offset: torch.Tensor,
     bias: torch.Tensor | None = None,
+    row_independent: bool = False,
 ) -> torch.Tensor | None:
     """`x @ W.T (+ bias)` for float32 `x [M, K]`, any M, `W` int4 as for `int4_gemv`, with x
     kept in float32 (no activation rounding); each weight is dequantized once per call, in
     cache, so no dense copy of W is needed. None when the native kernel cannot serve it
-    (K not a multiple of 32 among others)."""
+    (K not a multiple of 32 among others). `row_independent`: each row's result the same for
+    any M (see kernels.h), a little slower from 128 rows."""
     n, k = packed.shape[0], packed.shape[1] * 2
     if packed.dtype != torch.uint8 or scale_offset.dtype != torch.float16:
         return None
     if scale_offset.shape != (n, k // 32, 2):
         return None
-    return _quant_gemm(2, x, packed, scale_offset, bias, k)
+    return _quant_gemm(2, x, packed, scale_offset, bias, k, row_independent)
 
 
 def int8_gemm(
@@ -212,6 +216,7 @@ def int8_gemm(
     values: torch.Tensor,
     scale: torch.Tensor,
     bias: torch.Tensor | None = None,
+    row_independent: bool = False,
 ) -> torch.Tensor | None:
     """`int4_gemm` for an int8 weight as `int8_gemv` takes it (`values` int8 `[N, K]`,
     `scale` float32 `[N]`)."""
@@ -219,16 +224,18 @@ def int8_gemm(
         return None
     if values.dim() != 2 or scale.numel() != values.shape[0]:
         return None
-    return _quant_gemm(1, x, values, scale, bias, values.shape[1])
+    return _quant_gemm(1, x, values, scale, bias, values.shape[1], row_independent)
 
 
-def q8_gemm(x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor | None:
+def q8_gemm(
+    x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor, row_independent: bool = False
+) -> torch.Tensor | None:
     """`int4_gemm` for a GGUF Q8_0 weight as `q8_gemv` takes it."""
     if values.dtype != torch.int8 or scales.dtype != torch.float16 or values.dim() != 2:
         return None
     if scales.shape != (values.shape[0], values.shape[1] // 32):
         return None
-    return _quant_gemm(3, x, values, scales, None, values.shape[1])
+    return _quant_gemm(3, x, values, scales, None, values.shape[1], row_independent)
 
 
 def int4_dequantize(

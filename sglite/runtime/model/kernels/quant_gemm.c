@@ -149,7 +149,8 @@ typedef struct {
   const float *bias;
   float *y;
   int64_t rows, n_out, k;
-  int failed; /* set by a worker that could not get its scratch */
+  int row_independent; /* never the panel path (see kernels.h) */
+  int failed;          /* set by a worker that could not get its scratch */
 } quant_gemm_args;
 
 /* This thread's dequantization scratch of at least `floats` floats (kept between calls), or
@@ -236,7 +237,7 @@ static void quant_gemm_range(void *p, int64_t chunk0, int64_t chunk1) {
       else
         memset(w + c * k, 0, (size_t)k * sizeof(float));
     }
-    if (a->rows >= GEMM_PANEL_MIN_ROWS) {
+    if (a->rows >= GEMM_PANEL_MIN_ROWS && !a->row_independent) {
       panels_from_rows(a, w, w + GEMM_CHUNK_COLS * k, first, width);
       continue;
     }
@@ -254,10 +255,11 @@ static void quant_gemm_range(void *p, int64_t chunk0, int64_t chunk1) {
  * the top). Returns 0, or -1 when k is not a multiple of 32 or memory is short (y is then
  * undefined). */
 int quant_gemm(int kind, const float *x, const void *weight, const void *scale,
-               const float *bias, float *y, int64_t rows, int64_t n_out, int64_t k, int threads) {
+               const float *bias, float *y, int64_t rows, int64_t n_out, int64_t k, int threads,
+               int row_independent) {
   /* k a multiple of 32: whole int4 groups, and whole vectors for the dot tiles (VEC <= 16). */
   if (rows < 1 || k < 1 || k % Q4_GROUP || kind < QUANT_GEMM_INT8 || kind > QUANT_GEMM_Q8_0) return -1;
-  quant_gemm_args a = {kind, x, weight, scale, bias, y, rows, n_out, k, 0};
+  quant_gemm_args a = {kind, x, weight, scale, bias, y, rows, n_out, k, row_independent, 0};
   const int64_t chunks = (n_out + GEMM_CHUNK_COLS - 1) / GEMM_CHUNK_COLS;
   parallel_range(quant_gemm_range, &a, chunks, 1, threads, rows * n_out * k >= 65536);
   return a.failed ? -1 : 0;
