@@ -114,8 +114,8 @@ def test_a_smaller_draft_model_and_an_early_exit_draft_leave_outputs_unchanged(t
 
 
 def test_bad_draft_model_arguments_are_refused(tmp_path):
-    import sglite
-    from sglite.runtime.model.loader import default_model_path
+    from sglite.runtime.model.loader import default_model_path, load_model
+    from sglite.runtime.scheduler.draft_model import DraftModelProposer
 
     with pytest.raises(ValueError, match="speculative_draft_model_path"):
         ServerArgs(speculative_algorithm="draft").validate()
@@ -127,12 +127,13 @@ def test_bad_draft_model_arguments_are_refused(tmp_path):
             speculative_draft_model_path="x",
             speculative_draft_num_layers=0,
         ).validate()
-    target = str(tmp_path / "target")
-    make_hf_model("llama", target)
-    with pytest.raises(RuntimeError, match="vocabulary differs"):
-        sglite.Engine(
-            model_path=target,
-            speculative_algorithm="draft",
-            speculative_draft_model_path=default_model_path(),
-            log_level="error",
-        )
+    target_path = str(tmp_path / "target")
+    make_hf_model("llama", target_path)
+    target = load_model(target_path, dtype="float32", progress=False)
+    args = ServerArgs(
+        model_path=target_path,
+        speculative_algorithm="draft",
+        speculative_draft_model_path=default_model_path(),
+    )
+    with pytest.raises(ValueError, match="vocabulary differs"):
+        DraftModelProposer.load(args, target, context_len=128, capacity=256)

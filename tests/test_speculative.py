@@ -186,6 +186,17 @@ def test_budgets_stops_logprobs_n_and_the_cache_behave_as_without(engine, engine
     assert cached["meta_info"]["cached_tokens"] > 0 and cached["output_ids"] == alone
 
 
+def test_streaming_delivers_the_accepted_drafts_as_they_come(engine, engine_ngram):
+    prompt = COPY_PROMPTS[0]
+    want = engine.generate(prompt, GREEDY)["text"]
+    chunks = list(engine_ngram.generate(prompt, GREEDY, stream=True))
+    texts = [c["text"] for c in chunks]
+    assert all(b.startswith(a) for a, b in zip(texts, texts[1:])), "text must be cumulative"
+    assert texts[-1] == want
+    # A verification emits several tokens at once: fewer chunks than tokens.
+    assert len(chunks) < chunks[-1]["meta_info"]["completion_tokens"]
+
+
 def test_grammar_requests_combine_speculation_with_jump_forward(engine, engine_ngram):
     document = "Name: Ada Lovelace. Age: 36. City: London."
     prompt = CHAT.format(f"Fill a JSON record from this document:\n\n{document}")

@@ -26,7 +26,7 @@ from torch import nn
 from sglite.runtime.cache.kv_pool import KVPool
 from sglite.runtime.distributed.parallel import SINGLE, TensorParallelGroup
 from sglite.runtime.distributed.sharding import TensorParallelPlan
-from sglite.runtime.model import kernels
+from sglite.runtime.model import kernels, row_forward
 from sglite.runtime.model.attention import AttentionPlan
 from sglite.runtime.model.checkpoint import CheckpointLoader, checkpoint_names
 from sglite.runtime.model.config import ModelConfig
@@ -177,11 +177,9 @@ class CausalLM(nn.Module):
         assert self.ropes is not None
         self.ropes.ensure(max(batch.seq_lens))
         if self.deterministic:
-            return self._forward_rows(batch, pool)
+            return row_forward.forward_rows(self, batch, pool)
         plan = AttentionPlan(batch, self.device)
-        residual = self._embed(batch.input_ids)  # a fresh tensor: updated in place
-        if self.embedding_multiplier != 1.0:
-            residual.mul_(self.embedding_multiplier)
+        residual = self.embed(batch.input_ids)  # a fresh tensor: updated in place
         decoder = self._decoder() if batch.mode is ForwardMode.DECODE else None
         if decoder is None or not decoder.run(residual, batch, pool):
             self._layers_forward(residual, batch, plan, pool)
@@ -198,55 +196,24 @@ class CausalLM(nn.Module):
 
     def enable_deterministic(self) -> None:
         """Compute every forward (prefill, extend, draft verification, decode) as rows whose
-        results depend on their own token and context only: not on the batch, how a prompt was
-        split or cached, or the thread count (docs/deterministic.md). Call after
+        results depend on their own token and context only (`row_forward.py`). Call after
         `finalize_weights`. Raises ValueError where this model's kernels cannot."""
-        why = None
         decoder = self._decoder()
-        head = self.output_weight or self._select_output_weight(extra_layouts=False)
-        probe = torch.zeros(1, self.config.hidden_size, dtype=self.dtype, device=self.device)
-        if decoder is None:
-            why = "its layers cannot run in the native decode step (CUDA, experts, no compiler?)"
-        elif len(decoder.tables) != 1:
-            why = "its projections change weights with the batch size (quantized_max_rows)"
-        elif decoder.max_rows == 0:
-            why = "the native decode step takes none of its rows"
-        elif head.matmul_rows(probe) is None:
-            why = f"its output projection ({head.kind}) has no row-independent kernel"
-        if why is not None:
-            raise ValueError(f"enable_deterministic_inference: not for this model: {why}")
+        row_forward.check_row_forward(self, decoder, self.output_projection())
         assert decoder is not None
         decoder.deterministic = True
         self.deterministic = True
 
-    def _forward_rows(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
-        """`forward` in deterministic mode: every token a DECODE row through the native step,
-        in chunks of its rows (each row attends to its own prefix; rows of a sequence in
-        order), and logits by the output projection's row-independent kernel."""
-        decoder = self._native_decoder
-        assert isinstance(decoder, NativeDecoder)
-        residual = self._embed(batch.input_ids)
+    def output_projection(self) -> LinearWeight:
+        """The weight object the logits are computed with."""
+        return self.output_weight or self._select_output_weight(extra_layouts=False)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """The input embeddings of `ids` (a fresh tensor), scaled as the family wants."""
+        residual = self._embed(ids)
         if self.embedding_multiplier != 1.0:
             residual.mul_(self.embedding_multiplier)
-        table = _row_slot_table(batch)
-        step = decoder.max_rows
-        for start in range(0, residual.shape[0], step):
-            rows = slice(start, start + step)
-            positions, out_slots = batch.positions[rows], batch.out_slots[rows]
-            decoder.run_rows(residual[rows], positions, out_slots, table[rows], pool)
-        if batch.hidden_rows is not None:
-            wanted = residual.index_select(0, batch.hidden_rows)
-            batch.hidden = kernels.add_rms_norm(
-                None, wanted, self.norm.weight, self.norm.eps
-            ).float()
-        if batch.logit_rows.numel() == 0:
-            return torch.empty(0, self.config.vocab_size, device=self.device)
-        h = residual.index_select(0, batch.logit_rows)
-        h = kernels.add_rms_norm(None, h, self.norm.weight, self.norm.eps)
-        head = self.output_weight or self._select_output_weight(extra_layouts=False)
-        logits = head.matmul_rows(h)
-        assert logits is not None  # checked by enable_deterministic
-        return logits.float()
+        return residual
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp_plan is None:
@@ -427,18 +394,3 @@ class CausalLM(nn.Module):
                 return None
             parts = sharded  # type: ignore[assignment]
         return Int4Parts.concat(parts)  # type: ignore[arg-type]
-
-
-def _row_slot_table(batch: ForwardBatch) -> torch.Tensor:
-    """`[T, W]` int64: row t lists the slots of its token's sequence (it attends to the first
-    `positions[t] + 1` of them)."""
-    if batch.mode is ForwardMode.DECODE:
-        assert batch.padded_slots is not None
-        return batch.padded_slots
-    width = max(batch.seq_lens)
-    table = torch.zeros(batch.input_ids.shape[0], width, dtype=torch.long)
-    row = 0
-    for slots, extend in zip(batch.kv_slots, batch.extend_lens, strict=True):
-        table[row : row + extend, : slots.shape[0]] = slots
-        row += extend
-    return table.to(batch.input_ids.device)

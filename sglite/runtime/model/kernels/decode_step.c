@@ -112,7 +112,9 @@ static int linear_rows(int dtype, const linear_t *l, const void *x, void *y, int
   /* int4 with float x: the GEMM wins from 3 rows (its GEMV widens every weight for few rows). */
   int64_t gemv_rows = l->kind == LINEAR_INT4 && dtype == 0 ? INT4_FLOAT_GEMV_MAX_ROWS
                                                             : QGEMV_MAX_ROWS;
-  /* Deterministic: one kernel for every row count (the GEMM's rows are independent). */
+  /* Deterministic: one kernel for every row count. In float32 the quantized GEMM (its rows
+   * are independent with row_independent; the GEMVs, faster for a row or two, sum in another
+   * order); in bf16 the GEMVs (rows independent), the caller sending at most QGEMV_MAX_ROWS. */
   if (deterministic && dtype == 0) gemv_rows = 0;
   if ((int4 || q8 || l->kind == LINEAR_INT8) && rows > gemv_rows) {
     if (dtype != 0) return -1; /* quant_gemm takes float32 rows only; it adds the bias */
