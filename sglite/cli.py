@@ -79,7 +79,7 @@ HELP = {
     "cached prefix, prefill chunking, drafts and thread count (CPU native kernels; quantized "
     "projections for every batch size; see docs/deterministic.md)",
     "speculative_adaptive": "pause a request's drafts below the measured break-even acceptance "
-    "(a drafted token's cost as a share of a plain decode step; off: a fixed 20%)",
+    "(a drafted token's cost as a share of a plain decode step; off: a fixed 0.2)",
     "num_threads": "compute threads per scheduler process (default: the cores shared among the "
     "node's tp ranks and dp replicas)",
     "tp_size": "tensor parallel ranks (one process each; gloo on CPU, NCCL on CUDA)",

@@ -63,22 +63,6 @@ def engine_ngram():
 
 
 @pytest.fixture(scope="module")
-def engine_draft():
-    """The default engine with the default model as its own draft model (self-speculation:
-    the draft agrees with the target, so nearly every draft token is accepted)."""
-    from sglite.runtime.model.loader import default_model_path
-
-    eng = _start_engine(
-        max_total_tokens=POOL_TOKENS,
-        speculative_algorithm="draft",
-        speculative_draft_model_path=default_model_path(),
-        speculative_adaptive=False,  # as engine_ngram
-    )
-    yield eng
-    eng.shutdown()
-
-
-@pytest.fixture(scope="module")
 def engine_no_jump_forward():
     """Constrained decoding token by token (the reference for jump-forward)."""
     eng = _start_engine(max_total_tokens=POOL_TOKENS, disable_jump_forward=True)
@@ -99,7 +83,6 @@ ENGINE_FIXTURES = (
     "engine_no_cache",
     "engine_small_pool",
     "engine_ngram",
-    "engine_draft",
     "engine_no_jump_forward",
     "engine_retokenize",
 )

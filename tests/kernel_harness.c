@@ -116,8 +116,10 @@ static void products(int dtype) {
   const void *weights[] = {q8, packed, q8};
   const void *scales[] = {scale, scale_offset, scales16};
   for (int kind = QUANT_GEMM_INT8; kind <= QUANT_GEMM_Q8_0; kind++)
-    if (quant_gemm(kind, x, weights[kind - 1], scales[kind - 1], bias, y, ROWS, N, K, 1) == 0)
-      print("quant_gemm", y, ROWS * N, 0);
+    for (int independent = 0; independent <= 1; independent++)
+      if (quant_gemm(kind, x, weights[kind - 1], scales[kind - 1], bias, y, ROWS, N, K, 1,
+                     independent) == 0)
+        print(independent ? "quant_gemm_rows" : "quant_gemm", y, ROWS * N, 0);
   const int64_t p = panel_width(), panels = (N + p - 1) / p;
   float *packed_panels = calloc((size_t)(panels * K * p), sizeof(float));
   for (int64_t n = 0; n < N; n++)
