@@ -49,6 +49,8 @@ BAD = [
     ("/generate", {"text": "Hi", "logprob_start_len": -7}, "logprob_start_len"),
     ("/generate", {"text": "Hi", "image_data": "abc"}, "image_data"),
     ("/generate", {"text": ["a", "b"], "rid": ["x", "x"]}, "rid"),
+    ("/generate", {"text": ["a", "b"], "rid": "x"}, "rid"),  # one id for a batch
+    ("/encode", {"text": ["a", "b"], "rid": "x"}, "rid"),  # the fuzzer's hang: answered by id
     ("/v1/completions", {"prompt": "Hi", "temperature": -0.5}, "temperature"),
     ("/v1/completions", {"prompt": "Hi", "n": 100}, "n"),
     ("/v1/completions", {"prompt": "Hi", "max_tokens": -1}, "max_tokens"),

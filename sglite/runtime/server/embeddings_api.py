@@ -22,7 +22,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
 from sglite.runtime.server.errors import APIError, bad_request, error_responses
-from sglite.runtime.server.serving import get_state, raise_if_aborted
+from sglite.runtime.server.serving import check_request_ids, get_state, raise_if_aborted
 from sglite.runtime.server.state import ServerState
 from sglite.runtime.server.streaming import run_until_disconnect
 from sglite.runtime.server.types import Bool, Int, Text
@@ -110,13 +110,15 @@ def _embedding_requests(
     state: ServerState, text: Any, input_ids: Any, field: str, rid: Any = None
 ) -> tuple[list[GenerateRequest], bool]:
     try:
-        return state.tokenizer_manager.embedding_requests(text, input_ids, rid)
+        reqs, is_batch = state.tokenizer_manager.embedding_requests(text, input_ids, rid)
     except ValueError as exc:
         err = bad_request(exc)
         err.param = field  # the route's own name for the prompt
         if not err.message.startswith(field):
             err.message = f"{field}: {err.message}"
         raise err from None
+    check_request_ids(state.tokenizer_manager, reqs)
+    return reqs, is_batch
 
 
 def _pack(vector: list[float], encoding: str) -> list[float] | str:

@@ -9,7 +9,7 @@ from fastapi import Request
 
 from sglite.runtime.server.errors import APIError, error_body
 from sglite.runtime.server.state import ServerState
-from sglite.runtime.tokenizer_manager import GenerateRequest
+from sglite.runtime.tokenizer_manager import GenerateRequest, TokenizerManager
 
 # A constraint's name in the head of a validation message ("invalid regex: ...",
 # "json_schema is not valid JSON: ...", "ebnf: ..."); the head is the text before the first colon.
@@ -43,14 +43,20 @@ def prepare_requests(
         top_logprobs_num, return_text_in_logprobs, rid=rid,
     )  # fmt: skip
     expanded = tm.expand_n(reqs)
-    rids = [r.rid for r in expanded]
+    check_request_ids(tm, expanded)
+    state.admit(len(expanded))
+    return expanded, is_batch
+
+
+def check_request_ids(tm: TokenizerManager, reqs: list[GenerateRequest]) -> None:
+    """400 unless the requests' ids are distinct and none is in flight (answers are routed by
+    id: a shared one would leave a request waiting forever)."""
+    rids = [r.rid for r in reqs]
     if len(set(rids)) != len(rids):
         raise APIError(400, "rid: request ids in one batch must be distinct", param="rid")
     for r in rids:
         if r in tm.in_flight:
             raise APIError(400, f"rid: a request with id {r!r} is already running", param="rid")
-    state.admit(len(expanded))
-    return expanded, is_batch
 
 
 def constraint_of(message: str) -> str | None:
