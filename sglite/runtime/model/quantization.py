@@ -126,13 +126,11 @@ class Int8Weight(QuantizedWeight):
         if out is not None:
             return out
         chunk = kernels.qgemv_max_rows()
-        if chunk and x.dim() == 2 and x.shape[0] > chunk and x.is_contiguous():
-            parts = [
-                kernels.int8_gemv(x[i : i + chunk], self.values, self.scale)
-                for i in range(0, x.shape[0], chunk)
-            ]
-            if all(p is not None for p in parts):
-                return torch.cat(parts)  # type: ignore[arg-type]
+        if chunk and x.shape[0] > chunk and x.is_contiguous():
+            gemv = lambda r: kernels.int8_gemv(r, self.values, self.scale)  # noqa: E731
+            out = in_row_chunks(x, chunk, gemv)
+            if out is not None:
+                return out
         return torch.ops.aten._weight_int8pack_mm(x, self.values, self.scale_act)
 
     def matmul_rows(self, x: torch.Tensor) -> torch.Tensor | None:

@@ -373,7 +373,7 @@ class Scheduler:
             self._sample_and_append(reqs, logits)
         self.counters["decode_passes"] += 1
         self.running = [r for r in self.running if not r.finished]
-        if self.speculator is not None:
+        if self.speculator is not None:  # finished, retracted or aborted requests' state goes
             self.speculator.forget({req.rid for req in self.running})
         self.new_token_ratio = max(
             self.args.min_new_token_ratio, self.new_token_ratio - self.args.new_token_ratio_decay
@@ -389,8 +389,6 @@ class Scheduler:
         speculate = self.speculator is not None and len(self.running) <= SPEC_MAX_BATCH
         if speculate and self.spec_costs is not None:
             speculate = self.spec_costs.allows_drafts(len(self.running))
-        if self.speculator is not None:  # requests retracted or aborted since the last step
-            self.speculator.forget({req.rid for req in self.running})
         for req in self.running:
             try:
                 draft = self.proposer.propose(req) if self.proposer is not None else []
