@@ -8,8 +8,11 @@ speculative engine's acceptance (accepted / drafted tokens) and tokens per forwa
 (emitted / (emitted - accepted): each forward emits one token plus the accepted drafts).
 
 Workloads: (a) copy-heavy: repeating a passage, editing code, quoting a retrieved passage,
-filling a JSON record from a document; (b) free chat. The outputs of the two engines are
-compared too (they must be identical: speculation does not change greedy answers).
+filling a JSON record from a document; (b) free chat; (c) free chat asked again: the same
+prompt once more with the first answer in the radix cache (an agent re-running a step), where
+n-gram drafts come from the cache. Every other run starts from a flushed cache with only its
+prompt cached, so earlier rounds' answers cannot draft for it. The outputs of the two engines
+are compared too (they must be identical: speculation does not change greedy answers).
 
 With `--algorithm draft` the draft model is `--draft-model-path` (default: the target's own
 file, i.e. self-speculation), optionally only its first `--draft-num-layers` layers and in
@@ -23,7 +26,7 @@ prompt); the table shows its plain rate and its best n-gram configuration per wo
 
 Run: python -m benchmarks.bench_spec [--rounds 3] [--tokens 96] [--quantization auto]
      [--algorithm ngram|draft] [--draft-model-path P] [--draft-quantization Q]
-     [--draft-num-layers N]
+     [--draft-num-layers N] [--no-llama] [--workloads NAME_PREFIX ...]
 """
 
 from __future__ import annotations
@@ -69,7 +72,10 @@ WORKLOADS = {
     ),
     "free chat": CHAT.format("Write a short story about a robot who learns to paint."),
     "free chat: advice": CHAT.format("Give me some advice on learning to play the piano."),
+    "free chat, asked again": CHAT.format("Give me some advice on learning to play the piano."),
 }
+# Workloads whose measured run follows the same request's full run (its answer cached).
+REASKED = {"free chat, asked again"}
 
 
 # llama-server's n-gram speculation: its default n-gram lookup, the same with a short lookup and
@@ -84,10 +90,14 @@ LLAMA_SPEC = {
 }  # fmt: skip
 
 
-def decode_run(engine: sglite.Engine, prompt: str, tokens: int) -> tuple[float, dict, list]:
-    """(decode tok/s, the run's meta_info, output ids) with the prompt cached beforehand."""
+def decode_run(
+    engine: sglite.Engine, prompt: str, tokens: int, reask: bool
+) -> tuple[float, dict, list]:
+    """(decode tok/s, the run's meta_info, output ids) from a flushed cache with the prompt
+    cached beforehand (with `reask`, the whole answer too)."""
     params = {"temperature": 0, "max_new_tokens": 1}
-    engine.generate(prompt, params)  # the prompt is now in the radix cache
+    engine.flush_cache()
+    engine.generate(prompt, {**params, "max_new_tokens": tokens if reask else 1})
     start = time.perf_counter()
     engine.generate(prompt, params)
     first = time.perf_counter() - start
@@ -183,6 +193,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--draft-num-layers", type=int, default=None)
     parser.add_argument("--llama-server", default=None, help="llama-server binary")
     parser.add_argument("--no-llama", action="store_true", help="skip llama.cpp")
+    parser.add_argument(
+        "--workloads", nargs="*", default=None, help="names (or name prefixes) of workloads to run"
+    )
     return parser.parse_args()
 
 
@@ -219,7 +232,10 @@ def main() -> None:
     rows = []
     try:
         for name, prompt in WORKLOADS.items():
-            rows.append((name, *run_workload(args, plain, spec, llama, prompt)))
+            if args.workloads and not any(name.startswith(w) for w in args.workloads):
+                continue
+            reask = name in REASKED
+            rows.append((name, *run_workload(args, plain, spec, llama, prompt, reask)))
             print(f"  {name}: {rows[-1][2].rate / rows[-1][1].rate:.2f}x", flush=True)
     finally:
         plain.shutdown()
@@ -235,13 +251,14 @@ def run_workload(
     spec: sglite.Engine,
     llama: dict[str, LlamaServer],
     prompt: str,
+    reask: bool,
 ) -> tuple[Tally, Tally, float, bool, Tally | None, tuple[str, Tally] | None]:
     """(off, speculative, median ratio, same output, llama.cpp off, best llama.cpp n-gram)."""
     off, on, ratios, emitted, same = Tally(), Tally(), [], 0, True
     peers = {name: Tally() for name in llama}
     for _ in range(args.rounds):
-        rate_off, _, ids_off = decode_run(plain, prompt, args.tokens)
-        rate_on, meta, ids_on = decode_run(spec, prompt, args.tokens)
+        rate_off, _, ids_off = decode_run(plain, prompt, args.tokens, reask)
+        rate_on, meta, ids_on = decode_run(spec, prompt, args.tokens, reask)
         off.rates.append(rate_off)
         on.rates.append(rate_on)
         ratios.append(rate_on / rate_off)

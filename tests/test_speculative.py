@@ -1,5 +1,6 @@
 """N-gram speculative decoding (`--speculative-algorithm ngram`): drafts copied from the
-request's own text, verified by the model in the next forward. Outputs are those of decoding
+radix cache (what followed the same sequence before) or the request's own text, verified by the
+model in the next forward. Outputs are those of decoding
 without it (greedy: identical; seeded sampling: the same draws); copy-heavy text takes fewer
 forward passes."""
 
@@ -12,7 +13,11 @@ from types import SimpleNamespace
 import pytest
 import requests
 
-from sglite.runtime.scheduler.ngram import NgramProposer
+import torch
+
+from sglite.runtime.cache.kv_pool import KVPool
+from sglite.runtime.cache.radix_cache import RadixCache
+from sglite.runtime.scheduler.ngram import NgramProposer, cached_continuation
 from sglite.runtime.scheduler.speculation import (
     HOPELESS_PROBE_EVERY,
     LOW_ACCEPTANCE,
@@ -62,6 +67,27 @@ def test_proposes_what_followed_the_longest_earlier_match():
     # Only a one-token match (the latest 8 is at position 7).
     assert proposer.propose(_req([1, 8, 2, 3, 4, 5, 8], rid="s")) == [2, 3, 4, 5]
     assert proposer.propose(_req([1, 2, 3], rid="t")) == []  # nothing repeats
+
+
+def test_the_radix_cache_drafts_what_followed_the_whole_sequence():
+    pool = KVPool(64, num_layers=1, num_kv_heads=1, head_dim=1, dtype=torch.float32)
+    cache = RadixCache(pool)
+    for ids in ([1, 2, 3, 4, 5, 6], [1, 2, 3, 9, 9], [7, 8]):
+        cache.insert(ids, pool.alloc(len(ids)))
+    cache.match_prefix([1, 2, 3, 9])  # the newer branch under [1, 2, 3]
+    snapshot = [(n.key, n.last_access, n.hit_count) for n in cache._iter_nodes()]
+    assert cached_continuation(cache, [1, 2], 8) == [3, 9, 9]  # inside an edge, then a branch
+    assert cached_continuation(cache, [1, 2, 3, 4], 8) == [5, 6]
+    assert cached_continuation(cache, [1, 2, 3, 4], 1) == [5]
+    assert cached_continuation(cache, [1, 2, 4], 8) == []  # not a cached prefix
+    assert cached_continuation(cache, [1, 2, 3, 4, 5, 6], 8) == []  # nothing follows
+    assert snapshot == [(n.key, n.last_access, n.hit_count) for n in cache._iter_nodes()]
+    # The proposer prefers the cache (the whole context matched) to its own n-grams, and falls
+    # back to them where the cache has nothing.
+    proposer = NgramProposer(1000, 4, 1, 3, cache)
+    assert proposer.propose(_req([1, 2, 3, 4])) == [5, 6]
+    assert proposer.propose(_req([7, 1, 7], rid="s")) == [1, 7]
+    cache.check_invariants()
 
 
 def test_drafts_fit_the_requests_budget_and_context():
@@ -184,6 +210,23 @@ def test_budgets_stops_logprobs_n_and_the_cache_behave_as_without(engine, engine
     assert all(o["output_ids"] == alone for o in both)
     cached = engine_ngram.generate(prompt, GREEDY)  # its prompt now in the radix cache
     assert cached["meta_info"]["cached_tokens"] > 0 and cached["output_ids"] == alone
+
+
+def test_a_prompt_asked_again_drafts_its_earlier_answer_from_the_cache(engine, engine_ngram):
+    """Free text has nothing to copy from its own prompt; the second time it is asked, the
+    first answer is in the radix cache and drafts nearly all of it."""
+    prompt = CHAT.format("Describe a quiet morning in a small village.")
+    engine_ngram.flush_cache()
+    first = engine_ngram.generate(prompt, GREEDY)
+    before = _passes(engine_ngram)
+    again = engine_ngram.generate(prompt, GREEDY)
+    passes = _passes(engine_ngram) - before
+    assert (
+        again["output_ids"] == first["output_ids"] == engine.generate(prompt, GREEDY)["output_ids"]
+    )
+    meta = again["meta_info"]
+    assert meta["spec_accepted_tokens"] >= 0.8 * meta["completion_tokens"], meta
+    assert passes <= 0.3 * meta["completion_tokens"], passes
 
 
 def test_streaming_delivers_the_accepted_drafts_as_they_come(engine, engine_ngram):

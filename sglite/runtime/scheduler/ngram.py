@@ -1,10 +1,17 @@
-"""N-gram (prompt lookup) speculation: drafts copied from the request's own text.
+"""N-gram (prompt lookup) speculation: drafts copied from text already seen.
 
 Where a request is repeating or quoting what it has seen (editing code, quoting a passage,
 filling a record from a document), the tokens that followed the last earlier occurrence of its
 latest n tokens are a good guess for what comes next. `NgramProposer` proposes them as a draft
 that `drafts.DraftVerifier` checks in the next forward; every emitted token is still the model's
 own sample, so outputs follow token-by-token decoding exactly (see drafts.py).
+
+Two sources, tried in this order:
+1. the radix cache: when another request's cached sequence starts with this request's whole
+   sequence so far (the same prompt asked again, another sample of it, an agent re-running a
+   step), the cached tokens that follow are the draft (`cached_continuation`): the longest
+   context there is to match, read from the tree without touching its LRU clock or counters;
+2. the request's own prompt and output, by n-gram suffix match.
 
 Per request the proposer keeps an index from each n-gram (n between the min and max match
 windows) to where its latest occurrence ended, built incrementally as tokens are added, so a
@@ -18,8 +25,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from sglite.runtime.cache.radix_cache import RadixCache, TreeNode
+from sglite.runtime.scheduler.drafts import MAX_DRAFT_TOKENS
 from sglite.runtime.scheduler.request import Req
 from sglite.runtime.scheduler.speculation import DraftLength, TokenHistory, draft_room
+
+
+# A draft from the radix cache continues the request's whole context, not just its last few
+# tokens, so it is accepted more often: it may be this many times the request's draft length.
+CACHE_DRAFT_SCALE = 4
 
 
 @dataclass
@@ -37,10 +51,16 @@ class NgramProposer:
     """Drafts from the request's prompt and output (a `speculation.Speculator`)."""
 
     def __init__(
-        self, context_len: int, num_draft_tokens: int, min_match: int, max_match: int
+        self,
+        context_len: int,
+        num_draft_tokens: int,
+        min_match: int,
+        max_match: int,
+        cache: RadixCache | None = None,
     ) -> None:
         if not 1 <= min_match <= max_match:
             raise ValueError(f"n-gram match windows must satisfy 1 <= {min_match} <= {max_match}")
+        self.cache = cache  # None: drafts from the request's own text only
         self.context_len = context_len
         self.num_draft_tokens = num_draft_tokens
         self.min_match = min_match
@@ -48,9 +68,9 @@ class NgramProposer:
         self.states: dict[str, NgramState] = {}
 
     def propose(self, req: Req) -> list[int]:
-        """Up to the request's draft length of tokens that followed the longest (from
-        `max_match` down to `min_match` tokens) earlier match of its current suffix; the
-        `DraftProposer` bound holds."""
+        """Up to the request's draft length of tokens: what follows its whole sequence in the
+        radix cache, else what followed the longest (from `max_match` down to `min_match`
+        tokens) earlier match of its current suffix; the `DraftProposer` bound holds."""
         state = self.states.get(req.rid)
         if state is None:
             state = self.states[req.rid] = NgramState(DraftLength(self.num_draft_tokens))
@@ -58,6 +78,11 @@ class NgramProposer:
         if length <= 0:
             return []
         tokens = state.history.sync(req)
+        if self.cache is not None:
+            room = min(draft_room(req, self.context_len), MAX_DRAFT_TOKENS)
+            cached = cached_continuation(self.cache, tokens, min(room, CACHE_DRAFT_SCALE * length))
+            if cached:
+                return cached
         self._index(state, tokens)
         for n in range(min(self.max_match, len(tokens) - 1), self.min_match - 1, -1):
             end = state.ends.get(n, {}).get(tuple(tokens[-n:]))
@@ -87,6 +112,7 @@ class NgramProposer:
         return {
             "speculative_algorithm": "ngram",
             "speculative_ngram_match_window": [self.min_match, self.max_match],
+            "speculative_ngram_from_radix_cache": self.cache is not None,
         }
 
     def _index(self, state: NgramState, tokens: list[int]) -> None:
@@ -97,3 +123,27 @@ class NgramProposer:
             for n in range(self.min_match, min(self.max_match, end) + 1):
                 state.ends.setdefault(n, {})[tuple(tokens[end - n : end])] = end
         state.indexed = max(state.indexed, last + 1)
+
+
+def cached_continuation(cache: RadixCache, tokens: list[int], limit: int) -> list[int]:
+    """Up to `limit` tokens that follow `tokens` in `cache`, when the whole of `tokens` is a
+    cached prefix; empty otherwise. Where the tree branches, the most recently used branch is
+    followed. Reads the tree only: no split, no LRU refresh, no hit count."""
+    node, pos, offset = cache.root, 0, 0  # tokens[:pos] matched; `offset` into node.key
+    while pos < len(tokens):
+        child = node.children.get(tokens[pos])
+        if child is None:
+            return []
+        n = min(len(child.key), len(tokens) - pos)
+        if child.key[:n] != tokens[pos : pos + n]:
+            return []
+        node, pos, offset = child, pos + n, n
+    out = node.key[offset : offset + limit]
+    while len(out) < limit and node.children:
+        node = max(node.children.values(), key=_recency)
+        out.extend(node.key[: limit - len(out)])
+    return out
+
+
+def _recency(node: TreeNode) -> tuple[float, int]:
+    return (node.last_access, node.serial)

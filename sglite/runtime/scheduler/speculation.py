@@ -2,8 +2,8 @@
 
 A `Speculator` proposes a request's draft for the next decode step (the scheduler verifies it
 with `drafts.DraftVerifier`), learns how much of it was accepted, and forgets finished requests.
-Two exist: n-gram lookup in the request's own text (`ngram.py`) and a draft model
-(`draft_model.py`). Both keep, per request, a copy of its tokens extended by the new ones
+Two exist: n-gram lookup in the radix cache and the request's own text (`ngram.py`) and a
+draft model (`draft_model.py`). Both keep, per request, a copy of its tokens extended by the new ones
 (`TokenHistory`) and a draft length adapted to its acceptance (`DraftLength`).
 """
 
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from sglite.runtime.scheduler.request import Req
 
 if TYPE_CHECKING:
+    from sglite.runtime.cache.radix_cache import RadixCache
     from sglite.runtime.model.loader import LoadedModel
     from sglite.runtime.server_args import ServerArgs
 
@@ -191,10 +192,15 @@ def draft_room(req: Req, context_len: int) -> int:
 
 
 def build_speculator(
-    args: ServerArgs, target: LoadedModel, context_len: int, capacity: int
+    args: ServerArgs,
+    target: LoadedModel,
+    context_len: int,
+    capacity: int,
+    cache: RadixCache | None,
 ) -> Speculator | None:
     """The speculator `args` ask for (None when speculation is off). A draft model is loaded
-    here, its KV pool sized to `capacity` tokens like the target's."""
+    here, its KV pool sized to `capacity` tokens like the target's; n-gram drafts also read the
+    target's radix `cache` (None when it is disabled)."""
     if args.speculative_algorithm == "ngram":
         from sglite.runtime.scheduler.ngram import NgramProposer
 
@@ -203,6 +209,7 @@ def build_speculator(
             args.speculative_num_draft_tokens,
             args.speculative_ngram_min_match_window_size,
             args.speculative_ngram_max_match_window_size,
+            cache,
         )
     if args.speculative_algorithm == "draft":
         from sglite.runtime.scheduler.draft_model import DraftModelProposer
