@@ -5,11 +5,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 # A cross compiler and qemu, so the kernels are checked to build for aarch64 and to compute
-# there what they compute here (as root, from Debian).
+# there what they compute here; a headless browser for the web UI's tests (as root, from Debian).
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null \
-  && ! { command -v aarch64-linux-gnu-gcc && command -v qemu-aarch64-static; } >/dev/null; then
+  && ! { command -v aarch64-linux-gnu-gcc && command -v qemu-aarch64-static \
+         && command -v chromium && command -v chromedriver; } >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
-  packages="gcc-aarch64-linux-gnu qemu-user-static"
+  packages="gcc-aarch64-linux-gnu qemu-user-static chromium chromium-driver"
   apt-get install -y -q $packages >/dev/null 2>&1 \
     || { apt-get update -q >/dev/null && apt-get install -y -q $packages >/dev/null; }
 fi

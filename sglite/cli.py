@@ -108,6 +108,7 @@ HELP = {
     "restart_on_failure": "restart the scheduler process if it dies (default: exit non-zero)",
     "host": "address to listen on",
     "port": "port to listen on (0 = any free port)",
+    "disable_web_ui": "do not serve the page at / (chat playground, radix cache view, metrics)",
     "api_key": "require 'Authorization: Bearer KEY' on every route but /health",
     "served_model_name": "model id in the OpenAI API (default: the model path)",
     "strict_model_name": "answer requests naming another model with 404 (default: serve any name)",

@@ -147,6 +147,8 @@ def backend(request, engine):
 
 # The HTTP server fixture (sglite_server) for tests/test_server_*.py lives in server_fixtures.py;
 # importing it here registers it once, so the whole session shares one server process.
+# The headless browser for the web UI's tests (tests/test_web_ui.py, test_server_lifecycle.py).
+from browser_fixtures import browser  # noqa: E402, F401
 from server_fixtures import sglite_server  # noqa: E402, F401
 
 

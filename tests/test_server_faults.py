@@ -190,8 +190,10 @@ def test_killed_scheduler_is_restarted(limited_server):
 
 
 def test_killed_scheduler_without_restart_exits_nonzero():
-    server = ServerProcess()
+    server = ServerProcess("--disable-web-ui")  # this server also checks the page is off
     try:
+        assert requests.get(server.url + "/", timeout=10).status_code == 404
+        assert requests.get(server.url + "/ui/app.js", timeout=10).status_code == 404
         lines, _ = _kill_scheduler_mid_stream(server)
         assert b"scheduler process exited" in lines[-2]
         code = server.proc.wait(60)

@@ -11,6 +11,8 @@ import time
 import openai
 import pytest
 import requests
+from browser_fixtures import wait_for
+from selenium.webdriver.common.by import By
 from server_fixtures import ServerProcess
 
 KEY = "test-secret-key"
@@ -53,6 +55,34 @@ def test_api_key_with_openai_client(keyed_server):
     bad = openai.OpenAI(base_url=keyed_server.url + "/v1", api_key="nope", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.models.list()
+
+
+def test_the_web_ui_asks_for_the_api_key_and_chats_only_with_it(keyed_server, browser):
+    url = keyed_server.url
+    assert requests.get(url + "/cache/tree", timeout=10).status_code == 401
+    browser.get(url + "/")  # the page shell is public; nothing behind it is
+    element = lambda name: browser.find_element(By.ID, name)
+    wait_for(lambda: element("key-panel").is_displayed(), what="the API key form")
+    assert element("model-name").text == "API key required"
+    assert element("send").get_attribute("disabled")
+    element("api-key").send_keys("wrong")
+    element("save-key").click()
+    wait_for(lambda: element("model-name").text == "the API key was refused", what="refusal")
+    assert element("send").get_attribute("disabled")
+    element("api-key").clear()
+    element("api-key").send_keys(KEY)
+    element("save-key").click()
+    model = requests.get(url + "/v1/models", headers=keyed_server.headers, timeout=10).json()
+    wait_for(lambda: element("model-name").text == model["data"][0]["id"], what="the model")
+    assert not element("key-panel").is_displayed() and not element("send").get_attribute("disabled")
+    for name, value in (("max-tokens", "4"), ("temperature", "0")):
+        element(name).clear()
+        element(name).send_keys(value)
+    element("prompt").send_keys("Hi")
+    element("send").click()
+    stats = lambda: browser.find_elements(By.CSS_SELECTOR, "#messages .assistant .stats")
+    wait_for(lambda: stats() and "4 tokens" in stats()[-1].text, what="the answer's numbers")
+    wait_for(lambda: element("hit-rate").text.endswith("%"), what="the cache view, with the key")
 
 
 def _open_stream(url: str, headers: dict, started: threading.Event, stop: threading.Event):

@@ -12,7 +12,6 @@ from types import SimpleNamespace
 
 import pytest
 import requests
-
 import torch
 
 from sglite.runtime.cache.kv_pool import KVPool

@@ -110,7 +110,14 @@ class DataParallelClient:
             self.replicas[index].abort(rid, message)
 
     def control(self, kind: str, timeout: float = 60.0, **args: Any) -> Any:
-        """Run a control request on every replica and combine the answers."""
+        """Run a control request on every replica and combine the answers (`cache_tree`: on
+        the replica numbered `replica`, with the replica count)."""
+        if kind == "cache_tree":
+            index = args.pop("replica", 0)
+            if not 0 <= index < len(self.replicas):
+                raise ValueError(f"replica must be between 0 and {len(self.replicas) - 1}")
+            tree = self.replicas[index].control(kind, timeout=timeout, **args)
+            return {**tree, "replica": index, "replicas": len(self.replicas)}
         answers = [r.control(kind, timeout=timeout, **args) for r in self.replicas]
         if kind == "get_info":
             return self._merge_info(answers)

@@ -145,6 +145,8 @@ class ServerArgs:
     max_stored_responses: int = 1024
     max_request_body_bytes: int = 16 * 1024 * 1024  # larger bodies get HTTP 413
     allow_origins: str | None = None  # CORS, comma-separated origins or "*"; None = off
+    # The page at `/` (chat playground, radix cache view, metrics); True turns it off.
+    disable_web_ui: bool = False
     # On SIGTERM, let requests in flight finish for this many seconds, then abort the rest.
     graceful_shutdown_timeout: float = 30.0
     # When the scheduler process dies: start a new one (True) or exit non-zero (False).
@@ -347,6 +349,6 @@ SERVER_ONLY = frozenset(
     {
         "host", "port", "api_key", "served_model_name", "strict_model_name", "tool_call_parser",
         "reasoning_parser", "max_stored_responses", "max_request_body_bytes", "allow_origins",
-        "graceful_shutdown_timeout", "restart_on_failure",
+        "graceful_shutdown_timeout", "restart_on_failure", "disable_web_ui",
     }
 )  # fmt: skip

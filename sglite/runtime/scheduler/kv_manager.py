@@ -14,7 +14,7 @@ pool before it is locked, and `req.match_split` says how many tokens came from w
 from __future__ import annotations
 
 from sglite.runtime.cache.kv_pool import KVPool
-from sglite.runtime.cache.radix_cache import RadixCache
+from sglite.runtime.cache.radix_cache import RadixCache, TreeNode
 from sglite.runtime.cache.tiered_cache import TieredRadixCache
 from sglite.runtime.scheduler.request import Req
 
@@ -30,6 +30,9 @@ class RequestKVManager:
         self.cache_enabled = cache_enabled
         self.min_cached_prefix = min_cached_prefix
         self.tiered = cache if isinstance(cache, TieredRadixCache) and cache_enabled else None
+        # The latest first admission: (rid, its matched node, matched and prompt tokens), for
+        # the web UI's cache view. A reference only: the node may leave the tree later.
+        self.last_admission: tuple[str, TreeNode | None, int, int] | None = None
 
     def match_and_lock(self, req: Req) -> int:
         """Attach the longest usable cached prefix to `req` and lock it. Returns its length.
@@ -63,6 +66,7 @@ class RequestKVManager:
     def record_admission(self, req: Req) -> None:
         """Count a request's first admission: its cache hit per tier."""
         req.cached_tokens_details = dict(req.match_split)
+        self.last_admission = (req.rid, req.last_node, req.cached_len, len(req.prompt_ids))
         if self.tiered is not None and req.last_node is not None:
             self.tiered.record_hits(req.last_node, req.match_split)
 

@@ -30,7 +30,6 @@ from sglite.runtime.scheduler.drafts import MAX_DRAFT_TOKENS
 from sglite.runtime.scheduler.request import Req
 from sglite.runtime.scheduler.speculation import DraftLength, TokenHistory, draft_room
 
-
 # A draft from the radix cache continues the request's whole context, not just its last few
 # tokens, so it is accepted more often: it may be this many times the request's draft length.
 CACHE_DRAFT_SCALE = 4

@@ -60,6 +60,8 @@ def _handle_control(scheduler: Any, msg: ControlInput) -> ControlOutput:
             value = scheduler.info()
         elif msg.kind == "check_invariants":
             value = scheduler.check_invariants()
+        elif msg.kind == "cache_tree":
+            value = scheduler.cache_tree(**msg.args)
         else:
             raise ValueError(f"unknown control request {msg.kind!r}")
         return ControlOutput(token=msg.token, ok=True, value=value)

@@ -23,6 +23,7 @@ import torch
 from sglite.runtime.cache.factory import build_cache
 from sglite.runtime.cache.kv_pool import KVPool
 from sglite.runtime.cache.tiered_cache import TieredRadixCache
+from sglite.runtime.cache.tree_view import snapshot_tree
 from sglite.runtime.constrained import GrammarError, GrammarManager, create_backend
 from sglite.runtime.distributed.parallel import SINGLE, TensorParallelGroup
 from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
@@ -133,7 +134,9 @@ class Scheduler:
             self.proposer = ForcedTokenProposer(self.context_len)
         self.verifier = DraftVerifier(self.pool, self.counters)
         self.speculator: Speculator | None
-        self.speculator = build_speculator(args, loaded, self.context_len, capacity)
+        self.speculator = build_speculator(
+            args, loaded, self.context_len, capacity, self.cache if self.cache_enabled else None
+        )
         self.speculated: set[str] = set()  # rids whose draft this step is speculative
         self.spec_costs: SpeculationCosts | None = None
         if self.speculator is not None and args.speculative_adaptive:
@@ -585,6 +588,22 @@ class Scheduler:
             self.speculator.check_invariants()
         return self.kv.check_invariants(holders)
 
+    def cache_tree(self, depth: int, max_nodes: int, text_tokens: int) -> dict[str, Any]:
+        """A bounded snapshot of the radix tree (`cache/tree_view.py`) with the path the latest
+        admitted request matched, and the live statistics (`info`)."""
+        rid, node, matched, prompt = self.kv.last_admission or (None, None, 0, 0)
+        decode = lambda ids: self.tokenizer.hf.decode(ids)
+        tree = snapshot_tree(
+            self.cache,
+            decode,
+            depth=depth,
+            max_nodes=max_nodes,
+            text_tokens=text_tokens,
+            highlight=node,
+        )
+        last = {"rid": rid, "cached_tokens": matched, "prompt_tokens": prompt} if rid else None
+        return {**tree, "last_request": last, "stats": self.info()}
+
     def info(self) -> dict[str, Any]:
         """Live statistics for get_server_info."""
         stats = self.cache.stats
@@ -599,6 +618,7 @@ class Scheduler:
             "pool_usage": used / self.pool.capacity,
             "cache_hit_rate": stats.matched_tokens / queried,
             "cached_prompt_tokens": stats.matched_tokens,
+            "evicted_tokens": stats.evicted_tokens,
             "queried_prompt_tokens": stats.queried_tokens,
             "new_token_ratio": self.new_token_ratio,
             **self.counters,

@@ -3,8 +3,8 @@
 A `Speculator` proposes a request's draft for the next decode step (the scheduler verifies it
 with `drafts.DraftVerifier`), learns how much of it was accepted, and forgets finished requests.
 Two exist: n-gram lookup in the radix cache and the request's own text (`ngram.py`) and a
-draft model (`draft_model.py`). Both keep, per request, a copy of its tokens extended by the new ones
-(`TokenHistory`) and a draft length adapted to its acceptance (`DraftLength`).
+draft model (`draft_model.py`). Both keep, per request, a copy of its tokens extended by the
+new ones (`TokenHistory`) and a draft length adapted to its acceptance (`DraftLength`).
 """
 
 from __future__ import annotations

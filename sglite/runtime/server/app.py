@@ -16,6 +16,7 @@ from sglite.runtime.server import (
     openai_api,
     openai_chat,
     responses_api,
+    web_ui,
 )
 from sglite.runtime.server.errors import error_body, install_error_handlers
 from sglite.runtime.server.state import ServerState
@@ -36,14 +37,15 @@ async def send_error(
 
 
 class APIKeyMiddleware:
-    """Require `Authorization: Bearer <key>` on every route but /health (401 otherwise)."""
+    """Require `Authorization: Bearer <key>` on every route but `public` ones (401 otherwise)."""
 
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
+    def __init__(self, app: ASGIApp, api_key: str, public: frozenset[str]) -> None:
         self.app = app
         self._key = api_key.encode()
+        self.public = public
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:
+        if scope["type"] != "http" or scope["path"] in self.public:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])
@@ -174,18 +176,24 @@ def create_app(state: ServerState) -> FastAPI:
     app.include_router(openai_chat.router)
     app.include_router(embeddings_api.router)
     app.include_router(responses_api.router)
+    app.include_router(web_ui.api_router)
+    public = PUBLIC_PATHS
+    if not state.args.disable_web_ui:
+        app.include_router(web_ui.page_router)
+        public = public | web_ui.PAGE_PATHS  # the page shell holds no data; its calls need keys
     routes = frozenset(
         native_api.route_paths()
         | openai_api.route_paths()
         | openai_chat.route_paths()
         | embeddings_api.route_paths()
         | responses_api.route_paths()
+        | web_ui.route_paths()
     )
     # Added last runs first: count -> CORS -> API key -> body limit -> JSON body -> routes.
     app.add_middleware(JSONBodyMiddleware)
     app.add_middleware(BodyLimitMiddleware, limit=state.args.max_request_body_bytes)
     if state.args.api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=state.args.api_key)
+        app.add_middleware(APIKeyMiddleware, api_key=state.args.api_key, public=public)
     if state.args.allow_origins:  # off by default: browsers may not call the API cross-site
         origins = [o.strip() for o in state.args.allow_origins.split(",") if o.strip()]
         app.add_middleware(

@@ -57,14 +57,16 @@ class _SchedulerCollector(Collector):
             value = info.get(key)
             if value is not None:
                 yield GaugeMetricFamily(PREFIX + name, doc, value=float(value))
-        for name, doc in DRAFT_COUNTERS:
+        for name, doc in SCHEDULER_COUNTERS:
             if name in info:
                 yield CounterMetricFamily(PREFIX + name, doc, value=float(info[name]))
         yield from _tier_metrics(info.get("hicache") or {})
 
 
-# Scheduler counters of drafted and accepted tokens (jump-forward and speculative decoding).
-DRAFT_COUNTERS = (
+# Scheduler counters: radix cache evictions, drafted and accepted tokens (jump-forward and
+# speculative decoding).
+SCHEDULER_COUNTERS = (
+    ("evicted_tokens", "Tokens evicted from the radix cache (freed from the KV pool)"),
     ("spec_draft_tokens", "Speculative draft tokens verified"),
     ("spec_accepted_tokens", "Speculative draft tokens the model emitted as its own"),
     ("spec_verify_passes", "Per-request verifications of a speculative draft"),

@@ -236,14 +236,14 @@ async def model_info(request: Request) -> dict[str, Any]:
     return _model_info(get_state(request))
 
 
-async def _control(state: ServerState, kind: str) -> Any:
+async def control_or_503(state: ServerState, kind: str, **args: Any) -> Any:
     """A scheduler control request; 503 when the scheduler dies (or hangs) while it runs.
 
     `check_alive` before the call cannot see a death during it, which would otherwise surface
     as a RuntimeError (a 500, or a 400 from /flush_cache).
     """
     try:
-        return await state.control(kind)
+        return await state.control(kind, **args)
     except (TimeoutError, FutureTimeoutError):
         raise APIError(503, f"the model did not answer ({kind}) in time") from None
     except Exception:
@@ -253,7 +253,7 @@ async def _control(state: ServerState, kind: str) -> Any:
 
 async def _server_info(state: ServerState) -> dict[str, Any]:
     state.check_alive()
-    live = await _control(state, "get_info")
+    live = await control_or_503(state, "get_info")
     try:
         invariants: dict[str, Any] = {"ok": True, **await state.control("check_invariants")}
     except Exception as exc:  # report a leak instead of failing the info request
@@ -301,7 +301,7 @@ async def flush_cache(request: Request, body: FlushCacheIn | None = None) -> Pla
     state = get_state(request)
     state.check_alive()
     try:
-        await _control(state, "flush_cache")
+        await control_or_503(state, "flush_cache")
     except RuntimeError as exc:
         message = str(exc).split(": ", 1)[-1] if str(exc).startswith("RuntimeError") else str(exc)
         raise APIError(400, f"the cache was not flushed: {message}") from None
