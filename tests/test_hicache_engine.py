@@ -202,6 +202,10 @@ def test_http_server_reports_tiers(tmp_path):
             )
             assert r.status_code == 200, r.text
             metas.append(r.json()["meta_info"])
+            if len(metas) == 3:  # document 1 is in the host tier only: the cache view says so
+                tree = requests.get(server.url + "/cache/tree", timeout=30).json()
+                assert "host" in {node["tier"] for node in tree["nodes"]}, tree["nodes"]
+                assert tree["stats"]["hicache"]["host"]["tokens"] > 80
         assert metas[0]["cached_tokens"] == 0
         assert metas[3]["cached_tokens_details"]["host"] > 80, metas[3]
         info = requests.get(server.url + "/get_server_info", timeout=30).json()

@@ -83,6 +83,7 @@ def test_the_web_ui_asks_for_the_api_key_and_chats_only_with_it(keyed_server, br
     stats = lambda: browser.find_elements(By.CSS_SELECTOR, "#messages .assistant .stats")
     wait_for(lambda: stats() and "4 tokens" in stats()[-1].text, what="the answer's numbers")
     wait_for(lambda: element("hit-rate").text.endswith("%"), what="the cache view, with the key")
+    browser.get("about:blank")  # stop polling a server the last test stops
 
 
 def _open_stream(url: str, headers: dict, started: threading.Event, stop: threading.Event):

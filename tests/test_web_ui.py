@@ -5,6 +5,8 @@ key: tests/test_server_lifecycle.py.) The snapshot behind the cache view is chec
 
 from __future__ import annotations
 
+import json
+
 import openai
 import pytest
 import requests
@@ -22,7 +24,10 @@ pytestmark = pytest.mark.usefixtures("page")
 
 @pytest.fixture(scope="module")
 def page(browser, sglite_server):
-    """The page loaded once for the module, connected to the shared server."""
+    """The page loaded once for the module, connected to the shared server (the browser's
+    console log is emptied first: an earlier page's messages are not this page's)."""
+    browser.get("about:blank")
+    console_errors(browser)
     browser.get(sglite_server.url + "/")
     model = requests.get(sglite_server.url + "/v1/models", timeout=10).json()["data"][0]["id"]
     wait_for(lambda: browser.find_element(By.ID, "model-name").text == model, what="the model")
@@ -101,6 +106,8 @@ def test_stop_aborts_the_request_on_the_server(page, sglite_server):
     content = answer.find_element(By.CLASS_NAME, "content")
     wait_for(lambda: content.text, what="the first tokens")
     assert _running(sglite_server) == 1
+    # While it runs, the cache view shows its prefix locked.
+    wait_for(lambda: _texts(page, "#tree .lock"), what="a locked node")
     page.find_element(By.ID, "stop").click()
     wait_for(lambda: _running(sglite_server) == 0, timeout=15, what="the server to abort it")
     assert answer.find_element(By.CLASS_NAME, "stats").text == "stopped"
@@ -141,6 +148,24 @@ def test_model_output_containing_html_shows_as_text(page):
     assert answer.find_element(By.CLASS_NAME, "content").text == markup
     assert page.find_elements(By.CSS_SELECTOR, "#messages script, #messages img") == []
     assert page.execute_script("return window.pwned") is None
+
+
+def test_a_json_schema_constrains_the_answer(page):
+    kind = Select(page.find_element(By.ID, "constraint-kind"))
+    kind.select_by_value("json_schema")
+    try:
+        _set(page, "constraint", "{not json")
+        answer = _send(page, "Pick a number.", max_tokens=40)
+        error = wait_for(lambda: answer.find_elements(By.CLASS_NAME, "error"), what="an error")
+        assert "not valid JSON" in error[0].text
+        schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+        _set(page, "constraint", json.dumps(schema))
+        answer = _send(page, "Pick a number.", max_tokens=40)
+        wait_for(lambda: "streaming" not in answer.get_attribute("class"), what="the answer")
+    finally:
+        kind.select_by_value("none")
+    value = json.loads(answer.find_element(By.CLASS_NAME, "content").text)
+    assert isinstance(value["n"], int)
 
 
 def test_the_tree_endpoint_is_bounded_and_checks_its_arguments(sglite_server):

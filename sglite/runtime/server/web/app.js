@@ -249,6 +249,11 @@ function renderCache(snapshot) {
   $("pool-usage").textContent = percent(s.pool_usage);
   $("cache-size").textContent = s.cache_size_tokens;
   $("evicted").textContent = s.evicted_tokens;
+  const tiers = Object.entries(s.hicache || {}).filter(([name]) => name !== "device");
+  $("tiers").hidden = tiers.length === 0;
+  $("tiers").textContent = "Lower tiers: " +
+    tiers.map(([name, tier]) => name + " " + tier.tokens + " tokens").join(" · ") +
+    " (disk pages live outside the tree; host-only nodes are drawn as host).";
   const last = snapshot.last_request;
   $("last-request").textContent = last
     ? "Last request: " + last.cached_tokens + " of its " + last.prompt_tokens +
