@@ -23,6 +23,7 @@ from sglite.lang import (
     get_server_info,
     global_config,
     greedy_token_selection,
+    image,
     select,
     set_default_backend,
     system,
@@ -41,7 +42,7 @@ __all__ = [
     "Engine", "EngineBackend", "OpenAI", "Runtime", "RuntimeEndpoint", "assistant",
     "assistant_begin", "assistant_end", "call_tool", "flush_cache", "function", "function_tool",
     "gen", "gen_int", "gen_string", "get_server_info", "global_config", "greedy_token_selection",
-    "select", "set_default_backend", "system", "system_begin", "system_end",
+    "image", "select", "set_default_backend", "system", "system_begin", "system_end",
     "token_length_normalized", "tools_prompt", "unconditional_likelihood_normalized", "user",
     "user_begin", "user_end",
 ]  # fmt: skip

@@ -14,6 +14,7 @@ from sglite.lang.api import (
     gen_int,
     gen_string,
     get_server_info,
+    image,
     select,
     set_default_backend,
     system,
@@ -43,7 +44,8 @@ __all__ = [
     "Runtime", "RuntimeEndpoint", "SglFunction", "assistant", "assistant_begin", "assistant_end",
     "call_tool", "flush_cache", "function", "function_tool", "gen", "gen_int", "gen_string",
     "get_chat_template",
-    "get_server_info", "global_config", "greedy_token_selection", "select", "set_default_backend",
+    "get_server_info", "global_config", "greedy_token_selection", "image", "select",
+    "set_default_backend",
     "system", "system_begin", "system_end", "token_length_normalized", "tools_prompt",
     "unconditional_likelihood_normalized", "user", "user_begin", "user_end",
 ]  # fmt: skip

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +14,7 @@ from sglite.lang.ir import (
     SglExpr,
     SglExprList,
     SglGen,
+    SglImage,
     SglRoleBegin,
     SglRoleEnd,
     SglSamplingParams,
@@ -250,6 +252,30 @@ def select(
     if not all(isinstance(c, str) and c for c in choices):
         raise ValueError("select choices must be non-empty strings")
     return SglSelect(name, list(choices), temperature, choices_method)
+
+
+def image(path_or_bytes: str | bytes | os.PathLike) -> SglImage:
+    """An image in the prompt, inside a role: `s += sgl.user(sgl.image("cat.png") + "What is
+    this?")`. A file path or bytes are read now and sent as a base64 data: URL (so a server on
+    another machine gets the picture); a data: URL or an http(s) URL is sent as it is."""
+    if isinstance(path_or_bytes, (bytes, bytearray)):
+        return SglImage(_data_url(bytes(path_or_bytes)))
+    source = os.fspath(path_or_bytes)
+    if source.startswith(("data:", "http://", "https://")):
+        return SglImage(source)
+    try:
+        with open(source, "rb") as f:
+            return SglImage(_data_url(f.read()))
+    except OSError as exc:
+        raise ValueError(f"sgl.image: cannot read {source!r} ({exc.strerror})") from None
+
+
+def _data_url(data: bytes) -> str:
+    import base64
+
+    # The server decodes by content; the media type only labels the URL.
+    kind = "png" if data[:8] == b"\x89PNG\r\n\x1a\n" else "jpeg"
+    return f"data:image/{kind};base64," + base64.b64encode(data).decode()
 
 
 def _role_common(name: str, expr: Any = None) -> SglExprList:

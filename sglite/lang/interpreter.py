@@ -33,6 +33,7 @@ from sglite.lang.ir import (
     SglExpr,
     SglExprList,
     SglGen,
+    SglImage,
     SglRoleBegin,
     SglRoleEnd,
     SglSamplingParams,
@@ -255,6 +256,7 @@ class StreamExecutor:
         self.is_finished = False
 
         self.text_ = ""
+        self.images_: list[str] = []  # sources of the images in text_, in order (image_data)
         self.messages_: list[dict[str, Any]] = []
         self.chat_template = chat_template or backend.get_chat_template()
         self.cur_role: str | None = None  # the worker's view of the open role
@@ -450,6 +452,7 @@ class StreamExecutor:
             child.variables = dict(self.variables)
             child.meta_info = dict(self.meta_info)
             child.text_ = self.text_
+            child.images_ = list(self.images_)
             child.messages_ = list(self.messages_)
             child.cur_role = self.cur_role
             child.cur_role_begin_pos = self.cur_role_begin_pos
@@ -490,6 +493,10 @@ class StreamExecutor:
         elif isinstance(expr, SglExprList):
             for child in expr.expr_list:
                 self._execute(child)
+        elif isinstance(expr, SglImage):
+            with self._cond:
+                self.images_.append(expr.source)
+            self._fill(self.chat_template.image_token)
         elif isinstance(expr, SglGen):
             self._execute_gen(expr)
         elif isinstance(expr, SglSelect):

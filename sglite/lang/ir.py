@@ -252,6 +252,19 @@ class SglConstantText(SglExpr):
         return f"Constant({self.value!r})"
 
 
+class SglImage(SglExpr):
+    """An image in the prompt (vision-language models): the chat template's image token in the
+    text, the image sent with the request as `image_data`. `source` is a data: URL (files and
+    bytes are encoded into one when the expression is made) or an URL."""
+
+    def __init__(self, source: str) -> None:
+        super().__init__()
+        self.source = source
+
+    def __repr__(self) -> str:
+        return f"Image({self.source[:40]!r})"
+
+
 class SglGen(SglExpr):
     """A generation call: the model continues the text; the result is stored under `name`."""
 

@@ -58,15 +58,18 @@ class Engine:
         return_text_in_logprobs: bool = False,
         stream: bool = False,
         rid: str | list[str] | None = None,
+        image_data: Any = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """Generate for one prompt (a dict), a batch (a list), or stream one prompt's chunks.
 
-        A single prompt with `n > 1` returns a list of n results. Raises ValueError for invalid
-        input (the engine keeps serving).
+        A single prompt with `n > 1` returns a list of n results. `image_data` (vision-language
+        models): an image (data: URL, file path, base64 or bytes) or a list of them, a list per
+        prompt for a batch; the prompt's image tokens mark where they go (else they go first).
+        Raises ValueError for invalid input (the engine keeps serving).
         """
         reqs, single = self._prepare(
             prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-            top_logprobs_num, return_text_in_logprobs, stream, rid,
+            top_logprobs_num, return_text_in_logprobs, stream, rid, image_data,
         )  # fmt: skip
         if stream:
             return self._stream_sync(reqs[0])
@@ -84,11 +87,12 @@ class Engine:
         return_text_in_logprobs: bool = False,
         stream: bool = False,
         rid: str | list[str] | None = None,
+        image_data: Any = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
         """The coroutine form of `generate`; with `stream=True` it returns an async iterator."""
         reqs, single = self._prepare(
             prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-            top_logprobs_num, return_text_in_logprobs, stream, rid,
+            top_logprobs_num, return_text_in_logprobs, stream, rid, image_data,
         )  # fmt: skip
         if stream:
             return self._stream_async(reqs[0])
@@ -113,7 +117,7 @@ class Engine:
         self._check_open()
         stream = args[7]
         tm = self.tokenizer_manager
-        reqs, is_batch = tm.normalize(*args[:7], rid=args[8])
+        reqs, is_batch = tm.normalize(*args[:7], rid=args[8], image_data=args[9])
         expanded = tm.expand_n(reqs)
         if stream and (is_batch or len(expanded) != 1):
             raise ValueError("stream=True takes a single prompt with n=1")

@@ -127,6 +127,10 @@ class ServerArgs:
     max_n: int = 64  # most choices (`n`) per request
     max_new_tokens_limit: int | None = None  # cap on max_new_tokens; None = the context length
     request_timeout: float | None = None  # seconds; a longer request ends with an error
+    # Vision-language models: most images per request, and whether http(s) image URLs are
+    # fetched (off: only data: URLs, base64 and local files are read).
+    max_images_per_request: int = 8
+    allow_remote_images: bool = False
     # Server-only settings (`SERVER_ONLY`: the in-process Engine refuses them).
     host: str = "127.0.0.1"
     port: int = 30000

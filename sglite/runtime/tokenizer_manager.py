@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sglite.runtime.constrained import CONSTRAINT_KINDS, validate_constraint
+from sglite.runtime.multimodal.image_input import ImageLimits
+from sglite.runtime.multimodal.processor import ImageItem, ImagePromptBuilder
+from sglite.runtime.multimodal.spec import vision_spec
 from sglite.runtime.sampling.params import SamplingParams
 from sglite.runtime.scheduler.io import GenerateInput, RequestOutput
 from sglite.runtime.scheduler_client import SchedulerClient
@@ -43,6 +46,7 @@ class GenerateRequest:
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
     pooling: str | None = None  # an embedding request ("last" or "mean")
+    images: list[ImageItem] = field(default_factory=list)  # in the prompt (expanded ids)
 
 
 @dataclass
@@ -80,6 +84,13 @@ class TokenizerManager:
         # Requests submitted to the scheduler whose consumer has not finished with them yet.
         self.in_flight: dict[str, _RequestState] = {}
         self.output_hooks: list[OutputHook] = []
+        spec = vision_spec(client.info.get("model_path"))
+        self.images: ImagePromptBuilder | None = None
+        if spec is not None:
+            limits = ImageLimits(
+                max_images=args.max_images_per_request, allow_remote=args.allow_remote_images
+            )
+            self.images = ImagePromptBuilder(spec, tokenizer.hf, self.vocab_size, limits)
 
     @property
     def num_in_flight(self) -> int:
@@ -102,11 +113,14 @@ class TokenizerManager:
         top_logprobs_num: int | list[int] | None = None,
         return_text_in_logprobs: bool = False,
         rid: str | list[str] | None = None,
+        image_data: Any = None,
     ) -> tuple[list[GenerateRequest], bool]:
         """Turn user arguments into validated requests. Returns (requests, is_batch).
 
         Raises ValueError naming the problem (empty prompt, bad sampling parameter, a prompt too
-        long for the context or the KV pool, token ids outside the vocabulary).
+        long for the context or the KV pool, token ids outside the vocabulary, a bad image or
+        images for a text-only model). `image_data`: per prompt an image or a list of them
+        (a list per prompt for a batch).
         """
         if (prompt is None) == (input_ids is None):
             raise ValueError("give exactly one of prompt (text) and input_ids")
@@ -123,11 +137,17 @@ class TokenizerManager:
             is_batch = bool(input_ids) and isinstance(input_ids[0], list)
             ids_list = input_ids if is_batch else [input_ids]
         n = len(ids_list)
+        images_per_prompt = self._split_images(image_data, n, is_batch)
         reqs = []
         for i, ids in enumerate(ids_list):
             params = _pick(sampling_params, i, n) or {}
             if not isinstance(params, dict):
                 raise ValueError("sampling_params must be an object")
+            images: list[ImageItem] = []
+            if images_per_prompt[i]:
+                assert self.images is not None
+                where = f"image_data[{i}]" if is_batch else "image_data"
+                ids, images = self.images.build(ids, images_per_prompt[i], where)
             reqs.append(
                 self._make_request(
                     ids,
@@ -139,7 +159,20 @@ class TokenizerManager:
                     return_text_in_logprobs=return_text_in_logprobs,
                 )
             )
+            reqs[-1].images = images
         return reqs, is_batch
+
+    def _split_images(self, image_data: Any, n: int, is_batch: bool) -> list[list[Any]]:
+        """Each prompt's list of images (empty lists without `image_data`)."""
+        if image_data is None:
+            return [[] for _ in range(n)]
+        if self.images is None:
+            raise ValueError("image_data: this model takes text only (it has no vision tower)")
+        if not is_batch:
+            return [image_data if isinstance(image_data, list) else [image_data]]
+        if not isinstance(image_data, list) or len(image_data) != n:
+            raise ValueError(f"image_data: a batch of {n} prompts needs a list of {n} entries")
+        return [[] if d is None else d if isinstance(d, list) else [d] for d in image_data]
 
     def _make_request(
         self,
@@ -242,6 +275,7 @@ class TokenizerManager:
                         req.logprob_start_len,
                         req.top_logprobs_num,
                         req.return_text_in_logprobs,
+                        images=req.images,
                     )
                 )
         return out
@@ -264,6 +298,7 @@ class TokenizerManager:
             arrival_time=time.monotonic(),
             stream=stream,
             pooling=req.pooling,
+            images=req.images,
         )
         self.client.submit(inp, on_output)
         self.in_flight[req.rid] = state

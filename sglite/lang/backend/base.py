@@ -176,13 +176,15 @@ class NativeBackend(BaseBackend):
         # A prefill-only request: the text so far enters the radix cache, so every branch of a
         # fork that follows hits it instead of recomputing it.
         if s.text_:
-            self._request({"text": s.text_, "sampling_params": {"max_new_tokens": 0}})
+            payload = {"text": s.text_, "sampling_params": {"max_new_tokens": 0}}
+            self._request(_with_images(payload, s))
 
     # ------------------------------------------------------------------ generation
     def generate(
         self, s: StreamExecutor, sampling_params: SglSamplingParams
     ) -> tuple[str | list[str], dict[str, Any] | list[dict[str, Any]]]:
         payload, from_dtype = self._generate_payload(s.text_, sampling_params)
+        _with_images(payload, s)
         result = self._with_constraint_fallback(payload, from_dtype, self._request)
         if isinstance(result, list):  # n > 1
             return [r["text"] for r in result], [r["meta_info"] for r in result]
@@ -192,6 +194,7 @@ class NativeBackend(BaseBackend):
         self, s: StreamExecutor, sampling_params: SglSamplingParams
     ) -> Iterator[tuple[str, dict[str, Any]]]:
         payload, from_dtype = self._generate_payload(s.text_, sampling_params)
+        _with_images(payload, s)
         payload["stream"] = True
 
         def start(p: dict[str, Any]) -> tuple[Iterator[dict[str, Any]], dict[str, Any] | None]:
@@ -265,20 +268,22 @@ class NativeBackend(BaseBackend):
         method = choices_method or token_length_normalized
         prefix = s.text_
         if prefix:
-            probe = self._request({"text": prefix, "sampling_params": {"max_new_tokens": 0}})
+            probe = {"text": prefix, "sampling_params": {"max_new_tokens": 0}}
+            probe = self._request(_with_images(probe, s))
             prompt_len = int(probe["meta_info"]["prompt_tokens"])
         else:
             prompt_len = 0
         start = max(prompt_len - 2, 0)
-        results = self._request(
-            {
-                "text": [prefix + c for c in choices],
-                "sampling_params": {"max_new_tokens": 0, "temperature": 0},
-                "return_logprob": True,
-                "return_text_in_logprobs": True,
-                "logprob_start_len": start,
-            }
-        )
+        batch = {
+            "text": [prefix + c for c in choices],
+            "sampling_params": {"max_new_tokens": 0, "temperature": 0},
+            "return_logprob": True,
+            "return_text_in_logprobs": True,
+            "logprob_start_len": start,
+        }
+        if s.images_:
+            batch["image_data"] = [list(s.images_) for _ in choices]
+        results = self._request(batch)
         input_token_logprobs = [
             _choice_entries(r["meta_info"]["input_token_logprobs"], prompt_len - start, c)
             for r, c in zip(results, choices)
@@ -324,3 +329,10 @@ def mean_logprob(entries: list[list[Any]]) -> float:
     """Mean logprob of `entries` ([logprob, id, text]), skipping null ones; -inf when empty."""
     values = [float(e[0]) for e in entries if e[0] is not None]
     return sum(values) / len(values) if values else float("-inf")
+
+
+def _with_images(payload: dict[str, Any], s: StreamExecutor) -> dict[str, Any]:
+    """`payload` with the program's images (`sgl.image`) as `image_data`, when it has any."""
+    if s.images_:
+        payload["image_data"] = list(s.images_)
+    return payload

@@ -77,6 +77,7 @@ def _generate_kwargs(payload: dict[str, Any]) -> dict[str, Any]:
         "logprob_start_len": payload.get("logprob_start_len"),
         "top_logprobs_num": payload.get("top_logprobs_num"),
         "return_text_in_logprobs": payload.get("return_text_in_logprobs", False),
+        "image_data": payload.get("image_data"),
     }
 
 

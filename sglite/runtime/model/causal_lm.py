@@ -179,7 +179,7 @@ class CausalLM(nn.Module):
         if self.deterministic:
             return row_forward.forward_rows(self, batch, pool)
         plan = AttentionPlan(batch, self.device)
-        residual = self.embed(batch.input_ids)  # a fresh tensor: updated in place
+        residual = self.input_embeddings(batch)  # a fresh tensor: updated in place
         decoder = self._decoder() if batch.mode is ForwardMode.DECODE else None
         if decoder is None or not decoder.run(residual, batch, pool):
             self._layers_forward(residual, batch, plan, pool)
@@ -213,6 +213,14 @@ class CausalLM(nn.Module):
         residual = self._embed(ids)
         if self.embedding_multiplier != 1.0:
             residual.mul_(self.embedding_multiplier)
+        return residual
+
+    def input_embeddings(self, batch: ForwardBatch) -> torch.Tensor:
+        """The batch's token embeddings, with `batch.input_embeds` (image features) in their
+        rows."""
+        residual = self.embed(batch.input_ids)
+        for row, embeds in batch.input_embeds or ():
+            residual[row : row + embeds.shape[0]] = embeds.to(residual.dtype)
         return residual
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:

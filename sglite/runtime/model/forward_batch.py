@@ -12,6 +12,7 @@ Invariants:
 - `logit_rows` indexes rows of the flattened T tokens whose logits are returned, in order;
   `hidden_rows` (optional) those whose final hidden states (after the final norm, float32) the
   model stores in `hidden` (embeddings).
+- `input_embeds` rows lie within the flattened T tokens and do not overlap.
 - `padded_slots`/`padded_mask` describe the *decode-like* sequences: every sequence in DECODE
   mode; in EXTEND mode (a decode step verifying jump-forward drafts) the sequences listed in
   `decode_seqs`, those with one new token after a cached prefix, which attention then serves
@@ -55,6 +56,9 @@ class ForwardBatch:
     # Rows whose final hidden states are wanted, and where the model puts them ([H, hidden]).
     hidden_rows: torch.Tensor | None = None
     hidden: torch.Tensor | None = None
+    # EXTEND only: (first row, [n, hidden] embeddings) replacing the token embeddings of rows
+    # [first, first + n) (an image's projected features; `multimodal/vision_encoder.py`).
+    input_embeds: list[tuple[int, torch.Tensor]] | None = None
 
     @property
     def decode_seq_lens(self) -> list[int]:

@@ -45,7 +45,7 @@ def forward_rows(model: CausalLM, batch: ForwardBatch, pool: KVPool) -> torch.Te
     """`CausalLM.forward` in deterministic mode (see the module docstring)."""
     decoder = model._decoder()
     assert isinstance(decoder, NativeDecoder) and decoder.deterministic
-    residual = model.embed(batch.input_ids)
+    residual = model.input_embeddings(batch)
     table = row_slot_table(batch)
     step = decoder.max_rows
     for start in range(0, residual.shape[0], step):

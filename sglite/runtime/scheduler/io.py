@@ -30,6 +30,8 @@ class GenerateInput:
     # An embedding request: the prompt's hidden states pooled ("last" token or "mean"), no
     # output tokens.
     pooling: str | None = None
+    # Images in the prompt (`multimodal.processor.ImageItem`), in prompt order.
+    images: list[Any] = field(default_factory=list)
 
 
 @dataclass

@@ -21,6 +21,7 @@ import torch
 from sglite.runtime.cache.radix_cache import TreeNode
 from sglite.runtime.constrained import GrammarMatcher, GrammarTicket
 from sglite.runtime.detokenizer import IncrementalDetokenizer, StopChecker
+from sglite.runtime.multimodal.processor import ImageItem
 from sglite.runtime.sampling.params import SamplingParams
 from sglite.runtime.sampling.sampler import SamplingInfo
 from sglite.runtime.scheduler.io import GenerateInput, RequestOutput
@@ -77,6 +78,7 @@ class Req:
     top_logprobs_num: int = 0
     stream: bool = True  # False: only the first and the final increment are sent
     pooling: Pooling | None = None  # an embedding request
+    images: list[ImageItem] = field(default_factory=list)  # in the prompt, in order
 
     output_ids: list[int] = field(default_factory=list)
     # Constrained decoding: the matcher has consumed exactly `output_ids` (ticket while compiling).
@@ -132,6 +134,7 @@ class Req:
             top_logprobs_num=inp.top_logprobs_num,
             stream=inp.stream,
             pooling=Pooling(inp.pooling) if inp.pooling else None,
+            images=list(inp.images),
         )
 
     @property

@@ -28,6 +28,8 @@ from sglite.runtime.constrained import GrammarError, GrammarManager, create_back
 from sglite.runtime.distributed.parallel import SINGLE, TensorParallelGroup
 from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from sglite.runtime.model.loader import LoadedModel
+from sglite.runtime.multimodal.spec import vision_spec
+from sglite.runtime.multimodal.vision_encoder import VisionEncoder
 from sglite.runtime.sampling.sampler import Sampler
 from sglite.runtime.scheduler.drafts import (
     SPECULATION,
@@ -141,6 +143,10 @@ class Scheduler:
         self.spec_costs: SpeculationCosts | None = None
         if self.speculator is not None and args.speculative_adaptive:
             self.spec_costs = SpeculationCosts()
+        spec = vision_spec(loaded.model_path)
+        self.vision = (
+            VisionEncoder(spec, self.config.hidden_size, self.device) if spec is not None else None
+        )
         self.retokenizer: RetokenizingJump | None = None
         if self.jump_forward == "retokenize":
             encode = lambda text: self.tokenizer.hf.encode(text, add_special_tokens=False)
@@ -300,6 +306,8 @@ class Scheduler:
             plan.logit_rows,
             self.device,
         )
+        if self.vision is not None:
+            fb.input_embeds = self.vision.input_embeds(plan)
         if plan.hidden_rows:
             rows = plan.hidden_rows
             fb.hidden_rows = torch.tensor(rows, dtype=torch.long, device=fb.input_ids.device)
@@ -624,6 +632,7 @@ class Scheduler:
             **self.counters,
             **self._tier_info(),
             **(self.speculator.info() if self.speculator is not None else {}),
+            **(self.vision.info() if self.vision is not None else {}),
             **({"speculative_costs": self.spec_costs.info()} if self.spec_costs else {}),
         }
 

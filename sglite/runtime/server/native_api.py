@@ -97,8 +97,6 @@ def _sampling_dicts(
 async def generate(body: GenerateRequestIn, request: Request) -> Any:
     """Generate text for a prompt, a batch of prompts, or token ids (SGLang's /generate)."""
     state = get_state(request)
-    if body.image_data is not None:
-        raise APIError(400, "image_data: images are not supported", param="image_data")
     _check_per_prompt_lists(body)
     try:
         reqs, is_batch = prepare_requests(
@@ -111,12 +109,15 @@ async def generate(body: GenerateRequestIn, request: Request) -> Any:
             top_logprobs_num=body.top_logprobs_num,
             return_text_in_logprobs=bool(body.return_text_in_logprobs),
             rid=body.rid,
+            image_data=body.image_data,
         )
     except ValueError as exc:
         err = bad_request(exc)
         constraint = constraint_of(err.message)
         if constraint is not None:  # an invalid grammar: the message is the parser's
             err.param = f"sampling_params.{constraint}"
+        elif err.message.startswith("image_data"):
+            err.param = "image_data"
         elif err.param is None:  # prompt problems: name the field the prompt came in
             err.param = "input_ids" if body.input_ids is not None else "text"
         raise err from None

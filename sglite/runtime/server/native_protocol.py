@@ -67,7 +67,12 @@ class GenerateRequestIn(BaseModel):
     return_text_in_logprobs: Bool | None = None
     stream: Bool | None = None
     rid: str | list[str] | None = None
-    image_data: Any = Field(None, description="not supported (text-only models)")
+    image_data: Any = Field(
+        None,
+        description="vision-language models: an image (data: URL, file path or base64; http(s) "
+        "URLs with --allow-remote-images) or a list of them; a list per prompt for a batch. The "
+        "prompt's image tokens mark where they go (else they go first)",
+    )
 
 
 class MetaInfo(BaseModel):

@@ -63,23 +63,47 @@ router = APIRouter(prefix="/v1")
 _GENERATE_ERRORS = error_responses(*GENERATE_ERRORS_CODES)
 
 
-def _render_messages(state: ServerState, body: ChatCompletionRequest, plan: ToolPlan) -> list[int]:
+def _content_text(
+    state: ServerState, content: list[Any], i: int, images: list[dict[str, str]]
+) -> str:
+    """A content part list as text; each `image_url` part becomes the model's image token and
+    its source is appended to `images` (labelled with where it came from)."""
+    builder = state.tokenizer_manager.images
+    parts = []
+    for j, part in enumerate(content):
+        if part.type == "text" and part.text is not None:
+            parts.append(part.text)
+            continue
+        where = f"messages.{i}.content.{j}"
+        if part.type == "image_url" and builder is not None:
+            url = getattr(part, "image_url", None)
+            url = url.get("url") if isinstance(url, dict) else url
+            if not isinstance(url, str) or not url:
+                raise APIError(400, f"{where}: image_url needs a url", param=where)
+            images.append({"url": url, "label": where})
+            parts.append(builder.image_token)
+            continue
+        kind = "text and image_url" if builder is not None else "text"
+        raise APIError(
+            400,
+            f"{where}: only {kind} content parts are supported for this model "
+            f"(got type {part.type!r})",
+            param=f"messages.{i}.content",
+            code="not_supported",
+        )
+    return "".join(parts)
+
+
+def _render_messages(
+    state: ServerState, body: ChatCompletionRequest, plan: ToolPlan
+) -> tuple[list[int], list[dict[str, str]]]:
+    """The prompt's token ids and its images (`image_url` parts, in order)."""
     messages = []
+    images: list[dict[str, str]] = []
     for i, msg in enumerate(body.messages):
         content: Any = msg.content
         if isinstance(content, list):
-            parts = []
-            for j, part in enumerate(content):
-                if part.type != "text" or part.text is None:
-                    raise APIError(
-                        400,
-                        f"messages.{i}.content.{j}: only text content parts are supported "
-                        f"(got type {part.type!r})",
-                        param=f"messages.{i}.content",
-                        code="not_supported",
-                    )
-                parts.append(part.text)
-            content = "".join(parts)
+            content = _content_text(state, content, i, images)
         entry: dict[str, Any] = {"role": msg.role, "content": content or ""}
         for key in ("name", "tool_calls", "tool_call_id"):
             value = getattr(msg, key)
@@ -110,7 +134,7 @@ def _render_messages(state: ServerState, body: ChatCompletionRequest, plan: Tool
     # Templates that write the BOS text themselves get a second BOS from the tokenizer.
     if bos is not None and len(ids) >= 2 and ids[0] == bos and ids[1] == bos:
         ids = ids[1:]
-    return ids
+    return ids, images
 
 
 def _reasoning_format(state: ServerState, body: ChatCompletionRequest) -> ReasoningFormat | None:
@@ -217,11 +241,12 @@ def prepare_chat(state: ServerState, body: ChatCompletionRequest) -> PreparedCha
         constraint = OutputConstraint("ebnf", plan.grammar, "tools")
     if body.top_logprobs and not body.logprobs:
         raise APIError(400, "top_logprobs: requires logprobs: true", param="top_logprobs")
-    ids = _render_messages(state, body, plan)
+    ids, images = _render_messages(state, body, plan)
     max_tokens = body.max_completion_tokens if body.max_tokens is None else body.max_tokens
     if max_tokens is None:  # the rest of the context (or of the KV pool, if smaller)
         tm = state.tokenizer_manager
-        max_tokens = max(0, min(tm.context_len, tm.max_total_tokens) - len(ids))
+        prompt_len = len(ids) + (tm.images.extra_tokens(len(images)) if tm.images else 0)
+        max_tokens = max(0, min(tm.context_len, tm.max_total_tokens) - prompt_len)
         if state.args.max_new_tokens_limit is not None:
             max_tokens = min(max_tokens, state.args.max_new_tokens_limit)
     base_id = body.rid or f"chatcmpl-{uuid.uuid4().hex}"
@@ -242,6 +267,7 @@ def prepare_chat(state: ServerState, body: ChatCompletionRequest) -> PreparedCha
         top_logprobs_num=num_top,
         return_text_in_logprobs=True,
         rid=base_id,
+        image_data=images or None,
     )
     reasoning = _reasoning_format(state, body)
     return PreparedChat(reqs, plan, reasoning, body.n or 1, base_id, want_logprobs, num_top, ids)

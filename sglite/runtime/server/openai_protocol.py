@@ -94,7 +94,9 @@ class CompletionRequest(_SamplingExtras):
 
 
 class ContentPart(BaseModel):
-    """One part of a message's content; only `{"type": "text", "text": ...}` is supported."""
+    """One part of a message's content: `{"type": "text", "text": ...}`, or for vision-language
+    models `{"type": "image_url", "image_url": {"url": ...}}` (a data: URL or a file path; http(s)
+    URLs with --allow-remote-images)."""
 
     model_config = ConfigDict(extra="allow")
 

@@ -32,6 +32,7 @@ def prepare_requests(
     top_logprobs_num: int | list[int] | None = None,
     return_text_in_logprobs: bool = False,
     rid: str | list[str] | None = None,
+    image_data: Any = None,
 ) -> tuple[list[GenerateRequest], bool]:
     """Validate, tokenize and expand (`n`) a request; admit it or raise 400 / 503.
 
@@ -40,7 +41,7 @@ def prepare_requests(
     tm = state.tokenizer_manager
     reqs, is_batch = tm.normalize(
         text, sampling_params, input_ids, return_logprob, logprob_start_len,
-        top_logprobs_num, return_text_in_logprobs, rid=rid,
+        top_logprobs_num, return_text_in_logprobs, rid=rid, image_data=image_data,
     )  # fmt: skip
     expanded = tm.expand_n(reqs)
     check_request_ids(tm, expanded)

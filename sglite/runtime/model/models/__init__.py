@@ -8,7 +8,16 @@ forward pass is a `ModelConfig` field read by the shared layers (`layers/`).
 
 from __future__ import annotations
 
-from sglite.runtime.model.models import gemma3, llama, mixtral, phi3, qwen2, qwen3, qwen3_moe
+from sglite.runtime.model.models import (
+    gemma3,
+    llama,
+    llava,
+    mixtral,
+    phi3,
+    qwen2,
+    qwen3,
+    qwen3_moe,
+)
 from sglite.runtime.model.models.base import ModelFamily
 
 FAMILIES: tuple[ModelFamily, ...] = (
@@ -19,6 +28,7 @@ FAMILIES: tuple[ModelFamily, ...] = (
     mixtral.FAMILY,
     gemma3.FAMILY,
     phi3.FAMILY,
+    llava.FAMILY,
 )
 
 

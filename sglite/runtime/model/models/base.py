@@ -280,7 +280,10 @@ class ModelFamily:
         for name, tensor in weights:
             for prefix in self.hf_prefixes:
                 if name.startswith(prefix):
-                    name = "model." + name.removeprefix(prefix).removeprefix("model.")
+                    name = name.removeprefix(prefix)
+                    # The wrapped model's output projection (`language_model.lm_head`) is ours.
+                    if not name.startswith("lm_head."):
+                        name = "model." + name.removeprefix("model.")
             if self.hf_skipped and name.startswith(self.hf_skipped):
                 continue
             yield from split_fused(rename_parts(name, self.hf_renames), tensor, config)

@@ -1,0 +1,261 @@
+"""Images in: a tiny random LLaVA-1.5 (a CLIP vision tower, the projector and a small Llama)
+built with transformers in a temp dir with its processor, served by sglite and compared with
+transformers on the same image and text; the radix cache reuses a prompt's image by content
+and never across different images; bad images are refused with a message."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+import pytest
+import torch
+
+import sglite
+
+WORDS = ["<unk>", "<s>", "</s>", "<image>"] + [
+    "what", "is", "in", "the", "picture", "describe", "it", "a", "cat", "dog", "red", "blue",
+    "sky", "tree", "and", "of", "on", "color", "main", "object", "there", "are", "two", "one",
+]  # fmt: skip
+IMAGE_SIZE, PATCH = 30, 6
+IMAGE_TOKENS = (IMAGE_SIZE // PATCH) ** 2
+GREEDY = {"temperature": 0, "max_new_tokens": 8}
+
+
+def _png(seed: int, size: tuple[int, int] = (40, 52)) -> bytes:
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    image = Image.fromarray(rng.integers(0, 256, (*size, 3), dtype=np.uint8))
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def data_url(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode()
+
+
+@pytest.fixture(scope="module")
+def llava_dir(tmp_path_factory) -> str:
+    """A tiny random LlavaForConditionalGeneration saved with its processor."""
+    from tokenizers import Tokenizer as RawTokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+    from transformers import (
+        CLIPImageProcessor,
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaProcessor,
+        PreTrainedTokenizerFast,
+    )
+
+    path = str(tmp_path_factory.mktemp("llava"))
+    raw = RawTokenizer(WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
+    raw.pre_tokenizer = Whitespace()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=raw, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    tokenizer.chat_template = (
+        "{% for m in messages %}{% if m['content'] is string %}{{ m['content'] }}{% else %}"
+        "{% for part in m['content'] %}{% if part['type'] == 'image' %}<image> {% else %}"
+        "{{ part['text'] }} {% endif %}{% endfor %}{% endif %} {% endfor %}"
+    )
+    text = LlamaConfig(
+        vocab_size=len(WORDS), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+    vision = CLIPVisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+        image_size=IMAGE_SIZE, patch_size=PATCH, projection_dim=32,
+    )  # fmt: skip
+    config = LlavaConfig(text_config=text, vision_config=vision, image_token_index=3)
+    torch.manual_seed(0)
+    model = LlavaForConditionalGeneration(config).eval()
+    with torch.no_grad():  # larger weights: decisive argmaxes, image features that matter
+        for p in model.parameters():
+            p.mul_(4.0)
+    model.save_pretrained(path)
+    images = CLIPImageProcessor(
+        size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}
+    )
+    processor = LlavaProcessor(
+        image_processor=images, tokenizer=tokenizer, patch_size=PATCH,
+        vision_feature_select_strategy="default", image_token="<image>",
+        num_additional_image_tokens=1, chat_template=tokenizer.chat_template,
+    )  # fmt: skip
+    processor.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference(llava_dir):
+    """transformers' own model and processor on the same directory."""
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    model = LlavaForConditionalGeneration.from_pretrained(llava_dir).eval()
+    return model, AutoProcessor.from_pretrained(llava_dir)
+
+
+@pytest.fixture(scope="module")
+def engine(llava_dir):
+    eng = sglite.Engine(model_path=llava_dir, dtype="float32", log_level="error")
+    yield eng
+    eng.shutdown()
+
+
+def _hf_greedy(reference, prompt: str, png: bytes, steps: int) -> tuple[list[int], torch.Tensor]:
+    """transformers' greedy tokens and the log-probabilities of each step."""
+    from PIL import Image
+
+    model, processor = reference
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    inputs = processor(text=prompt, images=[image], return_tensors="pt")
+    assert int((inputs["input_ids"] == 3).sum()) == IMAGE_TOKENS
+    with torch.no_grad():
+        out = model.generate(
+            **inputs, max_new_tokens=steps, do_sample=False, output_scores=True,
+            return_dict_in_generate=True, eos_token_id=None, pad_token_id=0,
+        )  # fmt: skip
+    new = out.sequences[0, inputs["input_ids"].shape[1] :].tolist()
+    return new, torch.stack([s[0].log_softmax(-1) for s in out.scores])
+
+
+def test_greedy_tokens_and_logprobs_match_transformers(engine, reference):
+    for seed, prompt in [(1, "<image> describe the picture"), (2, "what is in <image> the sky")]:
+        png = _png(seed)
+        want, logprobs = _hf_greedy(reference, prompt, png, GREEDY["max_new_tokens"])
+        got = engine.generate(
+            prompt, {**GREEDY, "ignore_eos": True}, image_data=data_url(png), return_logprob=True
+        )
+        assert got["output_ids"] == want, prompt
+        ours = [lp for lp, _, _ in got["meta_info"]["output_token_logprobs"]]
+        theirs = [float(logprobs[i, t]) for i, t in enumerate(want)]
+        assert np.allclose(ours, theirs, atol=1e-3), (ours, theirs)
+        assert got["meta_info"]["prompt_tokens"] == IMAGE_TOKENS + len(prompt.split()) - 1
+
+
+def test_the_same_image_reuses_the_cache_and_a_different_one_does_not(engine):
+    engine.flush_cache()
+    before = engine.get_server_info()
+    cat, dog = data_url(_png(7)), data_url(_png(8))
+    first = engine.generate("<image> what is in the picture", GREEDY, image_data=cat)
+    again = engine.generate("<image> describe it", GREEDY, image_data=cat)
+    other = engine.generate("<image> describe it", GREEDY, image_data=dog)
+    assert first["meta_info"]["cached_tokens"] == 0
+    # The second question about the same picture finds the image's positions cached.
+    assert again["meta_info"]["cached_tokens"] == IMAGE_TOKENS
+    assert other["meta_info"]["cached_tokens"] == 0  # a different picture: nothing shared
+    # The same picture as a file path, and re-encoded with the same pixels: still cached.
+    info = engine.get_server_info()
+    assert info["vision_encoded_images"] - before["vision_encoded_images"] == 2
+    same = engine.generate("<image> describe it", GREEDY, image_data=cat)
+    assert same["output_ids"] == again["output_ids"]
+    assert same["meta_info"]["cached_tokens"] >= IMAGE_TOKENS
+
+
+def test_chunked_prefill_through_an_image_matches(llava_dir, engine):
+    png = _png(3)
+    want = engine.generate("<image> describe the picture", GREEDY, image_data=data_url(png))
+    with sglite.Engine(
+        model_path=llava_dir, dtype="float32", chunked_prefill_size=8, disable_radix_cache=True,
+        log_level="error",
+    ) as chunked:  # fmt: skip
+        got = chunked.generate("<image> describe the picture", GREEDY, image_data=data_url(png))
+    assert got["output_ids"] == want["output_ids"]
+
+
+def test_bad_images_are_refused_with_a_message(engine, tmp_path):
+    cases = [
+        ("data:image/png;base64,AAAA", "cannot be decoded"),
+        ("data:text/plain,hello", "base64"),
+        (str(tmp_path / "missing.png"), "not a data: URL, an existing file"),
+        ("https://example.com/cat.png", "--allow-remote-images"),
+        ([data_url(_png(1))] * 9, "more than the 8"),
+    ]
+    for image, message in cases:
+        with pytest.raises(ValueError, match="image_data") as err:
+            engine.generate("<image> describe it", GREEDY, image_data=image)
+        assert message in str(err.value), (message, str(err.value))
+    with pytest.raises(ValueError, match="2 image tokens"):
+        engine.generate("<image> <image> describe", GREEDY, image_data=data_url(_png(1)))
+    # The engine keeps serving.
+    assert engine.generate("describe it", GREEDY)["meta_info"]["completion_tokens"] > 0
+
+
+def test_openai_chat_with_image_url_parts_over_http(llava_dir, engine, sglite_server, tmp_path):
+    import openai
+    import requests
+    from server_fixtures import ServerProcess
+
+    png = _png(5)
+    path = tmp_path / "picture.png"
+    path.write_bytes(png)
+    server = ServerProcess("--model-path", llava_dir)
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+
+        def ask(url: str):
+            content = [{"type": "image_url", "image_url": {"url": url}},
+                       {"type": "text", "text": "describe the picture"}]  # fmt: skip
+            return client.chat.completions.create(
+                model="llava", messages=[{"role": "user", "content": content}],
+                temperature=0, max_tokens=8,
+            )  # fmt: skip
+
+        first, again = ask(data_url(png)), ask(str(path))  # a data: URL, then a file path
+        assert first.choices[0].message.content == again.choices[0].message.content
+        assert first.usage.prompt_tokens == IMAGE_TOKENS + 3
+        assert again.usage.prompt_tokens_details.cached_tokens >= IMAGE_TOKENS
+        # What the Engine answers for the same rendered prompt and image.
+        want = engine.generate("<image> describe the picture  ", GREEDY, image_data=data_url(png))
+        assert first.choices[0].message.content == want["text"]
+        other = ask(data_url(_png(6)))
+        assert other.usage.prompt_tokens_details.cached_tokens == 0
+        with pytest.raises(openai.BadRequestError) as err:
+            ask("data:image/png;base64,AAAA")
+        assert "messages.0.content.0: the image cannot be decoded" in str(err.value)
+        body = {"text": "<image> describe it", "image_data": data_url(png),
+                "sampling_params": GREEDY}  # fmt: skip
+        native = requests.post(server.url + "/generate", json=body, timeout=60).json()
+        assert native["meta_info"]["cached_tokens"] >= IMAGE_TOKENS
+    finally:
+        assert server.stop() == 0
+    # A text-only model refuses images on both APIs with a 400 naming the field.
+    text_only = openai.OpenAI(base_url=sglite_server.url + "/v1", api_key="none", max_retries=0)
+    content = [{"type": "image_url", "image_url": {"url": data_url(png)}}]
+    with pytest.raises(openai.BadRequestError, match="only text content parts"):
+        text_only.chat.completions.create(
+            model="x", messages=[{"role": "user", "content": content}], max_tokens=2
+        )
+    r = requests.post(sglite_server.url + "/generate", json={"text": "Hi", "image_data": "x"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "image_data", r.text
+    assert "takes text only" in r.json()["error"]["message"]
+
+
+def test_sgl_image_in_a_program(engine, tmp_path):
+    png = _png(4)
+    path = tmp_path / "picture.png"
+    path.write_bytes(png)
+
+    @sglite.function
+    def describe(s, picture):
+        s += sglite.image(picture) + " describe the picture"
+        s += sglite.gen("answer", max_tokens=8, temperature=0)
+        s += " what is in" + sglite.image(png) + " the sky"  # bytes, a second image
+        s += sglite.gen("second", max_tokens=4, temperature=0)
+
+    state = describe.run(picture=str(path), backend=sglite.EngineBackend(engine))
+    want = engine.generate("<image> describe the picture", GREEDY, image_data=data_url(png))
+    assert state["answer"] == want["text"]
+    prompt = "<image> describe the picture" + want["text"] + " what is in<image> the sky"
+    second = engine.generate(prompt, {**GREEDY, "max_new_tokens": 4}, image_data=[png, png])
+    assert state["second"] == second["text"]
+    with pytest.raises(ValueError, match="sgl.image: cannot read"):
+        sglite.image(tmp_path / "missing.png")
