@@ -110,6 +110,7 @@ HELP = {
     "port": "port to listen on (0 = any free port)",
     "max_images_per_request": "most images one request may carry (vision-language models)",
     "allow_remote_images": "fetch http(s) image URLs (off: data: URLs, base64, local files)",
+    "vision_cache_images": "images whose vision-tower features are kept for reuse (0: none)",
     "disable_web_ui": "do not serve the page at / (chat playground, radix cache view, metrics)",
     "api_key": "require 'Authorization: Bearer KEY' on every route but /health",
     "served_model_name": "model id in the OpenAI API (default: the model path)",

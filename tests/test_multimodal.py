@@ -5,7 +5,6 @@ and never across different images; bad images are refused with a message."""
 
 from __future__ import annotations
 
-import base64
 import io
 
 import numpy as np
@@ -13,85 +12,16 @@ import pytest
 import torch
 
 import sglite
+from benchmarks.tiny_llava import TinyLlavaShape, build_tiny_llava, data_url, random_png
 
-WORDS = ["<unk>", "<s>", "</s>", "<image>"] + [
-    "what", "is", "in", "the", "picture", "describe", "it", "a", "cat", "dog", "red", "blue",
-    "sky", "tree", "and", "of", "on", "color", "main", "object", "there", "are", "two", "one",
-]  # fmt: skip
-IMAGE_SIZE, PATCH = 30, 6
-IMAGE_TOKENS = (IMAGE_SIZE // PATCH) ** 2
+IMAGE_TOKENS = TinyLlavaShape().image_tokens
 GREEDY = {"temperature": 0, "max_new_tokens": 8}
-
-
-def _png(seed: int, size: tuple[int, int] = (40, 52)) -> bytes:
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    image = Image.fromarray(rng.integers(0, 256, (*size, 3), dtype=np.uint8))
-    buf = io.BytesIO()
-    image.save(buf, format="PNG")
-    return buf.getvalue()
-
-
-def data_url(png: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(png).decode()
+_png = random_png
 
 
 @pytest.fixture(scope="module")
 def llava_dir(tmp_path_factory) -> str:
-    """A tiny random LlavaForConditionalGeneration saved with its processor."""
-    from tokenizers import Tokenizer as RawTokenizer
-    from tokenizers.models import WordLevel
-    from tokenizers.pre_tokenizers import Whitespace
-    from transformers import (
-        CLIPImageProcessor,
-        CLIPVisionConfig,
-        LlamaConfig,
-        LlavaConfig,
-        LlavaForConditionalGeneration,
-        LlavaProcessor,
-        PreTrainedTokenizerFast,
-    )
-
-    path = str(tmp_path_factory.mktemp("llava"))
-    raw = RawTokenizer(WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
-    raw.pre_tokenizer = Whitespace()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=raw, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
-    )
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
-    tokenizer.chat_template = (
-        "{% for m in messages %}{% if m['content'] is string %}{{ m['content'] }}{% else %}"
-        "{% for part in m['content'] %}{% if part['type'] == 'image' %}<image> {% else %}"
-        "{{ part['text'] }} {% endif %}{% endfor %}{% endif %} {% endfor %}"
-    )
-    text = LlamaConfig(
-        vocab_size=len(WORDS), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        bos_token_id=1, eos_token_id=2,
-    )  # fmt: skip
-    vision = CLIPVisionConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-        image_size=IMAGE_SIZE, patch_size=PATCH, projection_dim=32,
-    )  # fmt: skip
-    config = LlavaConfig(text_config=text, vision_config=vision, image_token_index=3)
-    torch.manual_seed(0)
-    model = LlavaForConditionalGeneration(config).eval()
-    with torch.no_grad():  # larger weights: decisive argmaxes, image features that matter
-        for p in model.parameters():
-            p.mul_(4.0)
-    model.save_pretrained(path)
-    images = CLIPImageProcessor(
-        size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}
-    )
-    processor = LlavaProcessor(
-        image_processor=images, tokenizer=tokenizer, patch_size=PATCH,
-        vision_feature_select_strategy="default", image_token="<image>",
-        num_additional_image_tokens=1, chat_template=tokenizer.chat_template,
-    )  # fmt: skip
-    processor.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return build_tiny_llava(str(tmp_path_factory.mktemp("llava")))
 
 
 @pytest.fixture(scope="module")

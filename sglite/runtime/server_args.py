@@ -131,6 +131,7 @@ class ServerArgs:
     # fetched (off: only data: URLs, base64 and local files are read).
     max_images_per_request: int = 8
     allow_remote_images: bool = False
+    vision_cache_images: int = 32  # images whose vision features are kept (0: none)
     # Server-only settings (`SERVER_ONLY`: the in-process Engine refuses them).
     host: str = "127.0.0.1"
     port: int = 30000

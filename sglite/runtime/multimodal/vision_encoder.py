@@ -4,11 +4,12 @@ LLaVA-1.5's vision side is transformers' CLIP vision model (the same module the 
 and a two-layer projector, with their weights from the model directory. A prefill chunk that
 covers part of an image gets that part of its features; the features of recent images are kept
 (by content hash, at most `cache_entries` images), so a second question about the same picture,
-or a later chunk of it, costs no vision encoding.
+or a later chunk of it, costs no vision encoding (`--vision-cache-images`, 0 for none).
 """
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Iterable
 
@@ -52,6 +53,7 @@ class VisionEncoder:
         self.cache: OrderedDict[str, torch.Tensor] = OrderedDict()
         self.cache_entries = cache_entries
         self.encoded_images = 0
+        self.encode_seconds = 0.0
         self.cache_hits = 0
 
     def _load(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -84,6 +86,7 @@ class VisionEncoder:
             self.cache.move_to_end(image.content_hash)
             self.cache_hits += 1
             return cached
+        start = time.perf_counter()
         pixels = image.pixel_values.to(self.device).unsqueeze(0)
         hidden = self.tower(pixels, output_hidden_states=True).hidden_states
         selected = hidden[self.spec.feature_layer]
@@ -95,10 +98,16 @@ class VisionEncoder:
                 f"the vision tower gave {feats.shape[0]} positions for an image of {image.length}"
             )
         self.encoded_images += 1
-        self.cache[image.content_hash] = feats
-        if len(self.cache) > self.cache_entries:
-            self.cache.popitem(last=False)
+        self.encode_seconds += time.perf_counter() - start
+        if self.cache_entries > 0:
+            self.cache[image.content_hash] = feats
+            if len(self.cache) > self.cache_entries:
+                self.cache.popitem(last=False)
         return feats
+
+    def flush(self) -> None:
+        """Forget every cached image's features (the server's cache flush)."""
+        self.cache.clear()
 
     def input_embeds(self, plan: PrefillBatch) -> list[tuple[int, torch.Tensor]]:
         """(first row, embeddings) for every image position the prefill computes: each chunk
@@ -115,10 +124,11 @@ class VisionEncoder:
             row += item.n
         return out
 
-    def info(self) -> dict[str, int]:
+    def info(self) -> dict[str, float]:
         """Counters for get_server_info."""
         return {
             "vision_encoded_images": self.encoded_images,
+            "vision_encode_seconds": self.encode_seconds,
             "vision_cache_hits": self.cache_hits,
             "vision_cached_images": len(self.cache),
         }

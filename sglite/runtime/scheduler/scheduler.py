@@ -144,9 +144,11 @@ class Scheduler:
         if self.speculator is not None and args.speculative_adaptive:
             self.spec_costs = SpeculationCosts()
         spec = vision_spec(loaded.model_path)
-        self.vision = (
-            VisionEncoder(spec, self.config.hidden_size, self.device) if spec is not None else None
-        )
+        self.vision: VisionEncoder | None = None
+        if spec is not None:
+            self.vision = VisionEncoder(
+                spec, self.config.hidden_size, self.device, args.vision_cache_images
+            )
         self.retokenizer: RetokenizingJump | None = None
         if self.jump_forward == "retokenize":
             encode = lambda text: self.tokenizer.hf.encode(text, add_special_tokens=False)
@@ -588,6 +590,8 @@ class Scheduler:
         self.cache.flush()
         if self.speculator is not None:
             self.speculator.flush()
+        if self.vision is not None:
+            self.vision.flush()
 
     def check_invariants(self) -> dict[str, int]:
         """Verify slot accounting; raises AssertionError naming the broken invariant."""
