@@ -1,6 +1,6 @@
 """Image QA with and without caching, as the paper's LLaVA workload: several questions about
 each image, asked one after another, on a tiny random LLaVA-1.5 built here (no vision-language
-weights can be downloaded; `tiny_llava.py`).
+weights can be downloaded; `tiny_vlm.py`).
 
 Three engines on the same model, alternated round by round, each starting every round from a
 flushed cache: sglite as it runs (the radix cache reuses an image's prompt KV, and the vision
@@ -22,7 +22,7 @@ import time
 import torch
 
 import sglite
-from benchmarks.tiny_llava import TinyLlavaShape, build_tiny_llava, data_url, random_png
+from benchmarks.tiny_vlm import TinyLlavaShape, build_tiny_llava, data_url, random_png
 
 QUESTIONS = [
     "<image> what is in the picture",

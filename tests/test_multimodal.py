@@ -1,5 +1,5 @@
-"""Images in: a tiny random LLaVA-1.5 (a CLIP vision tower, the projector and a small Llama)
-built with transformers in a temp dir with its processor, served by sglite and compared with
+"""Images in: tiny random LLaVA-1.5, LLaVA-NeXT and Idefics3 (SmolVLM) models built with
+transformers in a temp dir with their processors, served by sglite and compared with
 transformers on the same image and text; the radix cache reuses a prompt's image by content
 and never across different images; bad images are refused with a message."""
 
@@ -12,7 +12,14 @@ import pytest
 import torch
 
 import sglite
-from benchmarks.tiny_llava import TinyLlavaShape, build_tiny_llava, data_url, random_png
+from benchmarks.tiny_vlm import (
+    TinyLlavaShape,
+    build_tiny_idefics3,
+    build_tiny_llava,
+    build_tiny_llava_next,
+    data_url,
+    random_png,
+)
 
 IMAGE_TOKENS = TinyLlavaShape().image_tokens
 GREEDY = {"temperature": 0, "max_new_tokens": 8}
@@ -25,50 +32,71 @@ def llava_dir(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
-def reference(llava_dir):
-    """transformers' own model and processor on the same directory."""
-    from transformers import AutoProcessor, LlavaForConditionalGeneration
-
-    model = LlavaForConditionalGeneration.from_pretrained(llava_dir).eval()
-    return model, AutoProcessor.from_pretrained(llava_dir)
-
-
-@pytest.fixture(scope="module")
 def engine(llava_dir):
     eng = sglite.Engine(model_path=llava_dir, dtype="float32", log_level="error")
     yield eng
     eng.shutdown()
 
 
-def _hf_greedy(reference, prompt: str, png: bytes, steps: int) -> tuple[list[int], torch.Tensor]:
-    """transformers' greedy tokens and the log-probabilities of each step."""
+def _hf_greedy(model_dir: str, prompt: str, png: bytes, steps: int) -> tuple[list[int], dict]:
+    """transformers' greedy tokens, the log-probabilities of each step and its inputs."""
     from PIL import Image
+    from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    model, processor = reference
+    model = AutoModelForImageTextToText.from_pretrained(model_dir).eval()
     image = Image.open(io.BytesIO(png)).convert("RGB")
-    inputs = processor(text=prompt, images=[image], return_tensors="pt")
-    assert int((inputs["input_ids"] == 3).sum()) == IMAGE_TOKENS
+    inputs = AutoProcessor.from_pretrained(model_dir)(
+        text=prompt, images=[image], return_tensors="pt"
+    )
     with torch.no_grad():
         out = model.generate(
             **inputs, max_new_tokens=steps, do_sample=False, output_scores=True,
             return_dict_in_generate=True, eos_token_id=None, pad_token_id=0,
         )  # fmt: skip
     new = out.sequences[0, inputs["input_ids"].shape[1] :].tolist()
-    return new, torch.stack([s[0].log_softmax(-1) for s in out.scores])
+    return new, {
+        "logprobs": torch.stack([s[0].log_softmax(-1) for s in out.scores]),
+        "prompt_tokens": inputs["input_ids"].shape[1],
+    }
 
 
-def test_greedy_tokens_and_logprobs_match_transformers(engine, reference):
-    for seed, prompt in [(1, "<image> describe the picture"), (2, "what is in <image> the sky")]:
-        png = _png(seed)
-        want, logprobs = _hf_greedy(reference, prompt, png, GREEDY["max_new_tokens"])
+def _check_against_transformers(engine, model_dir: str, cases: list[tuple[str, bytes]]) -> None:
+    for prompt, png in cases:
+        want, ref = _hf_greedy(model_dir, prompt, png, GREEDY["max_new_tokens"])
         got = engine.generate(
             prompt, {**GREEDY, "ignore_eos": True}, image_data=data_url(png), return_logprob=True
         )
         assert got["output_ids"] == want, prompt
         ours = [lp for lp, _, _ in got["meta_info"]["output_token_logprobs"]]
-        theirs = [float(logprobs[i, t]) for i, t in enumerate(want)]
+        theirs = [float(ref["logprobs"][i, t]) for i, t in enumerate(want)]
         assert np.allclose(ours, theirs, atol=1e-3), (ours, theirs)
-        assert got["meta_info"]["prompt_tokens"] == IMAGE_TOKENS + len(prompt.split()) - 1
+        assert got["meta_info"]["prompt_tokens"] == ref["prompt_tokens"]
+
+
+def test_llava_greedy_tokens_and_logprobs_match_transformers(engine, llava_dir):
+    cases = [("<image> describe the picture", _png(1)), ("what is in <image> the sky", _png(2))]
+    _check_against_transformers(engine, llava_dir, cases)
+    # Input logprobs across the image: its positions are no tokens (None), the rest are scored.
+    got = engine.generate(
+        "what is in <image> the sky", {**GREEDY, "max_new_tokens": 1}, image_data=data_url(_png(2)),
+        return_logprob=True, logprob_start_len=0,
+    )  # fmt: skip
+    entries = got["meta_info"]["input_token_logprobs"]
+    assert len(entries) == 3 + IMAGE_TOKENS + 2
+    assert [e[0] is None for e in entries[3 : 3 + IMAGE_TOKENS]] == [True] * IMAGE_TOKENS
+    assert all(e[0] is not None for e in entries[1:3] + entries[3 + IMAGE_TOKENS :])
+
+
+@pytest.mark.parametrize("build", [build_tiny_llava_next, build_tiny_idefics3])
+def test_llava_next_and_idefics3_match_transformers(build, tmp_path):
+    """Any-resolution tiles (LLaVA-NeXT) and split images between row/column markers (Idefics3,
+    SmolVLM's architecture): spans whose length depends on the picture's size."""
+    model_dir = build(str(tmp_path / "model"))
+    wide, tall = _png(1, (40, 70)), _png(2, (70, 36))
+    with sglite.Engine(model_path=model_dir, dtype="float32", log_level="error") as eng:
+        _check_against_transformers(
+            eng, model_dir, [("what is in <image> the sky", wide), ("<image> describe it", tall)]
+        )
 
 
 def test_the_same_image_reuses_the_cache_and_a_different_one_does_not(engine):
@@ -155,6 +183,9 @@ def test_openai_chat_with_image_url_parts_over_http(llava_dir, engine, sglite_se
                 "sampling_params": GREEDY}  # fmt: skip
         native = requests.post(server.url + "/generate", json=body, timeout=60).json()
         assert native["meta_info"]["cached_tokens"] >= IMAGE_TOKENS
+        # The cache view shows an image's positions as [image], never as token text.
+        tree = requests.get(server.url + "/cache/tree", timeout=30).json()
+        assert any(node["text"].startswith("[image]") for node in tree["nodes"]), tree["nodes"]
     finally:
         assert server.stop() == 0
     # A text-only model refuses images on both APIs with a 400 naming the field.

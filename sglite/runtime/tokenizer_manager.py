@@ -90,7 +90,7 @@ class TokenizerManager:
             limits = ImageLimits(
                 max_images=args.max_images_per_request, allow_remote=args.allow_remote_images
             )
-            self.images = ImagePromptBuilder(spec, tokenizer.hf, self.vocab_size, limits)
+            self.images = ImagePromptBuilder(spec, tokenizer.hf, limits)
 
     @property
     def num_in_flight(self) -> int:
@@ -114,6 +114,7 @@ class TokenizerManager:
         return_text_in_logprobs: bool = False,
         rid: str | list[str] | None = None,
         image_data: Any = None,
+        image_items: list[ImageItem] | None = None,
     ) -> tuple[list[GenerateRequest], bool]:
         """Turn user arguments into validated requests. Returns (requests, is_batch).
 
@@ -143,11 +144,10 @@ class TokenizerManager:
             params = _pick(sampling_params, i, n) or {}
             if not isinstance(params, dict):
                 raise ValueError("sampling_params must be an object")
-            images: list[ImageItem] = []
+            images: list[ImageItem] = list(image_items or [])
             if images_per_prompt[i]:
-                assert self.images is not None
                 where = f"image_data[{i}]" if is_batch else "image_data"
-                ids, images = self.images.build(ids, images_per_prompt[i], where)
+                ids, images = self.expand_images(ids, images_per_prompt[i], where)
             reqs.append(
                 self._make_request(
                     ids,
@@ -157,10 +157,19 @@ class TokenizerManager:
                     logprob_start_len=_pick(logprob_start_len, i, n),
                     top_logprobs_num=_pick(top_logprobs_num, i, n),
                     return_text_in_logprobs=return_text_in_logprobs,
+                    images=images,
                 )
             )
-            reqs[-1].images = images
         return reqs, is_batch
+
+    def expand_images(
+        self, ids: list[int], images: list[Any], where: str
+    ) -> tuple[list[int], list[ImageItem]]:
+        """A prompt's ids with its images' spans, and the images (`ImagePromptBuilder.build`);
+        ValueError naming `where` for bad images or a text-only model."""
+        if self.images is None:
+            raise ValueError(f"{where}: this model takes text only (it has no vision tower)")
+        return self.images.build(ids, images, where)
 
     def _split_images(self, image_data: Any, n: int, is_batch: bool) -> list[list[Any]]:
         """Each prompt's list of images (empty lists without `image_data`)."""
@@ -183,6 +192,7 @@ class TokenizerManager:
         logprob_start_len: Any,
         top_logprobs_num: Any,
         return_text_in_logprobs: bool,
+        images: list[ImageItem],
     ) -> GenerateRequest:
         if not isinstance(ids, list) or not all(
             isinstance(t, int) and not isinstance(t, bool) for t in ids
@@ -190,7 +200,8 @@ class TokenizerManager:
             raise ValueError("input_ids must be a list of integers (or a list of such lists)")
         if not ids:
             raise ValueError("the prompt is empty: it has no tokens")
-        bad = [t for t in ids if t < 0 or t >= self.vocab_size]
+        pads = {i.offset + p for i in images for p in i.feature_positions} if images else ()
+        bad = [t for k, t in enumerate(ids) if t >= self.vocab_size or (t < 0 and k not in pads)]
         if bad:
             raise ValueError(
                 f"input_ids holds {bad[0]}, outside the vocabulary [0, {self.vocab_size})"
@@ -235,6 +246,7 @@ class TokenizerManager:
             logprob_start_len=start,
             top_logprobs_num=top,
             return_text_in_logprobs=return_text_in_logprobs,
+            images=images,
         )
 
     def embedding_requests(

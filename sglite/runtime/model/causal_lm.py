@@ -218,9 +218,12 @@ class CausalLM(nn.Module):
     def input_embeddings(self, batch: ForwardBatch) -> torch.Tensor:
         """The batch's token embeddings, with `batch.input_embeds` (image features) in their
         rows."""
-        residual = self.embed(batch.input_ids)
-        for row, embeds in batch.input_embeds or ():
-            residual[row : row + embeds.shape[0]] = embeds.to(residual.dtype)
+        if not batch.input_embeds:
+            return self.embed(batch.input_ids)
+        # Image positions hold negative pad ids (multimodal/processor.py), replaced below.
+        residual = self.embed(batch.input_ids.clamp(min=0))
+        for rows, embeds in batch.input_embeds:
+            residual.index_copy_(0, rows.to(residual.device), embeds.to(residual))
         return residual
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:

@@ -56,9 +56,9 @@ class ForwardBatch:
     # Rows whose final hidden states are wanted, and where the model puts them ([H, hidden]).
     hidden_rows: torch.Tensor | None = None
     hidden: torch.Tensor | None = None
-    # EXTEND only: (first row, [n, hidden] embeddings) replacing the token embeddings of rows
-    # [first, first + n) (an image's projected features; `multimodal/vision_encoder.py`).
-    input_embeds: list[tuple[int, torch.Tensor]] | None = None
+    # EXTEND only: ([n] rows, [n, hidden] embeddings) replacing those rows' token embeddings
+    # (image features; `multimodal/vision_encoder.py`).
+    input_embeds: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
     @property
     def decode_seq_lens(self) -> list[int]:

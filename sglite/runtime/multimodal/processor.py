@@ -1,11 +1,15 @@
 """Images into prompt tokens, on the side that tokenizes (the server or the Engine's process).
 
-Each image token in the prompt (the model's `<image>`) becomes `tokens_per_image` positions.
-Their ids are pad values drawn from the image's content hash: they are what the radix cache keys
-on, so a prompt with the same picture (the same pixels after preprocessing) matches the cached
-prefix through the image, and a different picture diverges at its first position. The model
-never embeds those ids: the scheduler puts the image's projected features there
-(`vision_encoder.py`). Preprocessing is transformers' image processor for the model.
+Each image token in the prompt becomes the image's span, as the model's own transformers
+processor writes it for one image: LLaVA-1.5 a run of image tokens, LLaVA-NeXT a run sized by
+the image's tiles, SmolVLM/Idefics3 tiles of image tokens between row and column markers. The
+image-token positions of the span get pad ids drawn from the image's content hash: they are what
+the radix cache keys on, so a prompt with the same picture (the same preprocessed pixels)
+matches the cached prefix through the image, and a different picture diverges at its first
+image position. Pad ids are negative, so they never equal a text token (a text prompt can never
+match an image's cached KV), and whatever reads prompt ids as tokens (penalties, detokenizer
+context, input logprobs) skips them. The model never embeds them: the scheduler puts the
+image's features there (`vision_encoder.py`).
 """
 
 from __future__ import annotations
@@ -20,52 +24,61 @@ import torch
 from sglite.runtime.multimodal.image_input import ImageLimits, load_image
 from sglite.runtime.multimodal.spec import VisionSpec
 
+# Processor outputs that are text, not the vision tower's input.
+TEXT_KEYS = frozenset({"input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids"})
+
 
 @dataclass
 class ImageItem:
-    """One image of a prompt: where its positions are and what the vision tower reads.
+    """One image of a prompt: its span of the prompt and what the vision side reads.
 
-    Invariant: `prompt_ids[offset : offset + length]` are `pad_ids(content_hash, length, V)`.
+    Invariant: the features go to prompt positions `offset + p` for p in `feature_positions`
+    (ascending, within `[0, length)`), which hold `pad_ids(content_hash, n)`.
     """
 
     offset: int
     length: int
+    feature_positions: list[int]
     content_hash: str
-    pixel_values: torch.Tensor  # [3, H, W], the image processor's output
+    inputs: dict[str, torch.Tensor]  # the processor's vision inputs for this one image
+
+    @property
+    def num_features(self) -> int:
+        return len(self.feature_positions)
 
 
-def pad_ids(content_hash: str, length: int, vocab_size: int) -> list[int]:
-    """`length` token ids in [0, vocab_size) determined by `content_hash` (two images share a
-    sequence only if their hashes do)."""
+def pad_ids(content_hash: str, length: int) -> list[int]:
+    """`length` negative ids determined by `content_hash` (two images share a sequence only if
+    their hashes do; no text token is negative)."""
     rng = np.random.default_rng(int(content_hash, 16))
-    return rng.integers(0, vocab_size, size=length).tolist()
+    return (-rng.integers(1, 1 << 62, size=length)).tolist()
+
+
+def is_pad(token_id: int) -> bool:
+    """Whether a prompt id is an image position's pad (not a token)."""
+    return token_id < 0
 
 
 class ImagePromptBuilder:
-    """Expands a prompt's image tokens into its images' positions (see the module docstring)."""
+    """Expands a prompt's image tokens into its images' spans (see the module docstring)."""
 
-    def __init__(self, spec: VisionSpec, hf_tokenizer: Any, vocab_size: int, limits: ImageLimits):
-        from transformers import AutoImageProcessor
+    def __init__(self, spec: VisionSpec, hf_tokenizer: Any, limits: ImageLimits):
+        from transformers import AutoProcessor
 
         self.spec = spec
-        self.vocab_size = vocab_size
         self.limits = limits
         self.image_token = hf_tokenizer.convert_ids_to_tokens(spec.image_token_id)
         try:
-            self.image_processor = AutoImageProcessor.from_pretrained(spec.model_dir)
+            self.processor = AutoProcessor.from_pretrained(spec.model_dir)
         except (OSError, ValueError) as exc:
-            raise ValueError(f"{spec.model_dir}: no image processor config ({exc})") from None
-
-    def extra_tokens(self, num_images: int) -> int:
-        """How many tokens `num_images` image tokens add to a prompt when expanded."""
-        return num_images * (self.spec.tokens_per_image - 1)
+            raise ValueError(f"{spec.model_dir}: cannot load its processor ({exc})") from None
 
     def build(
         self, ids: list[int], images: list[Any], where: str
     ) -> tuple[list[int], list[ImageItem]]:
-        """(prompt ids with each image's positions, the images); ValueError naming `where`
-        when an image is bad or the images do not match the prompt's image tokens. A prompt
-        without image tokens gets its images at the start."""
+        """(prompt ids with each image's span, the images); ValueError naming `where` when an
+        image is bad or the images do not match the prompt's image tokens. A prompt without
+        image tokens gets its images at the start."""
         if len(images) > self.limits.max_images:
             raise ValueError(
                 f"{where}: {len(images)} images, more than the {self.limits.max_images} a "
@@ -85,18 +98,30 @@ class ImagePromptBuilder:
         for k, (mark, source) in enumerate(zip(marks, images, strict=True)):
             out += ids[previous:mark]
             label = source.get("label") if isinstance(source, dict) else None
-            item = self._item(source, len(out), label or f"{where}[{k}]")
+            span, item = self._span(source, len(out), label or f"{where}[{k}]")
             items.append(item)
-            out += pad_ids(item.content_hash, item.length, self.vocab_size)
+            out += span
             previous = mark + 1
         out += ids[previous:]
         return out, items
 
-    def _item(self, source: Any, offset: int, where: str) -> ImageItem:
+    def _span(self, source: Any, offset: int, where: str) -> tuple[list[int], ImageItem]:
         image = load_image(source, self.limits, where)
-        pixels = self.image_processor(images=[image], return_tensors="pt")["pixel_values"][0]
-        pixels = pixels.float().contiguous()
+        try:
+            processed = self.processor(
+                text=self.image_token, images=[image], return_tensors="pt", add_special_tokens=False
+            )
+        except Exception as exc:  # the processor's own checks (sizes, modes)
+            raise ValueError(f"{where}: the model's processor refused the image ({exc})") from None
+        span = processed["input_ids"][0].tolist()
+        inputs = {k: v for k, v in processed.items() if k not in TEXT_KEYS}
         digest = hashlib.blake2b(digest_size=16)
-        digest.update(str(tuple(pixels.shape)).encode())
-        digest.update(pixels.numpy().tobytes())
-        return ImageItem(offset, self.spec.tokens_per_image, digest.hexdigest(), pixels)
+        for key in sorted(inputs):
+            value = torch.as_tensor(inputs[key]).contiguous()
+            digest.update(f"{key}{tuple(value.shape)}{value.dtype}".encode())
+            digest.update(value.numpy().tobytes())
+        content_hash = digest.hexdigest()
+        positions = [i for i, t in enumerate(span) if t == self.spec.image_token_id]
+        for i, pad in zip(positions, pad_ids(content_hash, len(positions))):
+            span[i] = pad
+        return span, ImageItem(offset, len(span), positions, content_hash, inputs)

@@ -1,10 +1,12 @@
 """Images into the language model's input embeddings, in the scheduler process.
 
-LLaVA-1.5's vision side is transformers' CLIP vision model (the same module the reference runs)
-and a two-layer projector, with their weights from the model directory. A prefill chunk that
-covers part of an image gets that part of its features; the features of recent images are kept
-(by content hash, at most `cache_entries` images), so a second question about the same picture,
-or a later chunk of it, costs no vision encoding (`--vision-cache-images`, 0 for none).
+The vision half of a served architecture is transformers' own module (`VisionSpec.
+hf_model_class`: the vision tower, the projector or connector, LLaVA-NeXT's newline embedding)
+with its weights from the model directory; its language model is built empty and dropped (ours
+serves the text). `get_image_features` gives one embedding per image position of the image's
+span. A prefill chunk covering some of those positions gets their embeddings; the features of
+recent images are kept by content hash (`--vision-cache-images`, 0 for none), so a second
+question about the same picture, or a later chunk of it, costs no vision encoding.
 """
 
 from __future__ import annotations
@@ -14,42 +16,33 @@ from collections import OrderedDict
 from collections.abc import Iterable
 
 import torch
-from torch import nn
 
 from sglite.runtime.model.hf_loader import iter_safetensors_weights, safetensors_files
 from sglite.runtime.multimodal.processor import ImageItem
 from sglite.runtime.multimodal.spec import VisionSpec
 from sglite.runtime.scheduler.prefill import PrefillBatch
 
-# Checkpoint prefixes of the vision side (saved by different transformers versions).
-TOWER_PREFIXES = ("model.vision_tower.", "vision_tower.")
-PROJECTOR_PREFIXES = ("model.multi_modal_projector.", "multi_modal_projector.")
-
 
 class VisionEncoder:
-    """CLIP tower + projector with a bounded cache of image features (see module docstring)."""
+    """The vision half of a model with a bounded cache of image features (see module docstring)."""
 
-    def __init__(
-        self, spec: VisionSpec, text_hidden: int, device: torch.device, cache_entries: int = 32
-    ) -> None:
-        from transformers import CLIPVisionConfig, CLIPVisionModel
-        from transformers.activations import ACT2FN
+    def __init__(self, spec: VisionSpec, device: torch.device, cache_entries: int = 32) -> None:
+        import transformers
 
         self.spec = spec
         self.device = device
-        skip = ("model_type", "transformers_version", "architectures")
-        config = CLIPVisionConfig(**{k: v for k, v in spec.vision_config.items() if k not in skip})
-        # float32: the tower is a small share of a prompt's cost and bf16 is emulated on many CPUs.
-        self.tower = CLIPVisionModel(config).eval()
-        bias = spec.projector_bias
-        self.projector = nn.Sequential(
-            nn.Linear(config.hidden_size, text_hidden, bias=bias),
-            ACT2FN[spec.projector_act],
-            nn.Linear(text_hidden, text_hidden, bias=bias),
-        ).eval()
+        config = transformers.AutoConfig.from_pretrained(spec.model_dir)
+        # The language model is built with no layers and a one-token vocabulary, then dropped.
+        text = config.text_config
+        text.num_hidden_layers, text.vocab_size = 0, 1
+        if getattr(text, "layer_types", None) is not None:
+            text.layer_types = []
+        # float32: the vision half is a small share of a prompt's cost and bf16 is emulated on
+        # many CPUs.
+        self.model = getattr(transformers, spec.hf_model_class)(config).eval()
+        setattr(self.model, spec.text_attr, None)
         self._load(iter_safetensors_weights(safetensors_files(spec.model_dir), progress=False))
-        self.tower.to(device)
-        self.projector.to(device)
+        self.model.to(device)
         self.cache: OrderedDict[str, torch.Tensor] = OrderedDict()
         self.cache_entries = cache_entries
         self.encoded_images = 0
@@ -57,29 +50,23 @@ class VisionEncoder:
         self.cache_hits = 0
 
     def _load(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        tower: dict[str, torch.Tensor] = {}
-        projector: dict[str, torch.Tensor] = {}
-        # transformers versions differ on whether CLIP's weights sit under `vision_model.`.
-        expected = set(self.tower.state_dict())
+        expected = self.model.state_dict()
+        loaded: dict[str, torch.Tensor] = {}
         for name, tensor in weights:
-            if name.startswith(TOWER_PREFIXES):
-                key = name.split("vision_tower.", 1)[1].removeprefix("vision_model.")
-                tower[key if key in expected else "vision_model." + key] = tensor
-            elif name.startswith(PROJECTOR_PREFIXES):
-                key = name.split("multi_modal_projector.", 1)[1]
-                projector[key.replace("linear_1", "0").replace("linear_2", "2")] = tensor
-        missing, unexpected = self.tower.load_state_dict(tower, strict=False)
-        missing = [k for k in missing if not k.endswith("position_ids")]
-        if missing or unexpected:
+            key = _module_key(name, expected)
+            if key is not None:
+                loaded[key] = tensor
+        missing = [k for k in expected if k not in loaded]
+        if missing:
             raise ValueError(
-                f"{self.spec.model_dir}: vision tower weights do not fit its config "
-                f"(missing {missing[:3]}, unexpected {unexpected[:3]})"
+                f"{self.spec.model_dir}: the checkpoint lacks vision weights {missing[:3]} "
+                f"({len(missing)} missing)"
             )
-        self.projector.load_state_dict(projector)
+        self.model.load_state_dict(loaded, strict=False)
 
     @torch.inference_mode()
     def features(self, image: ImageItem) -> torch.Tensor:
-        """The image's `[length, text_hidden]` input embeddings (float32), from the cache when
+        """The image's `[num_features, hidden]` input embeddings (float32), from the cache when
         the same picture was encoded recently."""
         cached = self.cache.get(image.content_hash)
         if cached is not None:
@@ -87,15 +74,13 @@ class VisionEncoder:
             self.cache_hits += 1
             return cached
         start = time.perf_counter()
-        pixels = image.pixel_values.to(self.device).unsqueeze(0)
-        hidden = self.tower(pixels, output_hidden_states=True).hidden_states
-        selected = hidden[self.spec.feature_layer]
-        if self.spec.select_strategy == "default":
-            selected = selected[:, 1:]  # without the class token
-        feats = self.projector(selected)[0].float()
-        if feats.shape[0] != image.length:
+        inputs = {k: v.to(self.device) for k, v in image.inputs.items()}
+        pooled = self.model.get_image_features(**inputs).pooler_output
+        feats = torch.cat([f.reshape(-1, f.shape[-1]) for f in pooled]).float()
+        if feats.shape[0] != image.num_features:
             raise ValueError(
-                f"the vision tower gave {feats.shape[0]} positions for an image of {image.length}"
+                f"the vision half gave {feats.shape[0]} embeddings for an image of "
+                f"{image.num_features} positions"
             )
         self.encoded_images += 1
         self.encode_seconds += time.perf_counter() - start
@@ -109,18 +94,24 @@ class VisionEncoder:
         """Forget every cached image's features (the server's cache flush)."""
         self.cache.clear()
 
-    def input_embeds(self, plan: PrefillBatch) -> list[tuple[int, torch.Tensor]]:
-        """(first row, embeddings) for every image position the prefill computes: each chunk
-        gets the part of its images it covers."""
-        out: list[tuple[int, torch.Tensor]] = []
+    def input_embeds(self, plan: PrefillBatch) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(batch rows, their embeddings) for the image positions each chunk computes."""
+        out: list[tuple[torch.Tensor, torch.Tensor]] = []
         row = 0
         for item in plan.items:
             start, end = item.start, item.start + item.n
             for image in item.req.images:
-                lo, hi = max(start, image.offset), min(end, image.offset + image.length)
-                if lo < hi:
-                    feats = self.features(image)[lo - image.offset : hi - image.offset]
-                    out.append((row + lo - start, feats))
+                if image.offset >= end or image.offset + image.length <= start:
+                    continue
+                picked = [
+                    (k, image.offset + p)
+                    for k, p in enumerate(image.feature_positions)
+                    if start <= image.offset + p < end
+                ]
+                if picked:
+                    index = torch.tensor([k for k, _ in picked])
+                    rows = torch.tensor([row + pos - start for _, pos in picked])
+                    out.append((rows, self.features(image).index_select(0, index)))
             row += item.n
         return out
 
@@ -132,3 +123,14 @@ class VisionEncoder:
             "vision_cache_hits": self.cache_hits,
             "vision_cached_images": len(self.cache),
         }
+
+
+def _module_key(name: str, expected: dict[str, torch.Tensor]) -> str | None:
+    """The vision module's parameter a checkpoint tensor is, or None (the language model's).
+    Checkpoints name the same tensor differently across transformers versions (`model.` in
+    front, CLIP's weights under `vision_model.` or not)."""
+    key = name.removeprefix("model.")
+    for candidate in (key, key.replace("vision_tower.vision_model.", "vision_tower.")):
+        if candidate in expected:
+            return candidate
+    return None

@@ -84,11 +84,17 @@ class DraftModelProposer:
         """Load `args.speculative_draft_model_path` in the target's dtype and device.
 
         Raises ValueError when its tokenizer's vocabulary is not the target's (its token ids
-        would mean other text).
+        would mean other text), or the target is a vision-language model.
         """
         from sglite.runtime.model.loader import load_model
+        from sglite.runtime.multimodal.spec import vision_spec
 
         assert args.speculative_draft_model_path is not None
+        if vision_spec(target.model_path) is not None:
+            raise ValueError(
+                "draft-model speculation does not take images: the draft model cannot read a "
+                "vision-language model's image positions (use --speculative-algorithm ngram)"
+            )
         draft = load_model(
             args.speculative_draft_model_path,
             dtype=target.dtype,

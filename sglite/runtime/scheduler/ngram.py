@@ -81,12 +81,12 @@ class NgramProposer:
             room = min(draft_room(req, self.context_len), MAX_DRAFT_TOKENS)
             cached = cached_continuation(self.cache, tokens, min(room, CACHE_DRAFT_SCALE * length))
             if cached:
-                return cached
+                return _tokens_only(cached)
         self._index(state, tokens)
         for n in range(min(self.max_match, len(tokens) - 1), self.min_match - 1, -1):
             end = state.ends.get(n, {}).get(tuple(tokens[-n:]))
             if end is not None:
-                return tokens[end : end + length]
+                return _tokens_only(tokens[end : end + length])
         return []
 
     def record(self, req: Req, drafted: int, accepted: int, needed: float) -> None:
@@ -142,6 +142,14 @@ def cached_continuation(cache: RadixCache, tokens: list[int], limit: int) -> lis
         node = max(node.children.values(), key=_recency)
         out.extend(node.key[: limit - len(out)])
     return out
+
+
+def _tokens_only(draft: list[int]) -> list[int]:
+    """`draft` up to its first image position (negative pad ids are not tokens to propose)."""
+    for i, token in enumerate(draft):
+        if token < 0:
+            return draft[:i]
+    return draft
 
 
 def _recency(node: TreeNode) -> tuple[float, int]:

@@ -96,8 +96,10 @@ def collect_input_logprobs(item: PrefillItem, logits: torch.Tensor, sampler: Sam
     if not positions:
         return
     sub = logits[item.first_row : item.first_row + len(positions)]
-    targets = torch.tensor([prompt[p + 1] for p in positions], device=sub.device)
+    # An image position's pad id (negative) is no token: its logprob is None.
+    targets = torch.tensor([max(prompt[p + 1], 0) for p in positions], device=sub.device)
     values, tops = sampler.logprobs_of(sub, targets, req.top_logprobs_num)
     for i, p in enumerate(positions):
-        req.input_logprobs_pending.append((values[i], prompt[p + 1]))
+        value = values[i] if prompt[p + 1] >= 0 else None
+        req.input_logprobs_pending.append((value, prompt[p + 1]))
         req.input_top_pending.append(tops[i] if tops is not None else None)

@@ -21,7 +21,7 @@ import torch
 from sglite.runtime.cache.radix_cache import TreeNode
 from sglite.runtime.constrained import GrammarMatcher, GrammarTicket
 from sglite.runtime.detokenizer import IncrementalDetokenizer, StopChecker
-from sglite.runtime.multimodal.processor import ImageItem
+from sglite.runtime.multimodal.processor import ImageItem, is_pad
 from sglite.runtime.sampling.params import SamplingParams
 from sglite.runtime.sampling.sampler import SamplingInfo
 from sglite.runtime.scheduler.io import GenerateInput, RequestOutput
@@ -115,17 +115,19 @@ class Req:
         """The request for `inp`, its sampling state on `device`; raises ValueError for invalid
         sampling parameters (the client validated them already)."""
         params = SamplingParams.from_dict(inp.sampling_params)
+        # Image positions' pad ids are not tokens: penalties and detokenizing skip them.
+        tokens = [t for t in inp.input_ids if not is_pad(t)] if inp.images else inp.input_ids
         return cls(
             rid=inp.rid,
             prompt_ids=list(inp.input_ids),
             params=params,
-            sampling=SamplingInfo.create(params, list(inp.input_ids), device),
+            sampling=SamplingInfo.create(params, list(tokens), device),
             detokenizer=IncrementalDetokenizer(
                 tokenizer,
                 skip_special_tokens=params.skip_special_tokens,
                 spaces_between_special_tokens=params.spaces_between_special_tokens,
                 # Context so SentencePiece-style tokenizers keep the first output's leading space.
-                prompt_ids=inp.input_ids,
+                prompt_ids=tokens,
             ),
             stop_checker=StopChecker(params.stop, params.stop_regex),
             arrival_time=inp.arrival_time or time.monotonic(),

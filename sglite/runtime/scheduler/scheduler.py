@@ -146,9 +146,7 @@ class Scheduler:
         spec = vision_spec(loaded.model_path)
         self.vision: VisionEncoder | None = None
         if spec is not None:
-            self.vision = VisionEncoder(
-                spec, self.config.hidden_size, self.device, args.vision_cache_images
-            )
+            self.vision = VisionEncoder(spec, self.device, args.vision_cache_images)
         self.retokenizer: RetokenizingJump | None = None
         if self.jump_forward == "retokenize":
             encode = lambda text: self.tokenizer.hf.encode(text, add_special_tokens=False)
@@ -604,7 +602,7 @@ class Scheduler:
         """A bounded snapshot of the radix tree (`cache/tree_view.py`) with the path the latest
         admitted request matched, and the live statistics (`info`)."""
         rid, node, matched, prompt = self.kv.last_admission or (None, None, 0, 0)
-        decode = lambda ids: self.tokenizer.hf.decode(ids)
+        decode = lambda ids: _decode_span(self.tokenizer.hf, ids)
         tree = snapshot_tree(
             self.cache,
             decode,
@@ -645,3 +643,20 @@ class Scheduler:
         if not isinstance(self.cache, TieredRadixCache):
             return {}
         return {"hicache": self.cache.tier_info(), "hicache_costs": self.cache.costs.snapshot()}
+
+
+def _decode_span(hf_tokenizer: Any, ids: list[int]) -> str:
+    """A tree node's text: its tokens decoded, each run of image positions (negative pad ids,
+    multimodal/processor.py) shown as `[image]`."""
+    parts: list[str] = []
+    run: list[int] = []
+    for i, token in enumerate(ids):
+        if token >= 0:
+            run.append(token)
+        if token < 0 or i == len(ids) - 1:
+            if run:
+                parts.append(hf_tokenizer.decode(run))
+                run = []
+            if token < 0 and not (parts and parts[-1] == "[image]"):
+                parts.append("[image]")
+    return "".join(parts)

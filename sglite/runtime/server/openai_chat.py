@@ -242,11 +242,16 @@ def prepare_chat(state: ServerState, body: ChatCompletionRequest) -> PreparedCha
     if body.top_logprobs and not body.logprobs:
         raise APIError(400, "top_logprobs: requires logprobs: true", param="top_logprobs")
     ids, images = _render_messages(state, body, plan)
+    tm = state.tokenizer_manager
+    items = None
+    if images:
+        try:
+            ids, items = tm.expand_images(ids, images, "messages")
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="messages") from None
     max_tokens = body.max_completion_tokens if body.max_tokens is None else body.max_tokens
     if max_tokens is None:  # the rest of the context (or of the KV pool, if smaller)
-        tm = state.tokenizer_manager
-        prompt_len = len(ids) + (tm.images.extra_tokens(len(images)) if tm.images else 0)
-        max_tokens = max(0, min(tm.context_len, tm.max_total_tokens) - prompt_len)
+        max_tokens = max(0, min(tm.context_len, tm.max_total_tokens) - len(ids))
         if state.args.max_new_tokens_limit is not None:
             max_tokens = min(max_tokens, state.args.max_new_tokens_limit)
     base_id = body.rid or f"chatcmpl-{uuid.uuid4().hex}"
@@ -267,7 +272,7 @@ def prepare_chat(state: ServerState, body: ChatCompletionRequest) -> PreparedCha
         top_logprobs_num=num_top,
         return_text_in_logprobs=True,
         rid=base_id,
-        image_data=images or None,
+        image_items=items,
     )
     reasoning = _reasoning_format(state, body)
     return PreparedChat(reqs, plan, reasoning, body.n or 1, base_id, want_logprobs, num_top, ids)

@@ -33,6 +33,7 @@ def prepare_requests(
     return_text_in_logprobs: bool = False,
     rid: str | list[str] | None = None,
     image_data: Any = None,
+    image_items: list[Any] | None = None,
 ) -> tuple[list[GenerateRequest], bool]:
     """Validate, tokenize and expand (`n`) a request; admit it or raise 400 / 503.
 
@@ -42,6 +43,7 @@ def prepare_requests(
     reqs, is_batch = tm.normalize(
         text, sampling_params, input_ids, return_logprob, logprob_start_len,
         top_logprobs_num, return_text_in_logprobs, rid=rid, image_data=image_data,
+        image_items=image_items,
     )  # fmt: skip
     expanded = tm.expand_n(reqs)
     check_request_ids(tm, expanded)
