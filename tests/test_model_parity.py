@@ -297,7 +297,7 @@ CHAT_PROMPTS = [
         {"role": "user", "content": "List three prime numbers."},
     ],
 ]
-SMOL_STEPS = 32
+SMOL_STEPS = 20
 
 
 @pytest.fixture(scope="module")
