@@ -35,6 +35,7 @@ from sglite.lang import (
     user,
     user_begin,
     user_end,
+    video,
 )
 from sglite.runtime.engine import Engine
 
@@ -44,6 +45,6 @@ __all__ = [
     "gen", "gen_int", "gen_string", "get_server_info", "global_config", "greedy_token_selection",
     "image", "select", "set_default_backend", "system", "system_begin", "system_end",
     "token_length_normalized", "tools_prompt", "unconditional_likelihood_normalized", "user",
-    "user_begin", "user_end",
+    "user_begin", "user_end", "video",
 ]  # fmt: skip
 __version__ = "0.1.0"

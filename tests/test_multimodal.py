@@ -152,7 +152,8 @@ def test_openai_chat_with_image_url_parts_over_http(llava_dir, engine, sglite_se
     png = _png(5)
     path = tmp_path / "picture.png"
     path.write_bytes(png)
-    server = ServerProcess("--model-path", llava_dir)
+    server = ServerProcess("--model-path", llava_dir, "--allow-remote-images")
+    files = _serve_directory(tmp_path)  # a real HTTP server on loopback for the remote image
     try:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
 
@@ -165,7 +166,9 @@ def test_openai_chat_with_image_url_parts_over_http(llava_dir, engine, sglite_se
             )  # fmt: skip
 
         first, again = ask(data_url(png)), ask(str(path))  # a data: URL, then a file path
+        fetched = ask(f"http://127.0.0.1:{files.server_port}/picture.png")  # an http(s) URL
         assert first.choices[0].message.content == again.choices[0].message.content
+        assert fetched.choices[0].message.content == first.choices[0].message.content
         assert first.usage.prompt_tokens == IMAGE_TOKENS + 3
         assert again.usage.prompt_tokens_details.cached_tokens >= IMAGE_TOKENS
         # What the Engine answers for the same rendered prompt and image.
@@ -184,6 +187,7 @@ def test_openai_chat_with_image_url_parts_over_http(llava_dir, engine, sglite_se
         tree = requests.get(server.url + "/cache/tree", timeout=30).json()
         assert any(node["text"].startswith("[image]") for node in tree["nodes"]), tree["nodes"]
     finally:
+        files.shutdown()
         assert server.stop() == 0
     # A text-only model refuses images on both APIs with a 400 naming the field.
     text_only = openai.OpenAI(base_url=sglite_server.url + "/v1", api_key="none", max_retries=0)
@@ -217,3 +221,62 @@ def test_sgl_image_in_a_program(engine, tmp_path):
     assert state["second"] == second["text"]
     with pytest.raises(ValueError, match="sgl.image: cannot read"):
         sglite.image(tmp_path / "missing.png")
+
+
+def _serve_directory(path):  # noqa: ANN202
+    """A threading HTTP server for the files under `path` on a free loopback port."""
+    import functools
+    import http.server
+    import threading
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def _write_video(path, colors: list[int]) -> None:
+    """An MPEG-4 video of solid frames, frame i's red channel `colors[i]`."""
+    import av
+
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("mpeg4", rate=4)
+        stream.width, stream.height, stream.pix_fmt = 48, 32, "yuv420p"
+        for red in colors:
+            frame = np.zeros((32, 48, 3), dtype=np.uint8)
+            frame[..., 0] = red
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
+        container.mux(stream.encode())
+
+
+def test_sgl_video_sends_sampled_frames(engine, tmp_path):
+    path = tmp_path / "clip.mp4"
+    _write_video(path, [20 * i for i in range(12)])
+    frames = sglite.video(path, num_frames=4).expr_list
+    assert len(frames) == 4
+    reds = []
+    for frame in frames:  # evenly spaced frames: their red rises through the clip
+        from PIL import Image
+
+        pixels = np.asarray(Image.open(io.BytesIO(_decode_data_url(frame.source))))
+        reds.append(int(pixels[..., 0].mean()))
+    assert reds == sorted(reds) and reds[-1] - reds[0] > 100, reds
+
+    @sglite.function
+    def watch(s, clip):
+        s += sglite.video(clip, num_frames=4) + " describe it"
+        s += sglite.gen("answer", max_tokens=6, temperature=0)
+
+    state = watch.run(clip=str(path), backend=sglite.EngineBackend(engine))
+    sources = [frame.source for frame in frames]
+    params = {"temperature": 0, "max_new_tokens": 6}
+    want = engine.generate("<image><image><image><image> describe it", params, image_data=sources)
+    assert state["answer"] == want["text"]
+    with pytest.raises(ValueError, match="cannot read"):
+        sglite.video(tmp_path / "missing.mp4")
+
+
+def _decode_data_url(url: str) -> bytes:
+    import base64
+
+    return base64.b64decode(url.split(",", 1)[1])

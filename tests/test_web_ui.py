@@ -28,6 +28,8 @@ def page(browser, sglite_server):
     console log is emptied first: an earlier page's messages are not this page's)."""
     browser.get("about:blank")
     console_errors(browser)
+    # An empty tree: on the shared server earlier tests' nodes could fill the view's 150 nodes.
+    requests.post(sglite_server.url + "/flush_cache", timeout=30).raise_for_status()
     browser.get(sglite_server.url + "/")
     model = requests.get(sglite_server.url + "/v1/models", timeout=10).json()["data"][0]["id"]
     wait_for(lambda: browser.find_element(By.ID, "model-name").text == model, what="the model")
@@ -119,6 +121,7 @@ def test_stop_aborts_the_request_on_the_server(page, sglite_server):
 
 
 def test_the_cache_view_draws_a_prompt_sent_through_the_api(page, sglite_server):
+    requests.post(sglite_server.url + "/flush_cache", timeout=30).raise_for_status()
     text = "Quokkas photographed on Rottnest Island look as if they are smiling."
     body = {"text": text, "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
     requests.post(sglite_server.url + "/generate", json=body, timeout=60).raise_for_status()

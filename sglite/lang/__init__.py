@@ -23,6 +23,7 @@ from sglite.lang.api import (
     user,
     user_begin,
     user_end,
+    video,
 )
 from sglite.lang.backend.base import BaseBackend
 from sglite.lang.backend.engine_backend import EngineBackend
@@ -47,5 +48,5 @@ __all__ = [
     "get_server_info", "global_config", "greedy_token_selection", "image", "select",
     "set_default_backend",
     "system", "system_begin", "system_end", "token_length_normalized", "tools_prompt",
-    "unconditional_likelihood_normalized", "user", "user_begin", "user_end",
+    "unconditional_likelihood_normalized", "user", "user_begin", "user_end", "video",
 ]  # fmt: skip

@@ -270,6 +270,34 @@ def image(path_or_bytes: str | bytes | os.PathLike) -> SglImage:
         raise ValueError(f"sgl.image: cannot read {source!r} ({exc.strerror})") from None
 
 
+def video(path: str | os.PathLike, num_frames: int = 8) -> SglExprList:
+    """A video in the prompt as `num_frames` frames sampled evenly across it, each an image
+    (`sgl.image`), as LLaVA-NeXT reads video. Decoded now by transformers' video loader with
+    PyAV (`pip install av`); ValueError when the file cannot be read as a video."""
+    if not isinstance(num_frames, int) or num_frames < 1:
+        raise ValueError(f"sgl.video: num_frames must be a positive integer, got {num_frames!r}")
+    source = os.fspath(path)
+    try:
+        from transformers.video_utils import load_video
+
+        frames, _ = load_video(source, num_frames=num_frames, backend="pyav")
+    except ImportError as exc:
+        raise ValueError(f"sgl.video needs PyAV to decode videos (pip install av): {exc}") from None
+    except Exception as exc:  # av's and transformers' errors for unreadable files
+        raise ValueError(f"sgl.video: cannot read {source!r} as a video ({exc})") from None
+    return SglExprList([image(_png(frame)) for frame in frames])
+
+
+def _png(frame: Any) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(frame).save(buf, format="PNG")
+    return buf.getvalue()
+
+
 def _data_url(data: bytes) -> str:
     import base64
 

@@ -12,12 +12,13 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sglite.runtime.constrained import CONSTRAINT_KINDS, validate_constraint
 from sglite.runtime.multimodal.image_input import ImageLimits
-from sglite.runtime.multimodal.processor import ImageItem, ImagePromptBuilder
+from sglite.runtime.multimodal.processor import ImageItem, ImagePromptBuilder, PreparedImage
 from sglite.runtime.multimodal.spec import vision_spec
 from sglite.runtime.sampling.params import SamplingParams
 from sglite.runtime.scheduler.io import GenerateInput, RequestOutput
@@ -91,6 +92,7 @@ class TokenizerManager:
                 max_images=args.max_images_per_request, allow_remote=args.allow_remote_images
             )
             self.images = ImagePromptBuilder(spec, tokenizer.hf, limits)
+        self._image_worker = ThreadPoolExecutor(1, thread_name_prefix="images")
 
     @property
     def num_in_flight(self) -> int:
@@ -170,6 +172,24 @@ class TokenizerManager:
         if self.images is None:
             raise ValueError(f"{where}: this model takes text only (it has no vision tower)")
         return self.images.build(ids, images, where)
+
+    async def prepare_images(self, image_data: Any, where: str) -> Any:
+        """`image_data` (one image, a list, or a list of lists) with each image read and
+        preprocessed, off the event loop (one worker: a big image must not stall the streams
+        being served). ValueError naming the image's place for a bad one."""
+        if image_data is None or self.images is None:
+            return image_data
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._image_worker, self._prepare_tree, image_data, where)
+
+    def _prepare_tree(self, data: Any, where: str) -> Any:
+        assert self.images is not None
+        if isinstance(data, list):
+            return [self._prepare_tree(d, f"{where}[{i}]") for i, d in enumerate(data)]
+        if data is None or isinstance(data, PreparedImage):
+            return data
+        label = data.get("label") if isinstance(data, dict) else None
+        return self.images.prepare(data, label or where)
 
     def _split_images(self, image_data: Any, n: int, is_batch: bool) -> list[list[Any]]:
         """Each prompt's list of images (empty lists without `image_data`)."""

@@ -47,6 +47,17 @@ class ImageItem:
         return len(self.feature_positions)
 
 
+@dataclass
+class PreparedImage:
+    """An image read and preprocessed (`ImagePromptBuilder.prepare`), not yet placed in a
+    prompt: its span (pad ids at `feature_positions`) and vision inputs."""
+
+    span: list[int]
+    feature_positions: list[int]
+    content_hash: str
+    inputs: dict[str, torch.Tensor]
+
+
 def pad_ids(content_hash: str, length: int) -> list[int]:
     """`length` negative ids determined by `content_hash` (two images share a sequence only if
     their hashes do; no text token is negative)."""
@@ -97,15 +108,28 @@ class ImagePromptBuilder:
         previous = 0
         for k, (mark, source) in enumerate(zip(marks, images, strict=True)):
             out += ids[previous:mark]
-            label = source.get("label") if isinstance(source, dict) else None
-            span, item = self._span(source, len(out), label or f"{where}[{k}]")
-            items.append(item)
-            out += span
+            prepared = source
+            if not isinstance(source, PreparedImage):
+                label = source.get("label") if isinstance(source, dict) else None
+                prepared = self.prepare(source, label or f"{where}[{k}]")
+            items.append(
+                ImageItem(
+                    len(out),
+                    len(prepared.span),
+                    prepared.feature_positions,
+                    prepared.content_hash,
+                    prepared.inputs,
+                )
+            )
+            out += prepared.span
             previous = mark + 1
         out += ids[previous:]
         return out, items
 
-    def _span(self, source: Any, offset: int, where: str) -> tuple[list[int], ImageItem]:
+    def prepare(self, source: Any, where: str) -> PreparedImage:
+        """Read, check and preprocess one image (the costly part of `build`, which takes
+        prepared images too); ValueError naming `where`. Not thread-safe: one caller at a time
+        (the processor's tokenizer)."""
         image = load_image(source, self.limits, where)
         try:
             processed = self.processor(
@@ -124,4 +148,4 @@ class ImagePromptBuilder:
         positions = [i for i, t in enumerate(span) if t == self.spec.image_token_id]
         for i, pad in zip(positions, pad_ids(content_hash, len(positions))):
             span[i] = pad
-        return span, ImageItem(offset, len(span), positions, content_hash, inputs)
+        return PreparedImage(span, positions, content_hash, inputs)

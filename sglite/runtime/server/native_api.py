@@ -99,6 +99,10 @@ async def generate(body: GenerateRequestIn, request: Request) -> Any:
     state = get_state(request)
     _check_per_prompt_lists(body)
     try:
+        images = await state.tokenizer_manager.prepare_images(body.image_data, "image_data")
+    except ValueError as exc:
+        raise APIError(400, str(exc), param="image_data") from None
+    try:
         reqs, is_batch = prepare_requests(
             state,
             text=body.text,
@@ -109,7 +113,7 @@ async def generate(body: GenerateRequestIn, request: Request) -> Any:
             top_logprobs_num=body.top_logprobs_num,
             return_text_in_logprobs=bool(body.return_text_in_logprobs),
             rid=body.rid,
-            image_data=body.image_data,
+            image_data=images,
         )
     except ValueError as exc:
         err = bad_request(exc)

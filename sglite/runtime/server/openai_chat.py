@@ -183,7 +183,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     """Answer a conversation, rendered through the model's chat template; tool calls in the
     answer come back as `message.tool_calls` (`chat_tools.py`)."""
     state = get_state(request)
-    chat = prepare_chat(state, body)
+    chat = await prepare_chat(state, body)
     run = ChoiceRun(
         chat.reqs,
         chat.n,
@@ -225,7 +225,7 @@ class PreparedChat:
         return ChatAnswer(reasoning, parsed.content, parsed.calls)
 
 
-def prepare_chat(state: ServerState, body: ChatCompletionRequest) -> PreparedChat:
+async def prepare_chat(state: ServerState, body: ChatCompletionRequest) -> PreparedChat:
     """Check `body` (400 naming the field), render it and admit its scheduler requests."""
     check_common(state, body)
     constraint = output_constraint(body)
@@ -246,7 +246,8 @@ def prepare_chat(state: ServerState, body: ChatCompletionRequest) -> PreparedCha
     items = None
     if images:
         try:
-            ids, items = tm.expand_images(ids, images, "messages")
+            prepared = await tm.prepare_images(images, "messages")
+            ids, items = tm.expand_images(ids, prepared, "messages")
         except ValueError as exc:
             raise APIError(400, str(exc), param="messages") from None
     max_tokens = body.max_completion_tokens if body.max_tokens is None else body.max_tokens

@@ -330,7 +330,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Any:
             )
         history = entry[1]
     chat_body, conversation = chat_request(body, history)
-    chat = prepare_chat(state, chat_body)
+    chat = await prepare_chat(state, chat_body)
     model = body.model or state.model_name
     response_id = _new_id("resp")
     if body.stream:
