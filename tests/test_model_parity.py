@@ -325,13 +325,14 @@ def test_smollm2_greedy_matches_transformers(smollm2):
 def test_smollm2_bf16_agreement_report(smollm2):
     """Reported, not asserted strictly: bf16 logits are rounded to steps of 0.125 near 25, so a
     near-tie (SmolLM2's first answer token on the first prompt is one) can flip."""
+    if not cpu_has_native_bf16():
+        # Emulated bf16 is ~150x slower than float32 and never the default there; the bf16
+        # paths run anywhere in test_native_decode.py and test_deterministic.py.
+        pytest.skip("a report for hosts with native bf16 (AVX512-BF16 or AMX)")
     ours32, _ = smollm2
     ours16 = load_model(None, "bfloat16", progress=False)
     pool32, pool16 = new_pool(ours32), new_pool(ours16)
-    # Where bf16 is emulated (no AVX512-BF16/AMX) it is ~150x slower than float32 and never the
-    # default: one prompt and a short greedy run still exercise the path.
-    native = cpu_has_native_bf16()
-    prompts, steps = (CHAT_PROMPTS, SMOL_STEPS) if native else (CHAT_PROMPTS[:1], 2)
+    prompts, steps = CHAT_PROMPTS, SMOL_STEPS
     agree, errors = [], []
     for messages in prompts:
         ids = _chat_ids(ours32, messages)

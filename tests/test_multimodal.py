@@ -24,6 +24,7 @@ from benchmarks.tiny_vlm import (
 IMAGE_TOKENS = TinyLlavaShape().image_tokens
 GREEDY = {"temperature": 0, "max_new_tokens": 8}
 _png = random_png
+_REFERENCES: dict[str, tuple] = {}  # model dir -> transformers' model and processor
 
 
 @pytest.fixture(scope="module")
@@ -46,11 +47,14 @@ def _hf_greedy(model_dir: str, prompt: str, png: bytes, steps: int) -> tuple[lis
     from PIL import Image
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    model = AutoModelForImageTextToText.from_pretrained(model_dir).eval()
+    if model_dir not in _REFERENCES:
+        _REFERENCES[model_dir] = (
+            AutoModelForImageTextToText.from_pretrained(model_dir).eval(),
+            AutoProcessor.from_pretrained(model_dir),
+        )
+    model, processor = _REFERENCES[model_dir]
     image = Image.open(io.BytesIO(png)).convert("RGB")
-    inputs = AutoProcessor.from_pretrained(model_dir)(
-        text=prompt, images=[image], return_tensors="pt"
-    )
+    inputs = processor(text=prompt, images=[image], return_tensors="pt")
     with torch.no_grad():
         out = model.generate(
             **inputs, max_new_tokens=steps, do_sample=False, output_scores=True,

@@ -499,7 +499,7 @@ class RadixMachine(RuleBasedStateMachine):
 
 
 RadixMachine.TestCase.settings = settings(
-    max_examples=250,
+    max_examples=150,
     stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

@@ -1,4 +1,4 @@
-"""Soak: 64 concurrent clients against a real server, a fifth of them hanging up mid-request.
+"""Soak: 40 concurrent clients against a real server, a fifth of them hanging up mid-request.
 
 Mixed routes (native, OpenAI completions and chat), streaming and not, constrained and not,
 short and long outputs, prompts that share prefixes. After every round the server is idle with
@@ -23,7 +23,7 @@ import httpx
 import pytest
 from server_fixtures import ServerProcess
 
-CLIENTS = 64
+CLIENTS = 40
 DISCONNECT_RATE = 0.2
 SOAK_SECONDS = float(os.environ.get("SGLITE_SOAK_SECONDS", "0"))
 MIN_ROUNDS = 2
