@@ -18,7 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 from sglite.runtime.constrained import CONSTRAINT_KINDS, validate_constraint
 from sglite.runtime.multimodal.image_input import ImageLimits
-from sglite.runtime.multimodal.processor import ImageItem, ImagePromptBuilder, PreparedImage
+from sglite.runtime.multimodal.processor import (
+    ImageItem,
+    ImagePromptBuilder,
+    PreparedImage,
+    is_pad,
+)
 from sglite.runtime.multimodal.spec import vision_spec
 from sglite.runtime.sampling.params import SamplingParams
 from sglite.runtime.scheduler.io import GenerateInput, RequestOutput
@@ -221,7 +226,9 @@ class TokenizerManager:
         if not ids:
             raise ValueError("the prompt is empty: it has no tokens")
         pads = {i.offset + p for i in images for p in i.feature_positions} if images else ()
-        bad = [t for k, t in enumerate(ids) if t >= self.vocab_size or (t < 0 and k not in pads)]
+        bad = [
+            t for k, t in enumerate(ids) if t >= self.vocab_size or (is_pad(t) and k not in pads)
+        ]
         if bad:
             raise ValueError(
                 f"input_ids holds {bad[0]}, outside the vocabulary [0, {self.vocab_size})"

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sglite.runtime.cache.radix_cache import RadixCache, TreeNode
+from sglite.runtime.multimodal.processor import is_pad
 from sglite.runtime.scheduler.drafts import MAX_DRAFT_TOKENS
 from sglite.runtime.scheduler.request import Req
 from sglite.runtime.scheduler.speculation import DraftLength, TokenHistory, draft_room
@@ -147,7 +148,7 @@ def cached_continuation(cache: RadixCache, tokens: list[int], limit: int) -> lis
 def _tokens_only(draft: list[int]) -> list[int]:
     """`draft` up to its first image position (negative pad ids are not tokens to propose)."""
     for i, token in enumerate(draft):
-        if token < 0:
+        if is_pad(token):
             return draft[:i]
     return draft
 

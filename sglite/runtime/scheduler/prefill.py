@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sglite.runtime.multimodal.processor import is_pad
 from sglite.runtime.sampling.sampler import Sampler
 from sglite.runtime.scheduler.request import Req
 
@@ -97,9 +98,9 @@ def collect_input_logprobs(item: PrefillItem, logits: torch.Tensor, sampler: Sam
         return
     sub = logits[item.first_row : item.first_row + len(positions)]
     # An image position's pad id (negative) is no token: its logprob is None.
-    targets = torch.tensor([max(prompt[p + 1], 0) for p in positions], device=sub.device)
-    values, tops = sampler.logprobs_of(sub, targets, req.top_logprobs_num)
-    for i, p in enumerate(positions):
-        value = values[i] if prompt[p + 1] >= 0 else None
-        req.input_logprobs_pending.append((value, prompt[p + 1]))
+    targets = [prompt[p + 1] for p in positions]
+    targets_t = torch.tensor([0 if is_pad(t) else t for t in targets], device=sub.device)
+    values, tops = sampler.logprobs_of(sub, targets_t, req.top_logprobs_num)
+    for i, target in enumerate(targets):
+        req.input_logprobs_pending.append((None if is_pad(target) else values[i], target))
         req.input_top_pending.append(tops[i] if tops is not None else None)

@@ -13,6 +13,7 @@ Invariants (checked by `check_invariants`):
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
@@ -28,6 +29,7 @@ from sglite.runtime.constrained import GrammarError, GrammarManager, create_back
 from sglite.runtime.distributed.parallel import SINGLE, TensorParallelGroup
 from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from sglite.runtime.model.loader import LoadedModel
+from sglite.runtime.multimodal.processor import is_pad
 from sglite.runtime.multimodal.spec import vision_spec
 from sglite.runtime.multimodal.vision_encoder import VisionEncoder
 from sglite.runtime.sampling.sampler import Sampler
@@ -646,17 +648,9 @@ class Scheduler:
 
 
 def _decode_span(hf_tokenizer: Any, ids: list[int]) -> str:
-    """A tree node's text: its tokens decoded, each run of image positions (negative pad ids,
+    """A tree node's text: its tokens decoded, each run of image positions (pad ids,
     multimodal/processor.py) shown as `[image]`."""
-    parts: list[str] = []
-    run: list[int] = []
-    for i, token in enumerate(ids):
-        if token >= 0:
-            run.append(token)
-        if token < 0 or i == len(ids) - 1:
-            if run:
-                parts.append(hf_tokenizer.decode(run))
-                run = []
-            if token < 0 and not (parts and parts[-1] == "[image]"):
-                parts.append("[image]")
-    return "".join(parts)
+    return "".join(
+        "[image]" if pad else hf_tokenizer.decode(list(run))
+        for pad, run in itertools.groupby(ids, key=is_pad)
+    )

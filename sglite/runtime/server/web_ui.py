@@ -9,6 +9,7 @@ key: the page shell is public (it holds no data), every call behind it is not.
 
 from __future__ import annotations
 
+import functools
 from importlib import resources
 from typing import Any
 
@@ -34,6 +35,7 @@ page_router = APIRouter()  # included only when the web UI is on
 api_router = APIRouter()
 
 
+@functools.cache
 def _asset(name: str) -> str:
     return resources.files("sglite.runtime.server").joinpath("web", name).read_text("utf-8")
 
