@@ -1,8 +1,9 @@
 """The router's HTTP app: the workers' native and OpenAI APIs, plus worker management.
 
 Generation routes (`/generate`, `/v1/completions`, `/v1/chat/completions`) are routed by the
-policy on the request's text; info and tokenizer routes go to the least-loaded healthy worker;
-`/flush_cache` goes to every healthy worker. Errors have the workers' OpenAI shape.
+policy on the request's text (in PD mode: to a prefill and a decode worker, sglite/router/pd.py);
+info and tokenizer routes go to the least-loaded healthy (decode) worker; `/flush_cache` goes to
+every healthy worker. Errors have the workers' OpenAI shape.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -22,15 +22,15 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 import sglite
 from sglite.router import keys as routing_keys
-from sglite.router.args import RouterArgs
-from sglite.router.forward import FORWARDED_HEADERS, Forwarder, Upstream, pick_headers
-from sglite.router.metrics import RouterMetrics
-from sglite.router.policy import CacheAware, Policy, make_policy
+from sglite.router.forward import FORWARDED_HEADERS, Upstream, pick_headers
 from sglite.router.radix_tree import Key
-from sglite.router.workers import Worker, WorkerRegistry
+from sglite.router.state import RouterState, build_state
+from sglite.router.workers import Worker, normalize_url
 from sglite.runtime.server.app import BodyLimitMiddleware
 from sglite.runtime.server.errors import APIError, install_error_handlers
 from sglite.runtime.server.streaming import ClientDisconnected, run_until_disconnect
+
+__all__ = ["RouterState", "build_state", "create_app"]  # the state's names, as before
 
 logger = logging.getLogger("sglite.router")
 
@@ -46,65 +46,6 @@ GENERATION_ROUTES: dict[str, Callable[[dict[str, Any]], list[Key]]] = {
     "/v1/completions": routing_keys.completion_keys,
     "/v1/chat/completions": routing_keys.chat_keys,
 }
-
-
-@dataclass
-class RouterState:
-    """Everything one router owns; `app.state.router` holds it."""
-
-    args: RouterArgs
-    client: httpx.AsyncClient
-    registry: WorkerRegistry
-    policy: Policy
-    forwarder: Forwarder
-    metrics: RouterMetrics
-
-    def tree_size(self, url: str) -> int:
-        """Items the cache_aware tree attributes to `url` (0 for other policies)."""
-        return tree_size_of(self.policy, url)
-
-    def describe(self, worker: Worker) -> dict[str, Any]:
-        """A worker as /list_workers shows it."""
-        return {
-            "url": worker.url,
-            "healthy": worker.healthy,
-            "load": worker.in_flight,
-            "routed": worker.routed,
-            "retries": worker.retries,
-            "tree_size": self.tree_size(worker.url),
-            "decisions": dict(worker.decisions),
-            "last_error": worker.last_error,
-        }
-
-
-def tree_size_of(policy: Policy, url: str) -> int:
-    """Items `policy`'s tree attributes to `url` (0 for policies without a tree)."""
-    return policy.tree.size(url) if isinstance(policy, CacheAware) else 0
-
-
-def build_state(args: RouterArgs) -> RouterState:
-    """The router's parts for `args` (validated); workers start down until checked."""
-    args.validate()
-    policy = make_policy(args.policy, args.cache_aware_config())
-    timeout = httpx.Timeout(
-        connect=args.connect_timeout, read=args.request_timeout,
-        write=args.request_timeout, pool=args.request_timeout,
-    )  # fmt: skip
-    # Idle connections are dropped well before a worker's own 5 s keep-alive ends, so the router
-    # rarely sends on a socket the worker is closing (which would look like a failed worker).
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64, keepalive_expiry=2)
-    client = httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False)
-    registry = WorkerRegistry(
-        client,
-        health_timeout=args.health_check_timeout,
-        failure_threshold=args.health_failure_threshold,
-        on_down=policy.forget,
-    )
-    for url in args.worker_urls:
-        registry.add(url)
-    forwarder = Forwarder(registry, policy, client, args.max_retries)
-    metrics = RouterMetrics(registry, lambda url: tree_size_of(policy, url))
-    return RouterState(args, client, registry, policy, forwarder, metrics)
 
 
 def _state(request: Request) -> RouterState:
@@ -139,9 +80,12 @@ async def _generation(request: Request) -> Response:
     raw, body = await _json_body(request)
     up = _upstream(request, raw, GENERATION_ROUTES[request.url.path](body))
     stream = body.get("stream") is True
-    work = state.forwarder.forward_stream(up) if stream else state.forwarder.forward(up)
+    if state.pd is not None:
+        work = state.pd.forward(up, body, stream)
+    else:
+        work = state.forwarder.forward_stream(up) if stream else state.forwarder.forward(up)
     # A client gone before the answer (or a stream's first event) cancels the work, which
-    # closes the worker connection, so the worker aborts the request too.
+    # closes the worker connection(s), so the worker(s) abort the request too.
     return await run_until_disconnect(request, work)
 
 
@@ -152,14 +96,18 @@ async def _passthrough(request: Request) -> Response:
 
 
 async def health(request: Request) -> Response:
-    """200 while at least one worker is healthy, else 503."""
-    if _state(request).registry.healthy_workers():
-        return PlainTextResponse("OK\n")
-    raise APIError(503, "no healthy worker is available", code="no_healthy_worker")
+    """200 while every group (all workers; or prefill and decode) has a healthy worker, else
+    503 naming the group without one."""
+    for group in _state(request).groups:
+        if not group.registry.healthy_workers():
+            who = f"{group.role} " if group.role else ""
+            raise APIError(503, f"no healthy {who}worker is available", code="no_healthy_worker")
+    return PlainTextResponse("OK\n")
 
 
 async def server_info(request: Request) -> Response:
-    """One healthy worker's /get_server_info, plus a `router` section (policy, workers)."""
+    """One healthy worker's /get_server_info (a decode worker's in PD mode), plus a `router`
+    section (policy, workers)."""
     state = _state(request)
     answer = await state.forwarder.forward(_upstream(request, b""), routed=False)
     if answer.status_code != 200:
@@ -168,18 +116,27 @@ async def server_info(request: Request) -> Response:
         info = json.loads(answer.body)
     except ValueError:
         return answer
-    info["router"] = {
-        "policy": state.policy.name,
-        "workers": [state.describe(w) for w in state.registry.all_workers()],
-        "version": sglite.__version__,
-    }
+    info["router"] = _router_info(state)
     return JSONResponse(info)
 
 
+def _router_info(state: RouterState) -> dict[str, Any]:
+    info: dict[str, Any] = {"policy": state.policy.name}
+    if state.pd is None:
+        info["workers"] = state.describe_all()
+    else:
+        info["pd_disaggregation"] = True
+        for g in state.groups:  # "prefill": [...], "decode": [...]
+            info[str(g.role)] = [state.describe(w, g.role) for w in g.registry.all_workers()]
+    info["version"] = sglite.__version__
+    return info
+
+
 async def flush_cache(request: Request) -> Response:
-    """Flush every healthy worker's cache (and the router's tree of it); 400 if one refused."""
+    """Flush every healthy worker's cache, of every group (and the router's tree of it); 400 if
+    one refused."""
     state = _state(request)
-    workers = state.registry.healthy_workers()
+    workers = [w for g in state.groups for w in g.registry.healthy_workers()]
     if not workers:
         raise APIError(503, "no healthy worker is available", code="no_healthy_worker")
     headers = pick_headers(request.headers, FORWARDED_HEADERS)
@@ -200,43 +157,55 @@ async def flush_cache(request: Request) -> Response:
     return PlainTextResponse("Cache flushed.\n")
 
 
-async def add_worker(request: Request, url: str | None = None) -> Response:
-    """Register a worker (`?url=`); it gets traffic once it answers /health."""
+async def add_worker(request: Request, url: str | None = None, role: str | None = None) -> Response:
+    """Register a worker (`?url=`, and `&role=prefill|decode` in PD mode); it gets traffic once
+    it answers /health (and, in PD mode, its /get_server_info shows the role)."""
     state = _state(request)
     if not url:
         raise APIError(400, "url: give the worker as ?url=http://host:port", param="url")
-    worker = state.registry.add(url)  # ValueError -> 400
-    await state.registry.check(worker)
+    group = state.group(role)
+    other = state.owner(normalize_url(url))  # ValueError -> 400
+    if other is not None and other is not group:
+        message = f"url: worker {normalize_url(url)} is already registered as a {other.role} worker"
+        raise APIError(400, message, param="url")
+    worker = group.registry.add(url)  # ValueError -> 400
+    await group.registry.check(worker)
     logger.warning("worker %s added (healthy: %s)", worker.url, worker.healthy)
-    return JSONResponse({"message": f"added worker {worker.url}", "worker": state.describe(worker)})
+    described = state.describe(worker, group.role)
+    return JSONResponse({"message": f"added worker {worker.url}", "worker": described})
 
 
-async def remove_worker(request: Request, url: str | None = None) -> Response:
-    """Unregister a worker (`?url=`); its requests in flight finish, nothing new goes there."""
+async def remove_worker(
+    request: Request, url: str | None = None, role: str | None = None
+) -> Response:
+    """Unregister a worker (`?url=`, and `&role=` in PD mode); its requests in flight finish,
+    nothing new goes there."""
     state = _state(request)
     if not url:
         raise APIError(400, "url: give the worker as ?url=http://host:port", param="url")
+    group = state.group(role)
     try:
-        worker = state.registry.remove(url)
+        worker = group.registry.remove(url)
     except KeyError:
-        raise APIError(404, f"no worker {url} is registered", param="url") from None
+        who = f"{group.role} worker" if group.role else "worker"
+        raise APIError(404, f"no {who} {url} is registered", param="url") from None
     logger.warning("worker %s removed", worker.url)
-    return JSONResponse(
-        {"message": f"removed worker {worker.url}", "worker": state.describe(worker)}
-    )
+    described = state.describe(worker, group.role)
+    return JSONResponse({"message": f"removed worker {worker.url}", "worker": described})
 
 
 async def list_workers(request: Request) -> Response:
-    """Every worker with its health, load, requests routed and tree size."""
+    """Every worker with its health, load, requests routed and tree size (and role, PD mode)."""
     state = _state(request)
-    workers = state.registry.all_workers()
-    return JSONResponse(
-        {
-            "policy": state.policy.name,
-            "urls": [w.url for w in workers],  # SGLang router's field
-            "workers": [state.describe(w) for w in workers],
-        }
-    )
+    workers = state.describe_all()
+    listed: dict[str, Any] = {
+        "policy": state.policy.name,
+        "urls": [w["url"] for w in workers],  # SGLang router's field
+        "workers": workers,
+    }
+    if state.pd is not None:
+        listed["pd_disaggregation"] = True
+    return JSONResponse(listed)
 
 
 async def metrics(request: Request) -> Response:
@@ -250,16 +219,17 @@ def create_app(state: RouterState) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await state.registry.check_all()
-        checks = asyncio.create_task(
-            state.registry.run_health_checks(state.args.health_check_interval)
-        )
+        registries = [g.registry for g in state.groups]
+        await asyncio.gather(*(r.check_all() for r in registries))
+        interval = state.args.health_check_interval
+        checks = [asyncio.create_task(r.run_health_checks(interval)) for r in registries]
         try:
             yield
         finally:
-            checks.cancel()
-            with suppress(asyncio.CancelledError):
-                await checks
+            for task in checks:
+                task.cancel()
+                with suppress(asyncio.CancelledError):
+                    await task
             await state.client.aclose()
 
     app = FastAPI(

@@ -8,6 +8,14 @@ from sglite.router.policy import POLICIES, CacheAwareConfig
 from sglite.router.workers import normalize_url
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+# Flags not spelled `--` + the field name with dashes (SGLang router's names).
+FLAG_NAMES = {"prefill_urls": "--prefill", "decode_urls": "--decode"}
+URL_LISTS = ("worker_urls", "prefill_urls", "decode_urls")
+
+
+def flag(name: str) -> str:
+    """The command-line flag of RouterArgs field `name`."""
+    return FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
 
 
 @dataclass
@@ -15,6 +23,11 @@ class RouterArgs:
     """Options of the router; `validate()` raises ValueError naming the first bad one."""
 
     worker_urls: list[str] = field(default_factory=list)
+    # PD disaggregation: each generation request goes to a prefill and a decode worker at once
+    # (sglite/router/pd.py); then the workers are given as prefill_urls and decode_urls.
+    pd_disaggregation: bool = False
+    prefill_urls: list[str] = field(default_factory=list)
+    decode_urls: list[str] = field(default_factory=list)
     policy: str = "cache_aware"
     host: str = "127.0.0.1"
     port: int = 30000
@@ -41,9 +54,7 @@ class RouterArgs:
         """Check ranges and normalise the worker URLs in place."""
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)} (got {self.policy!r})")
-        self.worker_urls = [normalize_url(u) for u in self.worker_urls]
-        if len(set(self.worker_urls)) != len(self.worker_urls):
-            raise ValueError("worker_urls lists a worker twice")
+        self._validate_worker_lists()
         self.cache_aware_config()  # raises for bad thresholds
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535] (got {self.port})")
@@ -60,6 +71,35 @@ class RouterArgs:
             raise ValueError("max_retries must be >= 0")
         if self.log_level.lower() not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}")
+
+    def _validate_worker_lists(self) -> None:
+        """Which URL lists the mode allows; each normalised, and no worker listed twice."""
+        pd = ("prefill_urls", "decode_urls")
+        if self.pd_disaggregation:
+            if self.worker_urls:
+                raise ValueError(
+                    "worker_urls (--worker-urls) must be empty with --pd-disaggregation: give "
+                    "the workers as --prefill and --decode"
+                )
+            for name in pd:
+                if not getattr(self, name):
+                    raise ValueError(
+                        f"{name} ({flag(name)}) must list at least one worker with "
+                        "--pd-disaggregation"
+                    )
+        else:
+            for name in pd:
+                if getattr(self, name):
+                    raise ValueError(f"{name} ({flag(name)}) needs --pd-disaggregation")
+        seen: set[str] = set()
+        for name in URL_LISTS:
+            urls = [normalize_url(u) for u in getattr(self, name)]
+            setattr(self, name, urls)
+            if len(set(urls)) != len(urls):
+                raise ValueError(f"{name} ({flag(name)}) lists a worker twice")
+            if both := seen & set(urls):
+                raise ValueError(f"{name} ({flag(name)}): {min(both)} is in two worker lists")
+            seen |= set(urls)
 
     def cache_aware_config(self) -> CacheAwareConfig:
         """The cache_aware policy's thresholds."""

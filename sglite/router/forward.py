@@ -38,9 +38,10 @@ FORWARDED_HEADERS = ("authorization", "x-api-key", "content-type", "accept")
 RETURNED_HEADERS = ("content-type", "retry-after", "www-authenticate")
 
 
-class _Retry(Exception):
-    """The attempt failed in a way another worker may not; `response` is the worker's own
-    answer, given to the client if no other worker is left (None: a 503 of the router's)."""
+class AttemptFailed(Exception):
+    """An attempt on one worker failed in a way another worker may not (a transport failure,
+    or a 502/503 answer); `reason` says how. `response` is the worker's own answer, given to the
+    client if no other worker is left (None: no answer, the connection failed)."""
 
     def __init__(self, reason: str, response: Response | None = None) -> None:
         super().__init__(reason)
@@ -106,12 +107,12 @@ class Forwarder:
     async def forward(self, up: Upstream, routed: bool = True) -> Response:
         """Send `up` to a worker and return its answer (retrying on another as documented);
         `routed=False` skips the policy (routes that touch no cache)."""
-        return await self._with_retries(up, self._attempt, routed)
+        return await self._with_retries(up, self.attempt, routed)
 
     async def forward_stream(self, up: Upstream) -> Response:
         """Like `forward` for `stream: true`: returns the worker's SSE stream relayed event by
         event, once its first event arrived (failures before that are retried)."""
-        return await self._with_retries(up, self._open_stream, routed=True)
+        return await self._with_retries(up, self.open_stream, routed=True)
 
     async def _with_retries(
         self,
@@ -120,7 +121,7 @@ class Forwarder:
         routed: bool,
     ) -> Response:
         tried: set[str] = set()
-        last: _Retry | None = None
+        last: AttemptFailed | None = None
         for _ in range(self.max_retries + 1):
             if last is not None and last.response is not None and not self._has_untried(tried):
                 return last.response  # e.g. an overloaded worker's 503, and nobody else to ask
@@ -128,7 +129,7 @@ class Forwarder:
             tried.add(worker.url)
             try:
                 return await attempt(worker, up)
-            except _Retry as retry:
+            except AttemptFailed as retry:
                 worker.retries += 1
                 last = retry
                 logger.info("retrying %s %s elsewhere: %s", up.method, up.path, retry.reason)
@@ -138,7 +139,7 @@ class Forwarder:
     def _has_untried(self, tried: set[str]) -> bool:
         return any(w.url not in tried for w in self.registry.healthy_workers())
 
-    def _gave_up(self, last: _Retry | None) -> Response:
+    def _gave_up(self, last: AttemptFailed | None) -> Response:
         if last is not None and last.response is not None:
             return last.response
         reason = last.reason if last else "no attempt was made"
@@ -149,7 +150,10 @@ class Forwarder:
             up.method, worker.url + up.path, content=up.body, headers=up.headers
         )
 
-    async def _attempt(self, worker: Worker, up: Upstream) -> Response:
+    async def attempt(self, worker: Worker, up: Upstream) -> Response:
+        """Send `up` to `worker` once and return its whole answer; AttemptFailed for a
+        transport failure or a 502/503, APIError 504 for a timeout. The worker's in_flight
+        covers the call, and a failed connection marks it down (or probes it)."""
         worker.in_flight += 1
         try:
             answer = await self.client.send(self._request(worker, up))
@@ -159,10 +163,13 @@ class Forwarder:
             worker.in_flight -= 1
         response = _relay(answer.status_code, answer.headers, answer.content)
         if answer.status_code in RETRIABLE_STATUSES:
-            raise _Retry(f"{worker.url} answered {answer.status_code}", response)
+            raise AttemptFailed(f"{worker.url} answered {answer.status_code}", response)
         return response
 
-    async def _open_stream(self, worker: Worker, up: Upstream) -> Response:
+    async def open_stream(self, worker: Worker, up: Upstream) -> Response:
+        """Send a `stream: true` request to `worker` once: its SSE stream (a RelayedStream,
+        returned once the first event arrived, which owns the worker's in_flight until it is
+        closed) or its non-SSE answer; failures as `attempt`."""
         worker.in_flight += 1
         answer: httpx.Response | None = None
         handed_over = False  # once the stream is returned, its on_close owns the clean-up
@@ -190,21 +197,21 @@ class Forwarder:
             raise await self._transport_failure(worker, failure)
         response = _relay(answer.status_code, answer.headers, content)
         if answer.status_code in RETRIABLE_STATUSES:
-            raise _Retry(f"{worker.url} answered {answer.status_code}", response)
+            raise AttemptFailed(f"{worker.url} answered {answer.status_code}", response)
         return response
 
     async def _transport_failure(self, worker: Worker, exc: httpx.HTTPError) -> Exception:
-        """The exception to raise for a transport error: _Retry, or an APIError (timeouts)."""
+        """The exception to raise for a transport error: AttemptFailed, or APIError (timeouts)."""
         what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
             self.registry.mark_down(worker, f"cannot connect: {what}")
-            return _Retry(f"cannot connect to {worker.url}: {what}")
+            return AttemptFailed(f"cannot connect to {worker.url}: {what}")
         if isinstance(exc, httpx.PoolTimeout):
             return APIError(503, "the router has too many requests in flight", code="overloaded")
         if isinstance(exc, httpx.TimeoutException):
             return APIError(504, f"{worker.url} did not answer in time ({what})", code="timeout")
         await self._check_after_failure(worker, what)
-        return _Retry(f"connection to {worker.url} lost: {what}")
+        return AttemptFailed(f"connection to {worker.url} lost: {what}")
 
     async def _check_after_failure(self, worker: Worker, what: str) -> None:
         """A worker dropped a connection: dead, or just a stale socket? Probe it now."""
@@ -269,19 +276,32 @@ async def relay_events(
 
 
 class RelayedStream(StreamingResponse):
-    """An SSE StreamingResponse that always runs `on_close`, also when the client disconnects
-    before the first byte (Starlette then never starts the body iterator, whose own `finally`
-    would not run)."""
+    """An SSE StreamingResponse that always runs its close callbacks, also when the client
+    disconnects before the first byte (Starlette then never starts the body iterator, whose own
+    `finally` would not run).
+
+    Invariant: the callbacks run exactly once, whether the stream is sent or only `close`d.
+    """
 
     def __init__(
         self, content: AsyncIterator[bytes], on_close: Callable[[], Awaitable[None]]
     ) -> None:
         super().__init__(content, media_type="text/event-stream", headers=SSE_HEADERS)
-        self._on_close = on_close
+        self._on_close = [on_close]
+
+    def add_close_callback(self, callback: Callable[[], Awaitable[None]]) -> None:
+        """Run `callback` too when the stream closes, after the callbacks given before."""
+        self._on_close.append(callback)
+
+    async def close(self) -> None:
+        """Run the close callbacks (once): for a stream that will never be sent."""
+        callbacks, self._on_close = self._on_close, []
+        for callback in callbacks:
+            await callback()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
             with anyio.CancelScope(shield=True):
-                await self._on_close()
+                await self.close()

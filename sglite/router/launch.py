@@ -18,13 +18,19 @@ from typing import Any
 
 import uvicorn
 
-from sglite.router.app import RouterState, build_state, create_app
-from sglite.router.args import LOG_LEVELS, RouterArgs
+from sglite.router.app import create_app
+from sglite.router.args import LOG_LEVELS, URL_LISTS, RouterArgs, flag
 from sglite.router.policy import LOW_MATCH_CHOICES, POLICIES
+from sglite.router.state import RouterState, build_state
 from sglite.runtime.server.launch import bind_socket
 
 HELP = {
     "worker_urls": "workers (sglite serve) to route to, e.g. http://127.0.0.1:30001",
+    "pd_disaggregation": "prefill/decode disaggregation: send each generation request to a "
+    "prefill worker (by --policy) and a decode worker (least loaded) at once; the workers are "
+    "given as --prefill and --decode",
+    "prefill_urls": "with --pd-disaggregation: the prefill workers (sglite serve in prefill mode)",
+    "decode_urls": "with --pd-disaggregation: the decode workers (sglite serve in decode mode)",
     "policy": "cache_aware: longest cached prefix unless loads are uneven; round_robin; "
     "least_load: fewest requests in flight",
     "host": "address to listen on",
@@ -56,22 +62,7 @@ def parse_args(argv: Sequence[str] | None, prog: str) -> RouterArgs:
     )
     defaults = RouterArgs()
     for f in dataclasses.fields(RouterArgs):
-        flag = "--" + f.name.replace("_", "-")
-        default = getattr(defaults, f.name)
-        if f.name == "worker_urls":
-            parser.add_argument(flag, nargs="*", default=[], metavar="URL", help=HELP[f.name])
-            continue
-        choices = {
-            "policy": POLICIES, "log_level": LOG_LEVELS, "low_match_policy": LOW_MATCH_CHOICES
-        }.get(f.name)  # fmt: skip
-        parser.add_argument(
-            flag,
-            dest=f.name,
-            type=type(default),
-            default=default,
-            choices=choices,
-            help=f"{HELP[f.name]} (default: {default})",
-        )
+        _add_flag(parser, f.name, getattr(defaults, f.name))
     ns = parser.parse_args(argv)
     args = RouterArgs(**vars(ns))
     try:
@@ -79,6 +70,32 @@ def parse_args(argv: Sequence[str] | None, prog: str) -> RouterArgs:
     except ValueError as exc:
         parser.error(str(exc))
     return args
+
+
+def _add_flag(parser: argparse.ArgumentParser, name: str, default: Any) -> None:
+    """The flag of RouterArgs field `name`, typed by its default."""
+    if name in URL_LISTS:
+        # `--prefill A B` and `--prefill A --prefill B` both work (SGLang router repeats it).
+        nargs, action = ("*", "store") if name == "worker_urls" else ("+", "extend")
+        parser.add_argument(
+            flag(name), dest=name, nargs=nargs, action=action, default=[], metavar="URL",
+            help=HELP[name],
+        )  # fmt: skip
+        return
+    if isinstance(default, bool):
+        parser.add_argument(flag(name), dest=name, action="store_true", help=HELP[name])
+        return
+    choices = {
+        "policy": POLICIES, "log_level": LOG_LEVELS, "low_match_policy": LOW_MATCH_CHOICES
+    }.get(name)  # fmt: skip
+    parser.add_argument(
+        flag(name),
+        dest=name,
+        type=type(default),
+        default=default,
+        choices=choices,
+        help=f"{HELP[name]} (default: {default})",
+    )
 
 
 class _Server(uvicorn.Server):
@@ -92,11 +109,9 @@ class _Server(uvicorn.Server):
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         if self.started:
-            registry = self._state.registry
-            up, total = len(registry.healthy_workers()), len(registry.all_workers())
             print(
                 f"sglite router is ready: {self._url} (policy {self._state.policy.name}; "
-                f"{up}/{total} workers healthy; Ctrl-C to stop)",
+                f"{self._state.health_summary()}; Ctrl-C to stop)",
                 flush=True,
             )
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import httpx
@@ -50,7 +50,9 @@ class WorkerRegistry:
     """The workers in registration order, their health, and the health-check loop.
 
     Invariant: a worker is in `healthy_workers()` iff `healthy` is set; `on_down(url)` is called
-    each time a worker is marked down or removed (the policy forgets what it had cached).
+    each time a worker is marked down or removed (the policy forgets what it had cached). With an
+    `admit` hook, a down worker that answers /health is put in rotation only if `admit(worker)`
+    also says yes (PD mode: it is a server of the expected role).
     """
 
     def __init__(
@@ -60,11 +62,13 @@ class WorkerRegistry:
         health_timeout: float,
         failure_threshold: int,
         on_down: Callable[[str], None],
+        admit: Callable[[Worker], Awaitable[bool]] | None = None,
     ) -> None:
         self._client = client
         self._health_timeout = health_timeout
         self._failure_threshold = failure_threshold
         self._on_down = on_down
+        self._admit = admit
         self._workers: dict[str, Worker] = {}
 
     def add(self, url: str) -> Worker:
@@ -126,12 +130,17 @@ class WorkerRegistry:
 
     async def check(self, worker: Worker) -> None:
         """Probe one worker and update its state by the failure threshold."""
-        if await self.probe(worker):
+        if await self.probe(worker) and await self._admitted(worker):
             self.mark_up(worker)
             return
         worker.health_failures += 1
         if worker.health_failures >= self._failure_threshold:
             self.mark_down(worker, worker.last_error or "health check failed")
+
+    async def _admitted(self, worker: Worker) -> bool:
+        # Asked only on the way up: a healthy worker was admitted already, and asking again on
+        # every health check would cost a request per worker and round for nothing.
+        return worker.healthy or self._admit is None or await self._admit(worker)
 
     async def check_all(self) -> None:
         """Probe every worker concurrently."""
@@ -145,3 +154,12 @@ class WorkerRegistry:
                 await self.check_all()
             except Exception:  # a bug here must not stop health checking for good
                 logger.exception("health check round failed")
+
+
+@dataclass(frozen=True)
+class WorkerGroup:
+    """Workers of one role: every worker outside PD mode (`role` None), else the prefill or the
+    decode workers (`role` "prefill" / "decode"), each group with its own registry."""
+
+    role: str | None
+    registry: WorkerRegistry

@@ -24,6 +24,8 @@ DP_POLICIES = ("cache_aware", "round_robin", "least_load")
 HICACHE_WRITE_POLICIES = ("write_through", "write_back")
 HICACHE_LOAD_POLICIES = ("auto", "always", "never")
 RADIX_EVICTION_POLICIES = ("lru", "benefit")
+DISAGGREGATION_MODES = ("prefill", "decode")
+TRANSFER_BACKENDS = ("auto", "tcp", "shm")
 
 
 def _is_host_port(value: str) -> bool:
@@ -152,6 +154,16 @@ class ServerArgs:
     allow_origins: str | None = None  # CORS, comma-separated origins or "*"; None = off
     # The page at `/` (chat playground, radix cache view, metrics); True turns it off.
     disable_web_ui: bool = False
+    # Disaggregated prefill and decode (docs/pd.md): "prefill" computes prompts and hands their
+    # KV to a decode server; "decode" receives that KV and generates; None = both here. The
+    # prefill server answers KV requests on the bootstrap port; pages travel over TCP, or shared
+    # memory when both servers are on one host (auto: when the bootstrap host is loopback).
+    disaggregation_mode: str | None = None
+    disaggregation_bootstrap_port: int = 8998
+    disaggregation_transfer_backend: str = "auto"
+    # Seconds a request may wait with no KV page arriving (decode), or for its decode server
+    # to ask for its pages (prefill), before it ends with an error and its pages are freed.
+    disaggregation_transfer_timeout: float = 60.0
     # On SIGTERM, let requests in flight finish for this many seconds, then abort the rest.
     graceful_shutdown_timeout: float = 30.0
     # When the scheduler process dies: start a new one (True) or exit non-zero (False).
@@ -186,6 +198,7 @@ class ServerArgs:
             algorithm = self.speculative_algorithm.lower()
             self.speculative_algorithm = SPECULATIVE_ALIASES.get(algorithm, algorithm)
         self._validate_draft_model()
+        self._validate_disaggregation()
         self._validate_deterministic()
         if not 1 <= self.speculative_num_draft_tokens <= 64:
             raise ValueError(
@@ -296,6 +309,28 @@ class ServerArgs:
         if layers is not None and layers < 1:
             raise ValueError(f"speculative_draft_num_layers must be >= 1, got {layers}")
 
+    def _validate_disaggregation(self) -> None:
+        mode = self.disaggregation_mode
+        if mode is not None and mode not in DISAGGREGATION_MODES:
+            raise ValueError(
+                f"disaggregation_mode must be one of {DISAGGREGATION_MODES}, got {mode!r}"
+            )
+        if self.disaggregation_transfer_backend not in TRANSFER_BACKENDS:
+            raise ValueError(
+                f"disaggregation_transfer_backend must be one of {TRANSFER_BACKENDS}, "
+                f"got {self.disaggregation_transfer_backend!r}"
+            )
+        if not 1 <= self.disaggregation_bootstrap_port <= 65535:
+            raise ValueError(
+                "disaggregation_bootstrap_port must be in [1, 65535], "
+                f"got {self.disaggregation_bootstrap_port}"
+            )
+        if self.disaggregation_transfer_timeout <= 0:
+            raise ValueError("disaggregation_transfer_timeout must be > 0")
+        if mode is not None and (self.tp_size > 1 or self.dp_size > 1):
+            # One scheduler process per server owns the bootstrap socket and the whole pool.
+            raise ValueError("disaggregation_mode is supported with tp_size 1 and dp_size 1 only")
+
     def _validate_hicache(self) -> None:
         for name, choices in (
             ("hicache_write_policy", HICACHE_WRITE_POLICIES),
@@ -355,5 +390,7 @@ SERVER_ONLY = frozenset(
         "host", "port", "api_key", "served_model_name", "strict_model_name", "tool_call_parser",
         "reasoning_parser", "max_stored_responses", "max_request_body_bytes", "allow_origins",
         "graceful_shutdown_timeout", "restart_on_failure", "disable_web_ui",
+        "disaggregation_mode", "disaggregation_bootstrap_port", "disaggregation_transfer_backend",
+        "disaggregation_transfer_timeout",
     }
 )  # fmt: skip

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sglite.runtime.constrained import CONSTRAINT_KINDS, validate_constraint
+from sglite.runtime.disaggregation.messages import Bootstrap
 from sglite.runtime.multimodal.image_input import ImageLimits
 from sglite.runtime.multimodal.processor import (
     ImageItem,
@@ -53,6 +54,7 @@ class GenerateRequest:
     return_text_in_logprobs: bool = False
     pooling: str | None = None  # an embedding request ("last" or "mean")
     images: list[ImageItem] = field(default_factory=list)  # in the prompt (expanded ids)
+    bootstrap: Bootstrap | None = None  # disaggregated serving: prefill server and room
 
 
 @dataclass
@@ -338,6 +340,7 @@ class TokenizerManager:
             stream=stream,
             pooling=req.pooling,
             images=req.images,
+            bootstrap=req.bootstrap,
         )
         self.client.submit(inp, on_output)
         self.in_flight[req.rid] = state

@@ -170,6 +170,13 @@ class SamplingInfo:
         """True when output tokens are penalized by count (frequency) or presence."""
         return self.params.frequency_penalty != 0.0 or self.params.presence_penalty != 0.0
 
+    def skip_draw(self) -> None:
+        """Advance a seeded sampled request's generator past one token's draw, as if this
+        process had sampled it (a decode server taking over after the prefill server's first
+        token)."""
+        if self.generator is not None and not self.params.is_greedy:
+            torch.rand(1, generator=self.generator)
+
     def on_token(self, token_id: int) -> None:
         """Record a generated token (appends to `output_ids`, updates the penalty tables)."""
         self.output_ids.append(token_id)

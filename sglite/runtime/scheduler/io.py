@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from sglite.runtime.disaggregation.messages import Bootstrap
+
 
 @dataclass
 class GenerateInput:
@@ -32,6 +34,8 @@ class GenerateInput:
     pooling: str | None = None
     # Images in the prompt (`multimodal.processor.ImageItem`), in prompt order.
     images: list[Any] = field(default_factory=list)
+    # Disaggregated serving: where this request's prefill runs and its room (docs/pd.md).
+    bootstrap: Bootstrap | None = None
 
 
 @dataclass

@@ -196,9 +196,15 @@ def run_scheduler(
 def _loop(scheduler: Any, recv: zmq.Socket, send: zmq.Socket) -> None:
     poller = zmq.Poller()
     poller.register(recv, zmq.POLLIN)
+    disagg = scheduler.disagg
     while True:
         timeout = 0 if scheduler.has_work else 1000
-        while poller.poll(timeout):
+        if disagg is not None:
+            # Sockets to prefill servers appear as requests name them.
+            for sock in disagg.sockets():
+                poller.register(sock, zmq.POLLIN)
+            timeout = 0 if scheduler.has_work else (10 if disagg.busy else 1000)
+        while dict(poller.poll(timeout)).get(recv):
             msg = recv.recv_pyobj()
             timeout = 0
             if isinstance(msg, GenerateInput):
@@ -211,13 +217,19 @@ def _loop(scheduler: Any, recv: zmq.Socket, send: zmq.Socket) -> None:
             elif isinstance(msg, ControlInput):
                 if msg.kind == "shutdown":
                     pending = scheduler.waiting + scheduler.running + scheduler.grammars.pending
+                    if disagg is not None:
+                        pending += disagg.requests()
                     for req in list(pending):
                         scheduler.abort(req.rid, "the server is shutting down")
                     send.send_pyobj(BatchOutput(scheduler.collect_outputs()))
+                    if disagg is not None:
+                        disagg.close()
                     scheduler.stop_followers()
                     send.send_pyobj(ControlOutput(token=msg.token, ok=True))
                     return
                 send.send_pyobj(_handle_control(scheduler, msg))
+        if disagg is not None:
+            disagg.poll()
         if not scheduler.has_work:
             outs = scheduler.collect_outputs()  # e.g. requests rejected at admission
             if outs:

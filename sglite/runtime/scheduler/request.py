@@ -21,6 +21,7 @@ import torch
 from sglite.runtime.cache.radix_cache import TreeNode
 from sglite.runtime.constrained import GrammarMatcher, GrammarTicket
 from sglite.runtime.detokenizer import IncrementalDetokenizer, StopChecker
+from sglite.runtime.disaggregation.messages import Bootstrap
 from sglite.runtime.multimodal.processor import ImageItem, is_pad
 from sglite.runtime.sampling.params import SamplingParams
 from sglite.runtime.sampling.sampler import SamplingInfo
@@ -79,6 +80,7 @@ class Req:
     stream: bool = True  # False: only the first and the final increment are sent
     pooling: Pooling | None = None  # an embedding request
     images: list[ImageItem] = field(default_factory=list)  # in the prompt, in order
+    bootstrap: Bootstrap | None = None  # disaggregated: the prefill server and room
 
     output_ids: list[int] = field(default_factory=list)
     # Constrained decoding: the matcher has consumed exactly `output_ids` (ticket while compiling).
@@ -137,6 +139,7 @@ class Req:
             stream=inp.stream,
             pooling=Pooling(inp.pooling) if inp.pooling else None,
             images=list(inp.images),
+            bootstrap=inp.bootstrap,
         )
 
     @property

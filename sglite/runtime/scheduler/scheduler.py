@@ -33,6 +33,8 @@ from sglite.runtime.multimodal.processor import is_pad
 from sglite.runtime.multimodal.spec import vision_spec
 from sglite.runtime.multimodal.vision_encoder import VisionEncoder
 from sglite.runtime.sampling.sampler import Sampler
+from sglite.runtime.scheduler.disaggregation import COUNTERS as PD_COUNTERS
+from sglite.runtime.scheduler.disaggregation import build_disaggregation
 from sglite.runtime.scheduler.drafts import (
     SPECULATION,
     DraftProposer,
@@ -129,6 +131,7 @@ class Scheduler:
             "spec_draft_tokens": 0,
             "spec_accepted_tokens": 0,
             "spec_verify_passes": 0,
+            **dict.fromkeys(PD_COUNTERS, 0),
         }
         self.output = OutputProcessor(self.kv, self.eos_token_ids, self.context_len, self.counters)
         # None, "exact" or "retokenize" (see scheduler/drafts.py).
@@ -153,6 +156,8 @@ class Scheduler:
         if self.jump_forward == "retokenize":
             encode = lambda text: self.tokenizer.hf.encode(text, add_special_tokens=False)
             self.retokenizer = RetokenizingJump(encode, self.counters)
+        # Disaggregated prefill/decode (`--disaggregation-mode`): None when off.
+        self.disagg = build_disaggregation(self)
 
     # ------------------------------------------------------------------ intake
     def add_request(self, inp: GenerateInput) -> None:
@@ -166,7 +171,7 @@ class Scheduler:
             req.logprob_start_len = min(req.logprob_start_len, len(req.prompt_ids) - 1)
         self.counters["prompt_tokens"] += len(req.prompt_ids)
         if req.params.constraint is None:
-            self.waiting.append(req)
+            self._enqueue(req)
             return
         try:
             self.grammars.add(req, req.params.constraint)
@@ -178,9 +183,15 @@ class Scheduler:
         if not self.grammars.pending:
             return
         ready, failed = self.grammars.poll()
-        self.waiting.extend(ready)
+        for req in ready:
+            self._enqueue(req)
         for req, message in failed:
             self.output.abort(req, message)
+
+    def _enqueue(self, req: Req) -> None:
+        """Queue a request to be prefilled here, unless a decode server pulls its KV instead."""
+        if self.disagg is None or not self.disagg.admit(req):
+            self.waiting.append(req)
 
     def _admission_problem(self, req: Req) -> str | None:
         total = len(req.prompt_ids) + req.params.max_new_tokens
@@ -213,6 +224,10 @@ class Scheduler:
         compiling = self.grammars.remove(rid)
         if compiling is not None:
             self.output.abort(compiling, message)
+            return
+        transferring = self.disagg.remove(rid) if self.disagg is not None else None
+        if transferring is not None:
+            self.output.abort(transferring, message)
 
     @property
     def has_work(self) -> bool:
@@ -246,7 +261,7 @@ class Scheduler:
         if self.chunked is not None:
             req = self.chunked
             n = min(budget, req.num_fill - len(req.kv_slots))
-            if not self.kv.can_fit(n, self._reserved_tokens()):
+            if not self.kv.can_fit(n, self.reserved_tokens()):
                 self._retract(req)
                 self.chunked = None
             else:
@@ -260,7 +275,7 @@ class Scheduler:
         ordered = order_waiting(
             self.waiting, self.args.schedule_policy, cache, now, self.args.starvation_timeout
         )
-        reserved = self._reserved_tokens()
+        reserved = self.reserved_tokens()
         for req in ordered:
             if budget <= 0 or len(self.running) + len(batch) >= self.args.max_running_requests:
                 break
@@ -291,7 +306,7 @@ class Scheduler:
             budget -= n
         return batch
 
-    def _reserved_tokens(self) -> int:
+    def reserved_tokens(self) -> int:
         """Slots kept free for the expected output of running requests."""
         pending = sum(r.remaining_new_tokens for r in self.running)
         return int(pending * self.new_token_ratio)
@@ -320,6 +335,7 @@ class Scheduler:
                 item.req.pooling.add(fb.hidden[item.hidden[0] : item.hidden[1]])
         self.kv.observe_prefill(plan.num_tokens, time.perf_counter() - start_time)
         self.counters["prefill_passes"] += 1
+        self.counters["prefill_tokens_computed"] += plan.num_tokens
         to_sample: list[tuple[Req, int]] = []
         for item in plan.items:
             req = item.req
@@ -328,6 +344,8 @@ class Scheduler:
             done = len(req.kv_slots) == req.num_fill
             if not done:
                 self.kv.cache_unfinished(req)
+                if self.disagg is not None:
+                    self.disagg.prefilled_chunk(req)
                 continue
             if self.chunked is req:
                 self.chunked = None
@@ -410,7 +428,7 @@ class Scheduler:
                     if draft:
                         self.speculated.add(req.rid)
             except Exception as exc:
-                self._fail_request(req, exc)
+                self.fail_request(req, exc)
                 continue
             if draft:
                 drafts[req.rid] = draft
@@ -522,24 +540,29 @@ class Scheduler:
             failed.setdefault(i, FloatingPointError("the model's logits were NaN or all -inf"))
         for i, req in enumerate(reqs):
             if i in failed:
-                self._fail_request(req, failed[i])
+                self.fail_request(req, failed[i])
                 continue
             tok = result.next_token_ids[i]
             top = result.top_logprobs[i] if result.top_logprobs else None
             try:
                 self._append_sampled(req, tok, result.logprobs[i], top)
             except Exception as exc:
-                self._fail_request(req, exc)
+                self.fail_request(req, exc)
 
     def _append_sampled(
         self, req: Req, tok: int, logprob: float | None, top: TopLogprobs | None
     ) -> None:
-        """Append a token the model chose; in retokenize mode, then the forced text after it."""
+        """Append a token the model chose; in retokenize mode, then the forced text after it.
+        On a prefill server a bootstrapped request's first token ends it here (its KV goes to
+        the decode server)."""
+        if self.disagg is not None and self.disagg.takes_token(req):
+            self.disagg.append_first_token(req, tok, logprob, top)
+            return
         self.output.append_token(req, tok, logprob, top)
         if self.retokenizer is not None and req.grammar is not None and not req.finished:
             self.retokenizer.jump(req, lambda r, t: self.output.append_token(r, t, None, None))
 
-    def _fail_request(self, req: Req, exc: BaseException) -> None:
+    def fail_request(self, req: Req, exc: BaseException) -> None:
         """End one request whose own work (grammar, detokenizing, stop check) raised; the rest
         of the batch goes on. Model failures are batch-wide and end in `fail_all` instead."""
         logger.error("request %s failed", req.rid, exc_info=exc)
@@ -580,12 +603,15 @@ class Scheduler:
     def collect_outputs(self) -> list[RequestOutput]:
         """The increments of every request that changed since the last call (see
         `OutputProcessor.collect` for when a non-streamed request's are held back)."""
-        return self.output.collect()
+        outs = self.output.collect()
+        if self.disagg is not None:
+            self.disagg.ended(outs)
+        return outs
 
     # ------------------------------------------------------------------ control
     def flush_cache(self) -> None:
         """Empty the radix cache; refused while requests are in flight."""
-        if self.has_work:
+        if self.has_work or (self.disagg is not None and self.disagg.busy):
             raise RuntimeError("cannot flush the cache while requests are running or queued")
         self.cache.flush()
         if self.speculator is not None:
@@ -596,6 +622,8 @@ class Scheduler:
     def check_invariants(self) -> dict[str, int]:
         """Verify slot accounting; raises AssertionError naming the broken invariant."""
         holders = list(self.running) + ([self.chunked] if self.chunked else [])
+        if self.disagg is not None:
+            holders += self.disagg.holders()
         if self.speculator is not None:
             self.speculator.check_invariants()
         return self.kv.check_invariants(holders)
@@ -638,6 +666,7 @@ class Scheduler:
             **(self.speculator.info() if self.speculator is not None else {}),
             **(self.vision.info() if self.vision is not None else {}),
             **({"speculative_costs": self.spec_costs.info()} if self.spec_costs else {}),
+            **(self.disagg.info() if self.disagg is not None else {}),
         }
 
     def _tier_info(self) -> dict[str, Any]:

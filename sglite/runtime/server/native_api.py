@@ -44,6 +44,7 @@ from sglite.runtime.server.native_protocol import (
 )
 from sglite.runtime.server.serving import (
     abort_event,
+    bootstrap_of,
     constraint_of,
     get_state,
     prepare_requests,
@@ -114,6 +115,7 @@ async def generate(body: GenerateRequestIn, request: Request) -> Any:
             return_text_in_logprobs=bool(body.return_text_in_logprobs),
             rid=body.rid,
             image_data=images,
+            bootstrap=bootstrap_of(state, body),
         )
     except ValueError as exc:
         err = bad_request(exc)

@@ -67,6 +67,9 @@ class GenerateRequestIn(BaseModel):
     return_text_in_logprobs: Bool | None = None
     stream: Bool | None = None
     rid: str | list[str] | None = None
+    bootstrap_host: str | None = Field(None, description="disaggregated serving: prefill host")
+    bootstrap_port: Int | None = Field(None, description="the prefill server's bootstrap port")
+    bootstrap_room: Int | str | None = Field(None, description="pairs prefill and decode")
     image_data: Any = Field(
         None,
         description="vision-language models: an image (data: URL, file path or base64; http(s) "

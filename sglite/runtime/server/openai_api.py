@@ -41,7 +41,7 @@ from sglite.runtime.server.openai_protocol import (
     ModelList,
     Usage,
 )
-from sglite.runtime.server.serving import get_state
+from sglite.runtime.server.serving import bootstrap_of, get_state
 from sglite.runtime.server.state import ServerState
 from sglite.runtime.server.streaming import sse_response_content
 
@@ -249,6 +249,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
         top_logprobs_num=body.logprobs or 0,
         return_text_in_logprobs=True,
         rid=[f"{base_id}-{i}" for i in range(num_prompts)],
+        bootstrap=bootstrap_of(state, body),
     )
     if echo:
         heads = texts or [state.tokenizer.decode(x, skip_special_tokens=False) for x in ids or []]

@@ -53,7 +53,7 @@ from sglite.runtime.server.openai_protocol import (
     TopLogprob,
     Usage,
 )
-from sglite.runtime.server.serving import get_state
+from sglite.runtime.server.serving import bootstrap_of, get_state
 from sglite.runtime.server.state import ServerState
 from sglite.runtime.server.streaming import sse_response_content
 from sglite.runtime.tokenizer_manager import GenerateRequest
@@ -274,6 +274,7 @@ async def prepare_chat(state: ServerState, body: ChatCompletionRequest) -> Prepa
         return_text_in_logprobs=True,
         rid=base_id,
         image_items=items,
+        bootstrap=bootstrap_of(state, body),
     )
     reasoning = _reasoning_format(state, body)
     return PreparedChat(reqs, plan, reasoning, body.n or 1, base_id, want_logprobs, num_top, ids)

@@ -80,6 +80,10 @@ class _SamplingExtras(BaseModel):
         None, description="json_object / json_schema constrain the output to JSON"
     )
     rid: str | None = Field(None, description="request id (SGLang extra)")
+    # Disaggregated serving (SGLang extras; the PD router sets them): docs/pd.md.
+    bootstrap_host: str | None = None
+    bootstrap_port: Int | None = None
+    bootstrap_room: Int | str | None = None
 
 
 class CompletionRequest(_SamplingExtras):

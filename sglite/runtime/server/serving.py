@@ -7,6 +7,7 @@ from typing import Any
 
 from fastapi import Request
 
+from sglite.runtime.disaggregation.messages import Bootstrap
 from sglite.runtime.server.errors import APIError, error_body
 from sglite.runtime.server.state import ServerState
 from sglite.runtime.tokenizer_manager import GenerateRequest, TokenizerManager
@@ -34,10 +35,13 @@ def prepare_requests(
     rid: str | list[str] | None = None,
     image_data: Any = None,
     image_items: list[Any] | None = None,
+    bootstrap: Bootstrap | None = None,
 ) -> tuple[list[GenerateRequest], bool]:
     """Validate, tokenize and expand (`n`) a request; admit it or raise 400 / 503.
 
-    Returns the scheduler requests and whether the client asked for a batch.
+    Returns the scheduler requests and whether the client asked for a batch. With `bootstrap`
+    (disaggregated serving), the i-th scheduler request gets room `<room>.<i>`: the prefill and
+    the decode server expand the same body in the same order.
     """
     tm = state.tokenizer_manager
     reqs, is_batch = tm.normalize(
@@ -46,9 +50,37 @@ def prepare_requests(
         image_items=image_items,
     )  # fmt: skip
     expanded = tm.expand_n(reqs)
+    if bootstrap is not None:
+        for i, req in enumerate(expanded):
+            req.bootstrap = bootstrap.for_index(i)
     check_request_ids(tm, expanded)
     state.admit(len(expanded))
     return expanded, is_batch
+
+
+def bootstrap_of(state: ServerState, body: Any) -> Bootstrap | None:
+    """The body's `bootstrap_host/port/room` (set by the PD router), checked against this
+    server's `--disaggregation-mode`; APIError 400 naming the field at fault."""
+    names = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
+    fields = {n: getattr(body, n, None) for n in names}
+    given = [n for n, v in fields.items() if v is not None]
+    if not given:
+        return None
+    if state.args.disaggregation_mode is None:
+        raise APIError(
+            400,
+            f"{given[0]}: this server does not serve disaggregated requests "
+            "(start it with --disaggregation-mode prefill or decode)",
+            param=given[0],
+        )
+    missing = [n for n, v in fields.items() if v is None]
+    if missing:
+        raise APIError(400, f"{missing[0]}: bootstrap fields come together", param=missing[0])
+    port = fields["bootstrap_port"]
+    if not 1 <= port <= 65535:
+        message = f"bootstrap_port must be in [1, 65535], got {port}"
+        raise APIError(400, message, param="bootstrap_port")
+    return Bootstrap(str(fields["bootstrap_host"]), int(port), str(fields["bootstrap_room"]))
 
 
 def check_request_ids(tm: TokenizerManager, reqs: list[GenerateRequest]) -> None:
@@ -80,6 +112,8 @@ def abort_status(state: ServerState, message: str) -> int:
         return 500
     if "--request-timeout" in message:
         return 504
+    if "KV transfer" in message or "prefill server" in message:
+        return 502  # disaggregated serving: the other server or the link between them failed
     return 400
 
 
