@@ -7,8 +7,9 @@ import importlib.util
 import logging
 import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -268,6 +269,14 @@ def load_tokenizer(path: str | None = None, model_path: str | None = None) -> To
     return tokenizer
 
 
+def _tokenizer_for(path: str, tokenizer_path: str | None, gguf_file: Any) -> Tokenizer:
+    from sglite.runtime.model import gguf_loader
+
+    if tokenizer_path is None and gguf_file is not None:
+        return gguf_loader.load_gguf_tokenizer(path, gguf_file)  # reuse the parsed metadata
+    return load_tokenizer(tokenizer_path or path)
+
+
 def load_model(
     model_path: str | None,
     dtype: str | torch.dtype = "auto",
@@ -314,6 +323,11 @@ def load_model(
         weights = family.hf_weights(hf_loader.iter_safetensors_weights(files, progress), config)
     else:
         raise ValueError(f"{path} is neither a GGUF file nor a Hugging Face model directory")
+    # The tokenizer loads on a thread while the weights load: importing transformers and
+    # reading the tokenizer is mostly Python, the weights mostly torch ops that release the GIL.
+    loader = ThreadPoolExecutor(1, thread_name_prefix="tokenizer")
+    tokenizer_job = loader.submit(_tokenizer_for, path, tokenizer_path, gguf_file)
+    loader.shutdown(wait=False)
     if quantization != "auto":
         _check_quantization(quantization, torch_dtype, dev)
     resolved = resolve_quantization(quantization, gguf_file, torch_dtype, dev)
@@ -336,10 +350,7 @@ def load_model(
         assert quantized_rows is not None
         model.quantize(kind_for, quantized_rows, source, head)  # what loading has not done
     model.finalize_weights(pack=_should_pack(gemm_packing, model))
-    if tokenizer_path is None and gguf_file is not None:
-        tokenizer = gguf_loader.load_gguf_tokenizer(path, gguf_file)  # reuse the parsed metadata
-    else:
-        tokenizer = load_tokenizer(tokenizer_path or path)
+    tokenizer = tokenizer_job.result()
     _apply_family_tokens(tokenizer, family, config)  # the model's, whatever the tokenizer's
     logger.info("loaded %s (%s) as %s on %s", path, config.arch, torch_dtype, dev)
     return LoadedModel(
