@@ -64,7 +64,7 @@ class _SchedulerCollector(Collector):
 
 
 # Scheduler counters: radix cache evictions, drafted and accepted tokens (jump-forward and
-# speculative decoding).
+# speculative decoding), prefill work and disaggregated KV hand-overs.
 SCHEDULER_COUNTERS = (
     ("evicted_tokens", "Tokens evicted from the radix cache (freed from the KV pool)"),
     ("spec_draft_tokens", "Speculative draft tokens verified"),
@@ -72,6 +72,11 @@ SCHEDULER_COUNTERS = (
     ("spec_verify_passes", "Per-request verifications of a speculative draft"),
     ("jump_forward_drafted_tokens", "Grammar-forced tokens verified (exact jump-forward)"),
     ("jump_forward_accepted_tokens", "Grammar-forced tokens the model emitted as its own"),
+    ("prefill_tokens_computed", "Prompt tokens run through prefill passes on this server"),
+    ("disaggregation_transfers", "Requests whose KV pages were handed over (PD)"),
+    ("disaggregation_transferred_tokens", "Prompt tokens whose KV pages were sent or received"),
+    ("disaggregation_transfer_bytes", "Bytes of KV pages sent or received"),
+    ("disaggregation_failed_transfers", "KV hand-overs that failed, timed out or were cancelled"),
 )
 
 
