@@ -2,8 +2,11 @@
 
 `import sglite as sgl` gives SGLang's frontend API (`sgl.function`, `sgl.gen`, `sgl.select`,
 roles, `sgl.RuntimeEndpoint`, `sgl.OpenAI`, `sgl.set_default_backend`, ...) next to the
-runtime's `Engine`.
+runtime's `Engine`. The runtime (torch and the model code) is imported when `sgl.Engine` is
+first used, so a program that talks to a server starts without it.
 """
+
+from typing import Any
 
 from sglite.lang import (
     EngineBackend,
@@ -37,7 +40,6 @@ from sglite.lang import (
     user_end,
     video,
 )
-from sglite.runtime.engine import Engine
 
 __all__ = [
     "Engine", "EngineBackend", "OpenAI", "Runtime", "RuntimeEndpoint", "assistant",
@@ -48,3 +50,11 @@ __all__ = [
     "user_begin", "user_end", "video",
 ]  # fmt: skip
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Engine":
+        from sglite.runtime.engine import Engine
+
+        return Engine
+    raise AttributeError(f"module 'sglite' has no attribute {name!r}")

@@ -44,7 +44,7 @@ MAX_SAMPLES = 2  # `n` / samples per prompt
 # Seconds one request may take before it counts as a hang (a few tokens take well under a
 # second; grammars compile in the scheduler within --grammar-compile-timeout = 10 s).
 REQUEST_TIMEOUT = 30.0
-MAX_EXAMPLES = 6  # per operation, fuzzing phase (the examples and coverage phases add more)
+MAX_EXAMPLES = 4  # per operation, fuzzing phase (the examples and coverage phases add more)
 
 CHECKS = [
     not_a_server_error,

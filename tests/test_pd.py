@@ -43,15 +43,24 @@ def start_prefill(*extra: str) -> tuple[ServerProcess, int]:
 
 
 @pytest.fixture(scope="module")
-def pd():
-    """(prefill server, its bootstrap port, decode server), started side by side."""
-    with cf.ThreadPoolExecutor(2) as pool:
+def servers():
+    """(prefill server, its bootstrap port, decode server, a second decode server that one test
+    kills), started side by side."""
+    with cf.ThreadPoolExecutor(3) as pool:
         prefill_job = pool.submit(start_prefill)
-        decode_job = pool.submit(ServerProcess, *COMMON, "--disaggregation-mode", "decode")
-        (prefill, port), decode = prefill_job.result(), decode_job.result()
-    yield prefill, port, decode
-    for server in (prefill, decode):
+        decode_jobs = [
+            pool.submit(ServerProcess, *COMMON, "--disaggregation-mode", "decode") for _ in "ab"
+        ]
+        (prefill, port), (decode, spare) = prefill_job.result(), [j.result() for j in decode_jobs]
+    yield prefill, port, decode, spare
+    for server in (prefill, decode, spare):
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def pd(servers):
+    """(prefill server, its bootstrap port, decode server)."""
+    return servers[:3]
 
 
 def info(server: ServerProcess) -> dict[str, Any]:
@@ -194,9 +203,8 @@ def test_transfer_timeouts_free_both_sides(pd):
     settled(decode)
 
 
-def test_decode_server_dying_mid_transfer_frees_the_prefill_side(pd):
-    prefill, port, _ = pd
-    victim = ServerProcess(*COMMON, "--disaggregation-mode", "decode")
+def test_decode_server_dying_mid_transfer_frees_the_prefill_side(servers):
+    prefill, port, _, victim = servers
     body = dict({"text": story(150), "sampling_params": GREEDY}, **bootstrap(port))
     with cf.ThreadPoolExecutor(2) as pool:
         on_prefill = pool.submit(requests.post, prefill.url + "/generate", json=body, timeout=120)

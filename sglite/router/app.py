@@ -26,8 +26,8 @@ from sglite.router.forward import FORWARDED_HEADERS, Upstream, pick_headers
 from sglite.router.radix_tree import Key
 from sglite.router.state import RouterState, build_state
 from sglite.router.workers import Worker, normalize_url
-from sglite.runtime.server.app import BodyLimitMiddleware
 from sglite.runtime.server.errors import APIError, install_error_handlers
+from sglite.runtime.server.middleware import BodyLimitMiddleware
 from sglite.runtime.server.streaming import ClientDisconnected, run_until_disconnect
 
 __all__ = ["RouterState", "build_state", "create_app"]  # the state's names, as before

@@ -21,6 +21,7 @@ import uvicorn
 
 from sglite.runtime.scheduler_client import launch_followers, local_ranks, stop_processes
 from sglite.runtime.server.app import create_app
+from sglite.runtime.server.sockets import bind_socket
 from sglite.runtime.server.state import ServerState, build_state
 from sglite.runtime.server_args import ServerArgs
 
@@ -77,21 +78,6 @@ class _Server(uvicorn.Server):
         await super().shutdown(sockets)
         # Stop the scheduler here, before uvicorn re-raises the signal that stopped it.
         await asyncio.to_thread(self._state.shutdown)
-
-
-def bind_socket(host: str, port: int) -> socket.socket:
-    """Bind the listening socket before loading the model, so a busy port fails at once."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
