@@ -385,8 +385,11 @@ def print_table(summaries: dict[str, Summary]) -> None:
 
 
 def ratio(a: float, b: float) -> str:
-    """a / b as "1.23x" ("n/a" when b is 0 or either is nan)."""
-    return f"{a / b:.2f}x" if b and a == a and b == b else "n/a"
+    """a / b as "1.23x", below 0.1 to 2 significant digits ("0.0033x"); "n/a" when b is 0 or
+    either is nan."""
+    if not b or a != a or b != b:
+        return "n/a"
+    return f"{a / b:.2f}x" if a / b >= 0.1 else f"{a / b:.2g}x"
 
 
 def cpu_line() -> str:
@@ -434,10 +437,10 @@ def describe_errors(setup: str, rounds: list[RoundResult]) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--short-rate", type=float, default=2.0, help="short requests per second")
+    p.add_argument("--short-rate", type=float, default=1.0, help="short requests per second")
     p.add_argument("--short-tokens", type=int, default=32, help="output tokens per short request")
-    p.add_argument("--long-rate", type=float, default=0.25, help="long prompts per second")
-    p.add_argument("--long-prompt-tokens", type=int, default=1500)
+    p.add_argument("--long-rate", type=float, default=0.1, help="long prompts per second")
+    p.add_argument("--long-prompt-tokens", type=int, default=1000)
     p.add_argument("--duration", type=float, default=30.0, help="arrival window per round, s")
     p.add_argument("--rounds", type=int, default=2, help="rounds of each setup, alternating")
     p.add_argument("--max-concurrency", type=int, default=64, help="requests in flight at most")
