@@ -132,7 +132,7 @@ def test_failed_forward_answers_every_request_and_caches_nothing_unwritten(
     alone = _run(scheduler, inputs, fault=None)
     scheduler.flush_cache()
 
-    real_forward = scheduler._forward
+    real_forward = scheduler.forward
     calls = {"n": 0}
 
     def failing_forward(fb: Any) -> Any:
@@ -141,7 +141,7 @@ def test_failed_forward_answers_every_request_and_caches_nothing_unwritten(
             raise RuntimeError("injected model fault")
         return real_forward(fb)
 
-    monkeypatch.setattr(scheduler, "_forward", failing_forward)
+    monkeypatch.setattr(scheduler, "forward", failing_forward)
     reasons = _finish_reasons(scheduler, inputs)
     monkeypatch.undo()
     assert calls["n"] >= 1
@@ -167,7 +167,7 @@ def test_nan_logits_fail_only_their_request(scheduler, monkeypatch):
         GenerateInput("other", tok.encode("def add(a, b):"), greedy),
     ]
     alone = _run(scheduler, [inputs[0], inputs[2]], fault=None)
-    real_forward = scheduler._forward
+    real_forward = scheduler.forward
 
     def nan_forward(fb: Any) -> Any:
         logits = real_forward(fb)
@@ -178,7 +178,7 @@ def test_nan_logits_fail_only_their_request(scheduler, monkeypatch):
                     logits[row] = float("nan")
         return logits
 
-    monkeypatch.setattr(scheduler, "_forward", nan_forward)
+    monkeypatch.setattr(scheduler, "forward", nan_forward)
     together = _run(scheduler, inputs, fault=None)
     monkeypatch.undo()
     reason = together["broken"]["reason"]
@@ -230,7 +230,7 @@ def test_a_sampler_failure_while_a_draft_is_verified_leaks_no_slot(scheduler, mo
         tok.encode("A person as JSON:"),
         {"max_new_tokens": 24, "temperature": 0, "regex": JSON_REGEX},
     )
-    real = scheduler._sample_and_append
+    real = scheduler.sample_and_append
     drafted = scheduler.counters["jump_forward_drafted_tokens"]
 
     def failing(reqs: Any, logits: Any) -> Any:
@@ -238,7 +238,7 @@ def test_a_sampler_failure_while_a_draft_is_verified_leaks_no_slot(scheduler, mo
             raise RuntimeError("injected sampler fault")
         return real(reqs, logits)
 
-    monkeypatch.setattr(scheduler, "_sample_and_append", failing)
+    monkeypatch.setattr(scheduler, "sample_and_append", failing)
     reasons = _finish_reasons(scheduler, [inp])
     monkeypatch.undo()
     assert scheduler.counters["jump_forward_drafted_tokens"] > drafted  # a draft was verified

@@ -59,17 +59,21 @@ class Engine:
         stream: bool = False,
         rid: str | list[str] | None = None,
         image_data: Any = None,
+        segments: list | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """Generate for one prompt (a dict), a batch (a list), or stream one prompt's chunks.
 
         A single prompt with `n > 1` returns a list of n results. `image_data` (vision-language
         models): an image (data: URL, file path, base64 or bytes) or a list of them, a list per
         prompt for a batch; the prompt's image tokens mark where they go (else they go first).
+        `segments`: spans `[start, end)` of the prompt (characters of a text prompt, tokens of
+        `input_ids`; a list per prompt for a batch) whose KV is cached by content and reused
+        wherever they appear (`--segment-recompute-fraction`; docs/segments.md).
         Raises ValueError for invalid input (the engine keeps serving).
         """
         reqs, single = self._prepare(
             prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-            top_logprobs_num, return_text_in_logprobs, stream, rid, image_data,
+            top_logprobs_num, return_text_in_logprobs, stream, rid, image_data, segments,
         )  # fmt: skip
         if stream:
             return self._stream_sync(reqs[0])
@@ -88,11 +92,12 @@ class Engine:
         stream: bool = False,
         rid: str | list[str] | None = None,
         image_data: Any = None,
+        segments: list | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
         """The coroutine form of `generate`; with `stream=True` it returns an async iterator."""
         reqs, single = self._prepare(
             prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-            top_logprobs_num, return_text_in_logprobs, stream, rid, image_data,
+            top_logprobs_num, return_text_in_logprobs, stream, rid, image_data, segments,
         )  # fmt: skip
         if stream:
             return self._stream_async(reqs[0])
@@ -117,7 +122,7 @@ class Engine:
         self._check_open()
         stream = args[7]
         tm = self.tokenizer_manager
-        reqs, is_batch = tm.normalize(*args[:7], rid=args[8], image_data=args[9])
+        reqs, is_batch = tm.normalize(*args[:7], rid=args[8], image_data=args[9], segments=args[10])
         expanded = tm.expand_n(reqs)
         if stream and (is_batch or len(expanded) != 1):
             raise ValueError("stream=True takes a single prompt with n=1")

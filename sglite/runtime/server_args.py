@@ -154,6 +154,9 @@ class ServerArgs:
     allow_origins: str | None = None  # CORS, comma-separated origins or "*"; None = off
     # The page at `/` (chat playground, radix cache view, metrics); True turns it off.
     disable_web_ui: bool = False
+    # Reusable prompt segments (scheduler/segments.py): the share of each reused segment's
+    # tokens (its first ones) recomputed with full attention; 1.0 = exact (a full prefill).
+    segment_recompute_fraction: float = 0.15
     # Disaggregated prefill and decode (docs/pd.md): "prefill" computes prompts and hands their
     # KV to a decode server; "decode" receives that KV and generates; None = both here. The
     # prefill server answers KV requests on the bootstrap port; pages travel over TCP, or shared
@@ -199,6 +202,11 @@ class ServerArgs:
             self.speculative_algorithm = SPECULATIVE_ALIASES.get(algorithm, algorithm)
         self._validate_draft_model()
         self._validate_disaggregation()
+        if not 0.0 <= self.segment_recompute_fraction <= 1.0:
+            raise ValueError(
+                "segment_recompute_fraction must be in [0, 1], "
+                f"got {self.segment_recompute_fraction}"
+            )
         self._validate_deterministic()
         if not 1 <= self.speculative_num_draft_tokens <= 64:
             raise ValueError(

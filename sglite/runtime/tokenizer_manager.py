@@ -28,6 +28,7 @@ from sglite.runtime.multimodal.processor import (
 from sglite.runtime.multimodal.spec import vision_spec
 from sglite.runtime.sampling.params import SamplingParams
 from sglite.runtime.scheduler.io import GenerateInput, RequestOutput
+from sglite.runtime.scheduler.segments import check_segments
 from sglite.runtime.scheduler_client import SchedulerClient
 from sglite.runtime.server_args import ServerArgs
 from sglite.runtime.tokenizer import Tokenizer
@@ -55,6 +56,7 @@ class GenerateRequest:
     pooling: str | None = None  # an embedding request ("last" or "mean")
     images: list[ImageItem] = field(default_factory=list)  # in the prompt (expanded ids)
     bootstrap: Bootstrap | None = None  # disaggregated serving: prefill server and room
+    segments: list[tuple[int, int]] = field(default_factory=list)  # reusable token spans
 
 
 @dataclass
@@ -124,13 +126,16 @@ class TokenizerManager:
         rid: str | list[str] | None = None,
         image_data: Any = None,
         image_items: list[ImageItem] | None = None,
+        segments: list | None = None,
     ) -> tuple[list[GenerateRequest], bool]:
         """Turn user arguments into validated requests. Returns (requests, is_batch).
 
         Raises ValueError naming the problem (empty prompt, bad sampling parameter, a prompt too
         long for the context or the KV pool, token ids outside the vocabulary, a bad image or
         images for a text-only model). `image_data`: per prompt an image or a list of them
-        (a list per prompt for a batch).
+        (a list per prompt for a batch). `segments`: reusable spans `[start, end)` of the prompt
+        (character spans of a text prompt, token spans of `input_ids`; a list per prompt for a
+        batch), see scheduler/segments.py.
         """
         if (prompt is None) == (input_ids is None):
             raise ValueError("give exactly one of prompt (text) and input_ids")
@@ -147,6 +152,10 @@ class TokenizerManager:
             is_batch = bool(input_ids) and isinstance(input_ids[0], list)
             ids_list = input_ids if is_batch else [input_ids]
         n = len(ids_list)
+        spans_per_prompt = _per_prompt(segments, n, is_batch)
+        if prompt is not None and segments is not None:
+            pairs = [self._encode_segments(t, sp) for t, sp in zip(texts, spans_per_prompt)]
+            ids_list, spans_per_prompt = [p[0] for p in pairs], [p[1] for p in pairs]
         images_per_prompt = self._split_images(image_data, n, is_batch)
         reqs = []
         for i, ids in enumerate(ids_list):
@@ -157,6 +166,10 @@ class TokenizerManager:
             if images_per_prompt[i]:
                 where = f"image_data[{i}]" if is_batch else "image_data"
                 ids, images = self.expand_images(ids, images_per_prompt[i], where)
+            if spans_per_prompt[i]:
+                problem = check_segments(spans_per_prompt[i], len(ids))
+                if problem:
+                    raise ValueError(problem)
             reqs.append(
                 self._make_request(
                     ids,
@@ -169,7 +182,33 @@ class TokenizerManager:
                     images=images,
                 )
             )
+            reqs[-1].segments = [tuple(span) for span in spans_per_prompt[i]]
         return reqs, is_batch
+
+    def _encode_segments(
+        self, text: str, spans: list[Any]
+    ) -> tuple[list[int], list[tuple[int, int]]]:
+        """A text prompt tokenized piece by piece at its segments' character boundaries (so a
+        segment's tokens are the same wherever it appears), and the segments' token spans."""
+        problem = check_segments(spans, len(text))
+        if problem:
+            raise ValueError(problem.replace("token", "character"))
+        ids: list[int] = []
+        token_spans = []
+        cut = 0
+        for start, end in spans:
+            ids += self._encode_piece(text[cut:start], first=not ids and cut == 0)
+            piece = self._encode_piece(text[start:end], first=not ids)
+            token_spans.append((len(ids), len(ids) + len(piece)))
+            ids += piece
+            cut = end
+        ids += self._encode_piece(text[cut:], first=not ids)
+        return ids, token_spans
+
+    def _encode_piece(self, text: str, first: bool) -> list[int]:
+        if first:
+            return self.tokenizer.encode(text)  # with the model's BOS
+        return list(self.tokenizer.hf.encode(text, add_special_tokens=False)) if text else []
 
     def expand_images(
         self, ids: list[int], images: list[Any], where: str
@@ -317,6 +356,7 @@ class TokenizerManager:
                         req.top_logprobs_num,
                         req.return_text_in_logprobs,
                         images=req.images,
+                        segments=req.segments,
                     )
                 )
         return out
@@ -341,6 +381,7 @@ class TokenizerManager:
             pooling=req.pooling,
             images=req.images,
             bootstrap=req.bootstrap,
+            segments=list(req.segments),
         )
         self.client.submit(inp, on_output)
         self.in_flight[req.rid] = state
@@ -416,6 +457,7 @@ class TokenizerManager:
             spec_draft_tokens=out.spec_drafted,
             spec_accepted_tokens=out.spec_accepted,
             spec_verify_ct=out.spec_verify_ct,
+            segment_tokens=out.segment_tokens,
         )
         req = state.req
         new_in, new_out, new_in_top, new_out_top = [], [], [], []
@@ -473,6 +515,8 @@ class TokenizerManager:
         if self.args.speculative_algorithm is not None:
             for key in ("spec_draft_tokens", "spec_accepted_tokens", "spec_verify_ct"):
                 meta[key] = state.meta.get(key, 0)
+        if state.req.segments:
+            meta["segment_tokens"] = state.meta.get("segment_tokens")
         if state.req.return_logprob:
             meta["input_token_logprobs"] = state.input_logprobs
             meta["output_token_logprobs"] = state.output_logprobs
@@ -496,6 +540,19 @@ class TokenizerManager:
         if entries is None:
             return None
         return [self._lp(v, t, req) for v, t in entries]
+
+
+def _per_prompt(segments: list | None, n: int, is_batch: bool) -> list[list[Any]]:
+    """Each prompt's segment spans: a list of spans for one prompt, a list of n for a batch."""
+    if segments is None:
+        return [[] for _ in range(n)]
+    if not isinstance(segments, list):
+        raise ValueError("segments must be a list of [start, end] spans")
+    if not is_batch:
+        return [segments]
+    if len(segments) != n or not all(isinstance(s, list) for s in segments):
+        raise ValueError(f"segments: a batch of {n} prompts needs a list of {n} span lists")
+    return segments
 
 
 def _pick(value: Any, i: int, n: int) -> Any:

@@ -36,6 +36,9 @@ class GenerateInput:
     images: list[Any] = field(default_factory=list)
     # Disaggregated serving: where this request's prefill runs and its room (docs/pd.md).
     bootstrap: Bootstrap | None = None
+    # Reusable segments: token spans [start, end) of the prompt whose KV is cached by content
+    # and reused wherever they appear (scheduler/segments.py); empty = exact prefill.
+    segments: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -88,6 +91,8 @@ class RequestOutput:
     input_top_logprobs: list[list[tuple[float, int]] | None] | None = None
     output_token_logprobs: list[tuple[float, int]] | None = None
     output_top_logprobs: list[list[tuple[float, int]]] | None = None
+    # Segmented prompts: {"reused", "recomputed", "computed"} prompt tokens (None without).
+    segment_tokens: dict[str, int] | None = None
     # An embedding request's L2-normalized pooled hidden state (final increment only).
     embedding: list[float] | None = None
 

@@ -93,11 +93,14 @@ class RequestKVManager:
 
     def release(self, req: Req) -> None:
         """The request leaves (finished or retracted): its computed tokens go to the cache
-        (prompt and output, so later turns and forks reuse them), duplicates are freed."""
+        (prompt and output, so later turns and forks reuse them), duplicates are freed. KV past
+        `req.exact_len` (assembled from segments, approximate) is freed, never cached."""
         computed = len(req.kv_slots)
-        if computed and self.cache_enabled and computed >= self.min_cached_prefix:
-            already = self.cache.insert(req.fill_ids[:computed], req.kv_slots)
+        exact = computed if req.exact_len is None else min(computed, req.exact_len)
+        if exact and self.cache_enabled and exact >= self.min_cached_prefix:
+            already = self.cache.insert(req.fill_ids[:exact], req.kv_slots[:exact])
             self.pool.free(req.kv_slots[req.cached_len : already])
+            self.pool.free(req.kv_slots[max(exact, req.cached_len) :])  # approximate KV
         elif computed:
             self.pool.free(req.kv_slots[req.cached_len :])
         self.unlock(req)

@@ -81,6 +81,11 @@ class Req:
     pooling: Pooling | None = None  # an embedding request
     images: list[ImageItem] = field(default_factory=list)  # in the prompt, in order
     bootstrap: Bootstrap | None = None  # disaggregated: the prefill server and room
+    segments: list[tuple[int, int]] = field(default_factory=list)  # reusable prompt spans
+    # Past this many tokens the request's KV is approximate (assembled from segments): never
+    # inserted into the radix cache. None: all exact.
+    exact_len: int | None = None
+    segment_counts: dict[str, int] | None = None  # reused / recomputed / computed prompt tokens
 
     output_ids: list[int] = field(default_factory=list)
     # Constrained decoding: the matcher has consumed exactly `output_ids` (ticket while compiling).
@@ -140,6 +145,7 @@ class Req:
             pooling=Pooling(inp.pooling) if inp.pooling else None,
             images=list(inp.images),
             bootstrap=inp.bootstrap,
+            segments=[(int(a), int(b)) for a, b in inp.segments],
         )
 
     @property
@@ -189,6 +195,7 @@ class Req:
             spec_drafted=self.spec_drafted,
             spec_accepted=self.spec_accepted,
             spec_verify_ct=self.spec_verify_ct,
+            segment_tokens=self.segment_counts,
         )
         self.sent_text_len, self.sent_token_len = safe, len(self.output_ids)
         if self.finished and self.pooling is not None and self.pooling.count:

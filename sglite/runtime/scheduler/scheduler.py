@@ -50,6 +50,7 @@ from sglite.runtime.scheduler.output import OutputProcessor, TopLogprobs, abort_
 from sglite.runtime.scheduler.policy import order_waiting, shares_with_batch
 from sglite.runtime.scheduler.prefill import PrefillBatch, collect_input_logprobs
 from sglite.runtime.scheduler.request import Req
+from sglite.runtime.scheduler.segments import SegmentAssembler
 from sglite.runtime.scheduler.speculation import (
     LOW_ACCEPTANCE,
     SpeculationCosts,
@@ -132,6 +133,7 @@ class Scheduler:
             "spec_accepted_tokens": 0,
             "spec_verify_passes": 0,
             **dict.fromkeys(PD_COUNTERS, 0),
+            "segment_reused_tokens": 0,
         }
         self.output = OutputProcessor(self.kv, self.eos_token_ids, self.context_len, self.counters)
         # None, "exact" or "retokenize" (see scheduler/drafts.py).
@@ -158,6 +160,7 @@ class Scheduler:
             self.retokenizer = RetokenizingJump(encode, self.counters)
         # Disaggregated prefill/decode (`--disaggregation-mode`): None when off.
         self.disagg = build_disaggregation(self)
+        self.segments = SegmentAssembler(self, args.segment_recompute_fraction)
 
     # ------------------------------------------------------------------ intake
     def add_request(self, inp: GenerateInput) -> None:
@@ -189,7 +192,10 @@ class Scheduler:
             self.output.abort(req, message)
 
     def _enqueue(self, req: Req) -> None:
-        """Queue a request to be prefilled here, unless a decode server pulls its KV instead."""
+        """Queue a request to be prefilled here, unless a decode server pulls its KV instead or
+        it is assembled from cached segments."""
+        if self.segments.admit(req):
+            return
         if self.disagg is None or not self.disagg.admit(req):
             self.waiting.append(req)
 
@@ -197,6 +203,8 @@ class Scheduler:
         total = len(req.prompt_ids) + req.params.max_new_tokens
         if not req.prompt_ids:
             return "the prompt is empty"
+        if req.segments and (not self.cache_enabled or req.images or self.disagg is not None):
+            return "segments need the radix cache, a text prompt and no disaggregation"
         if len(req.prompt_ids) >= self.context_len:
             return (
                 f"the prompt has {len(req.prompt_ids)} tokens, more than the context length "
@@ -228,11 +236,18 @@ class Scheduler:
         transferring = self.disagg.remove(rid) if self.disagg is not None else None
         if transferring is not None:
             self.output.abort(transferring, message)
+            return
+        assembling = self.segments.remove(rid)
+        if assembling is not None:
+            self.output.abort(assembling, message)
 
     @property
     def has_work(self) -> bool:
         """True when a step would do something."""
-        return bool(self.waiting or self.running or self.chunked or self.grammars.pending)
+        return (
+            bool(self.waiting or self.running or self.chunked or self.grammars.pending)
+            or self.segments.busy
+        )
 
     # ------------------------------------------------------------------ stepping
     def step(self) -> list[RequestOutput]:
@@ -240,6 +255,8 @@ class Scheduler:
         self._admit_compiled_grammars()
         # Logits are inference tensors; masking and sampling them in place needs this mode too.
         with torch.inference_mode():
+            if self.segments.busy and self.segments.run_one():
+                return self.collect_outputs()
             prefill = self._schedule_prefill()
             if prefill:
                 # Admitted requests are in neither `waiting` nor `running` until the pass ends;
@@ -329,7 +346,7 @@ class Scheduler:
             rows = plan.hidden_rows
             fb.hidden_rows = torch.tensor(rows, dtype=torch.long, device=fb.input_ids.device)
         start_time = time.perf_counter()
-        logits = self._forward(fb)
+        logits = self.forward(fb)
         for item in plan.items:
             if item.req.pooling is not None and fb.hidden is not None:
                 item.req.pooling.add(fb.hidden[item.hidden[0] : item.hidden[1]])
@@ -357,7 +374,7 @@ class Scheduler:
             to_sample.append((req, item.last_row))
         if to_sample:
             rows_t = torch.tensor([row for _, row in to_sample], device=logits.device)
-            self._sample_and_append([req for req, _ in to_sample], logits.index_select(0, rows_t))
+            self.sample_and_append([req for req, _ in to_sample], logits.index_select(0, rows_t))
             for req, _ in to_sample:
                 if not req.finished:
                     self.running.append(req)
@@ -400,8 +417,8 @@ class Scheduler:
                 self.device,
                 slot_tensors=[req.slot_mirror.view(req.kv_slots) for req in reqs],
             )
-            logits = self._forward(fb)
-            self._sample_and_append(reqs, logits)
+            logits = self.forward(fb)
+            self.sample_and_append(reqs, logits)
         self.counters["decode_passes"] += 1
         self.running = [r for r in self.running if not r.finished]
         if self.speculator is not None:  # finished, retracted or aborted requests' state goes
@@ -438,18 +455,18 @@ class Scheduler:
     def _run_decode_extend(self, reqs: list[Req], drafts: dict[str, list[int]]) -> None:
         """A decode step as one EXTEND that also verifies the drafts (see `VerifyBatch`)."""
         batch = VerifyBatch.plan(reqs, drafts, self.kv.alloc)
-        logits = self._forward(self._verify_forward_batch(reqs, batch))
+        logits = self.forward(self._verify_forward_batch(reqs, batch))
         plain = batch.plain()
         if plain:
             rows = torch.tensor([item.first_row for item in plain], device=logits.device)
-            self._sample_and_append([item.req for item in plain], logits.index_select(0, rows))
+            self.sample_and_append([item.req for item in plain], logits.index_select(0, rows))
         for item in batch.drafted():
             rows = logits[item.first_row : item.first_row + len(item.draft) + 1]
             if item.req.rid not in self.speculated:
-                self.verifier.verify(item.req, item.draft, item.kept, rows, self._sample_and_append)
+                self.verifier.verify(item.req, item.draft, item.kept, rows, self.sample_and_append)
                 continue
             verdict = self.verifier.verify(
-                item.req, item.draft, item.kept, rows, self._sample_and_append, SPECULATION
+                item.req, item.draft, item.kept, rows, self.sample_and_append, SPECULATION
             )
             item.req.spec_verify_ct += 1
             self.counters["spec_verify_passes"] += 1
@@ -510,11 +527,12 @@ class Scheduler:
             req.input_logprobs_pending, req.input_top_pending = [], []
         if req.pooling is not None:  # its prompt is computed again from the cached prefix
             req.pooling = type(req.pooling)(req.pooling.mode)
-        self.kv.release(req)
+        self.kv.release(req)  # KV past exact_len (assembled from segments) is dropped...
+        req.segments, req.exact_len = [], None  # ... and recomputed exactly on re-admission
         self.waiting.insert(0, req)
 
     # ------------------------------------------------------------------ sampling & finishing
-    def _forward(self, fb: ForwardBatch) -> torch.Tensor:
+    def forward(self, fb: ForwardBatch) -> torch.Tensor:
         self.counters["forward_passes"] += 1
         if self.tp.enabled:
             self.tp.broadcast_object(fb)
@@ -525,7 +543,7 @@ class Scheduler:
         if self.tp.enabled:
             self.tp.broadcast_object(None)
 
-    def _sample_and_append(self, reqs: list[Req], logits: torch.Tensor) -> None:
+    def sample_and_append(self, reqs: list[Req], logits: torch.Tensor) -> None:
         """Sample row i of `logits` for reqs[i] and append it; a request whose own part fails
         (grammar, NaN logits, detokenizing) ends alone."""
         failed = apply_grammar_masks(reqs, logits, self.config.vocab_size)
@@ -603,7 +621,7 @@ class Scheduler:
     def collect_outputs(self) -> list[RequestOutput]:
         """The increments of every request that changed since the last call (see
         `OutputProcessor.collect` for when a non-streamed request's are held back)."""
-        outs = self.output.collect()
+        outs = self.segments.filter_outputs(self.output.collect())
         if self.disagg is not None:
             self.disagg.ended(outs)
         return outs

@@ -116,6 +116,7 @@ async def generate(body: GenerateRequestIn, request: Request) -> Any:
             rid=body.rid,
             image_data=images,
             bootstrap=bootstrap_of(state, body),
+            segments=body.segments,
         )
     except ValueError as exc:
         err = bad_request(exc)

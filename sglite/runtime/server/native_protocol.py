@@ -67,6 +67,12 @@ class GenerateRequestIn(BaseModel):
     return_text_in_logprobs: Bool | None = None
     stream: Bool | None = None
     rid: str | list[str] | None = None
+    segments: list[list[Int]] | list[list[list[Int]]] | None = Field(
+        None,
+        description="reusable spans [start, end) of the prompt (characters of `text`, tokens of "
+        "`input_ids`; a list per prompt for a batch): their KV is cached by content and reused "
+        "wherever they appear",
+    )
     bootstrap_host: str | None = Field(None, description="disaggregated serving: prefill host")
     bootstrap_port: Int | None = Field(None, description="the prefill server's bootstrap port")
     bootstrap_room: Int | str | None = Field(None, description="pairs prefill and decode")

@@ -36,6 +36,7 @@ def prepare_requests(
     image_data: Any = None,
     image_items: list[Any] | None = None,
     bootstrap: Bootstrap | None = None,
+    segments: list | None = None,
 ) -> tuple[list[GenerateRequest], bool]:
     """Validate, tokenize and expand (`n`) a request; admit it or raise 400 / 503.
 
@@ -47,7 +48,7 @@ def prepare_requests(
     reqs, is_batch = tm.normalize(
         text, sampling_params, input_ids, return_logprob, logprob_start_len,
         top_logprobs_num, return_text_in_logprobs, rid=rid, image_data=image_data,
-        image_items=image_items,
+        image_items=image_items, segments=segments,
     )  # fmt: skip
     expanded = tm.expand_n(reqs)
     if bootstrap is not None:

@@ -1,0 +1,232 @@
+"""Reusable prompt segments: a document's KV reused wherever it appears in a prompt.
+
+A request may mark spans of its prompt as segments (retrieved passages, tool outputs). Each
+segment's KV is cached by content: computed once as a sequence of its own after the model's BOS
+(an internal prefill-only request), it lives in the radix tree under `[BOS] + its tokens`, with
+the tree's accounting, locks and eviction. A prompt is then assembled instead of prefilled:
+
+1. its longest exact cached prefix is matched as usual;
+2. every segment after that prefix is copied from its cached KV into the request's slots with
+   its keys turned to their new positions (`cache/repositioning.py`);
+3. one forward computes, as DECODE rows (each row attends to every slot before its own, and
+   every row's K/V is written before attention reads the pool, layer by layer), the tokens that
+   are not in a reused segment (the question, text between segments) and the first
+   `ceil(fraction x length)` tokens of each reused segment, where its attention sink sits and
+   the context it was computed without matters most.
+
+With `fraction = 1.0` every token after the exact prefix is a row, which is a full prefill: the
+same logits as without segments. Below 1.0 the answer is approximate; the request's KV past
+the first reused segment is never inserted into the tree (a later exact match must not read
+it), and a retracted request is recomputed exactly.
+
+Invariants: an internal fill request never reaches a client (`is_internal`); a request waits
+here until every segment it reuses is fully cached, and holds no slots while it waits.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from sglite.runtime.cache.repositioning import reposition
+from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
+from sglite.runtime.scheduler.io import GenerateInput, RequestOutput
+from sglite.runtime.scheduler.request import Req
+
+if TYPE_CHECKING:
+    from sglite.runtime.scheduler.scheduler import Scheduler
+
+# Internal request ids start with a character no client id can (`check_request_ids` takes any
+# string, but the HTTP layer and the Engine generate hex ids or take the client's text).
+FILL_PREFIX = "\x00segment-fill:"
+
+
+@dataclass(frozen=True)
+class SegmentPlan:
+    """What one assembly computes and copies (positions are prompt indices)."""
+
+    exact: int  # tokens served by the exact-prefix match
+    reused: list[tuple[int, int]]  # spans [start, end) copied from the segment cache
+    rows: list[int]  # positions computed in the forward, ascending
+    recomputed: int  # rows inside reused spans
+
+    @property
+    def reused_tokens(self) -> int:
+        return sum(end - start for start, end in self.reused) - self.recomputed
+
+    @property
+    def computed_tokens(self) -> int:
+        return len(self.rows) - self.recomputed
+
+
+def plan_assembly(
+    num_prompt: int, exact: int, segments: list[tuple[int, int]], fraction: float
+) -> SegmentPlan:
+    """The rows and copies for a prompt of `num_prompt` tokens whose first `exact` are cached
+    exactly. A segment reaching into the exact prefix is not reused (its tail is computed);
+    the prompt's last token is always a row (its logits give the first output token)."""
+    reused = [(s, e) for s, e in segments if s >= exact and e > s]
+    covered = {p for s, e in reused for p in range(s, e)}
+    rows = {p for p in range(exact, num_prompt) if p not in covered}
+    recomputed = set()
+    for start, end in reused:
+        recomputed.update(range(start, start + math.ceil(fraction * (end - start))))
+    if num_prompt - 1 in covered:
+        recomputed.add(num_prompt - 1)
+    rows |= recomputed
+    return SegmentPlan(exact, reused, sorted(rows), len(recomputed))
+
+
+class SegmentAssembler:
+    """Holds segmented requests until their segments are cached, then assembles them."""
+
+    def __init__(self, scheduler: Scheduler, fraction: float) -> None:
+        self.scheduler = scheduler
+        self.fraction = fraction
+        # A segment is cached after the BOS a prompt starts with (a sequence without it is not
+        # what the model was trained on: its first token would become the attention sink).
+        bos = scheduler.tokenizer.bos_token_id
+        self.lead: list[int] = [] if bos is None else [int(bos)]
+        self.pending: list[Req] = []
+        self.fills: set[str] = set()  # internal fill requests in flight
+
+    # ------------------------------------------------------------------ intake
+    def admit(self, req: Req) -> bool:
+        """Take a request with segments (True); others go the usual way."""
+        if not req.segments:
+            return False
+        self.pending.append(req)
+        self._fill_missing(req)
+        return True
+
+    def is_internal(self, rid: str) -> bool:
+        return rid.startswith(FILL_PREFIX)
+
+    def filter_outputs(self, outs: list[RequestOutput]) -> list[RequestOutput]:
+        """Drop the internal fill requests' outputs (and forget finished fills)."""
+        kept = []
+        for out in outs:
+            if not self.is_internal(out.rid):
+                kept.append(out)
+            elif out.finish_reason is not None:
+                self.fills.discard(out.rid)
+        return kept
+
+    def remove(self, rid: str) -> Req | None:
+        """Take a waiting request out (aborted); it holds no slots here."""
+        for req in self.pending:
+            if req.rid == rid:
+                self.pending.remove(req)
+                return req
+        return None
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.pending)
+
+    # ------------------------------------------------------------------ assembling
+    def run_one(self) -> bool:
+        """Assemble the first pending request whose segments are all cached and for which the
+        pool has room: one forward pass (True), or nothing to do (False)."""
+        for req in list(self.pending):
+            if self._missing(req):
+                self._fill_missing(req)
+                continue
+            if self._assemble(req):
+                self.pending.remove(req)
+                return True
+        return False
+
+    def _segment_ids(self, req: Req) -> list[list[int]]:
+        """Each segment's key in the cache: the lead, then its tokens."""
+        return [self.lead + req.prompt_ids[s:e] for s, e in req.segments]
+
+    def _missing(self, req: Req) -> list[list[int]]:
+        cache = self.scheduler.cache
+        ids = self._segment_ids(req)
+        return [seg for seg in ids if len(cache.match_prefix(seg).slots) < len(seg)]
+
+    def _fill_missing(self, req: Req) -> None:
+        """Queue a prefill-only request for each segment not cached whole (once at a time)."""
+        sched = self.scheduler
+        for i, ids in enumerate(self._missing(req)):
+            rid = f"{FILL_PREFIX}{req.rid}:{i}:{len(ids)}"
+            if rid in self.fills:
+                continue
+            fill = GenerateInput(rid, ids, {"max_new_tokens": 0}, stream=False)
+            self.fills.add(rid)
+            sched.waiting.append(Req.from_input(fill, sched.tokenizer, sched.device))
+
+    def _assemble(self, req: Req) -> bool:
+        sched = self.scheduler
+        kv, cache = sched.kv, sched.cache
+        exact = kv.match_and_lock(req)
+        plan = plan_assembly(len(req.prompt_ids), exact, req.segments, self.fraction)
+        need = len(req.prompt_ids) - exact
+        own_reserve = int(req.remaining_new_tokens * sched.new_token_ratio)
+        if not kv.can_fit(need, sched.reserved_tokens() + own_reserve):
+            kv.unlock(req)
+            return False
+        sources = [cache.match_prefix(self.lead + req.prompt_ids[s:e]) for s, e in plan.reused]
+        for match in sources:
+            cache.lock(match.node)  # the allocation below may evict
+        try:
+            req.kv_slots.extend(kv.alloc(need))
+            lead = len(self.lead)
+            for (start, end), match in zip(plan.reused, sources, strict=True):
+                src = list(match.slots)[lead : lead + end - start]
+                dst = req.kv_slots[start:end]
+                reposition(sched.pool, sched.model.ropes, src, dst, start - lead)
+        finally:
+            for match in sources:
+                cache.unlock(match.node)
+        req.cached_tokens, req.admitted_once = exact, True
+        cache.record_query(len(req.prompt_ids), exact)
+        kv.record_admission(req)
+        req.exact_len = plan.reused[0][0] if plan.reused else None
+        req.segment_counts = {
+            "reused": plan.reused_tokens,
+            "recomputed": plan.recomputed,
+            "computed": plan.computed_tokens,
+        }
+        req.input_logprobs_done = True
+        logits = sched.forward(self._rows_batch(req, plan.rows))
+        sched.counters["prefill_tokens_computed"] += len(plan.rows)
+        sched.counters["segment_reused_tokens"] += plan.reused_tokens
+        sched.sample_and_append([req], logits)
+        if not req.finished:
+            sched.running.append(req)
+        return True
+
+    def _rows_batch(self, req: Req, rows: list[int]) -> ForwardBatch:
+        """The rows as DECODE rows: row p attends to the request's slots up to p."""
+        table = req.slot_mirror.view(req.kv_slots)
+        return ForwardBatch.build(
+            ForwardMode.DECODE,
+            [[req.prompt_ids[p]] for p in rows],
+            rows,
+            [req.kv_slots[: p + 1] for p in rows],
+            [len(rows) - 1],
+            self.scheduler.device,
+            slot_tensors=[table[: p + 1] for p in rows],
+        )
+
+
+def check_segments(segments: list[tuple[int, int]], num_prompt: int) -> str | None:
+    """Why token spans cannot be a request's segments (sorted, disjoint, non-empty, inside the
+    prompt), or None."""
+    previous_end = 0
+    for i, span in enumerate(segments):
+        if len(span) != 2 or not all(isinstance(x, int) for x in span):
+            return f"segments[{i}] must be [start, end]"
+        start, end = span
+        if not 0 <= start < end <= num_prompt:
+            return (
+                f"segments[{i}] = [{start}, {end}] is not a non-empty span of the "
+                f"{num_prompt}-token prompt"
+            )
+        if start < previous_end:
+            return f"segments[{i}] overlaps or precedes the one before it"
+        previous_end = end
+    return None

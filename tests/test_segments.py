@@ -1,0 +1,140 @@
+"""Reusable prompt segments (scheduler/segments.py) on the default model: a cached passage's KV
+reused at another place in a prompt. With the recompute fraction at 1.0 the answer equals a
+full prefill; below it the segments are reused in any order, never poison the exact-prefix
+cache, are evicted like any cached tokens and come back."""
+
+from __future__ import annotations
+
+import pytest
+
+import sglite
+from sglite.runtime.scheduler.segments import check_segments, plan_assembly
+
+pytestmark = pytest.mark.slow
+
+DOCS = [
+    "Paris is the capital of France. It has the Eiffel Tower, the Louvre and many cafes. ",
+    "Berlin is the capital of Germany. It is known for its history, clubs and art scene. ",
+    "Madrid is the capital of Spain. It is famous for the Prado museum, parks and tapas. ",
+]
+QUESTION = "Question: which city has the Prado museum? Answer:"
+GREEDY = {"max_new_tokens": 10, "temperature": 0}
+
+
+def assemble(engine: sglite.Engine, order: list[int]) -> tuple[list[int], list[list[int]]]:
+    """Token ids of 'Documents:' + the documents in `order` + the question, and the documents'
+    token spans (each piece tokenized alone, as the server tokenizes a segmented text)."""
+    tok = engine.tokenizer
+    pieces = [tok.encode("Documents:\n")]
+    pieces += [tok.hf.encode(DOCS[i], add_special_tokens=False) for i in order]
+    pieces.append(tok.hf.encode(QUESTION, add_special_tokens=False))
+    ids: list[int] = []
+    spans = []
+    for i, piece in enumerate(pieces):
+        if 0 < i < len(pieces) - 1:
+            spans.append([len(ids), len(ids) + len(piece)])
+        ids += piece
+    return ids, spans
+
+
+def check(engine: sglite.Engine) -> dict:
+    """The engine's statistics, after its KV accounting check (raises on a leak)."""
+    engine.check_invariants()
+    return engine.get_server_info()
+
+
+@pytest.fixture(scope="module")
+def exact_engine():
+    with sglite.Engine(dtype="float32", log_level="error", segment_recompute_fraction=1.0) as eng:
+        yield eng
+
+
+@pytest.fixture(scope="module")
+def reuse_engine():
+    """The default fraction on a pool small enough that unrelated prompts evict segments."""
+    with sglite.Engine(dtype="float32", log_level="error", max_total_tokens=700) as eng:
+        yield eng
+
+
+def test_the_plan_covers_every_token_once():
+    plan = plan_assembly(20, exact=3, segments=[(2, 6), (8, 12), (14, 20)], fraction=0.25)
+    assert plan.reused == [(8, 12), (14, 20)]  # (2, 6) reaches into the exact prefix
+    assert plan.rows == [3, 4, 5, 6, 7, 8, 12, 13, 14, 15, 19]  # gaps, first quarter, last token
+    assert (plan.reused_tokens, plan.recomputed, plan.computed_tokens) == (6, 4, 7)
+    assert (
+        check_segments([[0, 4], [3, 6]], 10) == "segments[1] overlaps or precedes the one before it"
+    )
+    assert "not a non-empty span" in check_segments([[4, 4]], 10)
+
+
+def test_full_recompute_equals_a_full_prefill(exact_engine):
+    for order in ([0, 1, 2], [2, 0, 1]):
+        ids, spans = assemble(exact_engine, order)
+        plain = exact_engine.generate(input_ids=ids, sampling_params=GREEDY, return_logprob=True)
+        exact_engine.flush_cache()  # the segments are computed alone, then assembled
+        seg = exact_engine.generate(
+            input_ids=ids, sampling_params=GREEDY, return_logprob=True, segments=spans
+        )
+        assert seg["output_ids"] == plain["output_ids"]
+        want = [lp for lp, _, _ in plain["meta_info"]["output_token_logprobs"]]
+        got = [lp for lp, _, _ in seg["meta_info"]["output_token_logprobs"]]
+        assert got == pytest.approx(want, abs=1e-4)
+        counts = seg["meta_info"]["segment_tokens"]
+        assert counts["reused"] == 0 and counts["recomputed"] == sum(e - s for s, e in spans)
+        check(exact_engine)
+
+
+def test_segments_are_reused_in_any_order_and_never_poison_the_cache(reuse_engine):
+    eng = reuse_engine
+    eng.flush_cache()
+    first_ids, first_spans = assemble(eng, [0, 1, 2])
+    first = eng.generate(input_ids=first_ids, sampling_params=GREEDY, segments=first_spans)
+    assert first["meta_info"]["segment_tokens"]["reused"] > 0
+    before = check(eng)
+    ids, spans = assemble(eng, [1, 2, 0])
+    second = eng.generate(input_ids=ids, sampling_params=GREEDY, segments=spans)
+    after = check(eng)
+    counts = second["meta_info"]["segment_tokens"]
+    total = sum(e - s for s, e in spans)
+    assert counts["reused"] + counts["recomputed"] == total and counts["reused"] >= 0.8 * total
+    # Only the rows were computed: no segment was prefilled again.
+    rows = counts["recomputed"] + counts["computed"]
+    assert after["prefill_tokens_computed"] - before["prefill_tokens_computed"] == rows
+    assert after["segment_reused_tokens"] - before["segment_reused_tokens"] == counts["reused"]
+    # The assembled KV is approximate: a plain request for the same tokens matches exactly only
+    # up to the first reused segment.
+    plain = eng.generate(input_ids=ids, sampling_params=GREEDY)
+    assert plain["meta_info"]["cached_tokens"] <= spans[0][0]
+    assert "segment_tokens" not in plain["meta_info"]
+
+
+def test_evicted_segments_come_back(reuse_engine):
+    eng = reuse_engine
+    ids, spans = assemble(eng, [2, 1, 0])
+    eng.generate(input_ids=ids, sampling_params=GREEDY, segments=spans)
+    for i in range(4):  # unrelated prompts fill the 700-token pool: the segments are evicted
+        eng.generate(f"{i} " + "filler words " * 100, {"max_new_tokens": 2})
+    before = check(eng)
+    again = eng.generate(input_ids=ids, sampling_params=GREEDY, segments=spans)
+    after = check(eng)
+    assert again["meta_info"]["segment_tokens"]["reused"] > 0
+    computed = after["prefill_tokens_computed"] - before["prefill_tokens_computed"]
+    assert computed > sum(e - s for s, e in spans)  # the segments were computed again
+    assert after["evicted_tokens"] > 0
+
+
+def test_text_spans_and_bad_segments(reuse_engine):
+    eng = reuse_engine
+    text = "Documents:\n" + DOCS[0] + QUESTION
+    start = len("Documents:\n")
+    out = eng.generate(text, GREEDY, segments=[[start, start + len(DOCS[0])]])
+    assert out["meta_info"]["segment_tokens"]["reused"] > 0
+    for bad, needle in (
+        ([[5, 2]], "not a non-empty span"),
+        ([[0, 4], [2, 6]], "overlaps"),
+        ([[0, 10**6]], "character"),
+        ("0-4", "list of"),
+    ):
+        with pytest.raises(ValueError, match=needle):
+            eng.generate(text, GREEDY, segments=bad)
+    check(eng)
