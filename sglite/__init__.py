@@ -27,6 +27,7 @@ from sglite.lang import (
     global_config,
     greedy_token_selection,
     image,
+    segment,
     select,
     set_default_backend,
     system,
@@ -45,7 +46,7 @@ __all__ = [
     "Engine", "EngineBackend", "OpenAI", "Runtime", "RuntimeEndpoint", "assistant",
     "assistant_begin", "assistant_end", "call_tool", "flush_cache", "function", "function_tool",
     "gen", "gen_int", "gen_string", "get_server_info", "global_config", "greedy_token_selection",
-    "image", "select", "set_default_backend", "system", "system_begin", "system_end",
+    "image", "segment", "select", "set_default_backend", "system", "system_begin", "system_end",
     "token_length_normalized", "tools_prompt", "unconditional_likelihood_normalized", "user",
     "user_begin", "user_end", "video",
 ]  # fmt: skip

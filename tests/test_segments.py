@@ -138,3 +138,49 @@ def test_text_spans_and_bad_segments(reuse_engine):
         with pytest.raises(ValueError, match=needle):
             eng.generate(text, GREEDY, segments=bad)
     check(eng)
+
+
+@sglite.function
+def rag(s, docs: list[str], question: str):
+    s += "Documents:\n"
+    for doc in docs:
+        s += sglite.segment(doc)
+    s += question + sglite.gen("answer", max_tokens=8, temperature=0)
+
+
+def test_a_program_marks_segments_on_the_engine_and_over_http(reuse_engine, sglite_server):
+    docs = [DOCS[2], DOCS[0]]
+    state = rag.run(docs=docs, question=QUESTION, backend=reuse_engine)
+    counts = state.get_meta_info("answer")["segment_tokens"]
+    assert counts["reused"] > 0
+    # The same text without segments is the same prompt, tokenized piece by piece or not.
+    plain = reuse_engine.generate("Documents:\n" + "".join(docs) + QUESTION, GREEDY)
+    assert "segment_tokens" not in plain["meta_info"]
+    remote = rag.run(
+        docs=docs, question=QUESTION, backend=sglite.RuntimeEndpoint(sglite_server.url)
+    )
+    assert remote.get_meta_info("answer")["segment_tokens"]["reused"] > 0
+    assert remote["answer"]
+
+
+def test_openai_chat_messages_marked_reuse(sglite_server):
+    import openai
+    import requests
+
+    client = openai.OpenAI(base_url=sglite_server.url + "/v1", api_key="unused", max_retries=0)
+    info = lambda: requests.get(sglite_server.url + "/get_server_info", timeout=30).json()  # noqa: E731
+    before = info()["segment_reused_tokens"]
+    for doc in (DOCS[1], DOCS[0]):
+        messages = [
+            {"role": "system", "content": "Answer from the document."},
+            {"role": "user", "content": doc, "reuse": True},
+            {"role": "user", "content": QUESTION},
+        ]
+        answer = client.chat.completions.create(
+            model="m", messages=messages, max_tokens=6, temperature=0
+        )
+        assert answer.choices[0].message.content
+    assert info()["segment_reused_tokens"] > before
+    bad = [{"role": "user", "content": [{"type": "text", "text": DOCS[0]}], "reuse": True}]
+    with pytest.raises(openai.BadRequestError, match="reuse"):
+        client.chat.completions.create(model="m", messages=bad, max_tokens=2)

@@ -18,6 +18,7 @@ from sglite.lang.ir import (
     SglRoleBegin,
     SglRoleEnd,
     SglSamplingParams,
+    SglSegment,
     SglSelect,
     as_expr,
 )
@@ -252,6 +253,17 @@ def select(
     if not all(isinstance(c, str) and c for c in choices):
         raise ValueError("select choices must be non-empty strings")
     return SglSelect(name, list(choices), temperature, choices_method)
+
+
+def segment(text: str) -> SglSegment:
+    """Text the runtime may reuse at any position in later prompts: `s += sgl.segment(passage)`
+    appends `passage`, and its KV is cached by content, so the same passage in another order or
+    after another question is assembled instead of recomputed (the server's
+    `--segment-recompute-fraction` says how much of it is recomputed; backends without segments
+    treat it as text)."""
+    if not isinstance(text, str):
+        raise TypeError(f"sgl.segment takes a string, got {type(text).__name__}")
+    return SglSegment(text)
 
 
 def image(path_or_bytes: str | bytes | os.PathLike) -> SglImage:

@@ -37,6 +37,7 @@ from sglite.lang.ir import (
     SglRoleBegin,
     SglRoleEnd,
     SglSamplingParams,
+    SglSegment,
     SglSelect,
     SglVariable,
     SglVarScopeBegin,
@@ -257,6 +258,7 @@ class StreamExecutor:
 
         self.text_ = ""
         self.images_: list[str] = []  # sources of the images in text_, in order (image_data)
+        self.segments_: list[tuple[int, int]] = []  # sgl.segment character spans of text_
         self.messages_: list[dict[str, Any]] = []
         self.chat_template = chat_template or backend.get_chat_template()
         self.cur_role: str | None = None  # the worker's view of the open role
@@ -453,6 +455,7 @@ class StreamExecutor:
             child.meta_info = dict(self.meta_info)
             child.text_ = self.text_
             child.images_ = list(self.images_)
+            child.segments_ = list(self.segments_)
             child.messages_ = list(self.messages_)
             child.cur_role = self.cur_role
             child.cur_role_begin_pos = self.cur_role_begin_pos
@@ -497,6 +500,12 @@ class StreamExecutor:
             with self._cond:
                 self.images_.append(expr.source)
             self._fill(self.chat_template.image_token)
+        elif isinstance(expr, SglSegment):
+            start = len(self.text_)
+            self._fill(expr.text)
+            if expr.text:
+                with self._cond:
+                    self.segments_.append((start, start + len(expr.text)))
         elif isinstance(expr, SglGen):
             self._execute_gen(expr)
         elif isinstance(expr, SglSelect):

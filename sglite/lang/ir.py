@@ -265,6 +265,19 @@ class SglImage(SglExpr):
         return f"Image({self.source[:40]!r})"
 
 
+class SglSegment(SglExpr):
+    """Text whose KV the runtime may cache by content and reuse wherever it appears in later
+    prompts (a retrieved passage, a tool's output): appended like plain text, sent with the
+    request as a segment span (docs/segments.md)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+    def __repr__(self) -> str:
+        return f"Segment({self.text[:40]!r})"
+
+
 class SglGen(SglExpr):
     """A generation call: the model continues the text; the result is stored under `name`."""
 

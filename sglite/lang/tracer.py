@@ -26,6 +26,7 @@ from sglite.lang.ir import (
     SglGetForkItem,
     SglRoleBegin,
     SglRoleEnd,
+    SglSegment,
     SglSelect,
     SglVariable,
     SglVarScopeBegin,
@@ -194,6 +195,8 @@ class TracerProgramState(ProgramState):
         expr.pid = self.pid
         if isinstance(expr, SglConstantText):
             self._append_node(expr)
+        elif isinstance(expr, SglSegment):  # text, as far as the prefix is concerned
+            self._append_node(SglConstantText(expr.text))
         elif isinstance(expr, SglExprList):
             for child in expr.expr_list:
                 self._execute(child)

@@ -154,7 +154,7 @@ class TokenizerManager:
         n = len(ids_list)
         spans_per_prompt = _per_prompt(segments, n, is_batch)
         if prompt is not None and segments is not None:
-            pairs = [self._encode_segments(t, sp) for t, sp in zip(texts, spans_per_prompt)]
+            pairs = [self.encode_with_segments(t, sp) for t, sp in zip(texts, spans_per_prompt)]
             ids_list, spans_per_prompt = [p[0] for p in pairs], [p[1] for p in pairs]
         images_per_prompt = self._split_images(image_data, n, is_batch)
         reqs = []
@@ -185,7 +185,7 @@ class TokenizerManager:
             reqs[-1].segments = [tuple(span) for span in spans_per_prompt[i]]
         return reqs, is_batch
 
-    def _encode_segments(
+    def encode_with_segments(
         self, text: str, spans: list[Any]
     ) -> tuple[list[int], list[tuple[int, int]]]:
         """A text prompt tokenized piece by piece at its segments' character boundaries (so a

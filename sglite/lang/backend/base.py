@@ -332,7 +332,10 @@ def mean_logprob(entries: list[list[Any]]) -> float:
 
 
 def _with_images(payload: dict[str, Any], s: StreamExecutor) -> dict[str, Any]:
-    """`payload` with the program's images (`sgl.image`) as `image_data`, when it has any."""
+    """`payload` with the program's images (`sgl.image`) as `image_data` and its segments
+    (`sgl.segment`) as `segments` (character spans of its text), when it has any."""
     if s.images_:
         payload["image_data"] = list(s.images_)
+    if s.segments_ and isinstance(payload.get("text"), str):
+        payload["segments"] = [list(span) for span in s.segments_]
     return payload

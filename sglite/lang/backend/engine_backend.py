@@ -78,6 +78,7 @@ def _generate_kwargs(payload: dict[str, Any]) -> dict[str, Any]:
         "top_logprobs_num": payload.get("top_logprobs_num"),
         "return_text_in_logprobs": payload.get("return_text_in_logprobs", False),
         "image_data": payload.get("image_data"),
+        "segments": payload.get("segments"),
     }
 
 

@@ -96,8 +96,9 @@ def _content_text(
 
 def _render_messages(
     state: ServerState, body: ChatCompletionRequest, plan: ToolPlan
-) -> tuple[list[int], list[dict[str, str]]]:
-    """The prompt's token ids and its images (`image_url` parts, in order)."""
+) -> tuple[list[int], list[dict[str, str]], list[tuple[int, int]]]:
+    """The prompt's token ids, its images (`image_url` parts, in order) and the token spans of
+    the messages marked `"reuse": true` (their content is a reusable segment)."""
     messages = []
     images: list[dict[str, str]] = []
     for i, msg in enumerate(body.messages):
@@ -129,12 +130,38 @@ def _render_messages(
         raise APIError(
             400, f"messages: the chat template rejected them: {exc}", "messages"
         ) from None
-    ids = state.tokenizer.encode(text)
+    reused = _reused_spans(body, text)
+    if reused:
+        ids, spans = state.tokenizer_manager.encode_with_segments(text, reused)
+    else:
+        ids, spans = state.tokenizer.encode(text), []
     bos = state.tokenizer.bos_token_id
     # Templates that write the BOS text themselves get a second BOS from the tokenizer.
     if bos is not None and len(ids) >= 2 and ids[0] == bos and ids[1] == bos:
-        ids = ids[1:]
-    return ids, images
+        ids, spans = ids[1:], [(a - 1, b - 1) for a, b in spans]
+    return ids, images, spans
+
+
+def _reused_spans(body: ChatCompletionRequest, text: str) -> list[tuple[int, int]]:
+    """Character spans in the rendered `text` of the contents of messages marked `"reuse":
+    true` (found in order; a content the template changed cannot be marked: 400)."""
+    spans: list[tuple[int, int]] = []
+    cursor = 0
+    for i, msg in enumerate(body.messages):
+        if (msg.model_extra or {}).get("reuse") is not True:
+            continue
+        content = msg.content
+        start = text.find(content, cursor) if isinstance(content, str) and content else -1
+        if start < 0:
+            raise APIError(
+                400,
+                f"messages[{i}].reuse: only a message with text content the chat template "
+                "keeps as it is can be reused",
+                param=f"messages[{i}].reuse",
+            )
+        spans.append((start, start + len(content)))
+        cursor = start + len(content)
+    return spans
 
 
 def _reasoning_format(state: ServerState, body: ChatCompletionRequest) -> ReasoningFormat | None:
@@ -241,7 +268,7 @@ async def prepare_chat(state: ServerState, body: ChatCompletionRequest) -> Prepa
         constraint = OutputConstraint("ebnf", plan.grammar, "tools")
     if body.top_logprobs and not body.logprobs:
         raise APIError(400, "top_logprobs: requires logprobs: true", param="top_logprobs")
-    ids, images = _render_messages(state, body, plan)
+    ids, images, segments = _render_messages(state, body, plan)
     tm = state.tokenizer_manager
     items = None
     if images:
@@ -275,6 +302,7 @@ async def prepare_chat(state: ServerState, body: ChatCompletionRequest) -> Prepa
         rid=base_id,
         image_items=items,
         bootstrap=bootstrap_of(state, body),
+        segments=[list(span) for span in segments] or None,
     )
     reasoning = _reasoning_format(state, body)
     return PreparedChat(reqs, plan, reasoning, body.n or 1, base_id, want_logprobs, num_top, ids)
