@@ -203,8 +203,10 @@ class Scheduler:
         total = len(req.prompt_ids) + req.params.max_new_tokens
         if not req.prompt_ids:
             return "the prompt is empty"
-        if req.segments and (not self.cache_enabled or req.images or self.disagg is not None):
-            return "segments need the radix cache, a text prompt and no disaggregation"
+        if req.segments:
+            problem = self.segments.unsupported(req, self.cache_enabled, self.disagg is not None)
+            if problem:
+                return problem
         if len(req.prompt_ids) >= self.context_len:
             return (
                 f"the prompt has {len(req.prompt_ids)} tokens, more than the context length "

@@ -100,6 +100,17 @@ class SegmentAssembler:
         self._fill_missing(req)
         return True
 
+    def unsupported(self, req: Req, cache_enabled: bool, disaggregated: bool) -> str | None:
+        """Why `req`'s segments cannot be served here, or None."""
+        if not cache_enabled:
+            return "segments need the radix cache (the server runs with --disable-radix-cache)"
+        if req.images or disaggregated:
+            return "segments are not supported with images or disaggregated serving"
+        tables = self.scheduler.model.ropes.tables
+        if any(table.spec.kind() == "longrope" for table in tables):
+            return "segments are not supported for longrope models (angles depend on position)"
+        return None
+
     def is_internal(self, rid: str) -> bool:
         return rid.startswith(FILL_PREFIX)
 
