@@ -27,6 +27,8 @@ segments), and "segments f" (radix cache, segments, `segment_recompute_fraction=
 3. flush the cache, the warm-up pass again (so the TTFT pass's prompts give exact-prefix caching
    nothing), then throughput: the whole list as one batch, greedy, `--answer-tokens` tokens,
    `top_logprobs_num=20`, second order; requests / wall time. Its outputs give the quality.
+After each warm-up the benchmark waits until the scheduler is idle: internal segment-fill
+requests queued by a segmented batch can outlive its answers (reported on stderr).
 
 Quality, against the "exact prefix" configuration's answers from step 3 (a radix hit is
 bit-for-bit a full prefill's KV, so these are the full-prefill answers):
@@ -219,6 +221,39 @@ def ttft_pass(
     return times, counts
 
 
+def wait_idle(engine: sglite.Engine, name: str, stage: str) -> None:
+    """Wait until the scheduler has nothing queued or running. After a segmented batch returns,
+    internal segment-fill requests may still be queued; left there, they would be computed
+    inside a measured request's time. A wait is reported on stderr."""
+    start = time.perf_counter()
+    for _ in range(3000):
+        info = engine.get_server_info()
+        if not info.get("num_running_reqs") and not info.get("num_queued_reqs"):
+            break
+        time.sleep(0.02)
+    waited = time.perf_counter() - start
+    if waited > 0.01:
+        print(f"[{name}] {stage}: scheduler busy for {waited:.2f} s after it", file=sys.stderr)
+
+
+def flush(engine: sglite.Engine, name: str) -> None:
+    """Flush the cache, waiting while the scheduler still has work after every answer was
+    returned (it refuses to flush then); a refusal is reported on stderr."""
+    for attempt in range(600):
+        try:
+            engine.flush_cache()
+            return
+        except RuntimeError as exc:
+            if "cannot flush" not in str(exc):
+                raise
+            if attempt == 0:
+                info = engine.get_server_info()
+                queues = {k: info.get(k) for k in ("num_running_reqs", "num_queued_reqs")}
+                print(f"[{name}] flush refused, no request in flight: {queues}", file=sys.stderr)
+            time.sleep(0.1)
+    raise RuntimeError(f"[{name}] the scheduler never became idle: cannot flush")
+
+
 def run_config(cfg: Config, work: Workload, args: argparse.Namespace) -> Outcome:
     engine = sglite.Engine(dtype="float32", log_level="error", **cfg.engine_kwargs)
     warm_params = {"max_new_tokens": 1, "temperature": 0}
@@ -226,9 +261,12 @@ def run_config(cfg: Config, work: Workload, args: argparse.Namespace) -> Outcome
     try:
         work.tokenize(engine.tokenizer)
         send(engine, cfg, work.warm, warm_params)
+        wait_idle(engine, cfg.name, "warm-up")
         ttft, counts = ttft_pass(engine, cfg, work.measured)
-        engine.flush_cache()
+        wait_idle(engine, cfg.name, "TTFT pass")
+        flush(engine, cfg.name)
         send(engine, cfg, work.warm, warm_params)
+        wait_idle(engine, cfg.name, "second warm-up")
         start = time.perf_counter()
         outs = send(
             engine, cfg, work.measured, answer_params, return_logprob=True, top_logprobs_num=TOP_K
@@ -376,8 +414,10 @@ def main() -> None:
     fractions = [float(f) for f in args.fractions.split(",") if f.strip()]
     docs, companies = make_docs(args.passages, args.seed)
     work = Workload(docs, make_requests(args.requests, companies, args.seed))
+    start = time.perf_counter()
     outcomes = [run_config(cfg, work, args) for cfg in configs(fractions)]
     report(outcomes, work, args)
+    print(f"run time: {time.perf_counter() - start:.0f} s")
 
 
 if __name__ == "__main__":

@@ -137,6 +137,9 @@ def test_text_spans_and_bad_segments(reuse_engine):
     ):
         with pytest.raises(ValueError, match=needle):
             eng.generate(text, GREEDY, segments=bad)
+    spans = [[start, start + len(DOCS[0])]]
+    refused = eng.generate(text, GREEDY, segments=spans, return_logprob=True, logprob_start_len=0)
+    assert "need a full prefill" in refused["meta_info"]["finish_reason"]["message"]
     check(eng)
 
 
@@ -184,3 +187,24 @@ def test_openai_chat_messages_marked_reuse(sglite_server):
     bad = [{"role": "user", "content": [{"type": "text", "text": DOCS[0]}], "reuse": True}]
     with pytest.raises(openai.BadRequestError, match="reuse"):
         client.chat.completions.create(model="m", messages=bad, max_tokens=2)
+
+
+def test_requests_sharing_a_passage_share_its_fill(reuse_engine):
+    eng = reuse_engine
+    eng.flush_cache()
+    batch = [assemble(eng, order) for order in ([0, 1], [1, 0], [0, 2], [2, 1])]
+    before = check(eng)
+    outs = eng.generate(
+        input_ids=[ids for ids, _ in batch],
+        sampling_params=GREEDY,
+        segments=[spans for _, spans in batch],
+    )
+    assert all(o["meta_info"]["segment_tokens"]["reused"] > 0 for o in outs)
+    after = check(eng)
+    # Each of the three passages was prefilled once (plus the rows), and nothing is left queued:
+    # the cache can be flushed at once.
+    passages = sum(len(eng.tokenizer.hf.encode(d, add_special_tokens=False)) + 1 for d in DOCS)
+    rows = sum(o["meta_info"]["segment_tokens"]["recomputed"] for o in outs)
+    rows += sum(o["meta_info"]["segment_tokens"]["computed"] for o in outs)
+    assert after["prefill_tokens_computed"] - before["prefill_tokens_computed"] <= passages + rows
+    eng.flush_cache()

@@ -25,6 +25,7 @@ here until every segment it reuses is fully cached, and holds no slots while it 
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -106,6 +107,8 @@ class SegmentAssembler:
             return "segments need the radix cache (the server runs with --disable-radix-cache)"
         if req.images or disaggregated:
             return "segments are not supported with images or disaggregated serving"
+        if req.wants_input_logprobs:
+            return "segments: prompt logprobs (logprob_start_len >= 0) need a full prefill"
         tables = self.scheduler.model.ropes.tables
         if any(table.spec.kind() == "longrope" for table in tables):
             return "segments are not supported for longrope models (angles depend on position)"
@@ -159,10 +162,13 @@ class SegmentAssembler:
         return [seg for seg in ids if len(cache.match_prefix(seg).slots) < len(seg)]
 
     def _fill_missing(self, req: Req) -> None:
-        """Queue a prefill-only request for each segment not cached whole (once at a time)."""
+        """Queue a prefill-only request for each segment not cached whole (one per distinct
+        segment in flight)."""
         sched = self.scheduler
-        for i, ids in enumerate(self._missing(req)):
-            rid = f"{FILL_PREFIX}{req.rid}:{i}:{len(ids)}"
+        for ids in self._missing(req):
+            # Named by content: requests sharing a passage share its one fill.
+            digest = hashlib.blake2b(repr(ids).encode(), digest_size=12).hexdigest()
+            rid = f"{FILL_PREFIX}{digest}"
             if rid in self.fills:
                 continue
             fill = GenerateInput(rid, ids, {"max_new_tokens": 0}, stream=False)
