@@ -49,9 +49,9 @@ import httpx
 
 from benchmarks.bench_router import free_port
 from benchmarks.bench_serving import PromptMaker, percentile
+from benchmarks.host import cpu_line
 
 SETUPS = ("co-located", "PD")
-FLAGS_OF_NOTE = ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16")
 LONG_OUTPUT_TOKENS = 4
 
 
@@ -390,19 +390,6 @@ def ratio(a: float, b: float) -> str:
     if not b or a != a or b != b:
         return "n/a"
     return f"{a / b:.2f}x" if a / b >= 0.1 else f"{a / b:.2g}x"
-
-
-def cpu_line() -> str:
-    """lscpu's model name, core count and the SIMD/AMX flags that matter here."""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        fields = dict(ln.split(":", 1) for ln in out.splitlines() if ":" in ln)
-        model = fields.get("Model name", "?").strip()
-        flags = set(fields.get("Flags", "").split())
-    except (OSError, subprocess.CalledProcessError):
-        model, flags = "? (no lscpu)", set()
-    have = [f for f in FLAGS_OF_NOTE if f in flags] or ["none of " + "/".join(FLAGS_OF_NOTE)]
-    return f"{model}, {os.cpu_count()} cores, flags: {' '.join(have)}"
 
 
 def path_line(info: dict, pin: bool, transport: str) -> str:

@@ -57,10 +57,8 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -69,6 +67,7 @@ from typing import Any
 import torch
 
 import sglite
+from benchmarks.host import cpu_line
 from benchmarks.programs.common import rng_for
 from benchmarks.programs.rag import QUESTIONS, _company, _passages
 
@@ -76,7 +75,6 @@ HEADER = "Answer from the documents.\n"
 TOP_K = 20
 TARGET_MATCH = 0.95
 TARGET_SPEEDUP = 2.0
-FLAGS_OF_NOTE = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
 
 
 @dataclass(frozen=True)
@@ -325,17 +323,6 @@ def quality(ref: Outcome, got: Outcome, kl_tokens: int) -> Quality:
 
 
 # ---------------------------------------------------------------------------- report
-def cpu_line() -> str:
-    """lscpu's model name, core count and the SIMD/AMX flags that matter here."""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        fields = dict(ln.split(":", 1) for ln in out.splitlines() if ":" in ln)
-        model = fields.get("Model name", "?").strip()
-        flags = set(fields.get("Flags", "").split())
-    except (OSError, subprocess.CalledProcessError):
-        model, flags = "? (no lscpu)", set()
-    have = [f for f in FLAGS_OF_NOTE if f in flags] or ["none of " + "/".join(FLAGS_OF_NOTE)]
-    return f"{model}, {os.cpu_count()} cores, flags: {' '.join(have)}"
 
 
 def row(o: Outcome, base_p50: float, q: Quality) -> str:
