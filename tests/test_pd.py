@@ -106,8 +106,11 @@ def flat(entries: Any) -> list[float]:
     return [0.0 if entries is None else float(entries)]
 
 
-def story(words: int) -> str:
-    return " ".join(f"item{i % 97} is near item{(i * 7) % 89};" for i in range(words))
+def story(words: int, salt: int = 0) -> str:
+    """A long prompt; a distinct `salt` gives text no earlier test cached (a real prefill)."""
+    return " ".join(
+        f"item{(i + salt) % 97} is near item{(i * 7 + salt) % 89};" for i in range(words)
+    )
 
 
 PROMPTS = [
@@ -205,7 +208,7 @@ def test_transfer_timeouts_free_both_sides(pd):
 
 def test_decode_server_dying_mid_transfer_frees_the_prefill_side(servers):
     prefill, port, _, victim = servers
-    body = dict({"text": story(150), "sampling_params": GREEDY}, **bootstrap(port))
+    body = dict({"text": story(150, salt=1), "sampling_params": GREEDY}, **bootstrap(port))
     with cf.ThreadPoolExecutor(2) as pool:
         on_prefill = pool.submit(requests.post, prefill.url + "/generate", json=body, timeout=120)
         pool.submit(requests.post, victim.url + "/generate", json=body, timeout=120)
@@ -295,7 +298,7 @@ def test_router_answers_equal_one_server_on_both_apis(pd, router):
 
 def test_client_leaving_between_the_phases_frees_both_servers(pd, router):
     prefill, _, decode = pd
-    body = {"text": story(150), "sampling_params": GREEDY, "stream": True}
+    body = {"text": story(150, salt=2), "sampling_params": GREEDY, "stream": True}
     with requests.post(router.url + "/generate", json=body, stream=True, timeout=60) as answer:
         time.sleep(0.3)  # the prompt is being prefilled in 32-token chunks
         answer.close()  # gone before the first token
@@ -307,7 +310,7 @@ def test_client_leaving_between_the_phases_frees_both_servers(pd, router):
 
 def test_prefill_server_dying_fails_the_request_cleanly(pd, router):
     prefill, _, decode = pd
-    body = {"text": story(150), "sampling_params": GREEDY}
+    body = {"text": story(150, salt=3), "sampling_params": GREEDY}
     with cf.ThreadPoolExecutor(1) as pool:
         answer = pool.submit(requests.post, router.url + "/generate", json=body, timeout=60)
         deadline = time.monotonic() + 30
