@@ -154,7 +154,8 @@ class DecodeIntake:
     def poll(self) -> None:
         """Allocate for queued requests, write arriving pages, start the complete ones."""
         sched = self.scheduler
-        self.receiver.admit(sched.reserved_tokens())
+        if self.receiver.queued:  # the reserve sums over running requests: only when needed
+            self.receiver.admit(sched.reserved_tokens())
         ready, failed = self.receiver.poll()
         for req, message in failed:
             sched.kv.discard(req)  # its pages may be half-written: never cached

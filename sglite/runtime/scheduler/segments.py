@@ -98,7 +98,7 @@ class SegmentAssembler:
         if not req.segments:
             return False
         self.pending.append(req)
-        self._fill_missing(req)
+        self._fill(self._missing(req))
         return True
 
     def unsupported(self, req: Req, cache_enabled: bool, disaggregated: bool) -> str | None:
@@ -119,6 +119,8 @@ class SegmentAssembler:
 
     def filter_outputs(self, outs: list[RequestOutput]) -> list[RequestOutput]:
         """Drop the internal fill requests' outputs (and forget finished fills)."""
+        if not self.fills:  # every step calls this: nothing to look at without fills in flight
+            return outs
         kept = []
         for out in outs:
             if not self.is_internal(out.rid):
@@ -144,8 +146,9 @@ class SegmentAssembler:
         """Assemble the first pending request whose segments are all cached and for which the
         pool has room: one forward pass (True), or nothing to do (False)."""
         for req in list(self.pending):
-            if self._missing(req):
-                self._fill_missing(req)
+            missing = self._missing(req)
+            if missing:
+                self._fill(missing)
                 continue
             if self._assemble(req):
                 self.pending.remove(req)
@@ -161,11 +164,11 @@ class SegmentAssembler:
         ids = self._segment_ids(req)
         return [seg for seg in ids if len(cache.match_prefix(seg).slots) < len(seg)]
 
-    def _fill_missing(self, req: Req) -> None:
-        """Queue a prefill-only request for each segment not cached whole (one per distinct
-        segment in flight)."""
+    def _fill(self, missing: list[list[int]]) -> None:
+        """Queue a prefill-only request for each segment key in `missing` (those not cached
+        whole; one request per distinct segment in flight)."""
         sched = self.scheduler
-        for ids in self._missing(req):
+        for ids in missing:
             # Named by content: requests sharing a passage share its one fill.
             digest = hashlib.blake2b(repr(ids).encode(), digest_size=12).hexdigest()
             rid = f"{FILL_PREFIX}{digest}"
