@@ -50,7 +50,7 @@ other tokens computed. The final line names the lowest fraction whose answers ma
 on >= 95% of requests and its TTFT (p50) speedup over exact-prefix caching; the target is >= 2x.
 
 Run: python -m benchmarks.bench_segments [--requests 40] [--fractions 0.0,0.1,0.25,0.5,1.0]
-     [--answer-tokens 16] [--kl-tokens 4] [--passages 12] [--seed 0]
+     [--answer-tokens 16] [--kl-tokens 4] [--passages 12] [--seed 0] [--model-path P]
 """
 
 from __future__ import annotations
@@ -253,7 +253,8 @@ def flush(engine: sglite.Engine, name: str) -> None:
 
 
 def run_config(cfg: Config, work: Workload, args: argparse.Namespace) -> Outcome:
-    engine = sglite.Engine(dtype="float32", log_level="error", **cfg.engine_kwargs)
+    model = {"model_path": args.model_path} if args.model_path else {}
+    engine = sglite.Engine(dtype="float32", log_level="error", **model, **cfg.engine_kwargs)
     warm_params = {"max_new_tokens": 1, "temperature": 0}
     answer_params = {"max_new_tokens": args.answer_tokens, "temperature": 0}
     try:
@@ -397,6 +398,9 @@ def main() -> None:
     parser.add_argument("--kl-tokens", type=int, default=4)
     parser.add_argument("--passages", type=int, default=12, help="documents in the pool")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--model-path", default=None, help="a GGUF or model directory (default: the default model)"
+    )
     args = parser.parse_args()
     fractions = [float(f) for f in args.fractions.split(",") if f.strip()]
     docs, companies = make_docs(args.passages, args.seed)

@@ -156,6 +156,40 @@ def test_failed_forward_answers_every_request_and_caches_nothing_unwritten(
         assert again[inp.rid]["ids"] == alone[inp.rid]["ids"], inp.rid
 
 
+def test_failed_segment_assembly_answers_the_request_and_frees_its_slots(scheduler, monkeypatch):
+    """A request assembled from cached segments whose forward fails ends with an error, the
+    slots its assembly took go back (no retry loop over a leaking pool), and the same request
+    is served afterwards."""
+    tok = scheduler.tokenizer.hf
+    doc = tok.encode(" The Prado museum is in Madrid, the capital of Spain.")
+    head, question = tok.encode("Documents:"), tok.encode(" Where is the Prado? Answer:")
+    ids = head + doc + question
+    segmented = GenerateInput(
+        "segmented",
+        ids,
+        {"max_new_tokens": 4, "temperature": 0},
+        segments=[(len(head), len(head) + len(doc))],
+    )
+    scheduler.flush_cache()
+    real_forward = scheduler.forward
+
+    def failing_rows(fb: Any) -> Any:
+        if fb.mode.value == "decode":  # the assembly's rows (the segment's fill is a prefill)
+            raise RuntimeError("injected model fault")
+        return real_forward(fb)
+
+    monkeypatch.setattr(scheduler, "forward", failing_rows)
+    reasons = _finish_reasons(scheduler, [segmented])
+    monkeypatch.undo()
+    assert list(reasons) == ["segmented"], reasons  # the internal fill never surfaces
+    assert reasons["segmented"]["type"] == "abort", reasons
+    assert not scheduler.has_work
+    info = scheduler.check_invariants()
+    assert info["held_by_requests"] == 0 and info["free"] + info["cached"] == 4096, info
+    again = _run(scheduler, [segmented], fault=None)
+    assert again["segmented"]["reason"]["type"] in ("stop", "length"), again
+
+
 def test_nan_logits_fail_only_their_request(scheduler, monkeypatch):
     """A numerically broken row (NaN logits) ends that request with an error; the others in the
     same decode batch produce exactly what they produce alone."""

@@ -6,9 +6,15 @@ cache, are evicted like any cached tokens and come back."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 import sglite
-from sglite.runtime.scheduler.segments import check_segments, plan_assembly
+from sglite.runtime.scheduler.segments import (
+    check_segments,
+    most_deviating,
+    plan_assembly,
+    reused_spans,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -57,10 +63,13 @@ def reuse_engine():
 
 
 def test_the_plan_covers_every_token_once():
-    plan = plan_assembly(20, exact=3, segments=[(2, 6), (8, 12), (14, 20)], fraction=0.25)
-    assert plan.reused == [(8, 12), (14, 20)]  # (2, 6) reaches into the exact prefix
-    assert plan.rows == [3, 4, 5, 6, 7, 8, 12, 13, 14, 15, 19]  # gaps, first quarter, last token
+    reused = reused_spans([(2, 6), (8, 12), (14, 20)], exact=3)
+    assert reused == [(8, 12), (14, 20)]  # (2, 6) reaches into the exact prefix
+    plan = plan_assembly(20, 3, reused, recompute={8, 15, 16})
+    assert plan.rows == [3, 4, 5, 6, 7, 8, 12, 13, 15, 16, 19]  # gaps, chosen, last token
     assert (plan.reused_tokens, plan.recomputed, plan.computed_tokens) == (6, 4, 7)
+    deviation = torch.tensor([0.5, 2.0, 0.5, 3.0, 0.1])
+    assert most_deviating([8, 9, 10, 11, 14], deviation, 0.5) == {9, 11, 8}  # ties: earlier
     assert (
         check_segments([[0, 4], [3, 6]], 10) == "segments[1] overlaps or precedes the one before it"
     )

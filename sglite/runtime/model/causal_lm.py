@@ -194,6 +194,16 @@ class CausalLM(nn.Module):
         h = kernels.add_rms_norm(None, h, self.norm.weight, self.norm.eps)
         return self.tp.all_gather_columns(self._lm_head(h), self.vocab_widths).float()
 
+    @torch.inference_mode()
+    def forward_first_layers(self, batch: ForwardBatch, pool: KVPool, count: int) -> None:
+        """Run only layers `[0, count)` over `batch` and write their K/V into `pool`; no logits.
+        The probe of a segment assembly (scheduler/segments.py): the K/V of layer `count - 1`
+        show which tokens' cached K/V deviate from the ones their new context gives."""
+        assert self.ropes is not None
+        self.ropes.ensure(max(batch.seq_lens))
+        plan = AttentionPlan(batch, self.device)
+        self._layers_forward(self.input_embeddings(batch), batch, plan, pool, count)
+
     def enable_deterministic(self) -> None:
         """Compute every forward (prefill, extend, draft verification, decode) as rows whose
         results depend on their own token and context only (`row_forward.py`). Call after
@@ -237,14 +247,21 @@ class CausalLM(nn.Module):
         return self.tp.all_reduce(local)
 
     def _layers_forward(
-        self, residual: torch.Tensor, batch: ForwardBatch, plan: AttentionPlan, pool: KVPool
+        self,
+        residual: torch.Tensor,
+        batch: ForwardBatch,
+        plan: AttentionPlan,
+        pool: KVPool,
+        count: int | None = None,
     ) -> None:
+        """Layers `[0, count)` (all by default); `residual` holds the result of the last."""
         assert self.ropes is not None
         first = self.layers[0].input_layernorm
         x = kernels.add_rms_norm(None, residual, first.weight, first.eps)
-        for i, layer in enumerate(self.layers):
+        layers = self.layers if count is None else self.layers[:count]
+        for i, layer in enumerate(layers):
             x = layer(x, residual, batch, plan, pool, self.ropes.for_layer(i))
-            if i + 1 < len(self.layers):
+            if i + 1 < len(layers):
                 norm = self.layers[i + 1].input_layernorm
                 x = kernels.add_rms_norm(x, residual, norm.weight, norm.eps)
             else:

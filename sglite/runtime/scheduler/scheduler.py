@@ -600,7 +600,7 @@ class Scheduler:
         uncached (`RequestKVManager.discard`); prefixes already in the cache stay valid.
         """
         reqs = self.waiting + self.running + ([self.chunked] if self.chunked else [])
-        reqs += self.grammars.pending + self.prefilling
+        reqs += self.grammars.pending + self.prefilling + self.segments.take_pending()
         self.waiting, self.running, self.chunked, self.grammars.pending = [], [], None, []
         self.prefilling = []
         if self.speculator is not None:

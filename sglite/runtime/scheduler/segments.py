@@ -8,11 +8,13 @@ the tree's accounting, locks and eviction. A prompt is then assembled instead of
 1. its longest exact cached prefix is matched as usual;
 2. every segment after that prefix is copied from its cached KV into the request's slots with
    its keys turned to their new positions (`cache/repositioning.py`);
-3. one forward computes, as DECODE rows (each row attends to every slot before its own, and
+3. a probe runs the first `PROBE_LAYERS` layers over everything after the exact prefix
+   (CacheBlend): their K/V become the ones the full context gives, and the
+   `ceil(fraction x reused tokens)` segment tokens whose K/V moved most from the copied ones are
+   chosen for recompute (the tokens whose missing context matters most);
+4. one forward computes, as DECODE rows (each row attends to every slot before its own, and
    every row's K/V is written before attention reads the pool, layer by layer), the tokens that
-   are not in a reused segment (the question, text between segments) and the first
-   `ceil(fraction x length)` tokens of each reused segment, where its attention sink sits and
-   the context it was computed without matters most.
+   are not in a reused segment (the question, text between segments) and the chosen ones.
 
 With `fraction = 1.0` every token after the exact prefix is a row, which is a full prefill: the
 same logits as without segments. Below 1.0 the answer is approximate; the request's KV past
@@ -30,6 +32,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import torch
+
 from sglite.runtime.cache.repositioning import reposition
 from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from sglite.runtime.scheduler.io import GenerateInput, RequestOutput
@@ -41,6 +45,12 @@ if TYPE_CHECKING:
 # Internal request ids start with a character no client id can (`check_request_ids` takes any
 # string, but the HTTP layer and the Engine generate hex ids or take the client's text).
 FILL_PREFIX = "\x00segment-fill:"
+
+
+# The probe runs this many first layers over the whole prompt: layer 0's K/V depend only on
+# token and position (repositioning made them right), layer 1's are the first to show a token's
+# missing context (CacheBlend selects on the first layer whose K/V can deviate).
+PROBE_LAYERS = 2
 
 
 @dataclass(frozen=True)
@@ -61,22 +71,32 @@ class SegmentPlan:
         return len(self.rows) - self.recomputed
 
 
+def reused_spans(segments: list[tuple[int, int]], exact: int) -> list[tuple[int, int]]:
+    """The segments copied from the segment cache: those wholly after the exact prefix (a
+    segment reaching into it is not reused: its tail is computed)."""
+    return [(s, e) for s, e in segments if s >= exact and e > s]
+
+
 def plan_assembly(
-    num_prompt: int, exact: int, segments: list[tuple[int, int]], fraction: float
+    num_prompt: int, exact: int, reused: list[tuple[int, int]], recompute: set[int]
 ) -> SegmentPlan:
-    """The rows and copies for a prompt of `num_prompt` tokens whose first `exact` are cached
-    exactly. A segment reaching into the exact prefix is not reused (its tail is computed);
-    the prompt's last token is always a row (its logits give the first output token)."""
-    reused = [(s, e) for s, e in segments if s >= exact and e > s]
+    """The rows of a prompt of `num_prompt` tokens whose first `exact` are cached exactly and
+    whose `reused` spans are copied: every other token, the positions in `recompute` (inside
+    the spans), and the prompt's last token (its logits give the first output token)."""
     covered = {p for s, e in reused for p in range(s, e)}
-    rows = {p for p in range(exact, num_prompt) if p not in covered}
-    recomputed = set()
-    for start, end in reused:
-        recomputed.update(range(start, start + math.ceil(fraction * (end - start))))
+    recomputed = recompute & covered
     if num_prompt - 1 in covered:
         recomputed.add(num_prompt - 1)
-    rows |= recomputed
+    rows = {p for p in range(exact, num_prompt) if p not in covered} | recomputed
     return SegmentPlan(exact, reused, sorted(rows), len(recomputed))
+
+
+def most_deviating(positions: list[int], deviation: torch.Tensor, fraction: float) -> set[int]:
+    """The `ceil(fraction x len(positions))` positions whose `deviation` is largest (ties to the
+    earlier position, so the choice is reproducible)."""
+    count = math.ceil(fraction * len(positions))
+    order = torch.argsort(deviation, descending=True, stable=True)[:count]
+    return {positions[i] for i in order.tolist()}
 
 
 class SegmentAssembler:
@@ -137,6 +157,12 @@ class SegmentAssembler:
                 return req
         return None
 
+    def take_pending(self) -> list[Req]:
+        """Take out every waiting request (a step failed: they are answered with an error). A
+        request whose assembly raised holds its slots: the caller discards them."""
+        pending, self.pending = self.pending, []
+        return pending
+
     @property
     def busy(self) -> bool:
         return bool(self.pending)
@@ -182,25 +208,16 @@ class SegmentAssembler:
         sched = self.scheduler
         kv, cache = sched.kv, sched.cache
         exact = kv.match_and_lock(req)
-        plan = plan_assembly(len(req.prompt_ids), exact, req.segments, self.fraction)
         need = len(req.prompt_ids) - exact
         own_reserve = int(req.remaining_new_tokens * sched.new_token_ratio)
         if not kv.can_fit(need, sched.reserved_tokens() + own_reserve):
             kv.unlock(req)
             return False
-        sources = [cache.match_prefix(self.lead + req.prompt_ids[s:e]) for s, e in plan.reused]
-        for match in sources:
-            cache.lock(match.node)  # the allocation below may evict
-        try:
-            req.kv_slots.extend(kv.alloc(need))
-            lead = len(self.lead)
-            for (start, end), match in zip(plan.reused, sources, strict=True):
-                src = list(match.slots)[lead : lead + end - start]
-                dst = req.kv_slots[start:end]
-                reposition(sched.pool, sched.model.ropes, src, dst, start - lead)
-        finally:
-            for match in sources:
-                cache.unlock(match.node)
+        reused = reused_spans(req.segments, exact)
+        self._alloc_and_copy(req, need, reused)
+        plan = plan_assembly(
+            len(req.prompt_ids), exact, reused, self._recompute(req, exact, reused)
+        )
         req.cached_tokens, req.admitted_once = exact, True
         cache.record_query(len(req.prompt_ids), exact)
         kv.record_admission(req)
@@ -218,6 +235,57 @@ class SegmentAssembler:
         if not req.finished:
             sched.running.append(req)
         return True
+
+    def _alloc_and_copy(self, req: Req, need: int, reused: list[tuple[int, int]]) -> None:
+        """Give the request `need` slots after its exact prefix and copy each reused segment's
+        cached K/V into them, keys turned to the segment's new place (the sources are locked:
+        the allocation may evict)."""
+        sched = self.scheduler
+        lead = len(self.lead)
+        sources = [sched.cache.match_prefix(self.lead + req.prompt_ids[s:e]) for s, e in reused]
+        for match in sources:
+            sched.cache.lock(match.node)
+        try:
+            req.kv_slots.extend(sched.kv.alloc(need))
+            for (start, end), match in zip(reused, sources, strict=True):
+                src = list(match.slots)[lead : lead + end - start]
+                dst = req.kv_slots[start:end]
+                reposition(sched.pool, sched.model.ropes, src, dst, start - lead)
+        finally:
+            for match in sources:
+                sched.cache.unlock(match.node)
+
+    def _recompute(self, req: Req, exact: int, reused: list[tuple[int, int]]) -> set[int]:
+        """The reused positions to compute again: every one at fraction 1.0, none at 0, else
+        CacheBlend's choice: a probe runs the first `PROBE_LAYERS` layers over everything after
+        the exact prefix (its K/V written: exact for layer 0, and for the last probed layer
+        computed from exact inputs), and the tokens whose last-probed-layer K/V moved most
+        from the copied ones are taken."""
+        positions = [p for s, e in reused for p in range(s, e)]
+        if self.fraction >= 1.0 or not positions:
+            return set(positions)
+        if self.fraction <= 0.0:
+            return set()
+        sched = self.scheduler
+        pool, model = sched.pool, sched.model
+        layer = min(PROBE_LAYERS, pool.num_layers) - 1
+        slots = torch.tensor([req.kv_slots[p] for p in positions], device=pool.device)
+        copied_k = pool.k[layer].index_select(0, slots).float()
+        copied_v = pool.v[layer].index_select(0, slots).float()
+        batch = ForwardBatch.build(
+            ForwardMode.EXTEND,
+            [req.prompt_ids[exact:]],
+            [exact],
+            [req.kv_slots],
+            [],
+            sched.device,
+        )
+        model.forward_first_layers(batch, pool, layer + 1)
+        deviation = (pool.k[layer].index_select(0, slots).float() - copied_k).square().sum(
+            (1, 2)
+        ) + (pool.v[layer].index_select(0, slots).float() - copied_v).square().sum((1, 2))
+        model.tp.all_reduce(deviation)  # ranks hold different heads: all must choose alike
+        return most_deviating(positions, deviation.cpu(), self.fraction)
 
     def _rows_batch(self, req: Req, rows: list[int]) -> ForwardBatch:
         """The rows as DECODE rows: row p attends to the request's slots up to p."""
