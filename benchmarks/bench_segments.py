@@ -17,10 +17,10 @@ measured passes send them in the second order (always different from the first f
 so exact-prefix caching gets no free repeat of a whole prompt, only what a shared beginning
 (header, maybe the first document) gives it.
 
-Configurations, one engine each (default model, float32), started one at a time and shut down
-before the next: "no cache" (`disable_radix_cache=True`), "exact prefix" (radix cache, no
-segments), and "segments f" (radix cache, segments, `segment_recompute_fraction=f`) for each f in
-`--fractions`. Per configuration:
+Configurations, one engine each (default model or `--model-path`, float32), started one at a
+time and shut down before the next: "no cache" (`disable_radix_cache=True`), "exact prefix"
+(radix cache, no segments), and "segments f" (radix cache, segments,
+`segment_recompute_fraction=f`) for each f in `--fractions`. Per configuration:
 1. warm-up pass (the whole list as one batch, 1 output token, first order);
 2. TTFT: each request alone (batch 1), greedy, `max_new_tokens=1`, second order; latency of
    `generate`, p50 and mean;
@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import shlex
 import statistics
 import sys
@@ -366,7 +367,8 @@ def report(outcomes: list[Outcome], work: Workload, args: argparse.Namespace) ->
     print("command: python -m benchmarks.bench_segments " + shlex.join(sys.argv[1:]))
     print(
         f"{len(work.requests)} requests, {len(work.docs)} documents of {doc_tokens:.0f} tokens "
-        f"(mean), prompts of {prompt_tokens:.0f} tokens (mean); default model, float32; "
+        f"(mean), prompts of {prompt_tokens:.0f} tokens (mean); "
+        f"{os.path.basename(args.model_path) if args.model_path else 'default model'}, float32; "
         f"{args.answer_tokens} answer tokens; reference = exact prefix (full prefill)"
     )
     print(

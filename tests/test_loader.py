@@ -503,21 +503,22 @@ def test_gguf_index_cache_serves_what_gguf_reads(tmp_path, monkeypatch, smol_rea
             gguf_index.open_gguf(path)
 
 
-@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1"])
-def test_native_int4_dequantize_is_bitwise_gguf(type_name):
-    """The loader's native Q4_0/Q4_1 dequantization gives exactly gguf's float32 weights."""
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0"])
+def test_fast_gguf_dequantize_is_bitwise_gguf(type_name):
+    """The loader's own Q4_0/Q4_1 (native) and Q8_0 dequantization gives exactly gguf's float32
+    weights."""
     import gguf
 
     from sglite.runtime.model import kernels
-    from sglite.runtime.model.quantization import dequantize_gguf_int4
+    from sglite.runtime.model.quantization import dequantize_gguf_fast
 
-    if not kernels.native_available():
+    if type_name != "Q8_0" and not kernels.native_available():
         pytest.skip("needs the native kernels")
     qtype = getattr(gguf.GGMLQuantizationType, type_name)
     weight = np.random.default_rng(0).normal(size=(96, 256)).astype(np.float32)
     data = gguf.quants.quantize(weight, qtype)
-    ours = dequantize_gguf_int4(data, type_name, weight.shape)
+    ours = dequantize_gguf_fast(data, type_name, weight.shape)
     reference = gguf.quants.dequantize(data, qtype).reshape(weight.shape)
     assert ours is not None and ours.dtype == torch.float32
     assert np.array_equal(ours.numpy(), reference)
-    assert dequantize_gguf_int4(data, "Q8_0", weight.shape) is None
+    assert dequantize_gguf_fast(data, "Q6_K", weight.shape) is None

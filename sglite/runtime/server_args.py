@@ -154,8 +154,8 @@ class ServerArgs:
     allow_origins: str | None = None  # CORS, comma-separated origins or "*"; None = off
     # The page at `/` (chat playground, radix cache view, metrics); True turns it off.
     disable_web_ui: bool = False
-    # Reusable prompt segments (scheduler/segments.py): the share of each reused segment's
-    # tokens (its first ones) recomputed with full attention; 1.0 = exact (a full prefill).
+    # Reusable prompt segments (scheduler/segments.py): the share of reused segment tokens
+    # recomputed with full attention (those whose K/V deviate most); 1.0 = exact.
     segment_recompute_fraction: float = 0.15
     # Disaggregated prefill and decode (docs/pd.md): "prefill" computes prompts and hands their
     # KV to a decode server; "decode" receives that KV and generates; None = both here. The

@@ -34,7 +34,7 @@ from sglite.runtime.model.quantization import (
     GGUF_Q8_EXACT_TYPES,
     Int4Parts,
     Q8Weight,
-    dequantize_gguf_int4,
+    dequantize_gguf_fast,
     int4_parts_from_gguf,
     q8_weight_from_gguf,
     q8_weight_from_gguf_type,
@@ -140,7 +140,7 @@ def _dequantized(
         shape = tuple(int(d) for d in reversed(tensor.shape))  # ggml lists the fastest dim first
         weight = None
         if len(shape) == 2:
-            weight = dequantize_gguf_int4(tensor.data, tensor.tensor_type.name, shape)
+            weight = dequantize_gguf_fast(tensor.data, tensor.tensor_type.name, shape)
         if weight is None:
             try:
                 array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
