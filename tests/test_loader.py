@@ -503,20 +503,25 @@ def test_gguf_index_cache_serves_what_gguf_reads(tmp_path, monkeypatch, smol_rea
             gguf_index.open_gguf(path)
 
 
-@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q4_K"])
 def test_fast_gguf_dequantize_is_bitwise_gguf(type_name):
-    """The loader's own Q4_0/Q4_1 (native) and Q8_0 dequantization gives exactly gguf's float32
-    weights."""
+    """The loader's own Q4_0/Q4_1 (native), Q8_0, Q5_0 and Q4_K dequantization gives exactly
+    gguf's float32 weights."""
     import gguf
 
     from sglite.runtime.model import kernels
     from sglite.runtime.model.quantization import dequantize_gguf_fast
 
-    if type_name != "Q8_0" and not kernels.native_available():
+    if type_name in ("Q4_0", "Q4_1") and not kernels.native_available():
         pytest.skip("needs the native kernels")
     qtype = getattr(gguf.GGMLQuantizationType, type_name)
     weight = np.random.default_rng(0).normal(size=(96, 256)).astype(np.float32)
-    data = gguf.quants.quantize(weight, qtype)
+    if type_name == "Q4_K":  # gguf has no Q4_K quantizer: random blocks with finite d, dmin
+        rng = np.random.default_rng(1)
+        data = rng.integers(0, 256, size=(96, 144), dtype=np.uint8)
+        data[:, 0:4] = rng.uniform(-0.1, 0.1, size=(96, 2)).astype(np.float16).view(np.uint8)
+    else:
+        data = gguf.quants.quantize(weight, qtype)
     ours = dequantize_gguf_fast(data, type_name, weight.shape)
     reference = gguf.quants.dequantize(data, qtype).reshape(weight.shape)
     assert ours is not None and ours.dtype == torch.float32
