@@ -107,6 +107,10 @@ def test_tp2_default_model_matches_tp1_and_halves_weights(single_default):
         info = engine.get_server_info()
         assert info["tp_size"] == 2 and info["num_threads"] >= 1
         assert _greedy(engine) == expected
+        # Reused segments are copied into rank 0's pool only: refused, with the reason.
+        ids = engine.tokenizer.encode("Documents: one two three four. Question:")
+        refused = engine.generate(input_ids=ids, sampling_params={}, segments=[[2, 6]])
+        assert "tensor parallelism" in refused["meta_info"]["finish_reason"]["message"]
         per_rank = info["weight_bytes_per_rank"]
         # 9 heads over 3 kv-head groups split 2:1, the MLP and vocabulary evenly: ~54% / ~46%.
         assert len(per_rank) == 2

@@ -127,6 +127,8 @@ class SegmentAssembler:
             return "segments need the radix cache (the server runs with --disable-radix-cache)"
         if req.images or disaggregated:
             return "segments are not supported with images or disaggregated serving"
+        if self.scheduler.model.tp.enabled:  # other ranks only run broadcast forwards
+            return "segments are not supported with tensor parallelism (--tp-size > 1)"
         if req.wants_input_logprobs:
             return "segments: prompt logprobs (logprob_start_len >= 0) need a full prefill"
         tables = self.scheduler.model.ropes.tables
@@ -284,7 +286,6 @@ class SegmentAssembler:
         deviation = (pool.k[layer].index_select(0, slots).float() - copied_k).square().sum(
             (1, 2)
         ) + (pool.v[layer].index_select(0, slots).float() - copied_v).square().sum((1, 2))
-        model.tp.all_reduce(deviation)  # ranks hold different heads: all must choose alike
         return most_deviating(positions, deviation.cpu(), self.fraction)
 
     def _rows_batch(self, req: Req, rows: list[int]) -> ForwardBatch:
