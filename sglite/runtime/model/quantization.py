@@ -236,12 +236,8 @@ def q8_weight_from_gguf_type(data: np.ndarray, type_name: str, shape: tuple[int,
     if type_name != "Q5_0":
         raise ValueError(f"{type_name} blocks are not int8 values times one scale")
     n, k = shape
-    blocks = np.ascontiguousarray(data).reshape(n, k // GGUF_BLOCK, -1)
-    scale = blocks[..., 0:2].copy().view(np.float16)[..., 0]
-    dense = _dequantize_q5_0(data, shape).numpy().reshape(n, k // GGUF_BLOCK, GGUF_BLOCK)
-    safe = np.where(scale == 0, np.float16(1), scale).astype(np.float32)
-    values = np.rint(dense / safe[..., None]).astype(np.int8).reshape(n, k)
-    return Q8Weight(torch.from_numpy(values), torch.from_numpy(scale.copy()))
+    values, scale = _q5_0_blocks(data, shape)
+    return Q8Weight(values.to(torch.int8).reshape(n, k), scale.reshape(n, k // GGUF_BLOCK))
 
 
 def q8_weight_from_gguf(data: np.ndarray, shape: tuple[int, int]) -> Q8Weight:
@@ -440,10 +436,7 @@ def dequantize_gguf_fast(
     if type_name == "Q5_0":
         return _dequantize_q5_0(data, shape)
     if type_name == "Q4_K":
-        parts = _q4_k_parts(data, shape)
-        groups = parts.values.view(shape[0], -1, GGUF_BLOCK).float()
-        dense = groups.mul_(parts.scale.unsqueeze(-1)).add_(parts.offset.unsqueeze(-1))
-        return dense.reshape(shape)
+        return _dequantize_q4_k(data, shape)
     if type_name not in ("Q4_0", "Q4_1") or not kernels.native_available():
         return None
     n, k = shape
@@ -466,17 +459,31 @@ def _dequantize_q8_0(data: np.ndarray, shape: tuple[int, int]) -> torch.Tensor:
     return values.mul_(scale).reshape(n, k)
 
 
-def _dequantize_q5_0(data: np.ndarray, shape: tuple[int, int]) -> torch.Tensor:
+def _q5_0_blocks(data: np.ndarray, shape: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
     """Q5_0 blocks (a float16 scale, 32 high bits, 16 bytes of low nibbles: values 0-15 in the
-    low nibbles, 16-31 in the high ones) as a float32 `shape` matrix: `scale * (q - 16)`."""
+    low nibbles, 16-31 in the high ones) as int32 values `q - 16` `[blocks, 32]` and their
+    float16 scales `[blocks, 1]`."""
     n, k = shape
-    blocks = np.asarray(data).reshape(n * k // 32, 22)
-    scale = torch.from_numpy(np.ascontiguousarray(blocks[:, :2]).view(np.float16)).float()
+    blocks = np.asarray(data).reshape(n * k // GGUF_BLOCK, 22)
+    scale = torch.from_numpy(np.ascontiguousarray(blocks[:, :2]).view(np.float16))
     high = torch.from_numpy(np.ascontiguousarray(blocks[:, 2:6]).view(np.int32))
     low = torch.from_numpy(np.ascontiguousarray(blocks[:, 6:])).to(torch.int32)
-    bits = (high >> torch.arange(32, dtype=torch.int32)) & 1
+    bits = (high >> torch.arange(GGUF_BLOCK, dtype=torch.int32)) & 1
     values = torch.cat([low & 0x0F, low >> 4], dim=1) | (bits << 4)
-    return values.sub_(16).float().mul_(scale).reshape(n, k)
+    return values.sub_(16), scale
+
+
+def _dequantize_q5_0(data: np.ndarray, shape: tuple[int, int]) -> torch.Tensor:
+    """Q5_0 as a float32 `shape` matrix: `scale * (q - 16)`."""
+    values, scale = _q5_0_blocks(data, shape)
+    return values.float().mul_(scale.float()).reshape(shape)
+
+
+def _dequantize_q4_k(data: np.ndarray, shape: tuple[int, int]) -> torch.Tensor:
+    """Q4_K as a float32 `shape` matrix: per group of 32, `(d * scale) * q - dmin * min`."""
+    parts = _q4_k_parts(data, shape)
+    groups = parts.values.view(shape[0], -1, GGUF_BLOCK).float()
+    return groups.mul_(parts.scale.unsqueeze(-1)).add_(parts.offset.unsqueeze(-1)).reshape(shape)
 
 
 def make_quantized(

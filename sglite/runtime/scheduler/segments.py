@@ -272,8 +272,12 @@ class SegmentAssembler:
         pool, model = sched.pool, sched.model
         layer = min(PROBE_LAYERS, pool.num_layers) - 1
         slots = torch.tensor([req.kv_slots[p] for p in positions], device=pool.device)
-        copied_k = pool.k[layer].index_select(0, slots).float()
-        copied_v = pool.v[layer].index_select(0, slots).float()
+
+        def layer_kv() -> torch.Tensor:  # `[tokens, heads, 2 * head_dim]`: keys, then values
+            k, v = pool.k[layer].index_select(0, slots), pool.v[layer].index_select(0, slots)
+            return torch.cat([k, v], dim=-1).float()
+
+        copied = layer_kv()
         batch = ForwardBatch.build(
             ForwardMode.EXTEND,
             [req.prompt_ids[exact:]],
@@ -283,9 +287,7 @@ class SegmentAssembler:
             sched.device,
         )
         model.forward_first_layers(batch, pool, layer + 1)
-        deviation = (pool.k[layer].index_select(0, slots).float() - copied_k).square().sum(
-            (1, 2)
-        ) + (pool.v[layer].index_select(0, slots).float() - copied_v).square().sum((1, 2))
+        deviation = (layer_kv() - copied).square().sum((1, 2))
         return most_deviating(positions, deviation.cpu(), self.fraction)
 
     def _rows_batch(self, req: Req, rows: list[int]) -> ForwardBatch:
