@@ -18,11 +18,18 @@ With `--algorithm draft` the draft model is `--draft-model-path` (default: the t
 file, i.e. self-speculation), optionally only its first `--draft-num-layers` layers and in
 `--draft-quantization`.
 
+The "n-gram ceiling" column is what any n-gram drafter could reach on the plain answer
+(`ngram_ceiling`: an oracle choosing the best earlier match at every step, same draft cap), in
+tokens per forward: where it is below 2, the answer copies too little for n-gram drafts to
+double the decode rate.
+
 With llama.cpp's `llama-server` found (`--llama-server PATH`, on PATH, or built by
 `benchmarks/build_llama_cpp.sh`), the same rounds also run it on the same GGUF and prompts,
 one slot, greedy, prompt cached: without speculation and with each of its n-gram draft types in
 `LLAMA_SPEC` (its decode rate is its own `timings.predicted_per_second`, which excludes the
-prompt); the table shows its plain rate and its best n-gram configuration per workload.
+prompt), each server restarted before each round so that it drafts only from the request's own
+text, as sglite does (`ngram-mod` otherwise drafts the earlier rounds' answers); the table
+shows its plain rate and its best n-gram configuration per workload.
 
 Run: python -m benchmarks.bench_spec [--rounds 3] [--tokens 96] [--quantization auto]
      [--algorithm ngram|draft] [--draft-model-path P] [--draft-quantization Q]
@@ -109,17 +116,30 @@ def decode_run(
 
 
 class LlamaServer:
-    """One llama-server (one slot) on the default GGUF with the given speculative flags."""
+    """One llama-server (one slot) on the default GGUF with the given speculative flags.
+
+    Some of its draft types keep what they learned across requests (`ngram-mod`'s n-gram pool
+    outlives the request), so a round that asks the same prompt again would draft the earlier
+    rounds' answer: `restart` gives every round a server that has seen only its prompt, as
+    sglite's runs start from a flushed cache."""
 
     def __init__(self, binary: str, model_path: str, threads: int, extra: tuple[str, ...]):
-        port = _free_port()
-        self.log = tempfile.NamedTemporaryFile("w", suffix=".log", delete=False)
-        cmd = [
-            binary, "-m", model_path, "--host", "127.0.0.1", "--port", str(port),
+        self.cmd = [
+            binary, "-m", model_path, "--host", "127.0.0.1",
             "-t", str(threads), "-tb", str(threads), "-np", "1", "-c", "4096", "-ngl", "0",
             *extra,
         ]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        self.log = tempfile.NamedTemporaryFile("w", suffix=".log", delete=False)
+        self.proc: subprocess.Popen | None = None
+        self.restart()
+
+    def restart(self) -> None:
+        """Stop the server (if running) and start a fresh one, waiting until it answers."""
+        self.close()
+        port = _free_port()
+        self.proc = subprocess.Popen(
+            [*self.cmd, "--port", str(port)], stdout=self.log, stderr=subprocess.STDOUT
+        )
         self.base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
@@ -129,13 +149,14 @@ class LlamaServer:
                 _post(self.base + "/tokenize", {"content": "x"}, timeout=2)
                 return
             except OSError:
-                time.sleep(0.5)
+                time.sleep(0.2)
         raise TimeoutError("llama-server did not start")
 
-    def decode_run(self, prompt: str, tokens: int) -> tuple[float, int, int]:
-        """(decode tok/s, drafted, accepted) with the prompt cached beforehand."""
+    def decode_run(self, prompt: str, tokens: int, reask: bool) -> tuple[float, int, int]:
+        """(decode tok/s, drafted, accepted) with the prompt cached beforehand (with `reask`,
+        after a full run of the same request, as `decode_run` does for sglite)."""
         body = {"prompt": prompt, "n_predict": tokens, "temperature": 0, "cache_prompt": True}
-        _post(self.base + "/completion", {**body, "n_predict": 1})
+        _post(self.base + "/completion", body if reask else {**body, "n_predict": 1})
         timings = _post(self.base + "/completion", body)["timings"]
         return (
             timings["predicted_per_second"],
@@ -144,8 +165,30 @@ class LlamaServer:
         )
 
     def close(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+
+def ngram_ceiling(context: list[int], answer: list[int], cap: int) -> float:
+    """Tokens per forward that an oracle n-gram drafter would reach on `answer`: at every step
+    it drafts, from any earlier position of `context + answer so far`, the continuation that
+    matches the most of what the model writes next (up to `cap` tokens). No drafter that copies
+    from the request's own text does better, so below 2 the answer copies too little for n-gram
+    speculation to double the decode rate, whatever the lookup rule."""
+    forwards, done = 0, 0
+    while done < len(answer):
+        seen, upcoming = context + answer[:done], answer[done : done + cap]
+        best = 0
+        for start in range(len(seen)):
+            n = 0
+            while n < len(upcoming) and start + n < len(seen) and seen[start + n] == upcoming[n]:
+                n += 1
+            best = max(best, n)
+        done += best + 1  # the accepted draft and the model's own next token
+        forwards += 1
+    return len(answer) / max(forwards, 1)
 
 
 @dataclass
@@ -231,12 +274,12 @@ def main() -> None:
     llama = start_llama(args, info["model_path"])
     rows = []
     try:
-        for name, prompt in WORKLOADS.items():
+        for name in WORKLOADS:
             if args.workloads and not any(name.startswith(w) for w in args.workloads):
                 continue
             reask = name in REASKED
-            rows.append((name, *run_workload(args, plain, spec, llama, prompt, reask)))
-            print(f"  {name}: {rows[-1][2].rate / rows[-1][1].rate:.2f}x", flush=True)
+            rows.append(run_workload(args, plain, spec, llama, name, reask))
+            print(f"  {name}: {rows[-1].ratio:.2f}x", flush=True)
     finally:
         plain.shutdown()
         spec.shutdown()
@@ -245,19 +288,37 @@ def main() -> None:
     print_table(args, rows, bool(llama))
 
 
+@dataclass
+class WorkloadResult:
+    """One workload's row of the table."""
+
+    name: str
+    off: Tally
+    on: Tally
+    ratio: float  # median over rounds of speculative / plain rate
+    per_forward: float  # tokens emitted per forward with speculation
+    same: bool  # identical outputs with and without speculation, every round
+    ceiling: float | None  # `ngram_ceiling` of the plain answer (None: drafts from the cache)
+    peer_off: Tally | None = None  # llama.cpp without speculation
+    peer: tuple[str, Tally] | None = None  # llama.cpp's best n-gram configuration
+
+
 def run_workload(
     args: argparse.Namespace,
     plain: sglite.Engine,
     spec: sglite.Engine,
     llama: dict[str, LlamaServer],
-    prompt: str,
+    name: str,
     reask: bool,
-) -> tuple[Tally, Tally, float, bool, Tally | None, tuple[str, Tally] | None]:
-    """(off, speculative, median ratio, same output, llama.cpp off, best llama.cpp n-gram)."""
+) -> WorkloadResult:
+    """Alternate sglite without and with speculation and each llama-server, `args.rounds`
+    times; every llama-server is restarted before its round (see `LlamaServer`)."""
+    prompt = WORKLOADS[name]
     off, on, ratios, emitted, same = Tally(), Tally(), [], 0, True
-    peers = {name: Tally() for name in llama}
+    peers = {peer: Tally() for peer in llama}
+    answer: list[int] = []
     for _ in range(args.rounds):
-        rate_off, _, ids_off = decode_run(plain, prompt, args.tokens, reask)
+        rate_off, _, answer = decode_run(plain, prompt, args.tokens, reask)
         rate_on, meta, ids_on = decode_run(spec, prompt, args.tokens, reask)
         off.rates.append(rate_off)
         on.rates.append(rate_on)
@@ -265,39 +326,51 @@ def run_workload(
         on.drafted += meta["spec_draft_tokens"]
         on.accepted += meta["spec_accepted_tokens"]
         emitted += meta["completion_tokens"]
-        same = same and ids_on == ids_off
-        for name, server in llama.items():
-            rate, drafted, accepted = server.decode_run(prompt, args.tokens)
-            peers[name].rates.append(rate)
-            peers[name].drafted += drafted
-            peers[name].accepted += accepted
-    per_forward = emitted / max(emitted - on.accepted, 1)
-    if not llama:
-        return off, on, statistics.median(ratios), per_forward, same, None, None
-    best = max((n for n in peers if n != "off"), key=lambda n: peers[n].rate)
-    return off, on, statistics.median(ratios), per_forward, same, peers["off"], (best, peers[best])
+        same = same and ids_on == answer
+        for peer, server in llama.items():
+            server.restart()
+            rate, drafted, accepted = server.decode_run(prompt, args.tokens, reask)
+            peers[peer].rates.append(rate)
+            peers[peer].drafted += drafted
+            peers[peer].accepted += accepted
+    context = plain.tokenizer.encode(prompt)
+    result = WorkloadResult(
+        name,
+        off,
+        on,
+        statistics.median(ratios),
+        emitted / max(emitted - on.accepted, 1),
+        same,
+        None if reask else ngram_ceiling(context, answer, args.num_draft_tokens),
+    )
+    if llama:
+        best = max((peer for peer in peers if peer != "off"), key=lambda p: peers[p].rate)
+        result.peer_off, result.peer = peers["off"], (best, peers[best])
+    return result
 
 
-def print_table(args: argparse.Namespace, rows: list, with_llama: bool) -> None:
+def print_table(args: argparse.Namespace, rows: list[WorkloadResult], with_llama: bool) -> None:
     head = (
         f"| workload | off (tok/s) | {args.algorithm} (tok/s) | speedup (median) | acceptance "
-        "| tokens per forward | same output |"
+        "| tokens per forward | n-gram ceiling | same output |"
     )
-    rule = "|---|---:|---:|---:|---:|---:|---|"
+    rule = "|---|---:|---:|---:|---:|---:|---:|---|"
     if with_llama:
         head += " llama.cpp off | llama.cpp best n-gram (tok/s, acceptance) | vs llama.cpp n-gram |"
         rule += "---:|---|---:|"
     print("\n" + head + "\n" + rule)
-    for name, off, on, ratio, per_forward, same, peer_off, peer in rows:
+    for row in rows:
+        ceiling = "-" if row.ceiling is None else f"{row.ceiling:.2f}"
         line = (
-            f"| {name} | {off.rate:.1f} | {on.rate:.1f} | {ratio:.2f}x | {on.acceptance} "
-            f"| {per_forward:.2f} | {'yes' if same else 'NO'} |"
+            f"| {row.name} | {row.off.rate:.1f} | {row.on.rate:.1f} | {row.ratio:.2f}x "
+            f"| {row.on.acceptance} | {row.per_forward:.2f} | {ceiling} "
+            f"| {'yes' if row.same else 'NO'} |"
         )
-        if peer is not None:
-            config, best = peer
+        if row.peer is not None and row.peer_off is not None:
+            config, best = row.peer
             line += (
-                f" {peer_off.rate:.1f} | {best.rate:.1f} ({config}, {best.acceptance}) "
-                f"| {on.rate / best.rate:.2f}x |"
+                f" {row.peer_off.rate:.1f} | {best.rate:.1f} ({config}, {best.acceptance}) "
+                f"| {row.on.rate / best.rate:.2f}x |"
             )
         print(line)
 

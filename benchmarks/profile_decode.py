@@ -68,7 +68,7 @@ def instrument() -> None:
     )
     ForwardBatch.build = classmethod(timed("build batch", ForwardBatch.build.__func__))
     sched = scheduler_module.Scheduler
-    sched._sample_and_append = timed("sample, detokenize, stop", sched._sample_and_append)
+    sched.sample_and_append = timed("sample, detokenize, stop", sched.sample_and_append)
     sched.step = timed("step (total)", sched.step)
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import sglite as sgl
+from benchmarks.bench_spec import ngram_ceiling
 from benchmarks.ideal_cache import CallLog, ideal_counts, ideal_hit_rate, record_native_backend
 from benchmarks.programs.base import Workload
 from benchmarks.runners.gbnf import regex_to_gbnf
@@ -53,6 +54,26 @@ def test_ideal_shared_prefix_batch():
     # 4 requests = 10 shared + 2 own tokens: (3 x 10) / (4 x 12).
     calls = [(list(range(10)) + [100 + i, 200 + i], [300]) for i in range(4)]
     assert ideal_hit_rate(calls) == pytest.approx(30 / 48)
+
+
+# ------------------------------------------------------------------- n-gram draft ceiling
+def test_ngram_ceiling_of_a_verbatim_copy_is_the_draft_cap_plus_one():
+    context = list(range(100, 140))
+    # Each forward: 8 drafted tokens accepted plus the model's own: 40 tokens in 5 forwards.
+    assert ngram_ceiling(context, context, cap=8) == 40 / 5
+
+
+def test_ngram_ceiling_of_new_text_is_one_token_per_forward():
+    assert ngram_ceiling([1, 2, 3], [7, 8, 9, 10], cap=8) == 1.0
+
+
+def test_ngram_ceiling_drafts_from_the_best_earlier_match_and_the_answer_itself():
+    # [5, 6] follows 4 once and [5, 9, 9] another time: after 4 the best match is the longer
+    # one, whichever comes last; the answer's second half repeats its first.
+    context = [4, 5, 6, 0, 4, 5, 9, 9]
+    answer = [4, 5, 9, 9, 1, 4, 5, 9, 9, 1]
+    # Forwards: [4, 5, 9, 9 (drafted) + 1], [4, 5, 9, 9, 1 (drafted, from the answer)] -> 2.
+    assert ngram_ceiling(context, answer, cap=8) == 10 / 2
 
 
 def test_call_log_tokenizes_and_counts_generated_outputs_only():
