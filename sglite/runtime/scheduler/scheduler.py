@@ -462,6 +462,10 @@ class Scheduler:
         if plain:
             rows = torch.tensor([item.first_row for item in plain], device=logits.device)
             self.sample_and_append([item.req for item in plain], logits.index_select(0, rows))
+        needed = LOW_ACCEPTANCE
+        if self.spec_costs is not None:  # the step's speculative drafts pay or not together
+            speculative = sum(len(d) for rid, d in drafts.items() if rid in self.speculated)
+            needed = self.spec_costs.break_even(len(reqs), speculative)
         for item in batch.drafted():
             rows = logits[item.first_row : item.first_row + len(item.draft) + 1]
             if item.req.rid not in self.speculated:
@@ -473,7 +477,6 @@ class Scheduler:
             item.req.spec_verify_ct += 1
             self.counters["spec_verify_passes"] += 1
             assert self.speculator is not None
-            needed = self.spec_costs.break_even(len(reqs)) if self.spec_costs else LOW_ACCEPTANCE
             self.speculator.record(item.req, len(item.draft), verdict.accepted, needed)
 
     def _verify_forward_batch(self, reqs: list[Req], batch: VerifyBatch) -> ForwardBatch:

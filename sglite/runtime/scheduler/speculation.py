@@ -68,6 +68,7 @@ class DraftLength:
     current: int = 0
     drafted: int = 0  # over the current acceptance window
     accepted: int = 0
+    needed: float = 0.0  # accepted tokens the window's drafts needed to pay for themselves
     paused: int = 0  # proposals left to skip
     backoff: int = 0  # consecutive pauses
 
@@ -82,8 +83,9 @@ class DraftLength:
         return max(0, min(room, self.current))
 
     def record(self, drafted: int, accepted: int, needed: float = LOW_ACCEPTANCE) -> None:
-        """Adapt to a verification's result; drafting pauses when the acceptance over the
-        window is below `needed` (`SpeculationCosts.break_even`)."""
+        """Adapt to a verification's result; drafting pauses when the tokens accepted over the
+        window are fewer than its drafts needed to pay (each draft's `needed` share, from
+        `SpeculationCosts.break_even`) or than a `LOW_ACCEPTANCE` share."""
         if drafted == 0:
             return
         if accepted == drafted:
@@ -92,8 +94,9 @@ class DraftLength:
             self.current = max(1, accepted + 1)
         self.drafted += drafted
         self.accepted += accepted
+        self.needed += max(needed, LOW_ACCEPTANCE) * drafted
         if self.drafted >= PAUSE_AFTER or needed >= 1.0:
-            if self.accepted < max(needed, LOW_ACCEPTANCE) * self.drafted:
+            if self.accepted < self.needed:
                 # A break-even of 1 or more cannot be reached: the longest pause at once.
                 grown = MAX_BACKOFF if needed >= 1.0 else self.backoff + 1
                 self.backoff = min(grown, MAX_BACKOFF)
@@ -102,6 +105,7 @@ class DraftLength:
             else:
                 self.backoff = 0
             self.drafted = self.accepted = 0
+            self.needed = 0.0
 
 
 @dataclass
@@ -123,34 +127,74 @@ class TokenHistory:
 # without drafts to keep the plain cost current.
 COST_SMOOTHING = 0.125
 PLAIN_PROBE_EVERY = 64
+# Below this variance of the draft lengths seen, a verification's fixed cost is not told apart
+# from the cost per token (`DraftCostFit`).
+MIN_DRAFT_LENGTH_VARIANCE = 0.5
 # Where drafts cannot pay at any acceptance, one step in this many still tries them (a probe
 # costs a draft model its catch-up on every token since the last one).
 HOPELESS_PROBE_EVERY = 1024
 
 
+@dataclass
+class DraftCostFit:
+    """The seconds drafts add to a step, fitted as `fixed + per_token * drafted` over smoothed
+    moments of (drafted, extra seconds): a verification pass has a cost of its own (the rows'
+    layout, a matmul kernel for more rows) besides one row per drafted token, so a short draft
+    costs more per token than a long one."""
+
+    drafted: float = 0.0  # smoothed means of d, d^2, extra and d * extra
+    drafted_sq: float = 0.0
+    extra: float = 0.0
+    drafted_extra: float = 0.0
+    seen: bool = False
+
+    def add(self, drafted: int, extra: float) -> None:
+        for name, value in (
+            ("drafted", drafted),
+            ("drafted_sq", drafted * drafted),
+            ("extra", extra),
+            ("drafted_extra", drafted * extra),
+        ):
+            setattr(self, name, _smooth(getattr(self, name) if self.seen else None, value))
+        self.seen = True
+
+    def coefficients(self) -> tuple[float, float]:
+        """(fixed seconds per verification, seconds per drafted token), both >= 0. While the
+        draft lengths seen barely vary, the fixed part cannot be told apart: all per token."""
+        variance = self.drafted_sq - self.drafted**2
+        proportional = (0.0, self.extra / max(self.drafted, 1e-9))
+        if variance < MIN_DRAFT_LENGTH_VARIANCE:
+            return proportional
+        per_token = (self.drafted_extra - self.drafted * self.extra) / variance
+        fixed = self.extra - per_token * self.drafted
+        return (fixed, per_token) if per_token >= 0.0 and fixed >= 0.0 else proportional
+
+
 class SpeculationCosts:
     """What speculation costs, measured per batch size: a plain decode step's seconds, and the
-    seconds each drafted token adds to a step (its verification row, and the draft model's
-    passes that proposed it). A drafted token costs `per_draft / plain` of a plain step and
-    saves one when accepted, so a request's drafts pay when its acceptance exceeds that ratio
-    (`break_even`); `DraftLength` pauses drafting below it. This separates what the hardware
-    and models cost (here) from what the request's text allows (its acceptance)."""
+    seconds a step's drafts add to it (`DraftCostFit`: a fixed part per verification and a part
+    per drafted token: its verification row, and the draft model's passes that proposed it).
+    Accepted tokens save a plain step each, so a step's `drafted` tokens pay when more than
+    `break_even(batch, drafted) * drafted` of them are accepted; `DraftLength` pauses drafting
+    below it. This separates what the hardware and models cost (here) from what the request's
+    text allows (its acceptance)."""
 
     def __init__(self) -> None:
         self.plain: dict[int, float] = {}
-        self.per_draft: dict[int, float] = {}
+        self.fits: dict[int, DraftCostFit] = {}
         self.steps: dict[int, int] = {}
 
     def allows_drafts(self, batch_size: int) -> bool:
         """Whether this step may verify speculative drafts: not when it is due to measure the
         plain cost (none measured yet at this batch size, or every `PLAIN_PROBE_EVERY` steps),
-        and where drafts cannot pay at any acceptance (a break-even of 1 or more) only one
-        step in `HOPELESS_PROBE_EVERY`, to notice when that changes."""
+        and where drafts cannot pay at any acceptance (a drafted token costing a plain step or
+        more, however long the draft) only one step in `HOPELESS_PROBE_EVERY`, to notice when
+        that changes."""
         step = self.steps.get(batch_size, 0)
         self.steps[batch_size] = step + 1
         if batch_size not in self.plain or step % PLAIN_PROBE_EVERY == PLAIN_PROBE_EVERY - 1:
             return False
-        return self.break_even(batch_size) < 1.0 or step % HOPELESS_PROBE_EVERY == 0
+        return self._marginal(batch_size) < 1.0 or step % HOPELESS_PROBE_EVERY == 0
 
     def observe(self, batch_size: int, drafted: int, seconds: float) -> None:
         """A decode step of `batch_size` requests verified `drafted` speculative draft tokens
@@ -158,27 +202,41 @@ class SpeculationCosts:
         if drafted == 0:
             self.plain[batch_size] = _smooth(self.plain.get(batch_size), seconds)
         elif batch_size in self.plain:
-            extra = max(0.0, seconds - self.plain[batch_size]) / drafted
-            self.per_draft[batch_size] = _smooth(self.per_draft.get(batch_size), extra)
+            extra = max(0.0, seconds - self.plain[batch_size])
+            self.fits.setdefault(batch_size, DraftCostFit()).add(drafted, extra)
 
-    def break_even(self, batch_size: int) -> float:
-        """The acceptance at which drafts pay (`LOW_ACCEPTANCE` until measured)."""
-        if batch_size not in self.per_draft:
+    def break_even(self, batch_size: int, drafted: int) -> float:
+        """The acceptance at which a step's `drafted` tokens pay: the seconds they add over the
+        seconds their acceptance would save (`LOW_ACCEPTANCE` until measured)."""
+        fit = self.fits.get(batch_size)
+        if fit is None or drafted <= 0:
             return LOW_ACCEPTANCE
-        return self.per_draft[batch_size] / max(self.plain[batch_size], 1e-9)
+        fixed, per_token = fit.coefficients()
+        return (fixed + per_token * drafted) / (drafted * max(self.plain[batch_size], 1e-9))
+
+    def _marginal(self, batch_size: int) -> float:
+        """The break-even of an arbitrarily long draft (the fixed part spread to nothing)."""
+        fit = self.fits.get(batch_size)
+        if fit is None:
+            return LOW_ACCEPTANCE
+        return fit.coefficients()[1] / max(self.plain[batch_size], 1e-9)
 
     def info(self) -> dict[str, Any]:
-        """Per batch size: the plain step, the cost per drafted token, the break-even."""
-        return {
-            str(size): {
+        """Per batch size: the plain step, the fixed cost of a verification and the cost per
+        drafted token, and the break-even of a draft of 1, 4 and 8 tokens."""
+        out: dict[str, Any] = {}
+        for size, plain in sorted(self.plain.items()):
+            fit = self.fits.get(size)
+            fixed, per_token = fit.coefficients() if fit is not None else (None, None)
+            out[str(size)] = {
                 "plain_step_ms": 1e3 * plain,
-                "ms_per_drafted_token": 1e3 * self.per_draft[size]
-                if size in self.per_draft
-                else None,
-                "break_even_acceptance": self.break_even(size),
+                "verify_fixed_ms": None if fixed is None else 1e3 * fixed,
+                "ms_per_drafted_token": None if per_token is None else 1e3 * per_token,
+                "break_even_acceptance": {
+                    str(d): self.break_even(size, d) if fit is not None else None for d in (1, 4, 8)
+                },
             }
-            for size, plain in sorted(self.plain.items())
-        }
+        return out
 
 
 def _smooth(old: float | None, new: float) -> float:
