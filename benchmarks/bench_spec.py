@@ -29,7 +29,9 @@ one slot, greedy, prompt cached: without speculation and with each of its n-gram
 `LLAMA_SPEC` (its decode rate is its own `timings.predicted_per_second`, which excludes the
 prompt), each server restarted before each round so that it drafts only from the request's own
 text, as sglite does (`ngram-mod` otherwise drafts the earlier rounds' answers); the table
-shows its plain rate and its best n-gram configuration per workload.
+shows its plain rate, the n-gram ceiling of its own plain answer (its kernels round
+activations to 8 bits, so its greedy text can differ from sglite's) and its best n-gram
+configuration per workload.
 
 Run: python -m benchmarks.bench_spec [--rounds 3] [--tokens 96] [--quantization auto]
      [--algorithm ngram|draft] [--draft-model-path P] [--draft-quantization Q]
@@ -152,16 +154,18 @@ class LlamaServer:
                 time.sleep(0.2)
         raise TimeoutError("llama-server did not start")
 
-    def decode_run(self, prompt: str, tokens: int, reask: bool) -> tuple[float, int, int]:
-        """(decode tok/s, drafted, accepted) with the prompt cached beforehand (with `reask`,
-        after a full run of the same request, as `decode_run` does for sglite)."""
+    def decode_run(self, prompt: str, tokens: int, reask: bool) -> tuple[float, int, int, list]:
+        """(decode tok/s, drafted, accepted, output ids) with the prompt cached beforehand
+        (with `reask`, after a full run of the same request, as `decode_run` does for sglite)."""
         body = {"prompt": prompt, "n_predict": tokens, "temperature": 0, "cache_prompt": True}
         _post(self.base + "/completion", body if reask else {**body, "n_predict": 1})
-        timings = _post(self.base + "/completion", body)["timings"]
+        out = _post(self.base + "/completion", {**body, "return_tokens": True})
+        timings = out["timings"]
         return (
             timings["predicted_per_second"],
             timings.get("draft_n", 0),
             timings.get("draft_n_accepted", 0),
+            out.get("tokens", []),
         )
 
     def close(self) -> None:
@@ -300,6 +304,7 @@ class WorkloadResult:
     same: bool  # identical outputs with and without speculation, every round
     ceiling: float | None  # `ngram_ceiling` of the plain answer (None: drafts from the cache)
     peer_off: Tally | None = None  # llama.cpp without speculation
+    peer_ceiling: float | None = None  # `ngram_ceiling` of llama.cpp's plain answer
     peer: tuple[str, Tally] | None = None  # llama.cpp's best n-gram configuration
 
 
@@ -317,6 +322,7 @@ def run_workload(
     off, on, ratios, emitted, same = Tally(), Tally(), [], 0, True
     peers = {peer: Tally() for peer in llama}
     answer: list[int] = []
+    peer_answer: list[int] = []  # llama.cpp's, without speculation
     for _ in range(args.rounds):
         rate_off, _, answer = decode_run(plain, prompt, args.tokens, reask)
         rate_on, meta, ids_on = decode_run(spec, prompt, args.tokens, reask)
@@ -329,7 +335,9 @@ def run_workload(
         same = same and ids_on == answer
         for peer, server in llama.items():
             server.restart()
-            rate, drafted, accepted = server.decode_run(prompt, args.tokens, reask)
+            rate, drafted, accepted, ids = server.decode_run(prompt, args.tokens, reask)
+            if peer == "off":
+                peer_answer = ids
             peers[peer].rates.append(rate)
             peers[peer].drafted += drafted
             peers[peer].accepted += accepted
@@ -346,6 +354,8 @@ def run_workload(
     if llama:
         best = max((peer for peer in peers if peer != "off"), key=lambda p: peers[p].rate)
         result.peer_off, result.peer = peers["off"], (best, peers[best])
+        if not reask and peer_answer:
+            result.peer_ceiling = ngram_ceiling(context, peer_answer, args.num_draft_tokens)
     return result
 
 
@@ -356,8 +366,11 @@ def print_table(args: argparse.Namespace, rows: list[WorkloadResult], with_llama
     )
     rule = "|---|---:|---:|---:|---:|---:|---:|---|"
     if with_llama:
-        head += " llama.cpp off | llama.cpp best n-gram (tok/s, acceptance) | vs llama.cpp n-gram |"
-        rule += "---:|---|---:|"
+        head += (
+            " llama.cpp off | llama.cpp's n-gram ceiling | llama.cpp best n-gram (tok/s,"
+            " acceptance) | vs llama.cpp n-gram |"
+        )
+        rule += "---:|---:|---|---:|"
     print("\n" + head + "\n" + rule)
     for row in rows:
         ceiling = "-" if row.ceiling is None else f"{row.ceiling:.2f}"
@@ -368,9 +381,10 @@ def print_table(args: argparse.Namespace, rows: list[WorkloadResult], with_llama
         )
         if row.peer is not None and row.peer_off is not None:
             config, best = row.peer
+            peer_ceiling = "-" if row.peer_ceiling is None else f"{row.peer_ceiling:.2f}"
             line += (
-                f" {row.peer_off.rate:.1f} | {best.rate:.1f} ({config}, {best.acceptance}) "
-                f"| {row.on.rate / best.rate:.2f}x |"
+                f" {row.peer_off.rate:.1f} | {peer_ceiling} | {best.rate:.1f} ({config}, "
+                f"{best.acceptance}) | {row.on.rate / best.rate:.2f}x |"
             )
         print(line)
 

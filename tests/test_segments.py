@@ -132,6 +132,45 @@ def test_evicted_segments_come_back(reuse_engine):
     assert after["evicted_tokens"] > 0
 
 
+@pytest.fixture(scope="module")
+def tiered_reuse_engine():
+    """`reuse_engine`'s pool over a host tier that holds everything evicted from it."""
+    from sglite.runtime.cache.kv_pool import KVPool
+
+    token_bytes = KVPool.bytes_per_token(30, 3, 64, torch.float32)  # SmolLM2-135M, float32
+    with sglite.Engine(
+        dtype="float32",
+        log_level="error",
+        max_total_tokens=700,
+        hicache_size=4000 * token_bytes / 1e9,
+        hicache_load_policy="always",
+    ) as eng:
+        yield eng
+
+
+def test_segments_evicted_to_the_host_tier_are_loaded_back(tiered_reuse_engine):
+    eng = tiered_reuse_engine
+    ids, spans = assemble(eng, [2, 1, 0])
+    first = eng.generate(input_ids=ids, sampling_params=GREEDY, segments=spans)
+    for i in range(4):  # the same fillers as above: the segments leave the pool for the host
+        eng.generate(f"{i} " + "filler words " * 100, {"max_new_tokens": 2})
+    before = check(eng)
+    assert before["hicache"]["host"]["tokens"] > 0
+    again = eng.generate(input_ids=ids, sampling_params=GREEDY, segments=spans)
+    after = check(eng)
+    assert again["output_ids"] == first["output_ids"]
+    counts = again["meta_info"]["segment_tokens"]
+    assert counts["reused"] > 0
+    # Each segment came back from the host: its fill computed only its last token, and the
+    # assembly its rows.
+    loaded = (
+        after["hicache"]["host"]["promoted_tokens"] - before["hicache"]["host"]["promoted_tokens"]
+    )
+    assert loaded >= sum(e - s for s, e in spans)
+    computed = after["prefill_tokens_computed"] - before["prefill_tokens_computed"]
+    assert computed == counts["recomputed"] + counts["computed"] + len(spans)
+
+
 def test_text_spans_and_bad_segments(reuse_engine):
     eng = reuse_engine
     text = "Documents:\n" + DOCS[0] + QUESTION
