@@ -3,8 +3,9 @@
 Each `step()` runs one forward pass: a prefill (EXTEND) of newly admitted requests' uncached
 suffixes when there is anything to admit, else a DECODE of every running request. Requests join
 and leave at every step. A step is schedule (which requests, how many tokens each), run (lay the
-batch out: `prefill.py`, or `drafts.py` when drafts ride along; one forward), sample, then
-postprocess (`output.py`: text, stops, finishing, the increments sent back).
+batch out: `prefill.py`, or the decode step in `decode.py`, with `drafts.py` when drafts ride
+along; one forward), sample, then postprocess (`output.py`: text, stops, finishing, the
+increments sent back).
 
 Invariants (checked by `check_invariants`):
 - pool free slots + slots owned by the radix cache + slots owned by requests == pool capacity;
@@ -33,16 +34,10 @@ from sglite.runtime.multimodal.processor import is_pad
 from sglite.runtime.multimodal.spec import vision_spec
 from sglite.runtime.multimodal.vision_encoder import VisionEncoder
 from sglite.runtime.sampling.sampler import Sampler
+from sglite.runtime.scheduler.decode import DecodeManager
 from sglite.runtime.scheduler.disaggregation import COUNTERS as PD_COUNTERS
 from sglite.runtime.scheduler.disaggregation import build_disaggregation
-from sglite.runtime.scheduler.drafts import (
-    SPECULATION,
-    DraftProposer,
-    DraftVerifier,
-    ForcedTokenProposer,
-    RetokenizingJump,
-    VerifyBatch,
-)
+from sglite.runtime.scheduler.drafts import RetokenizingJump
 from sglite.runtime.scheduler.grammar import GrammarQueue, apply_grammar_masks
 from sglite.runtime.scheduler.io import GenerateInput, RequestOutput
 from sglite.runtime.scheduler.kv_manager import RequestKVManager
@@ -51,19 +46,9 @@ from sglite.runtime.scheduler.policy import order_waiting, shares_with_batch
 from sglite.runtime.scheduler.prefill import PrefillBatch, collect_input_logprobs
 from sglite.runtime.scheduler.request import Req
 from sglite.runtime.scheduler.segments import SegmentAssembler
-from sglite.runtime.scheduler.speculation import (
-    LOW_ACCEPTANCE,
-    SpeculationCosts,
-    Speculator,
-    build_speculator,
-)
 from sglite.runtime.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
-
-# Running requests up to which speculative drafts are verified: past a few rows a decode step
-# stops being bound by reading the weights, and verification rows then cost every request.
-SPEC_MAX_BATCH = 4
 
 
 def default_pool_capacity(loaded: LoadedModel, context_len: int) -> int:
@@ -138,18 +123,7 @@ class Scheduler:
         self.output = OutputProcessor(self.kv, self.eos_token_ids, self.context_len, self.counters)
         # None, "exact" or "retokenize" (see scheduler/drafts.py).
         self.jump_forward = None if args.disable_jump_forward else args.jump_forward_mode
-        self.proposer: DraftProposer | None = None
-        if self.jump_forward == "exact":
-            self.proposer = ForcedTokenProposer(self.context_len)
-        self.verifier = DraftVerifier(self.pool, self.counters)
-        self.speculator: Speculator | None
-        self.speculator = build_speculator(
-            args, loaded, self.context_len, capacity, self.cache if self.cache_enabled else None
-        )
-        self.speculated: set[str] = set()  # rids whose draft this step is speculative
-        self.spec_costs: SpeculationCosts | None = None
-        if self.speculator is not None and args.speculative_adaptive:
-            self.spec_costs = SpeculationCosts()
+        self.decode = DecodeManager(self, loaded, capacity)  # drafts and speculation too
         spec = vision_spec(loaded.model_path)
         self.vision: VisionEncoder | None = None
         if spec is not None:
@@ -267,7 +241,7 @@ class Scheduler:
                 self._run_prefill(prefill)
                 self.prefilling = []
             elif self.running:
-                self._run_decode()
+                self.decode.run()
             elif self.grammars.pending:
                 time.sleep(0.001)  # only grammars compiling (on worker threads): do not spin
         return self.collect_outputs()
@@ -281,7 +255,7 @@ class Scheduler:
             req = self.chunked
             n = min(budget, req.num_fill - len(req.kv_slots))
             if not self.kv.can_fit(n, self.reserved_tokens()):
-                self._retract(req)
+                self.retract(req)
                 self.chunked = None
             else:
                 req.kv_slots.extend(self.kv.alloc(n))
@@ -381,151 +355,7 @@ class Scheduler:
                 if not req.finished:
                     self.running.append(req)
 
-    # ------------------------------------------------------------------ decode
-    def _run_decode(self) -> None:
-        """One token (plus any accepted draft tokens) for every running request; with
-        `speculative_adaptive`, the step is timed for `SpeculationCosts`."""
-        if self.spec_costs is None or len(self.running) > SPEC_MAX_BATCH:
-            self._decode_step()
-            return
-        start = time.perf_counter()
-        measured = self._decode_step()
-        if measured is not None:
-            self.spec_costs.observe(*measured, time.perf_counter() - start)
-
-    def _decode_step(self) -> tuple[int, int] | None:
-        """The decode step; returns (its batch size, its speculative draft tokens) when its
-        cost says what speculation costs: None when it also verified jump-forward drafts or
-        lost requests to retraction."""
-        drafts = self._plan_drafts()
-        planned = len(self.running)
-        self._make_room_for_decode(drafts)
-        if not self.running:
-            return None
-        reqs = list(self.running)
-        speculative = sum(len(d) for rid, d in drafts.items() if rid in self.speculated)
-        comparable = len(reqs) == planned and all(rid in self.speculated for rid in drafts)
-        if drafts or any(r.num_fill - len(r.kv_slots) > 1 for r in reqs):
-            self._run_decode_extend(reqs, drafts)
-        else:
-            for req in reqs:
-                req.kv_slots.extend(self.kv.alloc(1))
-            fb = ForwardBatch.build(
-                ForwardMode.DECODE,
-                [[req.output_ids[-1]] for req in reqs],
-                [len(req.kv_slots) - 1 for req in reqs],
-                [req.kv_slots for req in reqs],
-                list(range(len(reqs))),
-                self.device,
-                slot_tensors=[req.slot_mirror.view(req.kv_slots) for req in reqs],
-            )
-            logits = self.forward(fb)
-            self.sample_and_append(reqs, logits)
-        self.counters["decode_passes"] += 1
-        self.running = [r for r in self.running if not r.finished]
-        if self.speculator is not None:  # finished, retracted or aborted requests' state goes
-            self.speculator.forget({req.rid for req in self.running})
-        self.new_token_ratio = max(
-            self.args.min_new_token_ratio, self.new_token_ratio - self.args.new_token_ratio_decay
-        )
-        return (planned, speculative) if comparable else None
-
-    def _plan_drafts(self) -> dict[str, list[int]]:
-        """Each running request's draft to verify this step: the tokens its grammar forces
-        (jump-forward), else a speculative one (small batches only: a large batch is compute
-        bound, and verification rows would slow every request in it)."""
-        drafts: dict[str, list[int]] = {}
-        self.speculated = set()
-        speculate = self.speculator is not None and len(self.running) <= SPEC_MAX_BATCH
-        if speculate and self.spec_costs is not None:
-            speculate = self.spec_costs.allows_drafts(len(self.running))
-        for req in self.running:
-            try:
-                draft = self.proposer.propose(req) if self.proposer is not None else []
-                if not draft and speculate:
-                    draft = self.speculator.propose(req)  # type: ignore[union-attr]
-                    if draft:
-                        self.speculated.add(req.rid)
-            except Exception as exc:
-                self.fail_request(req, exc)
-                continue
-            if draft:
-                drafts[req.rid] = draft
-        self.running = [r for r in self.running if not r.finished]
-        return drafts
-
-    def _run_decode_extend(self, reqs: list[Req], drafts: dict[str, list[int]]) -> None:
-        """A decode step as one EXTEND that also verifies the drafts (see `VerifyBatch`)."""
-        batch = VerifyBatch.plan(reqs, drafts, self.kv.alloc)
-        logits = self.forward(self._verify_forward_batch(reqs, batch))
-        plain = batch.plain()
-        if plain:
-            rows = torch.tensor([item.first_row for item in plain], device=logits.device)
-            self.sample_and_append([item.req for item in plain], logits.index_select(0, rows))
-        needed = LOW_ACCEPTANCE
-        if self.spec_costs is not None:  # the step's speculative drafts pay or not together
-            speculative = sum(len(d) for rid, d in drafts.items() if rid in self.speculated)
-            needed = self.spec_costs.break_even(len(reqs), speculative)
-        for item in batch.drafted():
-            rows = logits[item.first_row : item.first_row + len(item.draft) + 1]
-            if item.req.rid not in self.speculated:
-                self.verifier.verify(item.req, item.draft, item.kept, rows, self.sample_and_append)
-                continue
-            verdict = self.verifier.verify(
-                item.req, item.draft, item.kept, rows, self.sample_and_append, SPECULATION
-            )
-            item.req.spec_verify_ct += 1
-            self.counters["spec_verify_passes"] += 1
-            assert self.speculator is not None
-            self.speculator.record(item.req, len(item.draft), verdict.accepted, needed)
-
-    def _verify_forward_batch(self, reqs: list[Req], batch: VerifyBatch) -> ForwardBatch:
-        """The verification pass as a DECODE batch of one row per token: row i of a request
-        attends to its slots up to its own, and every row's K/V is written before any row's
-        attention reads the pool (in each layer), so a draft token sees the ones before it, as
-        in an EXTEND. DECODE takes the decode path (on CPU the whole step in one native call),
-        far cheaper for a few rows than an EXTEND through the layers one operation at a time."""
-        tokens, positions, slots, tables = [], [], [], []
-        for req, ids, start in zip(reqs, batch.token_ids, batch.prefix_lens, strict=True):
-            table = req.slot_mirror.view(req.kv_slots)
-            for i, token in enumerate(ids):
-                end = start + i + 1
-                tokens.append([token])
-                positions.append(end - 1)
-                slots.append(req.kv_slots[:end])
-                tables.append(table[:end])
-        return ForwardBatch.build(
-            ForwardMode.DECODE,
-            tokens,
-            positions,
-            slots,
-            batch.logit_rows,
-            self.device,
-            slot_tensors=tables,
-        )
-
-    def _make_room_for_decode(self, drafts: dict[str, list[int]]) -> None:
-        """Drop drafts, then retract the least advanced requests, until every running request
-        has slots for its tokens without K/V."""
-
-        def need() -> int:
-            own = sum(r.num_fill - len(r.kv_slots) for r in self.running)
-            return own + sum(len(drafts.get(r.rid, ())) for r in self.running)
-
-        if drafts and self.pool.num_free + self.cache.evictable_size() < need():
-            drafts.clear()
-        while self.pool.num_free + self.cache.evictable_size() < need():
-            if self.chunked is not None:
-                req, self.chunked = self.chunked, None
-            elif len(self.running) > 1:
-                req = min(self.running, key=lambda r: (len(r.output_ids), -r.arrival_time))
-                self.running.remove(req)
-            else:
-                raise RuntimeError("KV pool exhausted by a single request (capacity check failed)")
-            self._retract(req)
-            self.new_token_ratio = min(1.0, self.new_token_ratio + 0.1)
-
-    def _retract(self, req: Req) -> None:
+    def retract(self, req: Req) -> None:
         """Send a request back to the queue; its computed tokens stay in the cache."""
         self.counters["retractions"] += 1
         if not req.input_logprobs_done:  # recomputed from logprob_start_len on re-admission
@@ -606,8 +436,8 @@ class Scheduler:
         reqs += self.grammars.pending + self.prefilling + self.segments.take_pending()
         self.waiting, self.running, self.chunked, self.grammars.pending = [], [], None, []
         self.prefilling = []
-        if self.speculator is not None:
-            self.speculator.forget(set())
+        if self.decode.speculator is not None:
+            self.decode.speculator.forget(set())
         seen: set[int] = set()
         for req in reqs:
             if id(req) in seen or req.finished:
@@ -637,8 +467,8 @@ class Scheduler:
         if self.has_work or (self.disagg is not None and self.disagg.busy):
             raise RuntimeError("cannot flush the cache while requests are running or queued")
         self.cache.flush()
-        if self.speculator is not None:
-            self.speculator.flush()
+        if self.decode.speculator is not None:
+            self.decode.speculator.flush()
         if self.vision is not None:
             self.vision.flush()
 
@@ -647,8 +477,8 @@ class Scheduler:
         holders = list(self.running) + ([self.chunked] if self.chunked else [])
         if self.disagg is not None:
             holders += self.disagg.holders()
-        if self.speculator is not None:
-            self.speculator.check_invariants()
+        if self.decode.speculator is not None:
+            self.decode.speculator.check_invariants()
         return self.kv.check_invariants(holders)
 
     def cache_tree(self, depth: int, max_nodes: int, text_tokens: int) -> dict[str, Any]:
@@ -686,10 +516,16 @@ class Scheduler:
             "new_token_ratio": self.new_token_ratio,
             **self.counters,
             **self._tier_info(),
-            **(self.speculator.info() if self.speculator is not None else {}),
+            **self._speculation_info(),
             **(self.vision.info() if self.vision is not None else {}),
-            **({"speculative_costs": self.spec_costs.info()} if self.spec_costs else {}),
             **(self.disagg.info() if self.disagg is not None else {}),
+        }
+
+    def _speculation_info(self) -> dict[str, Any]:
+        speculator, costs = self.decode.speculator, self.decode.spec_costs
+        return {
+            **(speculator.info() if speculator is not None else {}),
+            **({"speculative_costs": costs.info()} if costs is not None else {}),
         }
 
     def _tier_info(self) -> dict[str, Any]:

@@ -1,0 +1,219 @@
+"""The decode step: one token, plus any accepted draft tokens, for every running request.
+
+`DecodeManager.run` is the scheduler's decode step: plan each running request's draft (the
+tokens its grammar forces, else a speculative one), make room in the pool (dropping drafts,
+then retracting the least advanced requests), run one forward (a plain DECODE, or one row per
+token when drafts ride along: `drafts.VerifyBatch`), then sample and verify. With
+`--speculative-adaptive` the step is timed for `SpeculationCosts`, which decides whether drafts
+pay.
+
+Invariants: after `run`, every request left in `scheduler.running` is unfinished and owns one
+KV slot per token of its sequence that has K/V; draft slots not kept are freed; the
+speculator keeps state only for running requests.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
+from sglite.runtime.model.loader import LoadedModel
+from sglite.runtime.scheduler.drafts import (
+    SPECULATION,
+    DraftProposer,
+    DraftVerifier,
+    ForcedTokenProposer,
+    VerifyBatch,
+)
+from sglite.runtime.scheduler.request import Req
+from sglite.runtime.scheduler.speculation import (
+    LOW_ACCEPTANCE,
+    SpeculationCosts,
+    Speculator,
+    build_speculator,
+)
+
+if TYPE_CHECKING:
+    from sglite.runtime.scheduler.scheduler import Scheduler
+
+# Running requests up to which speculative drafts are verified: past a few rows a decode step
+# stops being bound by reading the weights, and verification rows then cost every request.
+SPEC_MAX_BATCH = 4
+
+
+class DecodeManager:
+    """Runs the scheduler's decode steps and owns their drafts: the jump-forward proposer, the
+    speculator (None when speculation is off) and its measured costs."""
+
+    def __init__(self, scheduler: Scheduler, loaded: LoadedModel, capacity: int) -> None:
+        self.scheduler = scheduler
+        args = scheduler.args
+        self.proposer: DraftProposer | None = None
+        if scheduler.jump_forward == "exact":
+            self.proposer = ForcedTokenProposer(scheduler.context_len)
+        self.verifier = DraftVerifier(scheduler.pool, scheduler.counters)
+        cache = scheduler.cache if scheduler.cache_enabled else None
+        self.speculator: Speculator | None = build_speculator(
+            args, loaded, scheduler.context_len, capacity, cache
+        )
+        self.speculated: set[str] = set()  # rids whose draft this step is speculative
+        self.spec_costs: SpeculationCosts | None = None
+        if self.speculator is not None and args.speculative_adaptive:
+            self.spec_costs = SpeculationCosts()
+
+    def run(self) -> None:
+        """One token (plus any accepted draft tokens) for every running request; with
+        `speculative_adaptive`, the step is timed for `SpeculationCosts`."""
+        if self.spec_costs is None or len(self.scheduler.running) > SPEC_MAX_BATCH:
+            self._step()
+            return
+        start = time.perf_counter()
+        measured = self._step()
+        if measured is not None:
+            self.spec_costs.observe(*measured, time.perf_counter() - start)
+
+    def _step(self) -> tuple[int, int] | None:
+        """The decode step; returns (its batch size, its speculative draft tokens) when its
+        cost says what speculation costs: None when it also verified jump-forward drafts or
+        lost requests to retraction."""
+        sched = self.scheduler
+        drafts = self._plan_drafts()
+        planned = len(sched.running)
+        self._make_room(drafts)
+        if not sched.running:
+            return None
+        reqs = list(sched.running)
+        speculative = sum(len(d) for rid, d in drafts.items() if rid in self.speculated)
+        comparable = len(reqs) == planned and all(rid in self.speculated for rid in drafts)
+        if drafts or any(r.num_fill - len(r.kv_slots) > 1 for r in reqs):
+            self._run_verify(reqs, drafts, speculative)
+        else:
+            self._run_plain(reqs)
+        sched.counters["decode_passes"] += 1
+        sched.running = [r for r in sched.running if not r.finished]
+        if self.speculator is not None:  # finished, retracted or aborted requests' state goes
+            self.speculator.forget({req.rid for req in sched.running})
+        sched.new_token_ratio = max(
+            sched.args.min_new_token_ratio, sched.new_token_ratio - sched.args.new_token_ratio_decay
+        )
+        return (planned, speculative) if comparable else None
+
+    def _run_plain(self, reqs: list[Req]) -> None:
+        """A DECODE of one token per request."""
+        sched = self.scheduler
+        for req in reqs:
+            req.kv_slots.extend(sched.kv.alloc(1))
+        fb = ForwardBatch.build(
+            ForwardMode.DECODE,
+            [[req.output_ids[-1]] for req in reqs],
+            [len(req.kv_slots) - 1 for req in reqs],
+            [req.kv_slots for req in reqs],
+            list(range(len(reqs))),
+            sched.device,
+            slot_tensors=[req.slot_mirror.view(req.kv_slots) for req in reqs],
+        )
+        sched.sample_and_append(reqs, sched.forward(fb))
+
+    def _plan_drafts(self) -> dict[str, list[int]]:
+        """Each running request's draft to verify this step: the tokens its grammar forces
+        (jump-forward), else a speculative one (small batches only: a large batch is compute
+        bound, and verification rows would slow every request in it)."""
+        sched = self.scheduler
+        drafts: dict[str, list[int]] = {}
+        self.speculated = set()
+        speculate = self.speculator is not None and len(sched.running) <= SPEC_MAX_BATCH
+        if speculate and self.spec_costs is not None:
+            speculate = self.spec_costs.allows_drafts(len(sched.running))
+        for req in sched.running:
+            try:
+                draft = self.proposer.propose(req) if self.proposer is not None else []
+                if not draft and speculate:
+                    draft = self.speculator.propose(req)  # type: ignore[union-attr]
+                    if draft:
+                        self.speculated.add(req.rid)
+            except Exception as exc:
+                sched.fail_request(req, exc)
+                continue
+            if draft:
+                drafts[req.rid] = draft
+        sched.running = [r for r in sched.running if not r.finished]
+        return drafts
+
+    def _run_verify(self, reqs: list[Req], drafts: dict[str, list[int]], speculative: int) -> None:
+        """A decode step that also verifies the drafts (`speculative` of their tokens are
+        speculative), as one row per token (see `VerifyBatch`)."""
+        sched = self.scheduler
+        batch = VerifyBatch.plan(reqs, drafts, sched.kv.alloc)
+        logits = sched.forward(self._verify_forward_batch(reqs, batch))
+        plain = batch.plain()
+        if plain:
+            rows = torch.tensor([item.first_row for item in plain], device=logits.device)
+            sched.sample_and_append([item.req for item in plain], logits.index_select(0, rows))
+        needed = LOW_ACCEPTANCE  # the step's speculative drafts pay or not together
+        if self.spec_costs is not None:
+            needed = self.spec_costs.break_even(len(reqs), speculative)
+        for item in batch.drafted():
+            rows = logits[item.first_row : item.first_row + len(item.draft) + 1]
+            if item.req.rid not in self.speculated:
+                self.verifier.verify(item.req, item.draft, item.kept, rows, sched.sample_and_append)
+                continue
+            verdict = self.verifier.verify(
+                item.req, item.draft, item.kept, rows, sched.sample_and_append, SPECULATION
+            )
+            item.req.spec_verify_ct += 1
+            sched.counters["spec_verify_passes"] += 1
+            assert self.speculator is not None
+            self.speculator.record(item.req, len(item.draft), verdict.accepted, needed)
+
+    def _verify_forward_batch(self, reqs: list[Req], batch: VerifyBatch) -> ForwardBatch:
+        """The verification pass as a DECODE batch of one row per token: row i of a request
+        attends to its slots up to its own, and every row's K/V is written before any row's
+        attention reads the pool (in each layer), so a draft token sees the ones before it, as
+        in an EXTEND. DECODE takes the decode path (on CPU the whole step in one native call),
+        far cheaper for a few rows than an EXTEND through the layers one operation at a time."""
+        tokens, positions, slots, tables = [], [], [], []
+        for req, ids, start in zip(reqs, batch.token_ids, batch.prefix_lens, strict=True):
+            table = req.slot_mirror.view(req.kv_slots)
+            for i, token in enumerate(ids):
+                end = start + i + 1
+                tokens.append([token])
+                positions.append(end - 1)
+                slots.append(req.kv_slots[:end])
+                tables.append(table[:end])
+        return ForwardBatch.build(
+            ForwardMode.DECODE,
+            tokens,
+            positions,
+            slots,
+            batch.logit_rows,
+            self.scheduler.device,
+            slot_tensors=tables,
+        )
+
+    def _make_room(self, drafts: dict[str, list[int]]) -> None:
+        """Drop drafts, then retract the least advanced requests, until every running request
+        has slots for its tokens without K/V."""
+        sched = self.scheduler
+
+        def need() -> int:
+            own = sum(r.num_fill - len(r.kv_slots) for r in sched.running)
+            return own + sum(len(drafts.get(r.rid, ())) for r in sched.running)
+
+        def room() -> int:
+            return sched.pool.num_free + sched.cache.evictable_size()
+
+        if drafts and room() < need():
+            drafts.clear()
+        while room() < need():
+            if sched.chunked is not None:
+                req, sched.chunked = sched.chunked, None
+            elif len(sched.running) > 1:
+                req = min(sched.running, key=lambda r: (len(r.output_ids), -r.arrival_time))
+                sched.running.remove(req)
+            else:
+                raise RuntimeError("KV pool exhausted by a single request (capacity check failed)")
+            sched.retract(req)
+            sched.new_token_ratio = min(1.0, sched.new_token_ratio + 0.1)
