@@ -149,13 +149,13 @@ class DraftCostFit:
     seen: bool = False
 
     def add(self, drafted: int, extra: float) -> None:
-        for name, value in (
-            ("drafted", drafted),
-            ("drafted_sq", drafted * drafted),
-            ("extra", extra),
-            ("drafted_extra", drafted * extra),
-        ):
-            setattr(self, name, _smooth(getattr(self, name) if self.seen else None, value))
+        """Fold in a step that drafted `drafted` tokens and took `extra` seconds more than a
+        plain one (the first step sets the means)."""
+        weight = COST_SMOOTHING if self.seen else 1.0
+        self.drafted += weight * (drafted - self.drafted)
+        self.drafted_sq += weight * (drafted * drafted - self.drafted_sq)
+        self.extra += weight * (extra - self.extra)
+        self.drafted_extra += weight * (drafted * extra - self.drafted_extra)
         self.seen = True
 
     def coefficients(self) -> tuple[float, float]:
