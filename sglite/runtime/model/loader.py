@@ -184,15 +184,11 @@ def _check_quantization(kind: str, dtype: torch.dtype, device: torch.device) -> 
 
 
 def _resolve_path(model_path: str | None) -> str:
-    if model_path is None:
-        return default_model_path()
-    path = os.path.expanduser(model_path)
-    if not os.path.exists(path):
-        raise FileNotFoundError(
-            f"model path {model_path} does not exist (expected a .gguf file or a Hugging Face "
-            "model directory; nothing is downloaded)"
-        )
-    return path
+    """None: the default model; an existing path: itself; a known name (`sglite models list`):
+    its verified file in the cache (see `catalog.resolve_model_path`)."""
+    from sglite.runtime.model.catalog import resolve_model_path
+
+    return resolve_model_path(model_path)
 
 
 def _is_gguf(path: str) -> bool:
