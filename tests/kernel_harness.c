@@ -129,12 +129,58 @@ static void products(int dtype) {
   free(packed_panels);
 }
 
+/* Random blocks of a GGUF type for `rows` rows of GK values: random bytes, with every f16
+ * scale field set to a small finite value (random f16 bits would include NaNs). */
+enum { GK = 256, GROWS = 12 };
+static void gguf_blocks(int64_t type, uint8_t *data, int64_t rows) {
+  const int64_t row_bytes = gguf_row_bytes(type, GK);
+  for (int64_t i = 0; i < rows * row_bytes; i++) data[i] = (uint8_t)(seed = seed * 1664525u + 1);
+  const int64_t per = type >= GGML_TYPE_Q4_K ? 256 : 32, block = row_bytes / (GK / per);
+  for (int64_t b = 0; b < rows * (GK / per); b++) {
+    uint8_t *blk = data + b * block;
+    /* k-quants multiply d by 6- or 8-bit sub-scales: 2^-10 keeps weights near 1 */
+    const uint16_t s = type >= GGML_TYPE_Q4_K ? 0x1400 : F16_SCALES[b % 3];
+    const uint16_t o = F16_OFFSETS[b % 2];
+    const int64_t at = type == GGML_TYPE_Q6_K ? 208 : 0; /* d's offset in the block */
+    memcpy(blk + at, &s, 2);
+    if (type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q5_1 || type == GGML_TYPE_Q4_K ||
+        type == GGML_TYPE_Q5_K)
+      memcpy(blk + 2, type >= GGML_TYPE_Q4_K ? &s : &o, 2); /* min (or dmin) */
+  }
+}
+
+static void gguf_products(int dtype) {
+  static const int64_t types[] = {GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0,
+                                  GGML_TYPE_Q5_1, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K,
+                                  GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
+  static uint8_t data[8][GROWS * GK * 2]; /* Q8_0 takes 34 bytes per 32 values */
+  static float x[ROWS * GK], y[ROWS * 2 * GROWS], dense[2 * GROWS * GK];
+  uint16_t xb[ROWS * GK];
+  fill(x, ROWS * GK, 1.0f);
+  as_bf16(x, xb, ROWS * GK);
+  const void *xs = dtype ? (void *)xb : x;
+  for (int t = 0; t < 8; t++) {
+    gguf_blocks(types[t], data[t], GROWS);
+    /* Two parts of two types (as a fused projection): this one and the next. */
+    const gguf_part_t parts[2] = {{types[t], GROWS, data[t]},
+                                  {types[(t + 7) % 8], GROWS, data[(t + 7) % 8]}};
+    const int64_t n = t == 0 ? GROWS : 2 * GROWS; /* t = 0: the next part is not made yet */
+    if (gguf_gemv(dtype, xs, parts, y, ROWS, n, GK, 1) == 0)
+      print(dtype ? "gguf_gemv_bf16" : "gguf_gemv", y, ROWS * n, dtype);
+    if (gguf_dequantize(dtype, parts, NULL, n, n, GK, dense, 1) == 0)
+      print(dtype ? "gguf_dequantize_bf16" : "gguf_dequantize", dense, n * GK, dtype);
+    if (dtype == 0 && quant_gemm(QUANT_GEMM_GGUF, x, parts, NULL, NULL, y, ROWS, n, GK, 1, 0) == 0)
+      print("gguf_gemm", y, ROWS * n, 0);
+  }
+}
+
 int main(void) {
   printf("vec_width %lld\n", (long long)attention_vec_width());
   for (int dtype = DTYPE_FLOAT32; dtype <= DTYPE_BFLOAT16; dtype++) {
     norms_and_activations(dtype);
     attention(dtype);
     products(dtype);
+    gguf_products(dtype);
   }
   return 0;
 }

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from sglite.runtime.cache.kv_pool import KVPool
 from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
+from sglite.runtime.model.gguf_weight import GGUFWeight
 from sglite.runtime.model.linear import Linear
 from sglite.runtime.model.linear_weight import PlainWeight
 from sglite.runtime.model.loader import load_model
@@ -336,10 +337,10 @@ def test_quantized_only_models_quantize_each_projection_as_it_loads(monkeypatch)
 
 def test_server_with_auto_quantization_serves_the_gguf_4_bit_weights_alone():
     """`sglite serve --quantization auto` (float32 here) runs the default model's Q4_1
-    projections as int4, as vLLM and SGLang serve a GGUF quantized: no dense copy, the weights'
-    memory reported by `/get_server_info`, and a batch of 12 greedy choices (a 12-row decode
-    batch: the quantized GEMM in the native step) all alike and right, through the real OpenAI
-    client."""
+    projections as the file's own blocks, as vLLM and SGLang serve a GGUF quantized: no dense
+    copy, the weights' memory reported by `/get_server_info`, and a batch of 12 greedy choices
+    (a 12-row decode batch: the quantized GEMM in the native step) all alike and right, through
+    the real OpenAI client."""
     import openai
     import requests
     from server_fixtures import ServerProcess
@@ -347,7 +348,7 @@ def test_server_with_auto_quantization_serves_the_gguf_4_bit_weights_alone():
     server = ServerProcess("--quantization", "auto")
     try:
         info = requests.get(server.url + "/get_server_info", timeout=30).json()
-        assert info["quantization"] == "int4" and info["quantized_max_rows"] == -1
+        assert info["quantization"] == "q4_1" and info["quantized_max_rows"] == -1
         assert sum(info["weight_bytes_per_rank"]) < 300 * 2**20  # 1,117 MiB with a dense copy
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
         out = client.completions.create(
@@ -361,11 +362,10 @@ def test_server_with_auto_quantization_serves_the_gguf_4_bit_weights_alone():
 
 
 def test_auto_quantization_follows_the_gguf_projections(tmp_path, engine):
-    """auto (the default) runs a GGUF with its own quantization, per projection: int4 when its
-    tensors are 4-bit (the default model's Q4_1), q8_0 when some have more bits (Q8_0 loads
-    exactly; a projection mixing 4-bit and float parts too), dense for float projections,
-    safetensors and CUDA; an explicit choice stands (the session engine, on defaults, runs
-    int4)."""
+    """auto (the default) runs a GGUF with its own quantization, per projection: the file's
+    blocks as they are (the default model's Q4_1, Q8_0, Q4_K), dense for float projections,
+    safetensors and CUDA; an explicit choice stands (the session engine, on defaults, runs the
+    file's q4_1)."""
     import gguf
     from test_loader import make_hf_model, write_tiny_gguf
 
@@ -375,13 +375,13 @@ def test_auto_quantization_follows_the_gguf_projections(tmp_path, engine):
 
     cpu, f32 = torch.device("cpu"), torch.float32
     default = open_gguf(default_model_path())
-    assert gguf_loader.auto_quantization(default) == "int4"
-    assert resolve_quantization("auto", default, f32, cpu) == "int4"
-    assert resolve_quantization("auto", default, torch.bfloat16, cpu) == "int4"
+    assert gguf_loader.auto_quantization(default) == "q4_1"
+    assert resolve_quantization("auto", default, f32, cpu) == "q4_1"
+    assert resolve_quantization("auto", default, torch.bfloat16, cpu) == "q4_1"
     assert resolve_quantization("auto", default, f32, torch.device("cuda")) == "none"
     assert resolve_quantization("auto", None, f32, cpu) == "none"  # safetensors
     assert resolve_quantization("int8", default, f32, cpu) == "int8"
-    assert engine.get_server_info()["quantization"] == "int4"  # the default is auto
+    assert engine.get_server_info()["quantization"] == "q4_1"  # the default is auto
 
     hf = make_hf_model("qwen2", str(tmp_path / "hf"), hidden_size=256, intermediate_size=512)
     tokenizer = str(tmp_path / "hf")  # Q4_K blocks span 256 inputs
@@ -404,34 +404,35 @@ def test_auto_quantization_follows_the_gguf_projections(tmp_path, engine):
         "mixed.gguf", lambda key: next((t for part, t in kinds.items() if part in key), None)
     )
     floats = write("f16.gguf", lambda key: None)
-    for path, want in [(q8, "q8_0"), (mixed, "q8_0"), (floats, "none")]:
+    for path, want in [(q8, "q8_0"), (mixed, "q4_k+q8_0"), (floats, "none")]:
         assert resolve_quantization("auto", open_gguf(path), f32, cpu) == want, path
     loaded = load_model(q8, "float32", tokenizer_path=tokenizer, progress=False,
                         quantization="auto")  # fmt: skip
     assert loaded.quantization == "q8_0"
     layer = loaded.model.get_submodule("layers.0.mlp.down_proj")
-    assert isinstance(layer.quantized, Q8Weight) and layer.weight.numel() == 0
+    assert isinstance(layer.quantized, GGUFWeight) and layer.weight.numel() == 0
     # The file's own Q8_0 values, not a requantization of them.
     tensor = next(t for t in open_gguf(q8).tensors if t.name == "blk.0.ffn_down.weight")
     stored = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-    assert torch.equal(layer.quantized.dequantize(), torch.from_numpy(stored))
+    assert torch.equal(layer.quantized.decoded(torch.float32), torch.from_numpy(stored))
     dense = load_model(floats, "float32", tokenizer_path=tokenizer, progress=False,
                        quantization="auto")  # fmt: skip
     assert dense.quantization == "none" and dense.quantized_max_rows is None
 
 
-def test_int4_answers_do_not_depend_on_batch_or_cache(engine):
-    """int4 is weight-only (activations stay float32), so like the dense model its greedy
-    answers do not change with the batch they decode in or with a cached prefix: each prompt
-    alone, again from the cache, and all in one batch answer alike. (w4a8 rounds activations to
-    int8 in the decode GEMVs; there a 16-row batch changed 13 of 16 such answers.)"""
+def test_default_answers_do_not_depend_on_batch_or_cache(engine):
+    """The default (the file's q4_1 blocks) is weight-only (activations stay float32), so like
+    the dense model its greedy answers do not change with the batch they decode in or with a
+    cached prefix: each prompt alone, again from the cache, and all in one batch answer alike.
+    (w4a8 rounds activations to int8 in the decode GEMVs; there a 16-row batch changed 13 of 16
+    such answers.)"""
     topics = "rain sun moon cats dogs rivers trees stars music bread"
     prompts = [
         f"<|im_start|>user\nTell me a short fact about {word}.<|im_end|>\n<|im_start|>assistant\n"
         for word in topics.split()
     ]
     greedy = {"temperature": 0, "max_new_tokens": 32}
-    assert engine.get_server_info()["quantization"] == "int4"  # the float32 default, auto
+    assert engine.get_server_info()["quantization"] == "q4_1"  # the float32 default, auto
     engine.flush_cache()
     alone = [engine.generate(p, greedy)["text"] for p in prompts]
     cached = [engine.generate(p, greedy)["text"] for p in prompts]

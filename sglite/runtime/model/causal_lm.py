@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -31,6 +32,7 @@ from sglite.runtime.model.attention import AttentionPlan
 from sglite.runtime.model.checkpoint import CheckpointLoader, checkpoint_names
 from sglite.runtime.model.config import ModelConfig
 from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
+from sglite.runtime.model.gguf_weight import GGUFWeight
 from sglite.runtime.model.layers.decoder_layer import DecoderLayer
 from sglite.runtime.model.layers.norm import RMSNorm
 from sglite.runtime.model.linear import Linear
@@ -44,6 +46,9 @@ from sglite.runtime.model.quantization import (
     make_quantized,
 )
 from sglite.runtime.model.rope import RopeSet
+
+if TYPE_CHECKING:
+    from sglite.runtime.model.gguf_loader import BlockWeights
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +127,8 @@ class CausalLM(nn.Module):
         # Quantized copy of the output projection (see `quantize`) and the weight object the
         # output projection computes with (`finalize_weights`; None: the dense weight as is).
         self.lm_head_quantized: QuantizedWeight | None = None
+        # The embedding as a GGUF file stores it (`use_gguf_blocks`; None: `embed_tokens`).
+        self.embedding_blocks: GGUFWeight | None = None
         self.lm_head_quantized_max_rows = 0
         self.output_weight: LinearWeight | None = None
         # Small DECODE batches run their layers in one native call (native_decode.py); built on
@@ -237,6 +244,8 @@ class CausalLM(nn.Module):
         return residual
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.embedding_blocks is not None:
+            return self.embedding_blocks.rows(ids, self.dtype)
         if self.tp_plan is None:
             return self.embed_tokens(ids)
         # Vocabulary-parallel: each rank looks up the ids it owns, zeros elsewhere, then a sum.
@@ -303,7 +312,11 @@ class CausalLM(nn.Module):
             if isinstance(module, Linear) and module is not self.lm_head:
                 total += module.kernel.nbytes()
         head = self.output_weight or self._select_output_weight(extra_layouts=False)
-        return total + head.nbytes()
+        total += head.nbytes()
+        embedding = self.embedding_blocks
+        if embedding is not None and embedding is not getattr(head, "small", head):
+            total += embedding.nbytes()
+        return total
 
     def finalize_weights(self, pack: bool) -> None:
         """Add the dense weights' extra layouts (see `Linear.finalize`) when `pack`; call after
@@ -328,10 +341,38 @@ class CausalLM(nn.Module):
         self,
         weights: Iterable[tuple[str, torch.Tensor]],
         on_loaded: Callable[[str], None] | None = None,
+        provided: frozenset[str] = frozenset(),
     ) -> None:
-        """Copy canonical-named tensors into the (fused) parameters (`CheckpointLoader.load`)."""
-        CheckpointLoader(self, self.tp_plan, self.lm_head is None).load(weights, on_loaded)
+        """Copy canonical-named tensors into the (fused) parameters (`CheckpointLoader.load`);
+        `provided`: parameters already held otherwise (`use_gguf_blocks`), not expected."""
+        loader = CheckpointLoader(self, self.tp_plan, self.lm_head is None)
+        loader.load(weights, on_loaded, provided)
         self._native_decoder = False
+
+    def use_gguf_blocks(self, blocks: BlockWeights) -> frozenset[str]:
+        """Hold the projections, embedding and output projection `blocks` has as GGUF blocks
+        (their dense parameters emptied, never filled); returns the parameter names they
+        stand for, which the dense load then skips."""
+        self._native_decoder = False
+        provided = set()
+        for path, weight in blocks.projections.items():
+            module = self.get_submodule(path)
+            assert isinstance(module, Linear)
+            module.set_quantized(weight, -1)
+            provided.add(f"{path}.weight")
+        if blocks.embedding is not None:
+            self.embedding_blocks = blocks.embedding
+            empty = self.embed_tokens.weight.data.new_empty(0)
+            self.embed_tokens.weight = nn.Parameter(empty, requires_grad=False)
+            provided.add("embed_tokens.weight")
+        if blocks.head is not None:
+            self.lm_head_quantized = blocks.head
+            self.lm_head_quantized_max_rows = -1
+            if self.lm_head is not None:
+                empty = self.lm_head.weight.data.new_empty(0)
+                self.lm_head.weight = nn.Parameter(empty, requires_grad=False)
+                provided.add("lm_head.weight")
+        return frozenset(provided)
 
     def quantize(
         self,
@@ -355,11 +396,13 @@ class CausalLM(nn.Module):
         for name, module in self.named_modules():
             if isinstance(module, Linear) and name != "lm_head" and module.quantized is None:
                 self.quantize_projection(name, kind_for, max_rows, source)
+        self.output_weight = None
+        if isinstance(self.lm_head_quantized, GGUFWeight):  # held as the file's blocks
+            return
         dense_head = self.lm_head_weight().data
         fits = head is not None and head.values.shape == dense_head.shape
         self.lm_head_quantized = head if fits else Int8Weight(dense_head, self.dtype)
         self.lm_head_quantized_max_rows = max_rows
-        self.output_weight = None
         if max_rows < 0 and self.lm_head is not None:  # an untied projection has no other use
             self.lm_head.weight = nn.Parameter(dense_head.new_empty(0), requires_grad=False)
 
@@ -390,9 +433,10 @@ class CausalLM(nn.Module):
         """The quantized formats the projections use (int4, int8, w4a8), sorted (empty: all
         dense)."""
         kinds = {
-            m.quantized.kind
+            kind
             for m in self.modules()
             if isinstance(m, Linear) and m is not self.lm_head and m.quantized is not None
+            for kind in m.quantized.kind.split("+")
         }
         return sorted(kinds)
 

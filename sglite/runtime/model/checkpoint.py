@@ -73,14 +73,18 @@ class CheckpointLoader:
         self,
         weights: Iterable[tuple[str, torch.Tensor]],
         on_loaded: Callable[[str], None] | None = None,
+        provided: frozenset[str] = frozenset(),
     ) -> None:
         """Copy every tensor in; `on_loaded(target)` is called as soon as a parameter has all
         its parts (it may replace the parameter, e.g. quantize and free it, so that loading
-        never holds every dense weight at once).
+        never holds every dense weight at once). Parameters in `provided` are held otherwise:
+        tensors for them are ignored and none are expected.
 
         Raises ValueError on a shape mismatch or when some parameter was never provided.
         """
-        params: dict[str, nn.Parameter | None] = dict(self.model.named_parameters())
+        params: dict[str, nn.Parameter | None] = {
+            name: p for name, p in self.model.named_parameters() if name not in provided
+        }
         filled: dict[str, set[int]] = {}
         for name, tensor in weights:
             name = name.removeprefix("model.")

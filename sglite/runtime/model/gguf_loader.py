@@ -14,13 +14,16 @@ import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from sglite.runtime.model.causal_lm import QuantizedSource
+from sglite.runtime.model.checkpoint import checkpoint_names
 from sglite.runtime.model.config import ModelConfig
 from sglite.runtime.model.gguf_index import (
     GGUFFile,
@@ -28,7 +31,8 @@ from sglite.runtime.model.gguf_index import (
     open_gguf,
     sglite_cache_dir,
 )
-from sglite.runtime.model.models.base import GGUFConfig, ModelFamily
+from sglite.runtime.model.gguf_weight import BLOCK_TYPES, DecodeScratch, GGUFPart, GGUFWeight
+from sglite.runtime.model.models.base import GGUFConfig, ModelFamily, rename_parts
 from sglite.runtime.model.quantization import (
     GGUF_INT4_TYPES,
     GGUF_Q8_EXACT_TYPES,
@@ -115,22 +119,28 @@ def _unpermute_rows(w: torch.Tensor, n_head: int) -> torch.Tensor:
 
 
 def iter_gguf_weights(
-    gf: GGUFFile, config: ModelConfig, progress: bool = True
+    gf: GGUFFile, config: ModelConfig, progress: bool = True, skip: frozenset[str] = frozenset()
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield `(hf_name, float32 tensor)` for every weight, dequantizing one tensor at a time."""
+    """Yield `(hf_name, float32 tensor)` for every weight but the GGUF tensors named in `skip`
+    (held as blocks: `gguf_block_weights`), dequantizing one tensor at a time."""
 
     family = gguf_family(gf, gf.path)
-    yield from family.gguf_weights(_dequantized(gf, config, family, progress), config)
+    yield from family.gguf_weights(_dequantized(gf, config, family, progress, skip), config)
 
 
 def _dequantized(
-    gf: GGUFFile, config: ModelConfig, family: ModelFamily, progress: bool
+    gf: GGUFFile,
+    config: ModelConfig,
+    family: ModelFamily,
+    progress: bool,
+    skip: frozenset[str] = frozenset(),
 ) -> Iterator[tuple[str, torch.Tensor]]:
     import gguf
     from tqdm.auto import tqdm
 
     unpermute = family.gguf_permuted_qk
-    for tensor in tqdm(gf.tensors, desc="loading GGUF", unit="tensor", disable=not progress):
+    tensors = [t for t in gf.tensors if t.name not in skip]
+    for tensor in tqdm(tensors, desc="loading GGUF", unit="tensor", disable=not progress):
         if tensor.name in _SKIPPED:
             continue
         name = _hf_name(tensor.name)
@@ -155,6 +165,81 @@ def _dequantized(
         elif unpermute and ".self_attn.k_proj." in name:
             weight = _unpermute_rows(weight, config.num_kv_heads)
         yield name, weight
+
+
+@dataclass
+class BlockWeights:
+    """The GGUF tensors a model holds as blocks (`GGUFWeight`): projections by module path, the
+    embedding, the output projection (the embedding's weight when tied), and the GGUF tensor
+    names they took (the dense load skips them)."""
+
+    projections: dict[str, GGUFWeight] = field(default_factory=dict)
+    embedding: GGUFWeight | None = None
+    head: GGUFWeight | None = None
+    consumed: set[str] = field(default_factory=set)
+
+
+def gguf_block_weights(gf: GGUFFile, model: nn.Module) -> BlockWeights:
+    """Every projection, the embedding and the output projection of `model` whose GGUF tensors
+    are all of a block type the kernels read, as `GGUFWeight`s over the mapped file. Rows the
+    file stores permuted (llama's q/k) are reordered into a copy; everything else is a view.
+    Projections made of other tensors (float, other types, 3D experts) are not included."""
+    from sglite.runtime.model.linear import Linear
+
+    family = gguf_family(gf, gf.path)
+    by_name: dict[str, Any] = {}
+    for tensor in gf.tensors:
+        name = _hf_name(tensor.name)
+        if name is not None:
+            by_name[rename_parts(name, family.gguf_renames)] = tensor
+    config = model.config
+    scratch = DecodeScratch()
+    out = BlockWeights()
+
+    def weight(names: list[str], heads: list[int | None]) -> GGUFWeight | None:
+        tensors = [by_name.get(n) for n in names]
+        if any(t is None or t.tensor_type.name not in BLOCK_TYPES for t in tensors):
+            return None
+        if any(len(t.shape) != 2 for t in tensors):
+            return None
+        k = int(tensors[0].shape[0])
+        parts = [
+            GGUFPart(t.tensor_type.name, _block_rows(t, h))
+            for t, h in zip(tensors, heads, strict=True)
+        ]
+        out.consumed.update(t.name for t in tensors)
+        return GGUFWeight(parts, k, scratch)
+
+    def permuted_heads(name: str) -> int | None:
+        if family.gguf_permuted_qk and ".self_attn.q_proj." in name:
+            return config.num_heads
+        if family.gguf_permuted_qk and ".self_attn.k_proj." in name:
+            return config.num_kv_heads
+        return None
+
+    for path, module in model.named_modules():
+        if not isinstance(module, Linear) or path == "lm_head":
+            continue
+        names = checkpoint_names(model, path)
+        found = weight(names, [permuted_heads(n) for n in names])
+        if found is None and len(names) > 1:  # stored fused in the file (Phi-3)
+            found = weight([f"model.{path}.weight"], [None])
+        if found is not None and found.shape() == (module.out_features, module.in_features):
+            out.projections[path] = found
+    out.embedding = weight(["model.embed_tokens.weight"], [None])
+    out.head = out.embedding if config.tie_word_embeddings else weight(["lm_head.weight"], [None])
+    return out
+
+
+def _block_rows(tensor: Any, heads: int | None) -> np.ndarray:
+    """A 2D GGUF tensor's blocks as uint8 `[rows, row_bytes]`: a view of the mapped file, or,
+    for llama's permuted q/k rows (`heads`), a copy in rotate-half order."""
+    rows = int(tensor.shape[1])
+    data = np.asarray(tensor.data).view(np.uint8).reshape(rows, -1)
+    if heads is None:
+        return data
+    order = _unpermute_rows(torch.arange(rows), heads).numpy()
+    return np.ascontiguousarray(data[order])
 
 
 def gguf_quantized_source(gf: GGUFFile, config: ModelConfig) -> QuantizedSource:
@@ -265,14 +350,17 @@ def _source(tensors: dict[str, Any], name: str) -> Any:
 
 def auto_quantization(gf: GGUFFile) -> str:
     """What `quantization="auto"` gives a GGUF file, as vLLM and SGLang serve a GGUF with its
-    own quantization: each projection the kind of its tensors (`_kind_of_types`; a fused
-    projection's parts together), summarized as the kinds used joined by "+" (int4, q8_0,
-    int4+q8_0), or none when every projection is float."""
-    groups: dict[str, set[str]] = {}
-    for name, tensor in _projection_tensors(gf).items():
-        key = _FUSED_PART.sub(lambda m: ".qkv_proj." if m.group(1) else ".gate_up_proj.", name)
-        groups.setdefault(key, set()).add(tensor.tensor_type.name)
-    kinds = {_kind_of_types(types) for types in groups.values()} - {"none"}
+    own quantization: the block types of its quantized projection tensors, lowercased and
+    joined by "+" (e.g. q4_k+q6_k), which the model holds as they are (`gguf_block_weights`);
+    q8_0 also stands for quantized types the kernels do not read (rounded to 8 bits per 32 on
+    load); none when every projection is float."""
+    kinds = set()
+    for tensor in _projection_tensors(gf).values():
+        name = tensor.tensor_type.name
+        if name in BLOCK_TYPES:
+            kinds.add(name.lower())
+        elif name not in _UNQUANTIZED_TYPES:
+            kinds.add("q8_0")
     return "+".join(sorted(kinds)) or "none"
 
 

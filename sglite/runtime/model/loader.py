@@ -171,6 +171,15 @@ def resolve_quantization(
     return gguf_loader.auto_quantization(gguf_file)
 
 
+def _serves_gguf_blocks(
+    resolved: str, plan: TensorParallelPlan | None, device: torch.device
+) -> bool:
+    """Whether a GGUF's quantized tensors are held as its own blocks (`GGUFWeight`): with
+    `--quantization auto` resolved to a quantized format (the native kernels, on the CPU), in
+    one process (tensor parallelism cuts weights, which the dense path does)."""
+    return resolved != "none" and plan is None and device.type == "cpu"
+
+
 def _check_quantization(kind: str, dtype: torch.dtype, device: torch.device) -> None:
     if kind not in QUANTIZATIONS:
         choices = ", ".join(("auto", *QUANTIZATIONS))
@@ -223,8 +232,11 @@ def _apply_family_tokens(tokenizer: Tokenizer, family: ModelFamily, config: Mode
     """The family's chat template where the files have none, and its stop tokens."""
     if tokenizer.chat_template is None and family.chat_template is not None:
         tokenizer.chat_template = family.chat_template
-    vocab = tokenizer.hf.get_vocab()
-    extra = [vocab[t] for t in family.stop_tokens if t in vocab]
+    # One lookup per stop token: `get_vocab()` builds a dict of the whole vocabulary (0.7 s
+    # for Qwen's 151k tokens, at every start).
+    found = (tokenizer.hf.convert_tokens_to_ids(t) for t in family.stop_tokens)
+    unknown = tokenizer.hf.unk_token_id
+    extra = [i for i in found if i is not None and i != unknown]
     for eos in [*config.eos_token_ids, *extra]:  # the model's own stop tokens always stop
         if eos not in tokenizer.eos_token_ids:
             tokenizer.eos_token_ids.append(eos)
@@ -312,7 +324,6 @@ def load_model(
         gguf_file = open_gguf(path)
         family = gguf_loader.gguf_family(gguf_file, path)
         config = gguf_loader.gguf_config(gguf_file, path)
-        weights = gguf_loader.iter_gguf_weights(gguf_file, config, progress)
     elif os.path.isdir(path):
         family, config = hf_loader.hf_config(path)
         files = hf_loader.safetensors_files(path)
@@ -330,18 +341,27 @@ def load_model(
     kind_for = _kind_for(quantization, resolved, gguf_file)
     plan = TensorParallelPlan.create(config, tp.rank, tp.size) if tp.enabled else None
     model = CausalLM.empty(config, torch_dtype, dev, plan, tp)
+    provided: frozenset[str] = frozenset()
+    if gguf_file is not None:
+        consumed: frozenset[str] = frozenset()
+        if quantization == "auto" and _serves_gguf_blocks(resolved, plan, dev):
+            blocks = gguf_loader.gguf_block_weights(gguf_file, model)
+            provided, consumed = model.use_gguf_blocks(blocks), frozenset(blocks.consumed)
+        weights = gguf_loader.iter_gguf_weights(gguf_file, config, progress, consumed)
     quantized_rows = source = head = None
     if kind_for is not None:
         quantized_rows = quantized_max_rows
         if quantized_rows is None:
             quantized_rows = auto_quantized_max_rows(torch_dtype, dev)
-        if gguf_file is not None:
+        if provided:  # held as the file's blocks, for every row count
+            quantized_rows = -1
+        elif gguf_file is not None:
             source = gguf_loader.gguf_quantized_source(gguf_file, config)
             head = gguf_loader.gguf_q8_head(gguf_file, plan.vocab if plan else None)
     on_loaded = None
     if kind_for is not None and quantized_rows is not None and quantized_rows < 0:
         on_loaded = _quantize_when_loaded(model, kind_for, quantized_rows, source)
-    model.load_weights(weights, on_loaded)
+    model.load_weights(weights, on_loaded, provided)
     if kind_for is not None:
         assert quantized_rows is not None
         model.quantize(kind_for, quantized_rows, source, head)  # what loading has not done

@@ -17,6 +17,9 @@ from sglite.runtime.model.kernels import native
 from sglite.runtime.model.kernels.abi import ABI
 from sglite.runtime.model.kernels.matmul import (  # noqa: F401 (the package's API)
     dense_gemv,
+    gguf_dequantize,
+    gguf_gemm,
+    gguf_gemv,
     int4_dequantize,
     int4_gemm,
     int4_gemv,

@@ -36,6 +36,11 @@
 void panel_rows(const float *x, int64_t rows, int64_t k, const float *panel, const float *next,
                 float *y, int64_t ldy, int64_t cols, const float *bias);
 
+/* gguf_blocks.c's row decoding, which quant_gemm.c runs for QUANT_GEMM_GGUF: row n of a GGUF
+ * weight (its bytes and type), and the float32 values of a row of k values of `type`. */
+const void *gguf_part_row(const gguf_part_t *parts, int64_t n, int64_t k, int64_t *type);
+void gguf_decode_row(int64_t type, const void *row, int64_t k, float *out);
+
 static inline float bf16_to_f32(uint16_t h) {
   uint32_t u = (uint32_t)h << 16;
   float f;

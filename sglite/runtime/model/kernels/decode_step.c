@@ -109,6 +109,7 @@ static int linear_rows(int dtype, const linear_t *l, const void *x, void *y, int
   }
   const int int4 = l->kind == LINEAR_INT4 || l->kind == LINEAR_INT4_A8;
   const int q8 = l->kind == LINEAR_Q8_0;
+  const int gguf = l->kind == LINEAR_GGUF;
   /* int4 with float x: the GEMM wins from 3 rows (its GEMV widens every weight for few rows). */
   int64_t gemv_rows = l->kind == LINEAR_INT4 && dtype == 0 ? INT4_FLOAT_GEMV_MAX_ROWS
                                                             : QGEMV_MAX_ROWS;
@@ -116,9 +117,13 @@ static int linear_rows(int dtype, const linear_t *l, const void *x, void *y, int
    * are independent with row_independent; the GEMVs, faster for a row or two, sum in another
    * order); in bf16 the GEMVs (rows independent), the caller sending at most QGEMV_MAX_ROWS. */
   if (deterministic && dtype == 0) gemv_rows = 0;
-  if ((int4 || q8 || l->kind == LINEAR_INT8) && rows > gemv_rows) {
+  if (gguf && dtype == 0 && !deterministic) gemv_rows = GGUF_FLOAT_GEMV_MAX_ROWS;
+  if ((int4 || q8 || gguf || l->kind == LINEAR_INT8) && rows > gemv_rows) {
     if (dtype != 0) return -1; /* quant_gemm takes float32 rows only; it adds the bias */
-    const int kind = int4 ? QUANT_GEMM_INT4 : q8 ? QUANT_GEMM_Q8_0 : QUANT_GEMM_INT8;
+    const int kind = int4   ? QUANT_GEMM_INT4
+                     : q8   ? QUANT_GEMM_Q8_0
+                     : gguf ? QUANT_GEMM_GGUF
+                            : QUANT_GEMM_INT8;
     return quant_gemm(kind, x, l->weight, l->scale, l->bias, y, rows, l->n_out, l->k, threads,
                       deterministic);
   }
@@ -126,6 +131,8 @@ static int linear_rows(int dtype, const linear_t *l, const void *x, void *y, int
     status = int8_gemv(dtype, x, l->weight, l->scale, y, rows, l->n_out, l->k, threads);
   else if (q8)
     status = q8_gemv(dtype, x, l->weight, l->scale, y, rows, l->n_out, l->k, threads);
+  else if (gguf)
+    status = gguf_gemv(dtype, x, l->weight, y, rows, l->n_out, l->k, threads);
   else if (int4)
     status = int4_gemv(dtype, x, l->weight, l->scale, y, rows, l->n_out, l->k, threads,
                        l->kind == LINEAR_INT4_A8);

@@ -25,14 +25,39 @@ enum { QGEMV_MAX_ROWS = 8 };
 /* float32 rows an int4 (float x) weight goes through its GEMV; from 3 rows the quantized GEMM
  * is faster (it dequantizes each weight once for all rows). */
 enum { INT4_FLOAT_GEMV_MAX_ROWS = 2 };
+/* float32 rows a GGUF block weight goes through gguf_gemv before the quantized GEMM. */
+enum { GGUF_FLOAT_GEMV_MAX_ROWS = 2 };
 /* Rows decode_layers takes (quantized layers in bf16: at most QGEMV_MAX_ROWS; the caller picks). */
 enum { NATIVE_MAX_ROWS = 256 };
 
 /* Attention range in deterministic mode (paged_decode_attention's fixed_span). */
 enum { DETERMINISTIC_SPAN = 256 };
 
-/* quant_gemm's weight formats. */
-enum { QUANT_GEMM_INT8 = 1, QUANT_GEMM_INT4 = 2, QUANT_GEMM_Q8_0 = 3 };
+/* quant_gemm's weight formats (QUANT_GEMM_GGUF: `weight` is a gguf_part_t array). */
+enum { QUANT_GEMM_INT8 = 1, QUANT_GEMM_INT4 = 2, QUANT_GEMM_Q8_0 = 3, QUANT_GEMM_GGUF = 4 };
+
+/* GGUF's quantized block types the kernels read as stored (ggml's type ids; gguf_blocks.c). */
+enum {
+  GGML_TYPE_Q4_0 = 2,
+  GGML_TYPE_Q4_1 = 3,
+  GGML_TYPE_Q5_0 = 6,
+  GGML_TYPE_Q5_1 = 7,
+  GGML_TYPE_Q8_0 = 8,
+  GGML_TYPE_Q4_K = 12,
+  GGML_TYPE_Q5_K = 13,
+  GGML_TYPE_Q6_K = 14
+};
+/* Row ranges of one GGUF weight (a fused projection's parts, each in its own type). */
+enum { GGUF_MAX_PARTS = 4 };
+
+/* One row range of a GGUF weight [n_out, k]: `rows` rows of `type` blocks at `data` (row after
+ * row, gguf_row_bytes(type, k) each). A weight is an array of these, in row order, whose rows
+ * add up to n_out (at most GGUF_MAX_PARTS). */
+typedef struct {
+  int64_t type;
+  int64_t rows;
+  const void *data;
+} gguf_part_t;
 
 /* A projection's weight format in the decode step (linear_t.kind). */
 enum {
@@ -41,14 +66,15 @@ enum {
   LINEAR_INT4 = 2,    /* GGUF Q4_1 nibbles, f16 (scale, offset) per 32 inputs */
   LINEAR_PANELS = 3,  /* float32 in panel_gemm's panels */
   LINEAR_INT4_A8 = 4, /* LINEAR_INT4 whose GEMVs round x to int8 (w4a8) */
-  LINEAR_Q8_0 = 5     /* GGUF Q8_0: int8 values, an f16 scale per 32 inputs */
+  LINEAR_Q8_0 = 5,    /* GGUF Q8_0: int8 values, an f16 scale per 32 inputs */
+  LINEAR_GGUF = 6     /* GGUF blocks as the file stores them: weight is a gguf_part_t array */
 };
 
 typedef struct {
   int64_t kind; /* LINEAR_* */
   int64_t n_out, k;
   const void *weight; /* dense: [n_out, k] dtype; int8 and q8_0: int8 values; int4: packed
-                         nibbles; panels: float32 as panel_gemm reads them */
+                         nibbles; panels: float32 as panel_gemm reads them; gguf: parts */
   const void *scale;  /* int8: float32 [n_out]; int4: f16 (scale, offset) pairs; q8_0: f16
                          [n_out, k / 32]; else NULL */
   const void *bias;   /* dtype [n_out] or NULL */
@@ -122,6 +148,16 @@ int q8_gemv(int dtype, const void *x, const int8_t *q, const uint16_t *scales, v
             int64_t rows, int64_t n_out, int64_t k, int threads);
 void int4_dequantize(int dtype, const uint8_t *packed, const uint16_t *scale_offset, void *out,
                      int64_t n_out, int64_t k, int threads);
+
+/* gguf_blocks.c. gguf_row_bytes: bytes of a row of k values of `type`, -1 when unsupported or
+ * k is not whole blocks. gguf_gemv: y [rows, n_out] = x W^T for rows <= QGEMV_MAX_ROWS, x kept
+ * in float32. gguf_dequantize: out[i] = row ids[i] of W (ids NULL: row i, for i < n_ids) in
+ * dtype. Both return -1 for parts that do not cover n_out rows of supported types. */
+int64_t gguf_row_bytes(int64_t type, int64_t k);
+int gguf_gemv(int dtype, const void *x, const gguf_part_t *parts, void *y, int64_t rows,
+              int64_t n_out, int64_t k, int threads);
+int gguf_dequantize(int dtype, const gguf_part_t *parts, const int64_t *ids, int64_t n_ids,
+                    int64_t n_out, int64_t k, void *out, int threads);
 
 /* quant_gemm.c, panel_gemm.c. quant_gemm with row_independent != 0 never takes its panel path
  * (used from GEMM_PANEL_MIN_ROWS rows, whose tiles sum over k in another order), so a row's

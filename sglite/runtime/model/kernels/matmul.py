@@ -260,3 +260,89 @@ def int4_dequantize(
         torch.get_num_threads(),
     )
     return out
+
+
+def gguf_gemv(x: torch.Tensor, parts: int, n_out: int) -> torch.Tensor | None:
+    """`x @ W.T` for a few rows `x [M, K]` (float32/bfloat16), `W [n_out, K]` a GGUF weight
+    given as the address of its `gguf_part_t` array (see `GGUFWeight`); None when the native
+    kernel cannot serve it."""
+    lib = _gemv_lib(x)
+    if lib is None:
+        return None
+    rows, k = x.shape
+    out = x.new_empty(rows, n_out)
+    status = lib.gguf_gemv(
+        _DTYPE_CODES[x.dtype],
+        x.data_ptr(),
+        parts,
+        out.data_ptr(),
+        rows,
+        n_out,
+        k,
+        torch.get_num_threads(),
+    )
+    return out if status == 0 else None
+
+
+def gguf_gemm(
+    x: torch.Tensor,
+    parts: int,
+    n_out: int,
+    bias: torch.Tensor | None = None,
+    row_independent: bool = False,
+) -> torch.Tensor | None:
+    """`x @ W.T (+ bias)` for float32 `x [M, K]`, any M, `W` a GGUF weight as for `gguf_gemv`,
+    through the quantized GEMM (each weight row decoded once per call, in cache)."""
+    lib = native.load()
+    if lib is None or x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 2:
+        return None
+    if bias is not None and (bias.dtype != torch.float32 or bias.numel() != n_out):
+        return None
+    x = x.contiguous()
+    bias = None if bias is None else bias.contiguous()  # held until the call returns
+    out = x.new_empty(x.shape[0], n_out)
+    status = lib.quant_gemm(
+        ABI.constants["QUANT_GEMM_GGUF"],
+        x.data_ptr(),
+        parts,
+        None,
+        None if bias is None else bias.data_ptr(),
+        out.data_ptr(),
+        x.shape[0],
+        n_out,
+        x.shape[1],
+        torch.get_num_threads(),
+        int(row_independent),
+    )
+    return out if status == 0 else None
+
+
+def gguf_dequantize(
+    parts: int,
+    n_out: int,
+    k: int,
+    dtype: torch.dtype,
+    ids: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor | None:
+    """Rows `ids` (int64; None: all `n_out`) of a GGUF weight as dense `[len, k]` in `dtype`
+    (into `out` when given); None without the native library or for ids out of range."""
+    lib = native.load()
+    if lib is None or dtype not in _DTYPE_CODES:
+        return None
+    count = n_out if ids is None else ids.numel()
+    if ids is not None:
+        ids = ids.to(torch.int64).contiguous()
+    if out is None:
+        out = torch.empty(count, k, dtype=dtype)
+    status = lib.gguf_dequantize(
+        _DTYPE_CODES[dtype],
+        parts,
+        None if ids is None else ids.data_ptr(),
+        count,
+        n_out,
+        k,
+        out.data_ptr(),
+        torch.get_num_threads(),
+    )
+    return out if status == 0 else None

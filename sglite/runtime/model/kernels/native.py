@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -33,6 +34,7 @@ SOURCES = [
     _HERE / "attention.c",
     _HERE / "extend_attention.c",
     _HERE / "quant_gemv.c",
+    _HERE / "gguf_blocks.c",
     _HERE / "decode_step.c",
     _HERE / "panel_gemm.c",
     _HERE / "quant_gemm.c",
@@ -99,15 +101,37 @@ def _build(cc: str) -> Path:
     fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
     os.close(fd)
     try:
-        cmd = [cc, *FLAGS, "-o", tmp, *map(str, SOURCES), "-lm"]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        if done.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
+        with tempfile.TemporaryDirectory(dir=target.parent) as objects:
+            _compile_and_link(cc, objects, tmp)
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return target
+
+
+def _compile_and_link(cc: str, objects: str, out: str) -> None:
+    """Compile every source to an object file, as many at once as there are cores (the first
+    start of a machine waits for this), then link them into `out`."""
+    compile_flags = [f for f in FLAGS if f != "-shared"]
+    jobs = []
+    for source in SOURCES:
+        obj = os.path.join(objects, source.stem + ".o")
+        cmd = [cc, *compile_flags, "-c", "-o", obj, str(source)]
+        jobs.append((cmd, obj))
+    workers = max(1, min(len(jobs), os.cpu_count() or 1))
+    with ThreadPoolExecutor(workers) as pool:
+        results = list(pool.map(_run, [cmd for cmd, _ in jobs]))
+    for done in results:
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(done.args)} failed:\n{done.stderr[-2000:]}")
+    link = _run([cc, *FLAGS, "-o", out, *(obj for _, obj in jobs), "-lm"])
+    if link.returncode != 0:
+        raise RuntimeError(f"{' '.join(link.args)} failed:\n{link.stderr[-2000:]}")
+
+
+def _run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
 
 
 def load() -> ctypes.CDLL | None:

@@ -141,9 +141,9 @@ static void dot_tile3(const float *x, const float *w, int64_t k, float out[][GEM
 }
 
 typedef struct {
-  int kind; /* QUANT_GEMM_INT8, QUANT_GEMM_INT4 or QUANT_GEMM_Q8_0 */
+  int kind; /* QUANT_GEMM_INT8, QUANT_GEMM_INT4, QUANT_GEMM_Q8_0 or QUANT_GEMM_GGUF */
   const float *x;
-  const void *weight; /* int8 values or int4 nibbles */
+  const void *weight; /* int8 values, int4 nibbles or GGUF parts */
   const void *scale;  /* int8: float32 per row; int4: f16 (scale, offset) per group; Q8_0: f16
                          per group */
   const float *bias;
@@ -228,7 +228,11 @@ static void quant_gemm_range(void *p, int64_t chunk0, int64_t chunk1) {
       if (c < width && a->kind == QUANT_GEMM_INT4)
         dequantize_int4_row((const uint8_t *)a->weight + n * (k / 2),
                             (const uint16_t *)a->scale + n * groups * 2, k, w + c * k);
-      else if (c < width && a->kind == QUANT_GEMM_Q8_0)
+      else if (c < width && a->kind == QUANT_GEMM_GGUF) {
+        int64_t type;
+        const void *row = gguf_part_row(a->weight, n, k, &type);
+        gguf_decode_row(type, row, k, w + c * k);
+      } else if (c < width && a->kind == QUANT_GEMM_Q8_0)
         dequantize_q8_row((const int8_t *)a->weight + n * k, (const uint16_t *)a->scale + n * groups,
                           k, w + c * k);
       else if (c < width)
@@ -258,7 +262,7 @@ int quant_gemm(int kind, const float *x, const void *weight, const void *scale,
                const float *bias, float *y, int64_t rows, int64_t n_out, int64_t k, int threads,
                int row_independent) {
   /* k a multiple of 32: whole int4 groups, and whole vectors for the dot tiles (VEC <= 16). */
-  if (rows < 1 || k < 1 || k % Q4_GROUP || kind < QUANT_GEMM_INT8 || kind > QUANT_GEMM_Q8_0) return -1;
+  if (rows < 1 || k < 1 || k % Q4_GROUP || kind < QUANT_GEMM_INT8 || kind > QUANT_GEMM_GGUF) return -1;
   quant_gemm_args a = {kind, x, weight, scale, bias, y, rows, n_out, k, row_independent, 0};
   const int64_t chunks = (n_out + GEMM_CHUNK_COLS - 1) / GEMM_CHUNK_COLS;
   parallel_range(quant_gemm_range, &a, chunks, 1, threads, rows * n_out * k >= 65536);

