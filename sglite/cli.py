@@ -202,7 +202,7 @@ def serve(argv: Sequence[str] | None = None, prog: str = "sglite serve") -> int:
         return launch_server(args)
     except KeyboardInterrupt:  # Ctrl-C: the server has already shut down cleanly
         pass
-    except (OSError, RuntimeError, TimeoutError) as exc:
+    except (OSError, RuntimeError, TimeoutError, ValueError) as exc:  # e.g. a bad model file
         print(f"sglite: error: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import sglite
+from sglite.runtime.scheduler.io import check_segments
 from sglite.runtime.scheduler.segments import (
-    check_segments,
     most_deviating,
     plan_assembly,
     reused_spans,

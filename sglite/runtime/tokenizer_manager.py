@@ -27,8 +27,7 @@ from sglite.runtime.multimodal.processor import (
 )
 from sglite.runtime.multimodal.spec import vision_spec
 from sglite.runtime.sampling.params import SamplingParams
-from sglite.runtime.scheduler.io import GenerateInput, RequestOutput
-from sglite.runtime.scheduler.segments import check_segments
+from sglite.runtime.scheduler.io import GenerateInput, RequestOutput, check_segments
 from sglite.runtime.scheduler_client import SchedulerClient
 from sglite.runtime.server_args import ServerArgs
 from sglite.runtime.tokenizer import Tokenizer

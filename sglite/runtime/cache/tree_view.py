@@ -13,9 +13,10 @@ import itertools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sglite.runtime.cache.radix_cache import RadixCache, TreeNode
+if TYPE_CHECKING:  # annotations only: the HTTP process imports this module without torch
+    from sglite.runtime.cache.radix_cache import RadixCache, TreeNode
 
 # Bounds a caller may ask for (the HTTP route checks them; larger asks are refused).
 MAX_DEPTH = 64

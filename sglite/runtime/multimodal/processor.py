@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from sglite.runtime.multimodal.image_input import ImageLimits, load_image
 from sglite.runtime.multimodal.spec import VisionSpec
+
+if TYPE_CHECKING:  # the HTTP process imports torch only when an image arrives
+    import torch
 
 # Processor outputs that are text, not the vision tower's input.
 TEXT_KEYS = frozenset({"input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids"})
@@ -139,6 +141,8 @@ class ImagePromptBuilder:
             raise ValueError(f"{where}: the model's processor refused the image ({exc})") from None
         span = processed["input_ids"][0].tolist()
         inputs = {k: v for k, v in processed.items() if k not in TEXT_KEYS}
+        import torch
+
         digest = hashlib.blake2b(digest_size=16)
         for key in sorted(inputs):
             value = torch.as_tensor(inputs[key]).contiguous()

@@ -302,22 +302,3 @@ class SegmentAssembler:
             self.scheduler.device,
             slot_tensors=[table[: p + 1] for p in rows],
         )
-
-
-def check_segments(segments: list[tuple[int, int]], num_prompt: int) -> str | None:
-    """Why token spans cannot be a request's segments (sorted, disjoint, non-empty, inside the
-    prompt), or None."""
-    previous_end = 0
-    for i, span in enumerate(segments):
-        if len(span) != 2 or not all(isinstance(x, int) for x in span):
-            return f"segments[{i}] must be [start, end]"
-        start, end = span
-        if not 0 <= start < end <= num_prompt:
-            return (
-                f"segments[{i}] = [{start}, {end}] is not a non-empty span of the "
-                f"{num_prompt}-token prompt"
-            )
-        if start < previous_end:
-            return f"segments[{i}] overlaps or precedes the one before it"
-        previous_end = end
-    return None
