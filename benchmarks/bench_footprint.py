@@ -39,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from benchmarks.bench_json import _free_port, _post
+from benchmarks.bench_json import _free_port, _post, git_revision
 from benchmarks.host import cpu_line
 from benchmarks.runners.llama_cpp import find_llama_server, llama_version
 
@@ -61,6 +61,7 @@ class TreeMemory:
     rss: int
     pss: int
     processes: int
+    anon: int = 0  # RssAnon: private memory, not file pages (the mapped GGUF) or shmem
 
 
 def children(pid: int) -> list[int]:
@@ -108,16 +109,17 @@ def tree_memory(pid: int, pss: bool = True) -> TreeMemory:
 
     PSS walks every mapping of the process (costly on a big one); RSS is a counter.
     """
-    rss = pss_sum = n = 0
+    rss = pss_sum = anon = n = 0
     for p in process_tree(pid):
         r = _kb_field(f"/proc/{p}/status", "VmRSS")
         if r is None:  # exited meanwhile, or a kernel thread without memory
             continue
         rss += r
+        anon += _kb_field(f"/proc/{p}/status", "RssAnon") or 0
         if pss:
             pss_sum += _kb_field(f"/proc/{p}/smaps_rollup", "Pss") or 0
         n += 1
-    return TreeMemory(rss, pss_sum, n)
+    return TreeMemory(rss, pss_sum, n, anon)
 
 
 def mem_available() -> int:
@@ -188,6 +190,7 @@ class Start:
     ready_s: float | None = None
     rss: int | None = None
     pss: int | None = None
+    anon: int | None = None
     peak_rss: int | None = None
     processes: int | None = None
     detail: str = ""
@@ -316,6 +319,7 @@ def measure_start(sc: ServerCommand, model: str, kind: str, args: argparse.Names
             time.sleep(IDLE_S)
             mem = tree_memory(proc.pid)
             start.rss, start.pss, start.processes = mem.rss, mem.pss, mem.processes
+            start.anon = mem.anon
         if guard.exceeded:
             start.status, start.detail = "exceeded", guard.exceeded
     finally:  # the server is stopped whatever happened here (an error, Ctrl-C)
@@ -398,7 +402,8 @@ def describe(s: Start) -> str:
     if s.status != "ok":
         return f"{s.status} ({s.detail})"
     return (
-        f"ready {s.ready_s:.2f} s, RSS {s.rss / GB:.2f} GB, PSS {s.pss / GB:.2f} GB, "
+        f"ready {s.ready_s:.2f} s, RSS {s.rss / GB:.2f} GB (anon {s.anon / GB:.2f}), "
+        f"PSS {s.pss / GB:.2f} GB, "
         f"peak {s.peak_rss / GB:.2f} GB, {s.processes} processes"
         + (f"; {s.detail}" if s.detail else "")
     )
@@ -417,6 +422,7 @@ class Row:
     second_ready_s: float | None
     rss_gb: float | None
     pss_gb: float | None
+    anon_gb: float | None
     peak_rss_gb: float | None
     starts: int
 
@@ -445,6 +451,7 @@ def summarize(starts: list[Start]) -> list[Row]:
                 _median([s.ready_s for s in ok if s.kind == "second"]),
                 _median([s.rss / GB for s in mem]),
                 _median([s.pss / GB for s in mem]),
+                _median([s.anon / GB for s in mem]),
                 max([s.peak_rss / GB for s in mine if s.peak_rss], default=None),
                 len(mine),
             )
@@ -464,9 +471,10 @@ def table(rows: list[Row]) -> str:
     """Markdown table; the ratio columns sit on sglite's row (sglite / llama.cpp)."""
     head = (
         "| model | server | status | first-start ready (s) | second-start ready (s) | "
-        "RSS (GB) | PSS (GB) | peak RSS (GB) | RSS sglite/llama | PSS sglite/llama |"
+        "RSS (GB) | PSS (GB) | anon RSS (GB) | peak RSS (GB) | RSS sglite/llama | "
+        "PSS sglite/llama |"
     )
-    lines = [head, "|" + "---|" * 2 + "---|" + "---:|" * 7]
+    lines = [head, "|" + "---|" * 2 + "---|" + "---:|" * 8]
     peers = {(r.model, r.server): r for r in rows}
     for r in rows:
         peer = peers.get((r.model, LLAMA)) if r.server == SGLITE else None
@@ -474,7 +482,7 @@ def table(rows: list[Row]) -> str:
         pss_x = _ratio(r.pss_gb, peer.pss_gb) if peer else ""
         lines.append(
             f"| {r.model} | {r.server} | {r.status} | {_fmt(r.first_ready_s)} | "
-            f"{_fmt(r.second_ready_s)} | {_fmt(r.rss_gb)} | {_fmt(r.pss_gb)} | "
+            f"{_fmt(r.second_ready_s)} | {_fmt(r.rss_gb)} | {_fmt(r.pss_gb)} | {_fmt(r.anon_gb)} | "
             f"{_fmt(r.peak_rss_gb)} | {rss_x} | {pss_x} |"
         )
     return "\n".join(lines)
@@ -567,7 +575,7 @@ def preamble(args: argparse.Namespace, llama: str | None) -> list[str]:
         cleared += " and SGLITE_KERNEL_CACHE (C kernels compiled with gcc)"
     peer = f"{llama} ({llama_version(llama)})" if llama else f"missing: {args.llama_why}"
     return [
-        f"host: {cpu_line()}",
+        f"host: {cpu_line()}; sglite {git_revision()}",
         f"llama-server: {peer}",
         f"KV capacity {KV_TOKENS} tokens: sglite --max-total-tokens {KV_TOKENS}; llama-server "
         f"-c {KV_TOKENS} -np {LLAMA_SLOTS} -t {args.threads}",
@@ -577,7 +585,7 @@ def preamble(args: argparse.Namespace, llama: str | None) -> list[str]:
         f"ready: process start to first 200 from /health. memory: after one {NEW_TOKENS}-token "
         f"completion and {IDLE_S:.0f} s idle, summed over the server's process tree, medians "
         "of the second starts; peak RSS: the highest sampled (every 0.1 s, RSS only) over all "
-        "starts.",
+        "starts; anon RSS: RssAnon (RSS less file pages such as the mapped GGUF, and shmem).",
     ]
 
 
