@@ -1,8 +1,10 @@
-"""bench_footprint's pure helpers: memory summed over a process tree, and the synthetic GGUF
-writer on a tiny config (types, shapes, copied and padded tokenizer, finite positive scales)."""
+"""bench_footprint's helpers: memory summed over a process tree, a start reported as crashed or
+exceeded (RSS guard), and the synthetic GGUF writer on a tiny config (types, shapes, copied and
+padded tokenizer, finite positive scales)."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -14,7 +16,14 @@ import numpy as np
 import pytest
 from gguf.quants import dequantize
 
-from benchmarks.bench_footprint import kill_tree, process_tree, tree_memory
+from benchmarks.bench_footprint import (
+    ServerCommand,
+    kill_tree,
+    measure_start,
+    process_tree,
+    tree_memory,
+)
+from benchmarks.bench_json import _free_port
 from benchmarks.synthetic_gguf import QT, SyntheticConfig, tensor_plan, write_synthetic
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")
@@ -111,3 +120,20 @@ def test_synthetic_writer_tiny_config(tmp_path):
     assert {t.tensor_type for t in r.tensors} == {QT.F32, QT.Q4_K, QT.Q6_K}
     assert r.get_tensor(0).name == "token_embd.weight"
     assert r.tensors[-1].name == "output.weight" and r.tensors[-1].tensor_type == QT.Q6_K
+
+
+def _fake_server(code: str) -> ServerCommand:
+    return ServerCommand("fake", [sys.executable, "-c", code], _free_port(), "/x", {})
+
+
+def test_measure_start_reports_crashed_and_exceeded():
+    args = argparse.Namespace(max_rss_gb=0.1, min_available_gb=0.0, timeout=30)
+    crashed = measure_start(_fake_server("import sys; sys.exit(3)"), "m", "first", args)
+    assert crashed.status == "crashed" and "exit code 3" in crashed.detail
+    hog = "b = bytearray(300 << 20); b[::4096] = b'x' * len(b[::4096]); import time; time.sleep(60)"
+    exceeded = measure_start(_fake_server(hog), "m", "first", args)
+    assert exceeded.status == "exceeded" and "RSS" in exceeded.detail
+    assert exceeded.peak_rss > 0.1e9 and exceeded.ready_s is None
+    for s in (crashed, exceeded):  # the failed server's log is kept and named
+        log = s.detail.rsplit("log ", 1)[1]
+        os.unlink(log)
