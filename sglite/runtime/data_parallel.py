@@ -54,6 +54,7 @@ class DataParallelClient:
             raise errors[0]
         self.replicas: list[SchedulerClient] = replicas
         self.info = dict(replicas[0].info)
+        self.served_tokens = replicas[0].served_tokens
         self.info["dp_size"] = len(replicas)
         self.info["max_total_num_tokens"] = sum(r.info["max_total_num_tokens"] for r in replicas)
         self.policy = make_policy(args.dp_policy, CacheAwareConfig())

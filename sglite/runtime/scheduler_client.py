@@ -28,6 +28,7 @@ from typing import Any
 import zmq
 
 from sglite.runtime.scheduler.io import (
+    SERVED_TOKENS,
     AbortInput,
     BatchOutput,
     ControlInput,
@@ -144,6 +145,7 @@ class SchedulerClient:
         """Block until the scheduler reports ready (raises, cleaning up, if it fails)."""
         try:
             self.info = self._wait_ready(self._startup_timeout)
+            self.served_tokens: dict[str, Any] = self.info.pop(SERVED_TOKENS, {})
         except Exception:
             stop_processes(self.followers)
             raise

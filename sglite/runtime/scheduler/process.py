@@ -23,6 +23,7 @@ from typing import Any
 import zmq
 
 from sglite.runtime.scheduler.io import (
+    SERVED_TOKENS,
     AbortInput,
     BatchOutput,
     ControlInput,
@@ -184,6 +185,12 @@ def run_scheduler(
                 "num_threads": torch.get_num_threads(),
                 "tp_size": tp.size,
                 "weight_bytes_per_rank": weight_bytes,
+                # What the HTTP process applies to its tokenizer, which it loads from the
+                # files alone (without torch): the family's stop tokens and chat template.
+                SERVED_TOKENS: {
+                    "eos_token_ids": list(loaded.tokenizer.eos_token_ids),
+                    "chat_template": loaded.tokenizer.chat_template,
+                },
             },
         )
     )

@@ -226,18 +226,20 @@ def model_names(args: ServerArgs, resolved_path: str) -> tuple[str, frozenset[st
 
 def build_state(args: ServerArgs) -> ServerState:
     """Start the scheduler process and load the tokenizer (in parallel); blocks until ready."""
-    from sglite.runtime.model.loader import load_tokenizer
+    from sglite.runtime.model.tokenizer_files import load_tokenizer_files
 
-    with ThreadPoolExecutor(1) as pool:  # the tokenizer loads while the model loads
-        tokenizer_future = pool.submit(
-            load_tokenizer, args.tokenizer_path or args.model_path, args.model_path
-        )
+    # The tokenizer loads while the model loads, from its files alone (this process imports no
+    # torch); the scheduler, which knows the model's family, sends its stop tokens and template.
+    with ThreadPoolExecutor(1) as pool:
+        tokenizer_future = pool.submit(load_tokenizer_files, args.tokenizer_path or args.model_path)
         client = create_client(args)
         try:
             tokenizer = tokenizer_future.result()
         except BaseException:
             client.shutdown()
             raise
+    tokenizer.eos_token_ids = list(client.served_tokens["eos_token_ids"])
+    tokenizer.chat_template = client.served_tokens["chat_template"]
     tm = TokenizerManager(args, tokenizer, client)
     name, aliases = model_names(args, client.info["model_path"])
 

@@ -79,7 +79,7 @@ def rope_from_hf(cfg: HFConfig, layer_type: str = "full_attention") -> tuple[flo
 
 def hf_eos_ids(cfg: HFConfig) -> list[int]:
     """Stop tokens of `generation_config.json` then `config.json`."""
-    from sglite.runtime.model.hf_loader import as_id_list, read_json
+    from sglite.runtime.model.tokenizer_files import as_id_list, read_json
 
     eos = as_id_list(cfg.outer.get("eos_token_id")) or as_id_list(cfg.get("eos_token_id"))
     generation = os.path.join(cfg.model_dir, "generation_config.json")
