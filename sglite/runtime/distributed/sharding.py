@@ -120,6 +120,13 @@ class TensorParallelPlan:
             return self.intermediate
         return None
 
+    def weight_ranges(self, name: str) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+        """This rank's row range and input-column range of the checkpoint weight `name` (None:
+        all of them), as `shard` cuts it."""
+        part = _part_name(name)
+        rows = self._rows(part)
+        return rows, None if rows is not None else self._columns(part)
+
     def shard(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         """This rank's part of the checkpoint tensor `name` (Hugging Face naming).
 

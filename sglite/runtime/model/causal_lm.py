@@ -244,16 +244,19 @@ class CausalLM(nn.Module):
         return residual
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
-        if self.embedding_blocks is not None:
-            return self.embedding_blocks.rows(ids, self.dtype)
         if self.tp_plan is None:
-            return self.embed_tokens(ids)
+            return self._embedding_rows(ids)
         # Vocabulary-parallel: each rank looks up the ids it owns, zeros elsewhere, then a sum.
         start, end = self.tp_plan.vocab
         mine = (ids >= start) & (ids < end)
-        local = self.embed_tokens((ids - start).clamp(0, end - start - 1))
+        local = self._embedding_rows((ids - start).clamp(0, end - start - 1))
         local.mul_(mine.unsqueeze(1).to(local.dtype))
         return self.tp.all_reduce(local)
+
+    def _embedding_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.embedding_blocks is not None:
+            return self.embedding_blocks.rows(ids, self.dtype)
+        return self.embed_tokens(ids)
 
     def _layers_forward(
         self,

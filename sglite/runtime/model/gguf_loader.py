@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from sglite.runtime.distributed.sharding import TensorParallelPlan
 from sglite.runtime.model.causal_lm import QuantizedSource
 from sglite.runtime.model.checkpoint import checkpoint_names
 from sglite.runtime.model.config import ModelConfig
@@ -168,11 +169,16 @@ class BlockWeights:
     consumed: set[str] = field(default_factory=set)
 
 
-def gguf_block_weights(gf: GGUFFile, model: nn.Module) -> BlockWeights:
+def gguf_block_weights(
+    gf: GGUFFile, model: nn.Module, config: ModelConfig, plan: TensorParallelPlan | None = None
+) -> BlockWeights:
     """Every projection, the embedding and the output projection of `model` whose GGUF tensors
-    are all of a block type the kernels read, as `GGUFWeight`s over the mapped file. Rows the
-    file stores permuted (llama's q/k) are reordered into a copy; everything else is a view.
-    Projections made of other tensors (float, other types, 3D experts) are not included."""
+    are all of a block type the kernels read, as `GGUFWeight`s over the mapped file (`config`:
+    the whole model's). Rows the file stores permuted (llama's q/k) are reordered into a copy;
+    with a tensor-parallel `plan`, each tensor is cut to this rank's rows (a view) or input
+    columns (a copy of whole blocks; a projection whose cut falls inside a block is left to the
+    dense path). Projections made of other tensors (float, other types, 3D experts) are not
+    included."""
     from sglite.runtime.model.linear import Linear
 
     family = gguf_family(gf, gf.path)
@@ -181,7 +187,6 @@ def gguf_block_weights(gf: GGUFFile, model: nn.Module) -> BlockWeights:
         name = _hf_name(tensor.name)
         if name is not None:
             by_name[rename_parts(name, family.gguf_renames)] = tensor
-    config = model.config
     scratch = DecodeScratch()
     out = BlockWeights()
 
@@ -192,10 +197,15 @@ def gguf_block_weights(gf: GGUFFile, model: nn.Module) -> BlockWeights:
         if any(len(t.shape) != 2 for t in tensors):
             return None
         k = int(tensors[0].shape[0])
-        parts = [
-            GGUFPart(t.tensor_type.name, _block_rows(t, h))
-            for t, h in zip(tensors, heads, strict=True)
-        ]
+        parts = []
+        for name, tensor, h in zip(names, tensors, heads, strict=True):
+            kind = tensor.tensor_type.name
+            rows: np.ndarray | None = _block_rows(tensor, h)
+            if plan is not None:
+                rows, k = _rank_blocks(plan, name, kind, rows, int(tensor.shape[0]))
+            if rows is None:
+                return None
+            parts.append(GGUFPart(kind, rows))
         out.consumed.update(t.name for t in tensors)
         return GGUFWeight(parts, k, scratch)
 
@@ -218,6 +228,26 @@ def gguf_block_weights(gf: GGUFFile, model: nn.Module) -> BlockWeights:
     out.embedding = weight(["model.embed_tokens.weight"], [None])
     out.head = out.embedding if config.tie_word_embeddings else weight(["lm_head.weight"], [None])
     return out
+
+
+def _rank_blocks(
+    plan: TensorParallelPlan, name: str, type_name: str, rows: np.ndarray, k: int
+) -> tuple[np.ndarray | None, int]:
+    """A tensor's blocks cut to this rank's part and its input width: rows as a view, input
+    columns as a copy of whole blocks (None where the cut falls inside a block)."""
+    import gguf
+
+    row_range, col_range = plan.weight_ranges(name)
+    if row_range is not None:
+        return rows[row_range[0] : row_range[1]], k
+    if col_range is None:
+        return rows, k
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]]
+    start, end = col_range
+    if start % block or end % block:
+        return None, k
+    cut = rows[:, start // block * size : end // block * size]
+    return np.ascontiguousarray(cut), end - start
 
 
 def _block_rows(tensor: Any, heads: int | None) -> np.ndarray:

@@ -158,13 +158,10 @@ def resolve_quantization(
     return gguf_loader.auto_quantization(gguf_file)
 
 
-def _serves_gguf_blocks(
-    resolved: str, plan: TensorParallelPlan | None, device: torch.device
-) -> bool:
+def _serves_gguf_blocks(resolved: str, device: torch.device) -> bool:
     """Whether a GGUF's quantized tensors are held as its own blocks (`GGUFWeight`): with
-    `--quantization auto` resolved to a quantized format (the native kernels, on the CPU), in
-    one process (tensor parallelism cuts weights, which the dense path does)."""
-    return resolved != "none" and plan is None and device.type == "cpu"
+    `--quantization auto` resolved to a quantized format (the native kernels, on the CPU)."""
+    return resolved != "none" and device.type == "cpu"
 
 
 def _check_quantization(kind: str, dtype: torch.dtype, device: torch.device) -> None:
@@ -302,8 +299,8 @@ def load_model(
     provided: frozenset[str] = frozenset()
     if gguf_file is not None:
         consumed: frozenset[str] = frozenset()
-        if quantization == "auto" and _serves_gguf_blocks(resolved, plan, dev):
-            blocks = gguf_loader.gguf_block_weights(gguf_file, model)
+        if quantization == "auto" and _serves_gguf_blocks(resolved, dev):
+            blocks = gguf_loader.gguf_block_weights(gguf_file, model, config, plan)
             provided, consumed = model.use_gguf_blocks(blocks), frozenset(blocks.consumed)
         weights = gguf_loader.iter_gguf_weights(gguf_file, config, progress, consumed)
     quantized_rows = source = head = None
