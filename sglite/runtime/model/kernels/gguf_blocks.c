@@ -207,6 +207,19 @@ static inline __m256i byte_bits(__m256i v, int shift, int mask, int to) {
   return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(v, shift), m), to);
 }
 
+/* Half h (values 128h..128h + 127) of a Q6_K super-block as four vectors of 32 signed bytes
+ * q - 32 (values 128h + 32s + l in q[s]): 4 bits from ql, 2 from qh. */
+static inline void q6k_half(const uint8_t *b, int h, __m256i q[4]) {
+  const __m256i lo0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
+  const __m256i lo1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
+  const __m256i hb = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+  const __m256i bias = _mm256_set1_epi8(32);
+  q[0] = _mm256_sub_epi8(_mm256_or_si256(low4(lo0), byte_bits(hb, 0, 3, 4)), bias);
+  q[1] = _mm256_sub_epi8(_mm256_or_si256(low4(lo1), byte_bits(hb, 2, 3, 4)), bias);
+  q[2] = _mm256_sub_epi8(_mm256_or_si256(high4(lo0), byte_bits(hb, 4, 3, 4)), bias);
+  q[3] = _mm256_sub_epi8(_mm256_or_si256(high4(lo1), byte_bits(hb, 6, 3, 4)), bias);
+}
+
 static void vector_block(int64_t type, const uint8_t *b, float *out) {
   switch (type) {
     case GGML_TYPE_Q4_0: {
@@ -257,19 +270,12 @@ static void vector_block(int64_t type, const uint8_t *b, float *out) {
     case GGML_TYPE_Q6_K: {
       const int8_t *sc = (const int8_t *)(b + 192);
       const float d = half(b + 208);
-      const __m256i bias = _mm256_set1_epi8(32);
       for (int h = 0; h < 2; h++) {
-        const __m256i lo0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
-        const __m256i lo1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
-        const __m256i hb = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
-        const __m256i q[4] = {_mm256_or_si256(low4(lo0), byte_bits(hb, 0, 3, 4)),
-                              _mm256_or_si256(low4(lo1), byte_bits(hb, 2, 3, 4)),
-                              _mm256_or_si256(high4(lo0), byte_bits(hb, 4, 3, 4)),
-                              _mm256_or_si256(high4(lo1), byte_bits(hb, 6, 3, 4))};
+        __m256i q[4];
+        q6k_half(b, h, q);
         for (int s = 0; s < 4; s++) {
           const int8_t *g = sc + 8 * h + 2 * s;
-          bytes_out(_mm256_sub_epi8(q[s], bias), 1, d * (float)g[0], 0.0f, d * (float)g[1], 0.0f,
-                    out + 128 * h + 32 * s);
+          bytes_out(q[s], 1, d * (float)g[0], 0.0f, d * (float)g[1], 0.0f, out + 128 * h + 32 * s);
         }
       }
       return;
@@ -463,7 +469,6 @@ static inline __attribute__((always_inline)) void q4k_q5k_row(const int R, const
 static inline __attribute__((always_inline)) void q6k_row(const int R, const uint8_t *row,
                                                           const float *xf, int64_t k,
                                                           __m256 acc[][ACC_CHAINS]) {
-  const __m256i bias = _mm256_set1_epi8(32);
   for (int64_t blk = 0; blk < k / QK_K; blk++) {
     const uint8_t *b = row + blk * 210;
     const __m128i sc8 = _mm_loadu_si128((const __m128i *)(b + 192));
@@ -473,16 +478,11 @@ static inline __attribute__((always_inline)) void q6k_row(const int R, const uin
     _mm256_storeu_ps(scale + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
                                                     _mm_unpackhi_epi64(sc8, sc8)))));
     for (int h = 0; h < 2; h++) {
-      const __m256i lo0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
-      const __m256i lo1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
-      const __m256i hb = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
-      const __m256i q[4] = {_mm256_or_si256(low4(lo0), byte_bits(hb, 0, 3, 4)),
-                            _mm256_or_si256(low4(lo1), byte_bits(hb, 2, 3, 4)),
-                            _mm256_or_si256(high4(lo0), byte_bits(hb, 4, 3, 4)),
-                            _mm256_or_si256(high4(lo1), byte_bits(hb, 6, 3, 4))};
+      __m256i q[4];
+      q6k_half(b, h, q);
       for (int s = 0; s < 4; s++) {
         __m256 w[4];
-        widen32(_mm256_sub_epi8(q[s], bias), w);
+        widen32(q[s], w);
         const float *g = scale + 8 * h + 2 * s;
         const __m256 two = _mm256_set_m128(_mm_broadcast_ss(g + 1), _mm_broadcast_ss(g));
         dot32(R, w, two, xf + blk * QK_K + 128 * h + 32 * s, k, acc, s & 1);
