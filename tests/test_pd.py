@@ -26,8 +26,11 @@ from server_fixtures import ServerProcess, free_port
 
 pytestmark = pytest.mark.slow
 
-# Two servers (and sometimes a third) share two cores: one torch thread each.
-COMMON = ("--num-threads", "1", "--disaggregation-transfer-timeout", "4")
+# Two servers (and sometimes a third) share two cores: one torch thread each. The transfer
+# timeout bounds the fault tests' waits; it is also a prefill's whole budget, which a 200-token
+# prompt in 32-token chunks on one thread overran at 4 s while the other test worker loaded
+# the cores (1.0-1.4 s alone).
+COMMON = ("--num-threads", "1", "--disaggregation-transfer-timeout", "8")
 GREEDY = {"temperature": 0, "max_new_tokens": 12}
 _rooms = itertools.count(1000)
 
