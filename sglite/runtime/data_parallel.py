@@ -39,12 +39,31 @@ _SUMMED = (
 class DataParallelClient:
     """`dp_size` replicas behind the `SchedulerClient` interface (see module docstring)."""
 
-    def __init__(self, args: ServerArgs, startup_timeout: float = 600.0) -> None:
+    def __init__(self, args: ServerArgs, startup_timeout: float = 600.0, wait: bool = True) -> None:
+        """Start every replica's processes (from this thread, see SchedulerClient); with
+        `wait`, also wait until they are ready (else call `wait_ready`)."""
         self.args = args
-        # Start every replica's processes from this thread (see SchedulerClient), then wait for
-        # them side by side: loading models in parallel takes one load time, not dp of them.
-        replicas = [SchedulerClient(args, startup_timeout, wait=False) for _ in range(args.dp_size)]
-        with ThreadPoolExecutor(args.dp_size) as pool:
+        self.replicas: list[SchedulerClient] = [
+            SchedulerClient(args, startup_timeout, wait=False) for _ in range(args.dp_size)
+        ]
+        self.info: dict[str, Any] = {}
+        self.served_tokens: dict[str, Any] = {}
+        self.policy = make_policy(args.dp_policy, CacheAwareConfig())
+        self._lock = threading.Lock()
+        self._owner: dict[str, int] = {}
+        self._load = [0] * len(self.replicas)
+        self._routed = [0] * len(self.replicas)
+        self.alive = True
+        self.death_reason: str | None = None
+        self.on_death: Callable[[str], None] | None = None
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Wait for every replica side by side (loading models in parallel takes one load time,
+        not dp of them); raises, after stopping them all, if one fails."""
+        replicas = self.replicas
+        with ThreadPoolExecutor(len(replicas)) as pool:
             futures = [pool.submit(r.wait_ready) for r in replicas]
             errors = [fut.exception() for fut in futures if fut.exception() is not None]
         if errors:
@@ -52,19 +71,10 @@ class DataParallelClient:
                 if replica.alive:
                     replica.shutdown()
             raise errors[0]
-        self.replicas: list[SchedulerClient] = replicas
         self.info = dict(replicas[0].info)
         self.served_tokens = replicas[0].served_tokens
         self.info["dp_size"] = len(replicas)
         self.info["max_total_num_tokens"] = sum(r.info["max_total_num_tokens"] for r in replicas)
-        self.policy = make_policy(args.dp_policy, CacheAwareConfig())
-        self._lock = threading.Lock()
-        self._owner: dict[str, int] = {}
-        self._load = [0] * len(replicas)
-        self._routed = [0] * len(replicas)
-        self.alive = True
-        self.death_reason: str | None = None
-        self.on_death: Callable[[str], None] | None = None
         for replica in replicas:
             replica.on_death = self._replica_died
 
@@ -162,8 +172,9 @@ class DataParallelClient:
             replica.shutdown(timeout)
 
 
-def create_client(args: ServerArgs) -> SchedulerClient | DataParallelClient:
-    """The scheduler client for `args`: one replica, or a data-parallel set of them."""
+def create_client(args: ServerArgs, wait: bool = True) -> SchedulerClient | DataParallelClient:
+    """The scheduler client for `args`: one replica, or a data-parallel set of them. Without
+    `wait` its processes are started and loading; call `wait_ready` before using it."""
     if args.dp_size > 1:
-        return DataParallelClient(args)
-    return SchedulerClient(args)
+        return DataParallelClient(args, wait=wait)
+    return SchedulerClient(args, wait=wait)

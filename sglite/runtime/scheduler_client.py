@@ -137,6 +137,7 @@ class SchedulerClient:
         # The other tensor-parallel ranks of this node (rank 0 is the process above).
         self.followers = launch_followers(args, local_ranks(args)[1:])
         self.info: dict[str, Any] = {}
+        self._thread: threading.Thread | None = None  # the receiver, once ready
         self._startup_timeout = startup_timeout
         if wait:
             self.wait_ready()
@@ -266,6 +267,8 @@ class SchedulerClient:
                 self.control("shutdown", timeout=timeout)
             except Exception:
                 pass
+        elif self.process.poll() is None:  # still loading (never ready): nothing to drain
+            self.process.terminate()
         was_alive, self.alive = self.alive, False
         try:
             self.process.wait(timeout=timeout)
@@ -275,7 +278,7 @@ class SchedulerClient:
         stop_processes(self.followers, timeout)
         if was_alive:
             self._on_death("the engine was shut down")
-        if self._thread.is_alive():
+        if self._thread is not None and self._thread.is_alive():
             self._thread.join(timeout=2)
         self._cleanup()
 

@@ -207,7 +207,7 @@ class TokenizerManager:
     def _encode_piece(self, text: str, first: bool) -> list[int]:
         if first:
             return self.tokenizer.encode(text)  # with the model's BOS
-        return list(self.tokenizer.hf.encode(text, add_special_tokens=False)) if text else []
+        return self.tokenizer.encode(text, add_special_tokens=False) if text else []
 
     def expand_images(
         self, ids: list[int], images: list[Any], where: str

@@ -12,20 +12,23 @@ import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sglite.runtime.constrained.base import Constraint, GrammarBackend, GrammarError, GrammarMatcher
 from sglite.runtime.server_args import GRAMMAR_BACKENDS
 
+if TYPE_CHECKING:
+    from sglite.runtime.tokenizer import Tokenizer
+
 
 def create_backend(
-    name: str, hf_tokenizer: Any, vocab_size: int, eos_token_ids: list[int]
+    name: str, tokenizer: Tokenizer, vocab_size: int, eos_token_ids: list[int]
 ) -> GrammarBackend:
     """The backend called `name` for this tokenizer; ValueError naming what is missing."""
     if name == "llguidance":
         from sglite.runtime.constrained.llguidance_backend import LLGuidanceBackend
 
-        return LLGuidanceBackend(hf_tokenizer, vocab_size, eos_token_ids)
+        return LLGuidanceBackend(tokenizer, vocab_size, eos_token_ids)
     if name == "xgrammar":
         try:
             from sglite.runtime.constrained.xgrammar_backend import XGrammarBackend
@@ -35,7 +38,7 @@ def create_backend(
                 "install it with: bash scripts/install_xgrammar.sh "
                 "(pip install 'sglite[xgrammar]' works too but also pulls triton)"
             ) from None
-        return XGrammarBackend(hf_tokenizer, vocab_size, eos_token_ids)
+        return XGrammarBackend(tokenizer, vocab_size, eos_token_ids)
     raise ValueError(f"grammar_backend must be one of {GRAMMAR_BACKENDS}, got {name!r}")
 
 

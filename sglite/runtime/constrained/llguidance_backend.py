@@ -13,9 +13,10 @@ converted to Lark; text without `::=` is taken as a Lark grammar.
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import llguidance
 from llguidance.gbnf_to_lark import gbnf_to_lark
@@ -29,6 +30,8 @@ from sglite.runtime.constrained.base import (
 
 if TYPE_CHECKING:  # imported where used: validation must not pull in torch or transformers
     import torch
+
+    from sglite.runtime.tokenizer import Tokenizer
 
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
@@ -122,12 +125,12 @@ class LLGuidanceMatcher(GrammarMatcher):
 
 
 class LLGuidanceBackend(GrammarBackend):
-    """Compiles constraints with llguidance for one Hugging Face tokenizer."""
+    """Compiles constraints with llguidance for one model's tokenizer."""
 
     name = "llguidance"
 
-    def __init__(self, hf_tokenizer: Any, vocab_size: int, eos_token_ids: list[int]) -> None:
-        self._hf_tokenizer = hf_tokenizer
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, eos_token_ids: list[int]) -> None:
+        self._model_tokenizer = tokenizer
         self._vocab_size = vocab_size
         self._eos_token_ids = list(eos_token_ids)
         self._tokenizer: llguidance.LLTokenizer | None = None
@@ -136,10 +139,15 @@ class LLGuidanceBackend(GrammarBackend):
     def _ll_tokenizer(self) -> llguidance.LLTokenizer:
         with self._lock:  # built once (~0.5 s), on the first compile's worker thread
             if self._tokenizer is None:
-                import llguidance.hf
-
-                self._tokenizer = llguidance.hf.from_tokenizer(
-                    self._hf_tokenizer, n_vocab=self._vocab_size
+                # llguidance reads the tokenizer's own JSON (as its `hf.from_tokenizer` does,
+                # without needing transformers), padding and truncation off.
+                backend = copy.copy(self._model_tokenizer.backend)
+                backend.no_padding()
+                backend.no_truncation()
+                self._tokenizer = llguidance.LLTokenizer(
+                    backend.to_str(),
+                    n_vocab=self._vocab_size,
+                    eos_token=self._model_tokenizer.eos_token_id,
                 )
             return self._tokenizer
 

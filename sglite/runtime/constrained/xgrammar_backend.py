@@ -35,6 +35,7 @@ from sglite.runtime.constrained.base import (
     GrammarError,
     GrammarMatcher,
 )
+from sglite.runtime.tokenizer import Tokenizer
 
 JSON_SEPARATORS = (", ", ": ")  # the same as llguidance_backend.JSON_OPTIONS
 
@@ -247,12 +248,12 @@ class XGrammarMatcher(GrammarMatcher):
 
 
 class XGrammarBackend(GrammarBackend):
-    """Compiles constraints with xgrammar for one Hugging Face tokenizer."""
+    """Compiles constraints with xgrammar for one model's tokenizer."""
 
     name = "xgrammar"
 
-    def __init__(self, hf_tokenizer: Any, vocab_size: int, eos_token_ids: list[int]) -> None:
-        self._hf_tokenizer = hf_tokenizer
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, eos_token_ids: list[int]) -> None:
+        self._tokenizer = tokenizer
         self._vocab_size = vocab_size
         self._eos_token_ids = list(eos_token_ids)
         self._compiler: xgrammar.GrammarCompiler | None = None
@@ -263,7 +264,7 @@ class XGrammarBackend(GrammarBackend):
         with self._lock:  # built once (~0.3 s), on the first compile's worker thread
             if self._compiler is None:
                 info = xgrammar.TokenizerInfo.from_huggingface(
-                    self._hf_tokenizer,
+                    self._tokenizer.hf,
                     vocab_size=self._vocab_size,
                     stop_token_ids=self._eos_token_ids or None,
                 )
@@ -291,7 +292,7 @@ class XGrammarBackend(GrammarBackend):
         return XGrammarMatcher(
             xgrammar.GrammarMatcher(compiled),
             compiled,
-            self._hf_tokenizer,
+            self._tokenizer,
             self._stop_token_ids,
             self._vocab_size,
         )

@@ -201,9 +201,8 @@ def _apply_family_tokens(tokenizer: Tokenizer, family: ModelFamily, config: Mode
         tokenizer.chat_template = family.chat_template
     # One lookup per stop token: `get_vocab()` builds a dict of the whole vocabulary (0.7 s
     # for Qwen's 151k tokens, at every start).
-    found = (tokenizer.hf.convert_tokens_to_ids(t) for t in family.stop_tokens)
-    unknown = tokenizer.hf.unk_token_id
-    extra = [i for i in found if i is not None and i != unknown]
+    found = (tokenizer.token_to_id(t) for t in family.stop_tokens)
+    extra = [i for i in found if i is not None]
     for eos in [*config.eos_token_ids, *extra]:  # the model's own stop tokens always stop
         if eos not in tokenizer.eos_token_ids:
             tokenizer.eos_token_ids.append(eos)

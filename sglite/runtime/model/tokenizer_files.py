@@ -95,7 +95,7 @@ def load_hf_tokenizer(path: str) -> Tokenizer:
         hf = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as exc:
         raise ValueError(f"cannot load a tokenizer from {path}: {exc}") from exc
-    return Tokenizer(hf, config_eos_ids(path))
+    return Tokenizer.from_transformers(hf, config_eos_ids(path))
 
 
 def _cache_root() -> Path:
@@ -103,20 +103,18 @@ def _cache_root() -> Path:
 
 
 def _cache_key(path: str) -> str:
-    import transformers
+    from importlib.metadata import version
 
-    return file_cache_key(path, transformers.__version__)
+    return file_cache_key(path, version("transformers"))  # not importing it: 1.5-2 s
 
 
 def load_gguf_tokenizer(path: str, gf: GGUFFile | None = None) -> Tokenizer:
     """The tokenizer (and chat template) embedded in a GGUF file.
 
-    Converting it takes transformers several seconds (tens for a 150k-token vocabulary), so
-    the converted tokenizer is cached on disk (under `$SGLITE_CACHE_DIR`, default
-    `~/.cache/sglite`), keyed by file identity, and always read back from there as a
-    `PreTrainedTokenizerFast` over its `tokenizer.json`: the same object on every start, and
-    no torch import (AutoTokenizer's model-specific classes import transformers' model
-    configuration, which imports torch).
+    Converting it takes transformers seconds (`convert_gguf_tokenizer`), so the converted
+    tokenizer is cached on disk (under `$SGLITE_CACHE_DIR`, default
+    `~/.cache/sglite`), keyed by file identity, and always read back from there by
+    `Tokenizer.from_files`: the same tokenizer on every start, without importing transformers.
     """
     cache_dir = _cache_root() / _cache_key(path)
     meta_file = cache_dir / "sglite_meta.json"
@@ -126,25 +124,58 @@ def load_gguf_tokenizer(path: str, gf: GGUFFile | None = None) -> Tokenizer:
         except Exception as exc:  # a damaged cache entry: rebuild it
             logger.warning("rebuilding unreadable tokenizer cache %s: %s", cache_dir, exc)
             shutil.rmtree(cache_dir, ignore_errors=True)
-    from transformers import AutoTokenizer
-
     if gf is None:
         gf = open_gguf(path)
     eos = [gf.field(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
     eos_ids = [int(e) for e in dict.fromkeys(eos) if e is not None]
-    hf = AutoTokenizer.from_pretrained(
-        os.path.dirname(path) or ".", gguf_file=os.path.basename(path)
-    )
+    hf = convert_gguf_tokenizer(path, gf)
     if _store_cache(cache_dir, hf, {"eos_token_ids": eos_ids, "source": os.path.realpath(path)}):
         return _cached_tokenizer(cache_dir, meta_file)
-    return Tokenizer(hf, eos_ids)  # the cache could not be written (a read-only home)
+    return Tokenizer.from_transformers(hf, eos_ids)  # the cache could not be written
+
+
+# llama.cpp's architecture names that transformers' GGUF loader renames to its model type.
+_GGUF_MODEL_TYPES = {
+    "qwen2moe": "qwen2_moe",
+    "qwen3moe": "qwen3_moe",
+    "gpt-oss": "gpt_oss",
+    "minimax-m2": "minimax_m2",
+}
+
+
+def gguf_tokenizer_class_name(gf: GGUFFile) -> str | None:
+    """The transformers tokenizer class `AutoTokenizer` picks for this GGUF (by the model type
+    its architecture maps to; `TokenizersBackend` where transformers names none), or None where
+    the choice depends on more than the architecture (Mistral and T5 files)."""
+    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
+
+    arch = str(gf.field("general.architecture") or "")
+    name = str(gf.field("general.name") or "").lower()
+    if not arch or "t5" in arch or ("llama" in arch and "mistral" in name):
+        return None
+    return TOKENIZER_MAPPING_NAMES.get(_GGUF_MODEL_TYPES.get(arch, arch)) or "TokenizersBackend"
+
+
+def convert_gguf_tokenizer(path: str, gf: GGUFFile) -> Any:
+    """transformers' tokenizer for the GGUF at `path`, as `AutoTokenizer.from_pretrained(...,
+    gguf_file=...)` builds it, without AutoTokenizer's detour through gguf's reader for the
+    model config (which walks every metadata array in Python: 20-40 s for a 150k-token
+    vocabulary); only the tokenizer class depends on that config, and the architecture names it.
+    """
+    from transformers import AutoTokenizer
+    from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
+
+    directory, name = os.path.dirname(path) or ".", os.path.basename(path)
+    class_name = gguf_tokenizer_class_name(gf)
+    cls = tokenizer_class_from_name(class_name) if class_name else None
+    if cls is None or os.path.isfile(os.path.join(directory, "tokenizer_config.json")):
+        return AutoTokenizer.from_pretrained(directory, gguf_file=name)  # the general path
+    return cls.from_pretrained(directory, gguf_file=name)
 
 
 def _cached_tokenizer(cache_dir: Path, meta_file: Path) -> Tokenizer:
-    from transformers import PreTrainedTokenizerFast
-
     meta = json.loads(meta_file.read_text())
-    return Tokenizer(PreTrainedTokenizerFast.from_pretrained(str(cache_dir)), meta["eos_token_ids"])
+    return Tokenizer.from_files(cache_dir, meta["eos_token_ids"])
 
 
 def _store_cache(cache_dir: Path, hf: Any, meta: dict[str, Any]) -> bool:

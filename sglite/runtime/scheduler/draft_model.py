@@ -103,7 +103,7 @@ class DraftModelProposer:
             quantization=args.speculative_draft_model_quantization,
             gemm_packing="off",  # the draft runs small decode batches only
         )
-        if draft.tokenizer.hf.get_vocab() != target.tokenizer.hf.get_vocab():
+        if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
             raise ValueError(
                 f"speculative_draft_model_path {args.speculative_draft_model_path!r}: its "
                 "tokenizer's vocabulary differs from the target model's"

@@ -47,6 +47,7 @@ from sglite.runtime.scheduler.prefill import PrefillBatch, collect_input_logprob
 from sglite.runtime.scheduler.request import Req
 from sglite.runtime.scheduler.segments import SegmentAssembler
 from sglite.runtime.server_args import ServerArgs
+from sglite.runtime.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ class Scheduler:
         self.sampler = Sampler(self.config.vocab_size, self.device)
         self.eos_token_ids = list(self.tokenizer.eos_token_ids)
         backend = create_backend(
-            args.grammar_backend, self.tokenizer.hf, self.config.vocab_size, self.eos_token_ids
+            args.grammar_backend, self.tokenizer, self.config.vocab_size, self.eos_token_ids
         )
         self.grammars = GrammarQueue(GrammarManager(backend), args.grammar_compile_timeout)
         self.waiting: list[Req] = []
@@ -130,7 +131,7 @@ class Scheduler:
             self.vision = VisionEncoder(spec, self.device, args.vision_cache_images)
         self.retokenizer: RetokenizingJump | None = None
         if self.jump_forward == "retokenize":
-            encode = lambda text: self.tokenizer.hf.encode(text, add_special_tokens=False)
+            encode = lambda text: self.tokenizer.encode(text, add_special_tokens=False)
             self.retokenizer = RetokenizingJump(encode, self.counters)
         # Disaggregated prefill/decode (`--disaggregation-mode`): None when off.
         self.disagg = build_disaggregation(self)
@@ -485,7 +486,7 @@ class Scheduler:
         """A bounded snapshot of the radix tree (`cache/tree_view.py`) with the path the latest
         admitted request matched, and the live statistics (`info`)."""
         rid, node, matched, prompt = self.kv.last_admission or (None, None, 0, 0)
-        decode = lambda ids: _decode_span(self.tokenizer.hf, ids)
+        decode = lambda ids: _decode_span(self.tokenizer, ids)
         tree = snapshot_tree(
             self.cache,
             decode,
@@ -535,10 +536,10 @@ class Scheduler:
         return {"hicache": self.cache.tier_info(), "hicache_costs": self.cache.costs.snapshot()}
 
 
-def _decode_span(hf_tokenizer: Any, ids: list[int]) -> str:
+def _decode_span(tokenizer: Tokenizer, ids: list[int]) -> str:
     """A tree node's text: its tokens decoded, each run of image positions (pad ids,
     multimodal/processor.py) shown as `[image]`."""
     return "".join(
-        "[image]" if pad else hf_tokenizer.decode(list(run))
+        "[image]" if pad else tokenizer.decode(list(run))
         for pad, run in itertools.groupby(ids, key=is_pad)
     )

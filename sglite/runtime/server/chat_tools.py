@@ -248,9 +248,8 @@ def special_markers(state: ServerState, plan: ToolPlan) -> bool:
     keep special tokens for the parser to see them)."""
     if plan.fmt is None:
         return False
-    hf = state.tokenizer.hf
     special = set(state.tokenizer.all_special_ids)
-    return any(hf.convert_tokens_to_ids(m) in special for m in plan.fmt.markers)
+    return any(state.tokenizer.token_to_id(m) in special for m in plan.fmt.markers)
 
 
 def parse_function_call(

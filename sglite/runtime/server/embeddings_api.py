@@ -182,12 +182,12 @@ def _rerank_prompt(state: ServerState, query: str, document: str, instruction: s
 
 def _answer_ids(state: ServerState) -> tuple[int, int]:
     """The token ids of "yes" and "no" as the answer's first token."""
-    hf = state.tokenizer.hf
+    tok = state.tokenizer
     ids = []
     for word in ("yes", "no"):
-        token = hf.convert_tokens_to_ids(word)
-        if token is None or token == hf.unk_token_id:
-            token = hf.encode(word, add_special_tokens=False)[-1]
+        token = tok.token_to_id(word)
+        if token is None:
+            token = tok.encode(word, add_special_tokens=False)[-1]
         ids.append(int(token))
     return ids[0], ids[1]
 

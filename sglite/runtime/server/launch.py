@@ -9,75 +9,18 @@ If the scheduler process dies, the server restarts it (`--restart-on-failure`) o
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import signal
-import socket
 import sys
 import time
 from typing import Any
 
-import uvicorn
-
+from sglite.runtime.data_parallel import create_client
 from sglite.runtime.scheduler_client import launch_followers, local_ranks, stop_processes
-from sglite.runtime.server.app import create_app
 from sglite.runtime.server.sockets import bind_socket
-from sglite.runtime.server.state import ServerState, build_state
 from sglite.runtime.server_args import ServerArgs
 
 logger = logging.getLogger("sglite.runtime.server")
-
-# Seconds uvicorn waits, past the drain, for connections to finish before closing them anyway.
-CONNECTION_CLOSE_GRACE = 10
-
-
-class _Server(uvicorn.Server):
-    """uvicorn.Server that aborts in-flight requests on the first signal and says when ready."""
-
-    def __init__(self, config: uvicorn.Config, state: ServerState, url: str) -> None:
-        super().__init__(config)
-        self._state = state
-        self._url = url
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._drain_task: asyncio.Task | None = None
-
-    def handle_exit(self, sig: int, frame: Any) -> None:
-        state = self._state
-        loop = self._loop
-        # Signal handlers interrupt the loop thread anywhere; let the loop run the drain/aborts.
-        if loop is not None and not self.should_exit:
-            state.shutting_down = True
-            timeout = state.args.graceful_shutdown_timeout
-            loop.call_soon_threadsafe(lambda: self._keep(loop.create_task(state.drain(timeout))))
-        elif loop is not None:  # a second signal: do not wait
-            loop.call_soon_threadsafe(
-                state.tokenizer_manager.abort_all, "the server is shutting down"
-            )
-        super().handle_exit(sig, frame)
-
-    def _keep(self, task: asyncio.Task) -> None:
-        self._drain_task = task  # the loop holds tasks weakly
-
-    def stop(self) -> None:
-        """Make the server exit (called on its loop after the scheduler died for good)."""
-        self.should_exit = True
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._state.watch_scheduler(self.stop)
-        await self._state.warmup()  # before listening, so /health means "ready and warm"
-        await super().startup(sockets)
-        if self.started:
-            print(
-                f"sglite is ready: {self._url} (model {self._state.model_name}; "
-                f"OpenAI API at {self._url}/v1; Ctrl-C to stop)",
-                flush=True,
-            )
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().shutdown(sockets)
-        # Stop the scheduler here, before uvicorn re-raises the signal that stopped it.
-        await asyncio.to_thread(self._state.shutdown)
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
@@ -128,7 +71,18 @@ def launch_server(args: ServerArgs) -> int:
     print(f"sglite: loading {what} ...", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     try:
-        state = build_state(args)
+        # The scheduler loads the model while this process imports the HTTP side.
+        client = create_client(args, wait=False)
+        try:
+            import uvicorn
+
+            from sglite.runtime.server.app import create_app
+            from sglite.runtime.server.http_server import CONNECTION_CLOSE_GRACE, HTTPServer
+            from sglite.runtime.server.state import build_state
+        except BaseException:
+            client.shutdown()
+            raise
+        state = build_state(args, client)
     except BaseException:
         sock.close()
         raise
@@ -142,7 +96,7 @@ def launch_server(args: ServerArgs) -> int:
             timeout_keep_alive=5,
             access_log=level in ("DEBUG", "INFO"),
         )
-        server = _Server(config, state, url)
+        server = HTTPServer(config, state, url)
         server.run(sockets=[sock])
     finally:
         state.shutdown()

@@ -349,12 +349,12 @@ def _tokenize(state: ServerState, body: TokenizeIn) -> TokenizeOut:
     if prompt is None:
         raise APIError(400, "prompt: give the text to tokenize (prompt or text)", param="prompt")
     state.check_model(body.model)
-    hf = state.tokenizer.hf
+    tok = state.tokenizer
     if isinstance(prompt, str):
-        ids: Any = list(hf.encode(prompt, add_special_tokens=body.add_special_tokens))
+        ids: Any = tok.encode(prompt, add_special_tokens=body.add_special_tokens)
         count: Any = len(ids)
     else:
-        ids = [list(hf.encode(p, add_special_tokens=body.add_special_tokens)) for p in prompt]
+        ids = [tok.encode(p, add_special_tokens=body.add_special_tokens) for p in prompt]
         count = [len(x) for x in ids]
     return TokenizeOut(tokens=ids, count=count, max_model_len=state.context_length)
 

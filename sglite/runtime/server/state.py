@@ -224,22 +224,34 @@ def model_names(args: ServerArgs, resolved_path: str) -> tuple[str, frozenset[st
     return name, frozenset(a for a in aliases if a)
 
 
-def build_state(args: ServerArgs) -> ServerState:
-    """Start the scheduler process and load the tokenizer (in parallel); blocks until ready."""
+def build_state(
+    args: ServerArgs, client: SchedulerClient | DataParallelClient | None = None
+) -> ServerState:
+    """Load the tokenizer while the scheduler process loads the model; blocks until ready.
+
+    `client`: the scheduler, already started (`create_client(args, wait=False)`), or None to
+    start it here. On failure it is stopped.
+    """
     from sglite.runtime.model.tokenizer_files import load_tokenizer_files
 
-    # The tokenizer loads while the model loads, from its files alone (this process imports no
-    # torch); the scheduler, which knows the model's family, sends its stop tokens and template.
-    with ThreadPoolExecutor(1) as pool:
-        tokenizer_future = pool.submit(load_tokenizer_files, args.tokenizer_path or args.model_path)
-        client = create_client(args)
-        try:
+    if client is None:
+        client = create_client(args, wait=False)
+    # The tokenizer loads from its files alone (this process imports no torch); the scheduler,
+    # which knows the model's family, sends its stop tokens and template.
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            tokenizer_future = pool.submit(
+                load_tokenizer_files, args.tokenizer_path or args.model_path
+            )
+            client.wait_ready()
             tokenizer = tokenizer_future.result()
-        except BaseException:
-            client.shutdown()
-            raise
+    except BaseException:
+        client.shutdown()
+        raise
     tokenizer.eos_token_ids = list(client.served_tokens["eos_token_ids"])
     tokenizer.chat_template = client.served_tokens["chat_template"]
+    if tokenizer.chat_template is not None:  # chat templates render with transformers
+        tokenizer.load_hf_in_background()
     tm = TokenizerManager(args, tokenizer, client)
     name, aliases = model_names(args, client.info["model_path"])
 
