@@ -1,9 +1,8 @@
-"""A GGUF file's metadata and tensor table: parsed once with `gguf`, then read from a cache.
+"""A GGUF file's metadata and tensor table: read once from its header (`gguf_header`), then
+from a cache.
 
-Why: `gguf.GGUFReader` parses every metadata item, and a model's vocabulary and merges are
-~100k of them: about 2.2 s of a 7 s server start for the default model, at every start. The
-loader needs only the small metadata (scalars, strings, short arrays) and where each tensor lies,
-so those are stored as JSON (`$SGLITE_CACHE_DIR/gguf/<key>.json`, default `~/.cache/sglite`),
+The loader needs only the small metadata (scalars, strings, short arrays) and where each tensor
+lies, so those are stored as JSON (`$SGLITE_CACHE_DIR/gguf/<key>.json`, default `~/.cache/sglite`),
 keyed by the file's real path, size and modification time and by gguf's version; later opens
 map the file and take the table from there.
 
@@ -27,12 +26,25 @@ from typing import Any
 
 import numpy as np
 
+from sglite.runtime.model.gguf_header import read_header
+
 logger = logging.getLogger(__name__)
 
 # Metadata arrays longer than this (vocabulary, merges, token scores) are not kept: the loader
 # never reads them, and the tokenizer is converted by transformers from the file itself.
 MAX_KEPT_ARRAY = 1024
-_FORMAT = 1  # bump when the entry layout changes
+_FORMAT = 2  # bump when the entry layout changes
+
+# ggml types gguf's reader maps as values (the rest as bytes), by their ggml type number.
+_VALUE_DTYPES = {
+    0: np.float32,
+    1: np.float16,
+    24: np.int8,
+    25: np.int16,
+    26: np.int32,
+    27: np.int64,
+    28: np.float64,
+}
 
 
 def sglite_cache_dir() -> Path:
@@ -100,87 +112,47 @@ def _entry_path(path: str) -> Path | None:
     return sglite_cache_dir() / "gguf" / f"{key}.json"
 
 
-def _fast_reader_class() -> type:
-    """`gguf.GGUFReader` whose file map is a plain ndarray view of its `np.memmap`.
-
-    Why: the reader slices its map once per metadata item, and the vocabulary and merges are
-    ~100k items; every slice of an `np.memmap` runs memmap's Python-level `__getitem__` and
-    `__array_finalize__`, half of the reader's time (~1.5 s of 3 for the default model). A
-    plain view slices in C, still reads the same mapped pages, and keeps the map alive."""
-    import gguf
-    import numpy as np
-
-    class FastGGUFReader(gguf.GGUFReader):
-        @property
-        def data(self) -> Any:
-            return self._plain_data
-
-        @data.setter
-        def data(self, value: Any) -> None:
-            self._plain_data = value.view(np.ndarray) if isinstance(value, np.memmap) else value
-
-    return FastGGUFReader
-
-
-def read_gguf(path: str) -> Any:
-    """Open a GGUF file; raises ValueError when it is not a valid (complete) GGUF file."""
-    try:
-        reader = _fast_reader_class()(path)
-    except Exception as exc:  # the reader raises many types on garbage input
-        raise ValueError(f"{path} is not a valid GGUF file: {exc}") from exc
-    for tensor in reader.tensors:
-        # A truncated file maps shorter arrays instead of failing at open time.
-        if tensor.data.nbytes != tensor.n_bytes:
-            raise ValueError(
-                f"{path} is not a valid GGUF file: tensor {tensor.name} is truncated "
-                f"({tensor.data.nbytes} of {tensor.n_bytes} bytes)"
-            )
-    return reader
-
-
 def _parse(path: str) -> tuple[GGUFFile, dict[str, Any]]:
-    """Parse with gguf's reader; returns the file and its cache record."""
-    import gguf
-
-    reader = read_gguf(path)
-    metadata = {}
-    for key, item in reader.fields.items():
-        if item.types and item.types[0] == gguf.GGUFValueType.ARRAY:
-            if len(item.data) > MAX_KEPT_ARRAY:
-                continue
-        metadata[key] = _value(item)
-    tensors, rows = [], []
-    for t in reader.tensors:
-        shape = tuple(int(d) for d in t.shape)
-        tensors.append(GGUFTensor(t.name, t.tensor_type, shape, int(t.n_bytes), t.data))
+    """Read the file's header (`gguf_header`); returns the file and its cache record."""
+    header = read_header(path, keep_arrays=MAX_KEPT_ARRAY)
+    size = os.path.getsize(path)
+    rows = []
+    for t in header.tensors:
+        dtype, data_shape, n_bytes = _data_layout(t.dims, t.ggml_type)
+        if t.offset + n_bytes > size:
+            raise ValueError(
+                f"{path} is not a valid GGUF file: tensor {t.name} is truncated "
+                f"({max(0, size - t.offset)} of {n_bytes} bytes)"
+            )
         rows.append(
             {
                 "name": t.name,
-                "type": int(t.tensor_type),
-                "shape": shape,
-                "n_bytes": int(t.n_bytes),
-                "offset": int(t.data_offset),
-                "dtype": t.data.dtype.str,
-                "data_shape": list(t.data.shape),
+                "type": t.ggml_type,
+                "shape": list(t.dims),
+                "n_bytes": n_bytes,
+                "offset": t.offset,
+                "dtype": dtype.str,
+                "data_shape": list(data_shape),
             }
         )
-    record = {"size": os.path.getsize(path), "metadata": metadata, "tensors": rows}
-    return GGUFFile(path, metadata, tensors), record
+    record = {"size": size, "metadata": header.metadata, "tensors": rows}
+    return _from_entry(path, record), record
 
 
-def _value(item: Any) -> Any:
-    """A reader field as a python scalar, str or list."""
+def _data_layout(dims: tuple[int, ...], ggml_type: int) -> tuple[np.dtype, tuple[int, ...], int]:
+    """The numpy dtype and shape gguf's reader gives a tensor's data, and its byte count:
+    float and integer types as their values (rows outermost), every other type as rows of
+    bytes."""
     import gguf
 
-    as_str = lambda part: bytes(part).decode("utf-8")  # noqa: E731
-    kind = item.types[0]
-    if kind == gguf.GGUFValueType.ARRAY:
-        if item.types[-1] == gguf.GGUFValueType.STRING:
-            return [as_str(item.parts[i]) for i in item.data]
-        return [v for i in item.data for v in item.parts[i].tolist()]
-    if kind == gguf.GGUFValueType.STRING:
-        return as_str(item.parts[-1])
-    return item.parts[-1].tolist()[0]
+    kind = gguf.GGMLQuantizationType(ggml_type)
+    shape = tuple(reversed(dims))
+    block_size, type_size = gguf.GGML_QUANT_SIZES[kind]
+    n_elements = int(np.prod(dims, dtype=np.int64)) if dims else 1
+    n_bytes = n_elements * type_size // block_size
+    if kind in _VALUE_DTYPES:
+        return np.dtype(_VALUE_DTYPES[kind]), shape, n_bytes
+    return np.dtype(np.uint8), gguf.quant_shape_to_byte_shape(shape, kind), n_bytes
 
 
 def _from_entry(path: str, record: dict[str, Any]) -> GGUFFile:

@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from sglite.runtime.model.gguf_header import read_header
 from sglite.runtime.model.gguf_index import GGUFFile, file_cache_key, open_gguf, sglite_cache_dir
 from sglite.runtime.tokenizer import Tokenizer
 
@@ -38,15 +39,27 @@ def single_gguf_in(path: str) -> str | None:
     return os.path.join(path, ggufs[0]) if len(ggufs) == 1 else None
 
 
-def load_tokenizer_files(path: str) -> Tokenizer:
+def load_tokenizer_files(path: str | None) -> Tokenizer:
     """The tokenizer of a model path (a GGUF file, a directory holding one, or a Hugging Face
     directory; names and None resolved by the catalog), without the family's additions."""
+    tokenizer = _load_tokenizer_files(path, convert=True)
+    assert tokenizer is not None
+    return tokenizer
+
+
+def load_converted_tokenizer_files(path: str | None) -> Tokenizer | None:
+    """As `load_tokenizer_files`, but None for a GGUF whose tokenizer is not converted (cached)
+    yet: the HTTP server's process leaves that to the scheduler's, which does it anyway."""
+    return _load_tokenizer_files(path, convert=False)
+
+
+def _load_tokenizer_files(path: str | None, convert: bool) -> Tokenizer | None:
     from sglite.runtime.model.catalog import resolve_model_path
 
     path = resolve_model_path(path)
     path = single_gguf_in(path) or path
     if is_gguf(path):
-        return load_gguf_tokenizer(path)
+        return load_gguf_tokenizer(path) if convert else cached_gguf_tokenizer(path)
     if os.path.isdir(path):
         return load_hf_tokenizer(path)
     raise ValueError(f"{path} is neither a GGUF file nor a Hugging Face model directory")
@@ -108,6 +121,19 @@ def _cache_key(path: str) -> str:
     return file_cache_key(path, version("transformers"))  # not importing it: 1.5-2 s
 
 
+def cached_gguf_tokenizer(path: str) -> Tokenizer | None:
+    """The GGUF's tokenizer from the cache, None where it is not there (or unreadable)."""
+    cache_dir = _cache_root() / _cache_key(path)
+    meta_file = cache_dir / "sglite_meta.json"
+    if not meta_file.is_file():
+        return None
+    try:
+        return _cached_tokenizer(cache_dir, meta_file)
+    except Exception as exc:  # a damaged entry: load_gguf_tokenizer rebuilds it
+        logger.warning("unreadable tokenizer cache %s: %s", cache_dir, exc)
+        return None
+
+
 def load_gguf_tokenizer(path: str, gf: GGUFFile | None = None) -> Tokenizer:
     """The tokenizer (and chat template) embedded in a GGUF file.
 
@@ -116,14 +142,12 @@ def load_gguf_tokenizer(path: str, gf: GGUFFile | None = None) -> Tokenizer:
     `~/.cache/sglite`), keyed by file identity, and always read back from there by
     `Tokenizer.from_files`: the same tokenizer on every start, without importing transformers.
     """
+    cached = cached_gguf_tokenizer(path)
+    if cached is not None:
+        return cached
     cache_dir = _cache_root() / _cache_key(path)
     meta_file = cache_dir / "sglite_meta.json"
-    if meta_file.is_file():
-        try:
-            return _cached_tokenizer(cache_dir, meta_file)
-        except Exception as exc:  # a damaged cache entry: rebuild it
-            logger.warning("rebuilding unreadable tokenizer cache %s: %s", cache_dir, exc)
-            shutil.rmtree(cache_dir, ignore_errors=True)
+    shutil.rmtree(cache_dir, ignore_errors=True)  # a damaged entry, if any: rebuilt
     if gf is None:
         gf = open_gguf(path)
     eos = [gf.field(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
@@ -158,9 +182,11 @@ def gguf_tokenizer_class_name(gf: GGUFFile) -> str | None:
 
 def convert_gguf_tokenizer(path: str, gf: GGUFFile) -> Any:
     """transformers' tokenizer for the GGUF at `path`, as `AutoTokenizer.from_pretrained(...,
-    gguf_file=...)` builds it, without AutoTokenizer's detour through gguf's reader for the
-    model config (which walks every metadata array in Python: 20-40 s for a 150k-token
-    vocabulary); only the tokenizer class depends on that config, and the architecture names it.
+    gguf_file=...)` builds it: the class AutoTokenizer picks, over the tokenizer transformers'
+    GGUF converter builds from the file's vocabulary. AutoTokenizer itself would walk every
+    metadata array in Python twice (gguf's reader for the model config, which only names the
+    class, then its own reader: 20-40 s for a 150k-token vocabulary); the vocabulary is read
+    here with `gguf_header` instead.
     """
     from transformers import AutoTokenizer
     from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
@@ -170,7 +196,37 @@ def convert_gguf_tokenizer(path: str, gf: GGUFFile) -> Any:
     cls = tokenizer_class_from_name(class_name) if class_name else None
     if cls is None or os.path.isfile(os.path.join(directory, "tokenizer_config.json")):
         return AutoTokenizer.from_pretrained(directory, gguf_file=name)  # the general path
-    return cls.from_pretrained(directory, gguf_file=name)
+    backend, config = _converted_backend(path)
+    return cls(tokenizer_object=backend, **config)
+
+
+def _converted_backend(path: str) -> tuple[Any, dict[str, Any]]:
+    """transformers' GGUF tokenizer conversion (`tokenizers` backend, tokenizer config) fed
+    with the file's tokenizer metadata, as its `get_gguf_tokenizer` arranges it."""
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+        _SPECIAL_TOKENS,
+        GGUF_TOKENIZER_MAPPING,
+        convert_gguf_tokenizer,
+    )
+
+    long = ("tokens", "merges", "token_type", "scores", "precompiled_charsmap")
+    metadata = read_header(path, keep_keys=[f"tokenizer.ggml.{k}" for k in long]).metadata
+    grouped = {
+        group: {
+            name: metadata[f"tokenizer.{key}"]
+            for key, name in renames.items()
+            if f"tokenizer.{key}" in metadata
+        }
+        for group, renames in GGUF_TOKENIZER_MAPPING.items()
+    }
+    tokenizer, config = grouped["tokenizer"], grouped["tokenizer_config"]
+    if tokenizer.get("tokenizer_type") == "llama":
+        config.setdefault("add_bos_token", True)  # llama.cpp adds BOS to such vocabularies
+    for name, key in _SPECIAL_TOKENS.items():
+        token_id = metadata.get(f"tokenizer.ggml.{key}")
+        config[name] = tokenizer["tokens"][token_id] if token_id is not None else None
+    backend, extra = convert_gguf_tokenizer(metadata["general.architecture"], tokenizer)
+    return backend, {**config, **extra}
 
 
 def _cached_tokenizer(cache_dir: Path, meta_file: Path) -> Tokenizer:

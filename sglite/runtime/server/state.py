@@ -232,19 +232,22 @@ def build_state(
     `client`: the scheduler, already started (`create_client(args, wait=False)`), or None to
     start it here. On failure it is stopped.
     """
-    from sglite.runtime.model.tokenizer_files import load_tokenizer_files
+    from sglite.runtime.model.tokenizer_files import (
+        load_converted_tokenizer_files,
+        load_tokenizer_files,
+    )
 
     if client is None:
         client = create_client(args, wait=False)
     # The tokenizer loads from its files alone (this process imports no torch); the scheduler,
     # which knows the model's family, sends its stop tokens and template.
+    source = args.tokenizer_path or args.model_path
     try:
         with ThreadPoolExecutor(1) as pool:
-            tokenizer_future = pool.submit(
-                load_tokenizer_files, args.tokenizer_path or args.model_path
-            )
+            # A GGUF tokenizer not converted yet is left to the scheduler, which converts it.
+            tokenizer_future = pool.submit(load_converted_tokenizer_files, source)
             client.wait_ready()
-            tokenizer = tokenizer_future.result()
+            tokenizer = tokenizer_future.result() or load_tokenizer_files(source)
     except BaseException:
         client.shutdown()
         raise
