@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from gguf_reference import BLOCK_NAMES, hf_state_dict
 from test_model_parity import decode, extend, new_pool
 
 from sglite.runtime.model.gguf_index import open_gguf
@@ -32,28 +33,20 @@ LONG_TEXT = " ".join(
 
 # llama.cpp's block tensor names -> transformers' Gemma 3 module names.
 _HF_NAMES = {
-    "attn_norm": "input_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
+    **BLOCK_NAMES,
     "attn_q_norm": "self_attn.q_norm",
     "attn_k_norm": "self_attn.k_norm",
     "post_attention_norm": "post_attention_layernorm",
     "ffn_norm": "pre_feedforward_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
 }
 
 
 def transformers_reference(path: str) -> torch.nn.Module:
     """transformers' Gemma 3 with the file's weights, dequantized by the `gguf` package and
-    named, by this test, as transformers names them (llama.cpp stores the norms as 1 + w).
+    named, by `gguf_reference`, as transformers names them (llama.cpp stores the norms as 1 + w).
     transformers can load the GGUF itself, but parsing its 262k-token vocabulary with gguf's
     reader takes 70 s; the weights and the forward pass are the same."""
-    import gguf
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     reader = open_gguf(path)  # sglite's cached index: the tensors' raw bytes, no vocabulary
@@ -82,20 +75,7 @@ def transformers_reference(path: str) -> torch.nn.Module:
         eos_token_id=1,
         pad_token_id=0,
     )
-    state = {}
-    for tensor in reader.tensors:
-        shape = tuple(int(d) for d in reversed(tensor.shape))
-        value = gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(shape)
-        value = torch.from_numpy(value.astype("float32"))
-        if tensor.name.endswith("norm.weight"):
-            value = value - 1.0
-        if tensor.name == "token_embd.weight":
-            state["model.embed_tokens.weight"] = value
-        elif tensor.name == "output_norm.weight":
-            state["model.norm.weight"] = value
-        else:
-            _, layer, part, kind = tensor.name.split(".")
-            state[f"model.layers.{layer}.{_HF_NAMES[part]}.{kind}"] = value
+    state = hf_state_dict(reader, _HF_NAMES, norm_offset=1.0)
     model = Gemma3ForCausalLM(config)
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}

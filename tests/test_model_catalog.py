@@ -1,7 +1,8 @@
-"""The model catalog (`sglite/runtime/model/catalog.py`): names resolved to files, parts assembled
-from (fake) chunk packages atomically and verified, clear errors for missing, truncated and
-corrupt parts, and `sglite models`. Fast: small fake parts, no model is loaded; one check on the
-real Qwen2.5-Coder 0.5B parts when they are installed."""
+"""The model catalog (`sglite/runtime/model/catalog.py`) and model assembly
+(`sglite/runtime/model/model_assembly.py`): names resolved to files, parts assembled from (fake)
+chunk packages atomically and verified, clear errors for missing, truncated and corrupt parts,
+and `sglite models`. Fast: small fake parts, no model is loaded; one check on the real
+Qwen2.5-Coder 0.5B parts when they are installed."""
 
 from __future__ import annotations
 
@@ -15,16 +16,9 @@ from pathlib import Path
 import pytest
 
 from sglite import cli
-from sglite.runtime.model import catalog
-from sglite.runtime.model.catalog import (
-    KNOWN_MODELS,
-    KnownModel,
-    ModelFileError,
-    Part,
-    assemble,
-    pull,
-    resolve_model_path,
-)
+from sglite.runtime.model import catalog, model_assembly
+from sglite.runtime.model.catalog import KNOWN_MODELS, KnownModel, Part, pull, resolve_model_path
+from sglite.runtime.model.model_assembly import ModelFileError, assemble
 
 PART_SIZE = 1000
 
@@ -173,8 +167,8 @@ def test_known_name_assembles_once_then_trusts_the_sidecar(installed, cache_dir,
     assert path.read_bytes() == fake_bytes(model.size)
     assert no_leftovers(path.parent)
     # later resolutions check size and header only: no hashing, no assembly
-    monkeypatch.setattr(catalog, "file_sha256", lambda p: pytest.fail("hashed again"))
-    monkeypatch.setattr(catalog, "assemble", lambda *a: pytest.fail("assembled again"))
+    monkeypatch.setattr(model_assembly, "file_sha256", lambda p: pytest.fail("hashed again"))
+    monkeypatch.setattr(model_assembly, "assemble", lambda *a: pytest.fail("assembled again"))
     assert resolve_model_path(model.name, models=[model]) == str(path)
 
 
@@ -203,8 +197,8 @@ def test_concurrent_resolutions_assemble_once(installed, monkeypatch):
     """A server's tokenizer and scheduler resolve the same name at once: one assembles, the
     other waits on the lock and takes the verified file."""
     model, _paths = installed
-    real_assemble, calls = catalog.assemble, []
-    monkeypatch.setattr(catalog, "assemble", lambda *a: calls.append(1) or real_assemble(*a))
+    real_assemble, calls = model_assembly.assemble, []
+    monkeypatch.setattr(model_assembly, "assemble", lambda *a: calls.append(1) or real_assemble(*a))
     with ThreadPoolExecutor(4) as pool:
         paths = set(pool.map(lambda _: resolve_model_path(model.name, models=[model]), range(4)))
     assert len(paths) == 1 and calls == [1]
@@ -277,8 +271,8 @@ def test_failure_mid_copy_leaves_nothing(installed, tmp_path, monkeypatch):
             raise OSError("disk full")
         return real_copy(src, out, digest)
 
-    real_copy = catalog._copy_part
-    monkeypatch.setattr(catalog, "_copy_part", failing_copy)
+    real_copy = model_assembly._copy_part
+    monkeypatch.setattr(model_assembly, "_copy_part", failing_copy)
     with pytest.raises(OSError, match="disk full"):
         assemble(model, paths, tmp_path / "out" / "m.gguf")
     assert list((tmp_path / "out").iterdir()) == []

@@ -8,6 +8,7 @@ import os
 
 import pytest
 import torch
+from gguf_reference import BLOCK_NAMES, hf_state_dict
 
 from sglite.runtime.model.gguf_index import open_gguf
 from sglite.runtime.model.gguf_weight import GGUFWeight
@@ -24,17 +25,7 @@ PROMPTS = [
     "<|im_start|>user\nWrite a haiku about caches.<|im_end|>\n<|im_start|>assistant\n",
 ]
 # llama.cpp's block tensor names -> transformers' Qwen2 module names.
-_HF_NAMES = {
-    "attn_norm": "input_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_norm": "post_attention_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
+_HF_NAMES = {**BLOCK_NAMES, "ffn_norm": "post_attention_layernorm"}
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +38,6 @@ def path() -> str:
 def transformers_reference(path: str) -> torch.nn.Module:
     """transformers' Qwen2 with the file's weights dequantized by the `gguf` package (what
     transformers' own GGUF loading does, without converting the 151k-token vocabulary)."""
-    import gguf
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     reader = open_gguf(path)
@@ -64,20 +54,7 @@ def transformers_reference(path: str) -> torch.nn.Module:
         max_position_embeddings=int(meta["qwen2.context_length"]),
         tie_word_embeddings=False,
     )
-    state = {}
-    for tensor in reader.tensors:
-        shape = tuple(int(d) for d in reversed(tensor.shape))
-        value = gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(shape)
-        value = torch.from_numpy(value.astype("float32"))
-        if tensor.name == "token_embd.weight":
-            state["model.embed_tokens.weight"] = value
-        elif tensor.name == "output.weight":
-            state["lm_head.weight"] = value
-        elif tensor.name == "output_norm.weight":
-            state["model.norm.weight"] = value
-        else:
-            _, layer, part, kind = tensor.name.split(".")
-            state[f"model.layers.{layer}.{_HF_NAMES[part]}.{kind}"] = value
+    state = hf_state_dict(reader, _HF_NAMES)
     model = Qwen2ForCausalLM(config)
     missing, unexpected = model.load_state_dict(state, strict=True)
     assert not missing and not unexpected
