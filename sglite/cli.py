@@ -120,6 +120,8 @@ HELP = {
     "strict_model_name": "answer requests naming another model with 404 (default: serve any name)",
     "tool_call_parser": "tool call format: hermes (qwen, qwen25, qwen3), llama3, mistral or "
     "pythonic (default: the chat template's, else hermes)",
+    "disable_lenient_tool_calls": "tool_choice auto: return an answer that is one plain JSON "
+    '{"name", "arguments"} object of a declared tool as text, not as a call',
     "reasoning_parser": "separate <think> reasoning into reasoning_content: qwen3 or deepseek-r1",
     "pooling": "embeddings: the last prompt token's final hidden state, or the mean of all",
     "max_stored_responses": "Responses API: stored responses kept for previous_response_id",

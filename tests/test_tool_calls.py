@@ -165,3 +165,67 @@ def test_function_tools_from_python_signatures():
     assert (
         sgl.call_tool([lambda query: query], {"name": "<lambda>", "arguments": {"query": 3}}) == 3
     )
+
+
+LENIENT_CALLS = [
+    '{"name": "get_weather", "arguments": {"city": "Paris"}}',
+    '```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```',
+    '\n```\n{\n  "name": "get_weather",\n  "parameters": {"city": "Paris"}\n}\n```\n',
+]
+NOT_CALLS = [
+    'Here: {"name": "get_weather", "arguments": {"city": "Paris"}}',  # text around it
+    '{"name": "get_weather", "arguments": {"city": 3}}',  # arguments break the schema
+    '{"name": "get_weather", "arguments": {}}',  # a required argument missing
+    '{"name": "book_flight", "arguments": {"city": "Paris"}}',  # no such tool
+    '{"name": "get_weather", "arguments": {"city": "Paris"}, "id": 1}',  # another key
+    '{"name": "get_weather", "arguments": {"city": "Paris"}}\n{"name": "get_time"}',  # two
+    '```python\nprint({"name": "get_weather", "arguments": {"city": "Paris"}})\n```',
+]
+
+
+@pytest.mark.parametrize("text", LENIENT_CALLS)
+def test_lenient_auto_takes_one_plain_call_object(text):
+    from sglite.runtime.tool_calls.lenient import lenient_call
+
+    call = lenient_call(text, [WEATHER, TIME])
+    assert call is not None and call.name == "get_weather"
+    assert json.loads(call.arguments) == {"city": "Paris"}
+    # Streamed: held back while it may be a call, then sent as the call at the end.
+    parser = StreamingToolParser(get_format("hermes"), lenient_tools=[WEATHER, TIME])
+    for end in range(1, len(text)):
+        assert parser.update(text[:end]).content == ""
+    last = parser.finish(text)
+    assert last.content == "" and [(c.name, c.arguments) for c in last.calls] == [
+        ("get_weather", call.arguments)
+    ]
+
+
+@pytest.mark.parametrize("text", NOT_CALLS)
+def test_lenient_auto_leaves_anything_else_as_text(text):
+    from sglite.runtime.tool_calls.lenient import lenient_call
+
+    assert lenient_call(text, [WEATHER, TIME]) is None
+    parser = StreamingToolParser(get_format("hermes"), lenient_tools=[WEATHER, TIME])
+    content = "".join(parser.update(text[:end]).content for end in range(1, len(text)))
+    last = parser.finish(text)
+    assert content + last.content == text and not last.calls
+
+
+def test_code_answers_stream_at_once_with_lenient_auto():
+    """A fenced block in another language cannot be a call: it is not held back."""
+    parser = StreamingToolParser(get_format("hermes"), lenient_tools=[WEATHER])
+    assert parser.update("```python\ndef f").content == "```python\ndef f"
+
+
+def test_grammar_writes_syntax_tokens_as_tokens():
+    """Where the vocabulary holds `<tool_call>` as one token, the grammar names that token."""
+    import llguidance
+
+    grammar = get_format("hermes").grammar(
+        [WEATHER], True, False, {"<tool_call>": 7, "</tool_call>": 8}
+    )
+    assert "<[7]>" in grammar and "<[8]>" in grammar and '"<tool_call>' not in grammar
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
+        llguidance.LLMatcher.grammar_from_lark(grammar)
+    )
+    assert not is_error, messages

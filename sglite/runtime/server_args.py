@@ -144,6 +144,9 @@ class ServerArgs:
     strict_model_name: bool = False
     # How tool calls are parsed out of chat answers (None: the chat template's format).
     tool_call_parser: str | None = None
+    # `tool_choice="auto"`: an answer that is exactly one plain JSON call object of a declared
+    # tool, its arguments valid, is returned as that call (`tool_calls/lenient.py`) unless set.
+    disable_lenient_tool_calls: bool = False
     # How a thinking model's reasoning is separated from its answer (None: it is not).
     reasoning_parser: str | None = None
     # How embeddings pool the prompt's final hidden states: the last token's, or their mean.
@@ -396,6 +399,7 @@ class ServerArgs:
 SERVER_ONLY = frozenset(
     {
         "host", "port", "api_key", "served_model_name", "strict_model_name", "tool_call_parser",
+        "disable_lenient_tool_calls",
         "reasoning_parser", "max_stored_responses", "max_request_body_bytes", "allow_origins",
         "graceful_shutdown_timeout", "restart_on_failure", "disable_web_ui",
         "disaggregation_mode", "disaggregation_bootstrap_port", "disaggregation_transfer_backend",

@@ -48,10 +48,13 @@ class Tokenizer:
         extra_eos_ids: list[int] | tuple[int, ...] = (),
         clean_up_spaces: bool = False,
         hf_loader: Callable[[], Any] | None = None,
+        unused_token_ids: tuple[int, ...] = (),
     ) -> None:
         """`special_tokens`: the named ones (`SPECIAL_TOKEN_KEYS`) and any extra ones (other
-        keys), as vocabulary strings."""
+        keys), as vocabulary strings. `unused_token_ids`: ids the model's file marks as never
+        used (a GGUF's padding rows), which constrained decoding never allows."""
         self.backend = backend
+        self.unused_token_ids = unused_token_ids
         self.special_tokens = special_tokens
         ids = {key: self.token_to_id(tok) for key, tok in special_tokens.items()}
         self.eos_token_id: int | None = ids.get("eos_token")
@@ -99,7 +102,10 @@ class Tokenizer:
 
     @classmethod
     def from_files(
-        cls, directory: str | Path, extra_eos_ids: list[int] | tuple[int, ...] = ()
+        cls,
+        directory: str | Path,
+        extra_eos_ids: list[int] | tuple[int, ...] = (),
+        unused_token_ids: tuple[int, ...] = (),
     ) -> Tokenizer:
         """From a directory that transformers' `save_pretrained` wrote (`tokenizer.json`,
         `tokenizer_config.json`, optionally `chat_template.jinja`), without transformers."""
@@ -119,6 +125,7 @@ class Tokenizer:
             extra_eos_ids,
             bool(config.get("clean_up_tokenization_spaces", False)),
             hf_loader=lambda: _load_fast_tokenizer(str(directory)),
+            unused_token_ids=unused_token_ids,
         )
 
     @property

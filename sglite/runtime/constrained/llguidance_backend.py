@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import threading
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import llguidance
@@ -71,15 +73,39 @@ def validate_constraint(constraint: Constraint) -> None:
         raise GrammarError(f"invalid {constraint.kind}: {messages[0].strip()}")
 
 
+# A Lark string literal (read left to right, so a closing quote never opens one).
+_LARK_STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"')
+
+
+@dataclass(frozen=True)
+class MaskFixes:
+    """What a matcher clears from llguidance's mask: `forbidden` (bitmask words of ids never
+    generated: past the tokenizer's vocabulary, or marked unused by the model's file, such as a
+    GGUF's `[PAD151665]` padding rows, whose text llguidance would otherwise allow), and any of
+    `special_ids` (added tokens such as Qwen's `<tool_call>`, EOS excepted) that llguidance
+    allows but would reject (it does so for a text literal spelling a special token)."""
+
+    forbidden: torch.Tensor
+    special_ids: tuple[int, ...]
+
+
 class LLGuidanceMatcher(GrammarMatcher):
-    """A request's llguidance matcher; extra EOS ids are allowed wherever EOS is."""
+    """A request's llguidance matcher; extra EOS ids are allowed wherever EOS is.
+
+    Invariant: `fill_bitmask` allows only tokens `accept_token` accepts, and raises when the
+    grammar allows none (an engine inconsistency, not the request's fault)."""
 
     def __init__(
-        self, matcher: llguidance.LLMatcher, eos_token_id: int, extra_eos_ids: list[int]
+        self,
+        matcher: llguidance.LLMatcher,
+        eos_token_id: int,
+        extra_eos_ids: list[int],
+        fixes: MaskFixes,
     ) -> None:
         self.matcher = matcher
         self.eos_token_id = eos_token_id  # the EOS llguidance knows
         self.extra_eos_ids = extra_eos_ids  # the model's other stop tokens, treated alike
+        self.fixes = fixes
 
     def accept_token(self, token_id: int) -> bool:
         """Consume one token; False (and an error state) if the grammar forbids it."""
@@ -97,11 +123,22 @@ class LLGuidanceMatcher(GrammarMatcher):
         import llguidance.torch
 
         llguidance.torch.fill_next_token_bitmask(self.matcher, bitmask, row)
+        self._clear_unacceptable(bitmask[row])
         if self.extra_eos_ids and self.matcher.is_accepting():
             for t in self.extra_eos_ids:
                 if t // 32 < bitmask.shape[1]:
-                    word = int(bitmask[row, t // 32]) | (1 << (t % 32))
-                    bitmask[row, t // 32] = word - (1 << 32) if word >= 1 << 31 else word
+                    _set_bit(bitmask[row], t, True)
+        if not bool(bitmask[row].any()):
+            raise RuntimeError(
+                "constrained decoding: the grammar engine allows no next token "
+                f"({self.matcher.get_error() or 'no error reported'})"
+            )
+
+    def _clear_unacceptable(self, words: torch.Tensor) -> None:
+        words.bitwise_and_(self.fixes.forbidden.bitwise_not())
+        for t in self.fixes.special_ids:
+            if _bit(words, t) and self.matcher.validate_tokens([t]) == 0:
+                _set_bit(words, t, False)
 
     def forced_tokens(self) -> list[int]:
         """llguidance's fast-forward tokens."""
@@ -121,7 +158,9 @@ class LLGuidanceMatcher(GrammarMatcher):
 
     def copy(self) -> LLGuidanceMatcher:
         """An independent copy."""
-        return LLGuidanceMatcher(self.matcher.deep_copy(), self.eos_token_id, self.extra_eos_ids)
+        return LLGuidanceMatcher(
+            self.matcher.deep_copy(), self.eos_token_id, self.extra_eos_ids, self.fixes
+        )
 
 
 class LLGuidanceBackend(GrammarBackend):
@@ -134,6 +173,7 @@ class LLGuidanceBackend(GrammarBackend):
         self._vocab_size = vocab_size
         self._eos_token_ids = list(eos_token_ids)
         self._tokenizer: llguidance.LLTokenizer | None = None
+        self._fixes: MaskFixes | None = None
         self._lock = threading.Lock()
 
     def _ll_tokenizer(self) -> llguidance.LLTokenizer:
@@ -144,19 +184,64 @@ class LLGuidanceBackend(GrammarBackend):
                 backend = copy.copy(self._model_tokenizer.backend)
                 backend.no_padding()
                 backend.no_truncation()
-                self._tokenizer = llguidance.LLTokenizer(
+                tokenizer = llguidance.LLTokenizer(
                     backend.to_str(),
                     n_vocab=self._vocab_size,
                     eos_token=self._model_tokenizer.eos_token_id,
                 )
+                added = backend.get_added_tokens_decoder()
+                eos = {tokenizer.eos_token, *self._eos_token_ids}
+                special = [i for i in added if tokenizer.is_special_token(i) and i not in eos]
+                self._fixes = MaskFixes(self._forbidden_words(), tuple(sorted(special)))
+                self._tokenizer = tokenizer
             return self._tokenizer
+
+    def _forbidden_words(self) -> torch.Tensor:
+        import torch
+
+        never = [*self._model_tokenizer.unused_token_ids]
+        never += range(len(self._model_tokenizer), self._vocab_size)
+        bits = torch.zeros((self._vocab_size + 31) // 32 * 32, dtype=torch.bool)
+        bits[[i for i in never if i < self._vocab_size]] = True
+        weights = torch.tensor([1 << k for k in range(32)], dtype=torch.int64)
+        words = (bits.view(-1, 32).to(torch.int64) * weights).sum(1)
+        return torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
+
+    def _check_literals(self, text: str) -> None:
+        """GrammarError for a string literal spelling one of the model's special tokens: the
+        model writes such a token whole, and llguidance matches it only when the grammar names
+        the token (`<[id]>`), never through a literal's bytes."""
+        assert self._fixes is not None
+        literals = [m.group(0) for m in _LARK_STRING.finditer(text)]
+        for token_id in self._fixes.special_ids:
+            token = self._model_tokenizer.convert_ids_to_tokens([token_id])[0]
+            if any(json.dumps(token)[1:-1] in literal for literal in literals):
+                raise GrammarError(
+                    f"invalid ebnf: the literal text {token!r} is the special token "
+                    f"{token_id} of this model, which a literal never matches; write it as "
+                    f"<[{token_id}]>"
+                )
 
     def compile(self, constraint: Constraint) -> GrammarMatcher:
         """A fresh matcher; GrammarError with llguidance's message if the grammar is invalid."""
         grammar = to_llguidance_grammar(constraint)
         tokenizer = self._ll_tokenizer()
+        if constraint.kind == "ebnf":
+            self._check_literals(constraint.text)
         matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise GrammarError(f"invalid {constraint.kind}: {matcher.get_error().strip()}")
         eos = tokenizer.eos_token
-        return LLGuidanceMatcher(matcher, eos, [t for t in self._eos_token_ids if t != eos])
+        extra_eos = [t for t in self._eos_token_ids if t != eos]
+        assert self._fixes is not None  # set with the tokenizer
+        return LLGuidanceMatcher(matcher, eos, extra_eos, self._fixes)
+
+
+def _bit(words: torch.Tensor, t: int) -> bool:
+    return t // 32 < words.shape[0] and bool((int(words[t // 32]) >> (t % 32)) & 1)
+
+
+def _set_bit(words: torch.Tensor, t: int, on: bool) -> None:
+    word = int(words[t // 32]) & 0xFFFFFFFF
+    word = word | (1 << (t % 32)) if on else word & ~(1 << (t % 32))
+    words[t // 32] = word - (1 << 32) if word >= 1 << 31 else word

@@ -111,6 +111,10 @@ def load_hf_tokenizer(path: str) -> Tokenizer:
     return Tokenizer.from_transformers(hf, config_eos_ids(path))
 
 
+_CACHE_FORMAT = "2"  # bump when sglite_meta.json changes
+GGUF_TOKEN_UNUSED = 5  # llama.cpp's token type of a vocabulary's padding rows
+
+
 def _cache_root() -> Path:
     return sglite_cache_dir() / "tokenizers"
 
@@ -118,7 +122,7 @@ def _cache_root() -> Path:
 def _cache_key(path: str) -> str:
     from importlib.metadata import version
 
-    return file_cache_key(path, version("transformers"))  # not importing it: 1.5-2 s
+    return file_cache_key(path, version("transformers"), _CACHE_FORMAT)  # not importing it: 1.5-2 s
 
 
 def cached_gguf_tokenizer(path: str) -> Tokenizer | None:
@@ -153,7 +157,11 @@ def load_gguf_tokenizer(path: str, gf: GGUFFile | None = None) -> Tokenizer:
     eos = [gf.field(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
     eos_ids = [int(e) for e in dict.fromkeys(eos) if e is not None]
     hf = convert_gguf_tokenizer(path, gf)
-    if _store_cache(cache_dir, hf, {"eos_token_ids": eos_ids, "source": os.path.realpath(path)}):
+    types = read_header(path, keep_keys=["tokenizer.ggml.token_type"]).metadata
+    token_types = types.get("tokenizer.ggml.token_type", [])
+    unused = [i for i, t in enumerate(token_types) if t == GGUF_TOKEN_UNUSED]
+    meta = {"eos_token_ids": eos_ids, "unused_token_ids": unused, "source": os.path.realpath(path)}
+    if _store_cache(cache_dir, hf, meta):
         return _cached_tokenizer(cache_dir, meta_file)
     return Tokenizer.from_transformers(hf, eos_ids)  # the cache could not be written
 
@@ -231,7 +239,8 @@ def _converted_backend(path: str) -> tuple[Any, dict[str, Any]]:
 
 def _cached_tokenizer(cache_dir: Path, meta_file: Path) -> Tokenizer:
     meta = json.loads(meta_file.read_text())
-    return Tokenizer.from_files(cache_dir, meta["eos_token_ids"])
+    unused = tuple(meta["unused_token_ids"])
+    return Tokenizer.from_files(cache_dir, meta["eos_token_ids"], unused)
 
 
 def _store_cache(cache_dir: Path, hf: Any, meta: dict[str, Any]) -> bool:

@@ -66,7 +66,13 @@ class OutputProcessor:
             req.output_top_pending.append(top or [])
         params = req.params
         if req.grammar is not None and not req.grammar.accept_token(tok):
-            self.abort(req, f"constrained decoding: the grammar rejected token {tok}")
+            # The token was sampled under the grammar's own mask (`fill_bitmask` guarantees
+            # the two agree): the engine, not the request, is at fault.
+            self.abort(
+                req,
+                f"internal error in constrained decoding: the grammar engine rejected token "
+                f"{tok}, which its mask allowed",
+            )
         elif (tok in self.eos_token_ids and not params.ignore_eos) or tok in params.stop_token_ids:
             if params.no_stop_trim:
                 self._push_text(req, tok)

@@ -18,6 +18,7 @@ from sglite.runtime.server.openai_protocol import ChatCompletionRequest
 from sglite.runtime.server.state import ServerState
 from sglite.runtime.tool_calls.base import StreamingToolParser, ToolCallFormat
 from sglite.runtime.tool_calls.formats import detect_format, get_format
+from sglite.runtime.tool_calls.lenient import lenient_call
 from sglite.runtime.tool_calls.types import ParsedOutput, StreamDelta, ToolCall
 
 FALLBACK_FORMAT = "hermes"
@@ -33,13 +34,15 @@ class ToolPlan:
     """How one chat request's tools are handled: `tools` go to the chat template, `fmt` parses
     the answer, `grammar` (Lark, for llguidance) constrains it, `eager` streams call pieces as
     they arrive (the grammar guarantees they parse), `describe` puts the tools in a system
-    message (the template renders none)."""
+    message (the template renders none), `lenient` takes an answer that is one plain call
+    object (bare or fenced JSON, `tool_calls/lenient.py`) as that call."""
 
     tools: list[dict[str, Any]] | None = None
     fmt: ToolCallFormat | None = None
     grammar: str | None = None
     eager: bool = False
     describe: bool = False
+    lenient: bool = False  # `auto`: an answer that is one plain call object is a call
 
 
 def tool_format(state: ServerState) -> tuple[ToolCallFormat, bool]:
@@ -92,7 +95,15 @@ def _relaxed(tool: dict[str, Any]) -> dict[str, Any]:
     return {**tool, "function": function}
 
 
-def _check_grammar(fmt: ToolCallFormat, tools: list[dict[str, Any]], grammar: str) -> None:
+def syntax_token_ids(state: ServerState, fmt: ToolCallFormat) -> dict[str, int]:
+    """The texts of `fmt`'s syntax that the model's vocabulary holds as single tokens."""
+    found = {text: state.tokenizer.token_to_id(text) for text in fmt.syntax_tokens}
+    return {text: i for text, i in found.items() if i is not None}
+
+
+def _check_grammar(
+    fmt: ToolCallFormat, tools: list[dict[str, Any]], grammar: str, tokens: dict[str, int]
+) -> None:
     """400 naming the tool whose schema the grammar engine cannot compile."""
     import llguidance
 
@@ -109,7 +120,7 @@ def _check_grammar(fmt: ToolCallFormat, tools: list[dict[str, Any]], grammar: st
         return
     for i, tool in enumerate(tools):
         try:
-            one = broken(fmt.grammar([tool], False, False))
+            one = broken(fmt.grammar([tool], False, False, tokens))
         except ValueError as exc:
             one = str(exc)
         if one is not None:
@@ -133,15 +144,16 @@ def plan_tools(state: ServerState, body: ChatCompletionRequest) -> ToolPlan:
         raise APIError(400, "n: must be 1 when tools are given", param="n")
     fmt, rendered = tool_format(state)
     parallel = body.parallel_tool_calls is not False
+    tokens = syntax_token_ids(state, fmt)
     grammar, eager = None, True
     if choice == "required":
-        grammar = fmt.grammar(tools, parallel, allow_text=False)
+        grammar = fmt.grammar(tools, parallel, False, tokens)
     elif isinstance(choice, dict):
-        grammar = fmt.grammar([_named_tool(tools, choice)], False, allow_text=False)
+        grammar = fmt.grammar([_named_tool(tools, choice)], False, False, tokens)
     elif choice in (None, "auto"):
         eager = False
         if any(t["function"].get("strict") for t in tools):
-            grammar = fmt.grammar([_relaxed(t) for t in tools], parallel, allow_text=True)
+            grammar = fmt.grammar([_relaxed(t) for t in tools], parallel, True, tokens)
     else:
         raise APIError(
             400,
@@ -156,8 +168,9 @@ def plan_tools(state: ServerState, body: ChatCompletionRequest) -> ToolPlan:
                 param="tool_choice",
                 code="not_supported",
             )
-        _check_grammar(fmt, tools, grammar)
-    return ToolPlan(tools, fmt, grammar, eager and grammar is not None, not rendered)
+        _check_grammar(fmt, tools, grammar, tokens)
+    lenient = choice in (None, "auto") and not state.args.disable_lenient_tool_calls
+    return ToolPlan(tools, fmt, grammar, eager and grammar is not None, not rendered, lenient)
 
 
 def prepare_messages(plan: ToolPlan, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -217,6 +230,10 @@ def parse_answer(plan: ToolPlan, text: str) -> ParsedOutput:
     if plan.fmt is None:
         return ParsedOutput(text, [])
     parsed = plan.fmt.parse(text)
+    if plan.lenient and plan.tools and not parsed.calls:
+        call = lenient_call(text, plan.tools)
+        if call is not None:
+            return ParsedOutput("", [call])
     start = plan.fmt.region_start(text)
     if parsed.calls or not plan.eager or start is None:
         return parsed
@@ -240,7 +257,9 @@ def delta_calls_json(delta: StreamDelta) -> list[dict[str, Any]]:
 
 def stream_parser(plan: ToolPlan) -> StreamingToolParser | None:
     """A streaming parser for one choice, None without a format."""
-    return None if plan.fmt is None else StreamingToolParser(plan.fmt, plan.eager)
+    if plan.fmt is None:
+        return None
+    return StreamingToolParser(plan.fmt, plan.eager, plan.tools if plan.lenient else None)
 
 
 def special_markers(state: ServerState, plan: ToolPlan) -> bool:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import abc
 import json
+from collections.abc import Mapping
 from typing import Any
 
+from sglite.runtime.tool_calls.lenient import lenient_call, may_become_call
 from sglite.runtime.tool_calls.types import (
     CallDelta,
     ParsedOutput,
@@ -44,6 +46,13 @@ def lark_string(text: str) -> str:
     return json.dumps(text)
 
 
+def lark_literal(text: str, tokens: Mapping[str, int]) -> str:
+    """`text` in a Lark grammar: the single token `tokens[text]` where the vocabulary holds it
+    (llguidance's `<[id]>`: a tool model's `<tool_call>` is one added token, which llguidance
+    never matches against a text literal), else a string literal."""
+    return f"<[{tokens[text]}]>" if text in tokens else lark_string(text)
+
+
 class ToolCallFormat(abc.ABC):
     """One way models write calls. `markers` are the texts that open a call region in the
     output; before the first one is text. Formats implement `parse_region` (the calls of a
@@ -54,6 +63,8 @@ class ToolCallFormat(abc.ABC):
     markers: tuple[str, ...] = ()
     # A call region may also begin at the very start of the output with one of these.
     leading: tuple[str, ...] = ()
+    # Texts of the syntax a model's vocabulary may hold as single tokens (see `grammar`).
+    syntax_tokens: tuple[str, ...] = ()
 
     @abc.abstractmethod
     def detect(self, chat_template: str) -> bool:
@@ -64,9 +75,17 @@ class ToolCallFormat(abc.ABC):
         """What a call region (the output from its start, possibly cut short) holds."""
 
     @abc.abstractmethod
-    def grammar(self, tools: list[dict[str, Any]], parallel: bool, allow_text: bool) -> str:
+    def grammar(
+        self,
+        tools: list[dict[str, Any]],
+        parallel: bool,
+        allow_text: bool,
+        tokens: Mapping[str, int] = {},  # noqa: B006 (read only)
+    ) -> str:
         """A Lark grammar of one call (or several with `parallel`) of `tools`; with
-        `allow_text`, plain text not opening a call region is accepted too."""
+        `allow_text`, plain text not opening a call region is accepted too. `tokens`: the
+        `syntax_tokens` the model's vocabulary holds, with their ids; the grammar has the model
+        write those tokens (the ones it was trained to write), not their text."""
 
     def region_start(self, text: str) -> int | None:
         """Where the call region begins in `text`, if it does."""
@@ -110,9 +129,17 @@ class StreamingToolParser:
     never leaks a call.
     """
 
-    def __init__(self, fmt: ToolCallFormat, eager: bool = False) -> None:
+    def __init__(
+        self,
+        fmt: ToolCallFormat,
+        eager: bool = False,
+        lenient_tools: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """`lenient_tools`: the declared tools, for an output that is one plain call object
+        (`lenient.py`); such an output is held back until it is finished."""
         self.fmt = fmt
         self.eager = eager
+        self.lenient_tools = lenient_tools
         self.sent_content = 0  # characters of the output sent as content
         self.region: int | None = None
         self.calls: list[ToolCall] = []  # what was sent of each call (name, arguments so far)
@@ -122,6 +149,9 @@ class StreamingToolParser:
         if self.region is None:
             self.region = self.fmt.region_start(text)
         if self.region is None:
+            lenient = self.lenient_tools is not None and self.sent_content == 0
+            if lenient and may_become_call(text):
+                return StreamDelta()
             return self._content(text, len(text) - self.fmt.held_back(text))
         delta = self._content(text, self.region)
         parsed = self.fmt.parse_region(text[self.region :])
@@ -134,7 +164,14 @@ class StreamingToolParser:
         if self.region is None:
             self.region = self.fmt.region_start(text)
         if self.region is None:
-            return self._content(text, len(text))
+            call = None
+            if self.lenient_tools is not None and self.sent_content == 0:
+                call = lenient_call(text, self.lenient_tools)
+            if call is None:
+                return self._content(text, len(text))
+            self.sent_content = len(text)
+            self.calls.append(call)
+            return StreamDelta(calls=[CallDelta(0, call.id, call.name, call.arguments)])
         parsed = self.fmt.parse_region(text[self.region :])
         if not parsed.ok and not self.calls:
             return self._content(text, len(text))

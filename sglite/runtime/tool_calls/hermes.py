@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
-from sglite.runtime.tool_calls.base import ToolCallFormat, calls_schema
+from sglite.runtime.tool_calls.base import ToolCallFormat, calls_schema, lark_literal
 from sglite.runtime.tool_calls.json_scan import read_call_object, value_end
 from sglite.runtime.tool_calls.types import RegionParse, ToolCall
 
@@ -17,6 +18,7 @@ _GAP = re.compile(r"\s*")
 class HermesFormat(ToolCallFormat):
     name = "hermes"
     markers = (OPEN,)
+    syntax_tokens = (OPEN, CLOSE)
 
     def detect(self, chat_template: str) -> bool:
         return OPEN in chat_template
@@ -43,10 +45,19 @@ class HermesFormat(ToolCallFormat):
                 return RegionParse(calls, closed, False)
             pos = after + len(CLOSE)
 
-    def grammar(self, tools: list[dict[str, Any]], parallel: bool, allow_text: bool) -> str:
+    def grammar(
+        self,
+        tools: list[dict[str, Any]],
+        parallel: bool,
+        allow_text: bool,
+        tokens: Mapping[str, int] = {},  # noqa: B006 (read only)
+    ) -> str:
+        open_, close = lark_literal(OPEN, tokens), lark_literal(CLOSE, tokens)
         lines = [
-            'calls: call ("\\n" call)*' if parallel else "calls: call",
-            f'call: "{OPEN}\\n" %json {calls_schema(tools)} "\\n{CLOSE}"',
+            # A newline may end the calls: Qwen2.5 writes one after `</tool_call>` before it
+            # stops (or opens the next call).
+            'calls: call ("\\n" call)* "\\n"?' if parallel else 'calls: call "\\n"?',
+            f'call: {open_} "\\n" %json {calls_schema(tools)} "\\n" {close}',
         ]
         if allow_text:  # text that does not open a call, or calls
             return "\n".join(["start: TEXT | calls", "TEXT: /([^<](.|\\n)*)?/", *lines])
