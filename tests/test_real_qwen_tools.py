@@ -140,12 +140,11 @@ def test_a_grammar_forbidding_the_favourite_token_is_obeyed(client):
 def test_llguidance_masks_agree_with_the_matcher():
     """On the real tokenizer (151,936 ids, 271 of them padding rows marked unused): the mask
     allows no padding id; `<tool_call>` written as the token is allowed and accepted; a text
-    literal spelling it (llguidance would allow the token, then reject it) is refused with a
-    message naming the token syntax, and were it compiled, the mask raises instead of letting
-    the token be sampled."""
+    literal spelling it is compiled as the token; llguidance's own matcher on such a literal
+    (it would allow the token, then reject it) makes the mask raise instead."""
     import llguidance
 
-    from sglite.runtime.constrained.base import Constraint, GrammarError
+    from sglite.runtime.constrained.base import Constraint
     from sglite.runtime.constrained.llguidance_backend import LLGuidanceBackend, LLGuidanceMatcher
     from sglite.runtime.model.tokenizer_files import load_tokenizer_files
 
@@ -166,9 +165,10 @@ def test_llguidance_masks_agree_with_the_matcher():
     assert allowed(f'start: <[{TOOL_CALL}]> "x"') == [TOOL_CALL]
     matcher = backend.compile(Constraint(kind="ebnf", text=f'start: <[{TOOL_CALL}]> "x"'))
     assert matcher.accept_token(TOOL_CALL)
-    with pytest.raises(GrammarError, match=rf"<\[{TOOL_CALL}\]>"):
-        backend.compile(Constraint(kind="ebnf", text='start: "<tool_call>" "x"'))
-    # Past that check (llguidance's own matcher on the literal): an error, not a bad token.
+    # A literal spelling the token is the token (`name_special_tokens`).
+    assert allowed('start: "<tool_call>" "x"') == [TOOL_CALL]
+    # Llguidance's own matcher on the literal allows the token, then rejects it: the mask
+    # raises (an engine error) instead of letting it be sampled.
     literal = llguidance.LLMatcher.grammar_from_lark('start: "<tool_call>" "x"')
     raw = llguidance.LLMatcher(backend._ll_tokenizer(), literal, log_level=0)
     matcher = LLGuidanceMatcher(raw, 151645, [151643], backend._fixes)

@@ -217,14 +217,21 @@ def test_code_answers_stream_at_once_with_lenient_auto():
     assert parser.update("```python\ndef f").content == "```python\ndef f"
 
 
-def test_grammar_writes_syntax_tokens_as_tokens():
-    """Where the vocabulary holds `<tool_call>` as one token, the grammar names that token."""
+def test_literals_spelling_special_tokens_name_the_tokens():
+    """An enforcing grammar writes markers as text; where the vocabulary holds a marker as a
+    special token, the engine names the token (llguidance never matches it through a
+    literal's bytes), inside mixed literals too, and leaves `%json` schemas alone."""
     import llguidance
 
-    grammar = get_format("hermes").grammar(
-        [WEATHER], True, False, {"<tool_call>": 7, "</tool_call>": 8}
-    )
-    assert "<[7]>" in grammar and "<[8]>" in grammar and '"<tool_call>' not in grammar
+    from sglite.runtime.constrained.llguidance_backend import name_special_tokens
+
+    special = {"<tool_call>": 7, "</tool_call>": 8}
+    tool = {**WEATHER, "function": {**WEATHER["function"], "description": "<tool_call>"}}
+    grammar = name_special_tokens(get_format("hermes").grammar([tool], True, False), special)
+    assert "(<[7]>)" in grammar and "(<[8]>)" in grammar and '"<tool_call>"' not in grammar
+    assert name_special_tokens('start: "a<tool_call>\\n"', special) == 'start: ("a" <[7]> "\\n")'
+    schema = name_special_tokens('start: %json {"const": "<tool_call>"}', special)
+    assert schema == 'start: %json {"const": "<tool_call>"}'
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
         llguidance.LLMatcher.grammar_from_lark(grammar)
     )

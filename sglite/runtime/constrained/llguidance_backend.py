@@ -38,8 +38,12 @@ if TYPE_CHECKING:  # imported where used: validation must not pull in torch or t
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
-def to_llguidance_grammar(constraint: Constraint) -> str:
-    """The llguidance grammar of a constraint; GrammarError when its text is malformed."""
+def to_llguidance_grammar(constraint: Constraint, special: dict[str, int] | None = None) -> str:
+    """The llguidance grammar of a constraint; GrammarError when its text is malformed.
+
+    `special`: the model's special tokens by text; an `ebnf` string literal spelling one is
+    rewritten to name the token (`name_special_tokens`).
+    """
     kind, text = constraint.kind, constraint.text
     if kind == "regex":
         return llguidance.LLMatcher.grammar_from_regex(text)
@@ -59,7 +63,63 @@ def to_llguidance_grammar(constraint: Constraint) -> str:
             text = gbnf_to_lark(text)
         except Exception as exc:  # the converter raises plain exceptions on bad input
             raise GrammarError(f"ebnf: {exc}") from None
-    return llguidance.LLMatcher.grammar_from_lark(text)
+    return llguidance.LLMatcher.grammar_from_lark(name_special_tokens(text, special or {}))
+
+
+def name_special_tokens(lark: str, special: dict[str, int]) -> str:
+    """`lark` with each string literal that spells one of the `special` tokens split around it,
+    the token written by id (`"<tool_call>\\n"` -> `(<[151657]> "\\n")`): the model writes such a
+    token whole, and llguidance matches it only by name, never through a literal's bytes. The
+    JSON of `%json` schemas is left as it is."""
+    if not special or not any(token in lark for token in special):
+        return lark
+    out, pos = [], 0
+    for m in _LARK_STRING_OR_JSON.finditer(lark):
+        if m.start() < pos:
+            continue  # inside a `%json` schema already copied
+        out.append(lark[pos : m.start()])
+        pos = m.end()
+        literal = m.group(0)
+        if literal.startswith("%json"):
+            end = _json_end(lark, lark.index("{", m.start()))
+            out.append(lark[m.start() : end])
+            pos = end
+            continue
+        out.append(_split_literal(literal, special))
+    out.append(lark[pos:])
+    return "".join(out)
+
+
+def _split_literal(literal: str, special: dict[str, int]) -> str:
+    try:
+        text = json.loads(literal)
+    except json.JSONDecodeError:
+        return literal  # an escape JSON does not know: left to the grammar engine
+    pattern = "|".join(re.escape(t) for t in sorted(special, key=len, reverse=True))
+    pieces = [p for p in re.split(f"({pattern})", text) if p]
+    if len(pieces) == 1 and pieces[0] not in special:
+        return literal
+    parts = [f"<[{special[p]}]>" if p in special else json.dumps(p) for p in pieces]
+    return "(" + " ".join(parts) + ")"
+
+
+def _json_end(text: str, start: int) -> int:
+    """The index after the JSON object starting at `text[start]` (`{`)."""
+    depth, in_string, escaped = 0, False, False
+    for i in range(start, len(text)):
+        ch = text[i]
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (ch == "\\", ch != '"')
+            continue
+        if ch == '"':
+            in_string = True
+        elif ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return len(text)
 
 
 def validate_constraint(constraint: Constraint) -> None:
@@ -73,8 +133,9 @@ def validate_constraint(constraint: Constraint) -> None:
         raise GrammarError(f"invalid {constraint.kind}: {messages[0].strip()}")
 
 
-# A Lark string literal (read left to right, so a closing quote never opens one).
-_LARK_STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"')
+# A Lark string literal (read left to right, so a closing quote never opens one), or the start
+# of a `%json` schema (whose JSON strings are not Lark literals).
+_LARK_STRING_OR_JSON = re.compile(r'"(?:[^"\\\n]|\\.)*"|%json\s*\{')
 
 
 @dataclass(frozen=True)
@@ -207,27 +268,16 @@ class LLGuidanceBackend(GrammarBackend):
         words = (bits.view(-1, 32).to(torch.int64) * weights).sum(1)
         return torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
 
-    def _check_literals(self, text: str) -> None:
-        """GrammarError for a string literal spelling one of the model's special tokens: the
-        model writes such a token whole, and llguidance matches it only when the grammar names
-        the token (`<[id]>`), never through a literal's bytes."""
+    def _special_tokens(self) -> dict[str, int]:
+        """The text of each special token llguidance matches only by name, and its id."""
         assert self._fixes is not None
-        literals = [m.group(0) for m in _LARK_STRING.finditer(text)]
-        for token_id in self._fixes.special_ids:
-            token = self._model_tokenizer.convert_ids_to_tokens([token_id])[0]
-            if any(json.dumps(token)[1:-1] in literal for literal in literals):
-                raise GrammarError(
-                    f"invalid ebnf: the literal text {token!r} is the special token "
-                    f"{token_id} of this model, which a literal never matches; write it as "
-                    f"<[{token_id}]>"
-                )
+        ids = self._fixes.special_ids
+        return dict(zip(self._model_tokenizer.convert_ids_to_tokens(list(ids)), ids, strict=True))
 
     def compile(self, constraint: Constraint) -> GrammarMatcher:
         """A fresh matcher; GrammarError with llguidance's message if the grammar is invalid."""
-        grammar = to_llguidance_grammar(constraint)
         tokenizer = self._ll_tokenizer()
-        if constraint.kind == "ebnf":
-            self._check_literals(constraint.text)
+        grammar = to_llguidance_grammar(constraint, self._special_tokens())
         matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise GrammarError(f"invalid {constraint.kind}: {matcher.get_error().strip()}")

@@ -95,15 +95,7 @@ def _relaxed(tool: dict[str, Any]) -> dict[str, Any]:
     return {**tool, "function": function}
 
 
-def syntax_token_ids(state: ServerState, fmt: ToolCallFormat) -> dict[str, int]:
-    """The texts of `fmt`'s syntax that the model's vocabulary holds as single tokens."""
-    found = {text: state.tokenizer.token_to_id(text) for text in fmt.syntax_tokens}
-    return {text: i for text, i in found.items() if i is not None}
-
-
-def _check_grammar(
-    fmt: ToolCallFormat, tools: list[dict[str, Any]], grammar: str, tokens: dict[str, int]
-) -> None:
+def _check_grammar(fmt: ToolCallFormat, tools: list[dict[str, Any]], grammar: str) -> None:
     """400 naming the tool whose schema the grammar engine cannot compile."""
     import llguidance
 
@@ -120,7 +112,7 @@ def _check_grammar(
         return
     for i, tool in enumerate(tools):
         try:
-            one = broken(fmt.grammar([tool], False, False, tokens))
+            one = broken(fmt.grammar([tool], False, False))
         except ValueError as exc:
             one = str(exc)
         if one is not None:
@@ -144,16 +136,15 @@ def plan_tools(state: ServerState, body: ChatCompletionRequest) -> ToolPlan:
         raise APIError(400, "n: must be 1 when tools are given", param="n")
     fmt, rendered = tool_format(state)
     parallel = body.parallel_tool_calls is not False
-    tokens = syntax_token_ids(state, fmt)
     grammar, eager = None, True
     if choice == "required":
-        grammar = fmt.grammar(tools, parallel, False, tokens)
+        grammar = fmt.grammar(tools, parallel, allow_text=False)
     elif isinstance(choice, dict):
-        grammar = fmt.grammar([_named_tool(tools, choice)], False, False, tokens)
+        grammar = fmt.grammar([_named_tool(tools, choice)], False, allow_text=False)
     elif choice in (None, "auto"):
         eager = False
         if any(t["function"].get("strict") for t in tools):
-            grammar = fmt.grammar([_relaxed(t) for t in tools], parallel, True, tokens)
+            grammar = fmt.grammar([_relaxed(t) for t in tools], parallel, allow_text=True)
     else:
         raise APIError(
             400,
@@ -168,7 +159,7 @@ def plan_tools(state: ServerState, body: ChatCompletionRequest) -> ToolPlan:
                 param="tool_choice",
                 code="not_supported",
             )
-        _check_grammar(fmt, tools, grammar, tokens)
+        _check_grammar(fmt, tools, grammar)
     lenient = choice in (None, "auto") and not state.args.disable_lenient_tool_calls
     return ToolPlan(tools, fmt, grammar, eager and grammar is not None, not rendered, lenient)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import abc
 import json
-from collections.abc import Mapping
 from typing import Any
 
 from sglite.runtime.tool_calls.lenient import lenient_call, may_become_call
@@ -46,13 +45,6 @@ def lark_string(text: str) -> str:
     return json.dumps(text)
 
 
-def lark_literal(text: str, tokens: Mapping[str, int]) -> str:
-    """`text` in a Lark grammar: the single token `tokens[text]` where the vocabulary holds it
-    (llguidance's `<[id]>`: a tool model's `<tool_call>` is one added token, which llguidance
-    never matches against a text literal), else a string literal."""
-    return f"<[{tokens[text]}]>" if text in tokens else lark_string(text)
-
-
 class ToolCallFormat(abc.ABC):
     """One way models write calls. `markers` are the texts that open a call region in the
     output; before the first one is text. Formats implement `parse_region` (the calls of a
@@ -63,8 +55,6 @@ class ToolCallFormat(abc.ABC):
     markers: tuple[str, ...] = ()
     # A call region may also begin at the very start of the output with one of these.
     leading: tuple[str, ...] = ()
-    # Texts of the syntax a model's vocabulary may hold as single tokens (see `grammar`).
-    syntax_tokens: tuple[str, ...] = ()
 
     @abc.abstractmethod
     def detect(self, chat_template: str) -> bool:
@@ -75,17 +65,13 @@ class ToolCallFormat(abc.ABC):
         """What a call region (the output from its start, possibly cut short) holds."""
 
     @abc.abstractmethod
-    def grammar(
-        self,
-        tools: list[dict[str, Any]],
-        parallel: bool,
-        allow_text: bool,
-        tokens: Mapping[str, int] = {},  # noqa: B006 (read only)
-    ) -> str:
+    def grammar(self, tools: list[dict[str, Any]], parallel: bool, allow_text: bool) -> str:
         """A Lark grammar of one call (or several with `parallel`) of `tools`; with
-        `allow_text`, plain text not opening a call region is accepted too. `tokens`: the
-        `syntax_tokens` the model's vocabulary holds, with their ids; the grammar has the model
-        write those tokens (the ones it was trained to write), not their text."""
+        `allow_text`, plain text not opening a call region is accepted too. Markers are written
+        as text: where the model's vocabulary holds one as a special token (Qwen2.5's
+        `<tool_call>`), the grammar engine names that token instead
+        (`llguidance_backend.name_special_tokens`), so the model writes the token it was
+        trained to write."""
 
     def region_start(self, text: str) -> int | None:
         """Where the call region begins in `text`, if it does."""

@@ -4,10 +4,9 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from typing import Any
 
-from sglite.runtime.tool_calls.base import ToolCallFormat, calls_schema, lark_literal
+from sglite.runtime.tool_calls.base import ToolCallFormat, calls_schema, lark_string
 from sglite.runtime.tool_calls.json_scan import read_call_object, value_end
 from sglite.runtime.tool_calls.types import RegionParse, ToolCall
 
@@ -18,7 +17,6 @@ _GAP = re.compile(r"\s*")
 class HermesFormat(ToolCallFormat):
     name = "hermes"
     markers = (OPEN,)
-    syntax_tokens = (OPEN, CLOSE)
 
     def detect(self, chat_template: str) -> bool:
         return OPEN in chat_template
@@ -45,14 +43,9 @@ class HermesFormat(ToolCallFormat):
                 return RegionParse(calls, closed, False)
             pos = after + len(CLOSE)
 
-    def grammar(
-        self,
-        tools: list[dict[str, Any]],
-        parallel: bool,
-        allow_text: bool,
-        tokens: Mapping[str, int] = {},  # noqa: B006 (read only)
-    ) -> str:
-        open_, close = lark_literal(OPEN, tokens), lark_literal(CLOSE, tokens)
+    def grammar(self, tools: list[dict[str, Any]], parallel: bool, allow_text: bool) -> str:
+        # The markers are literals of their own, so the engine can name each as its token.
+        open_, close = lark_string(OPEN), lark_string(CLOSE)
         lines = [
             # A newline may end the calls: Qwen2.5 writes one after `</tool_call>` before it
             # stops (or opens the next call).

@@ -4,7 +4,6 @@ alone), several separated by `;`."""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from typing import Any
 
 from sglite.runtime.tool_calls.base import ToolCallFormat, calls_schema
@@ -44,13 +43,7 @@ class Llama3JsonFormat(ToolCallFormat):
                 return RegionParse(calls, closed, False)
             pos = end
 
-    def grammar(
-        self,
-        tools: list[dict[str, Any]],
-        parallel: bool,
-        allow_text: bool,
-        tokens: Mapping[str, int] = {},  # noqa: B006 (read only; no syntax tokens here)
-    ) -> str:
+    def grammar(self, tools: list[dict[str, Any]], parallel: bool, allow_text: bool) -> str:
         schema = calls_schema(tools, "parameters")
         lines = ['calls: call ("; " call)*' if parallel else "calls: call", f"call: %json {schema}"]
         if allow_text:

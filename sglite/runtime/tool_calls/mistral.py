@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from typing import Any
 
-from sglite.runtime.tool_calls.base import ToolCallFormat, calls_schema, lark_literal
+from sglite.runtime.tool_calls.base import ToolCallFormat, calls_schema, lark_string
 from sglite.runtime.tool_calls.json_scan import read_call_object, value_end
 from sglite.runtime.tool_calls.types import RegionParse, ToolCall
 
@@ -17,7 +16,6 @@ _ITEM_GAP = re.compile(r"\s*,?\s*")
 class MistralFormat(ToolCallFormat):
     name = "mistral"
     markers = (MARKER,)
-    syntax_tokens = (MARKER,)
 
     def detect(self, chat_template: str) -> bool:
         return MARKER in chat_template
@@ -44,15 +42,9 @@ class MistralFormat(ToolCallFormat):
                 return RegionParse(calls, closed, False)
             pos = end
 
-    def grammar(
-        self,
-        tools: list[dict[str, Any]],
-        parallel: bool,
-        allow_text: bool,
-        tokens: Mapping[str, int] = {},  # noqa: B006 (read only)
-    ) -> str:
+    def grammar(self, tools: list[dict[str, Any]], parallel: bool, allow_text: bool) -> str:
         lines = [
-            f'calls: {lark_literal(MARKER, tokens)} "[" call '
+            f"calls: {lark_string(MARKER + '[')} call "
             + ('(", " call)* "]"' if parallel else '"]"'),
             f"call: %json {calls_schema(tools)}",
         ]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import ast
 import json
 import re
-from collections.abc import Mapping
 from typing import Any
 
 from sglite.runtime.tool_calls.base import JSON_LAYOUT, ToolCallFormat, lark_string
@@ -64,13 +63,7 @@ class PythonicFormat(ToolCallFormat):
             calls.append(ToolCall(ast.unparse(node.func), json.dumps(args)))
         return RegionParse(calls, len(calls), True)
 
-    def grammar(
-        self,
-        tools: list[dict[str, Any]],
-        parallel: bool,
-        allow_text: bool,
-        tokens: Mapping[str, int] = {},  # noqa: B006 (read only; no syntax tokens here)
-    ) -> str:
+    def grammar(self, tools: list[dict[str, Any]], parallel: bool, allow_text: bool) -> str:
         options = []
         for i, tool in enumerate(tools):
             function = tool["function"]
