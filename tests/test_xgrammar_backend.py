@@ -41,11 +41,11 @@ def tok():
 
 @pytest.fixture(scope="module")
 def backend(tok):
-    return XGrammarBackend(tok.hf, len(tok.hf), tok.eos_token_ids)
+    return XGrammarBackend(tok, len(tok), tok.eos_token_ids)
 
 
 def encode(tok, text: str) -> list[int]:
-    return list(tok.hf.encode(text, add_special_tokens=False))
+    return tok.encode(text, add_special_tokens=False)
 
 
 def allowed(mask, row: int, token_id: int) -> bool:
@@ -101,7 +101,7 @@ def test_invalid_constraints_raise(backend, constraint, needle):
 def test_json_mask_inside_string(tok, backend):
     matcher = backend.compile(Constraint("json_schema", json.dumps(PERSON)))
     accept_all(matcher, encode(tok, '{"name": "'))
-    mask = allocate_bitmask(2, len(tok.hf))
+    mask = allocate_bitmask(2, len(tok))
     matcher.fill_bitmask(mask, 1)
     letters = encode(tok, "Alice")[0]
     assert allowed(mask, 1, letters)
@@ -122,11 +122,11 @@ def test_fixed_separators(tok, backend):
     accept_all(matcher, encode(tok, '{"name'))
     assert matcher.forced_text() == b'": "'
     accept_all(matcher, encode(tok, '":'))
-    mask = allocate_bitmask(1, len(tok.hf))
+    mask = allocate_bitmask(1, len(tok))
     matcher.fill_bitmask(mask, 0)
     assert allowed(mask, 0, encode(tok, ' "')[0])
-    assert not allowed(mask, 0, tok.hf.convert_tokens_to_ids('"'))  # no `":"` without the space
-    assert not allowed(mask, 0, tok.hf.convert_tokens_to_ids("Ċ"))  # nor a newline
+    assert not allowed(mask, 0, tok.token_to_id('"'))  # no `":"` without the space
+    assert not allowed(mask, 0, tok.token_to_id("Ċ"))  # nor a newline
 
 
 def test_forced_tokens_long_key(tok, backend):
@@ -135,7 +135,7 @@ def test_forced_tokens_long_key(tok, backend):
     assert text == b'{"a_rather_long_property_name_for_testing": "'
     forced = matcher.forced_tokens()
     assert len(forced) >= 5
-    decoded = tok.hf.decode(forced).encode()
+    decoded = tok.decode(forced, skip_special_tokens=False).encode()
     assert text.startswith(decoded) and decoded != text  # the last token is held back
     accept_all(matcher, forced)  # a draft the grammar accepts
     assert text.endswith(matcher.forced_text())
@@ -146,7 +146,7 @@ def test_forced_tokens_whole_rest(tok, backend):
     matcher = backend.compile(Constraint("regex", "hello world"))
     assert matcher.forced_text() == b"hello world"
     forced = matcher.forced_tokens()
-    assert tok.hf.decode(forced) == "hello world"
+    assert tok.decode(forced, skip_special_tokens=False) == "hello world"
     accept_all(matcher, forced)
     assert matcher.is_terminated()
     assert matcher.forced_tokens() == [] and matcher.forced_text() == b""
@@ -156,15 +156,15 @@ def test_accept_rollback_copy(tok, backend):
     matcher = backend.compile(Constraint("regex", "(abc|abd)[0-9]+"))
     ab = encode(tok, "ab")
     accept_all(matcher, ab)
-    c, d = tok.hf.convert_tokens_to_ids("c"), tok.hf.convert_tokens_to_ids("d")
+    c, d = tok.token_to_id("c"), tok.token_to_id("d")
     assert matcher.accept_token(c)
     matcher.rollback(1)
     assert matcher.accept_token(d)  # rollback restored the state before "c"
 
     clone = matcher.copy()
-    one = tok.hf.convert_tokens_to_ids("1")
+    one = tok.token_to_id("1")
     assert clone.accept_token(one)
-    mask = allocate_bitmask(2, len(tok.hf))
+    mask = allocate_bitmask(2, len(tok))
     matcher.fill_bitmask(mask, 0)
     clone.fill_bitmask(mask, 1)
     eos = tok.eos_token_ids[0]
@@ -172,7 +172,7 @@ def test_accept_rollback_copy(tok, backend):
     assert allowed(mask, 1, eos)  # the copy does
     assert not matcher.is_terminated() and not clone.is_terminated()
 
-    x = tok.hf.convert_tokens_to_ids("x")
+    x = tok.token_to_id("x")
     assert not matcher.accept_token(x)  # rejected: a sticky error, as in llguidance
     assert matcher.is_terminated()
     matcher.fill_bitmask(mask, 0)
@@ -182,7 +182,7 @@ def test_accept_rollback_copy(tok, backend):
 
 def test_count_allowed(tok, backend):
     matcher = backend.compile(Constraint("regex", "abc[0-9]"))
-    ids = [tok.hf.convert_tokens_to_ids(c) for c in "abc1x"]
+    ids = [tok.token_to_id(c) for c in "abc1x"]
     assert matcher.count_allowed(ids) == 4
     assert matcher.count_allowed(ids[:2]) == 2 and matcher.count_allowed([ids[4]]) == 0
     assert matcher.accepted == [] and matcher.forced_text() == b"abc"  # state unchanged
@@ -216,7 +216,7 @@ def test_copy_without_fork(tok, backend, monkeypatch):
 )
 def test_language_text_accepted(tok, backend, constraint, text):
     matcher = backend.compile(constraint)
-    mask = allocate_bitmask(1, len(tok.hf))
+    mask = allocate_bitmask(1, len(tok))
     for t in encode(tok, text):
         matcher.fill_bitmask(mask, 0)
         assert allowed(mask, 0, t), f"token {t} masked out"
@@ -235,7 +235,7 @@ def test_eos_allowed_but_not_terminated(tok, backend):
     """A complete text that may still grow: EOS allowed, more allowed, not terminated."""
     matcher = backend.compile(Constraint("regex", "[0-9]+"))
     accept_all(matcher, encode(tok, "4"))
-    mask = allocate_bitmask(1, len(tok.hf))
+    mask = allocate_bitmask(1, len(tok))
     matcher.fill_bitmask(mask, 0)
     assert allowed(mask, 0, tok.eos_token_ids[0])
     assert allowed(mask, 0, encode(tok, "2")[0])
@@ -244,11 +244,11 @@ def test_eos_allowed_but_not_terminated(tok, backend):
 
 def test_extra_eos_ids_act_as_eos(tok):
     """Every id in eos_token_ids is allowed where EOS is, and ends the output."""
-    extra = tok.hf.convert_tokens_to_ids("<|im_start|>")
+    extra = tok.token_to_id("<|im_start|>")
     assert isinstance(extra, int) and extra not in tok.eos_token_ids
-    backend = XGrammarBackend(tok.hf, len(tok.hf), [*tok.eos_token_ids, extra])
+    backend = XGrammarBackend(tok, len(tok), [*tok.eos_token_ids, extra])
     matcher = backend.compile(Constraint("regex", "ok"))
-    mask = allocate_bitmask(1, len(tok.hf))
+    mask = allocate_bitmask(1, len(tok))
     matcher.fill_bitmask(mask, 0)
     assert not allowed(mask, 0, extra)
     accept_all(matcher, encode(tok, "ok"))
@@ -267,7 +267,7 @@ def test_grammar_manager_creates_xgrammar(tok):
         validate_constraint as check,
     )
 
-    backend = create_backend("xgrammar", tok.hf, len(tok.hf), tok.eos_token_ids)
+    backend = create_backend("xgrammar", tok, len(tok), tok.eos_token_ids)
     assert backend.name == "xgrammar"
     with pytest.raises(GrammarError):
         check("regex", "(", backend="xgrammar")

@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import re
 import threading
-from typing import Any
 
 import torch
 import xgrammar
@@ -98,7 +97,7 @@ class XGrammarMatcher(GrammarMatcher):
         self,
         matcher: xgrammar.GrammarMatcher,
         compiled: xgrammar.CompiledGrammar,
-        hf_tokenizer: Any,
+        tokenizer: Tokenizer,
         stop_token_ids: list[int],
         vocab_size: int,
         accepted: list[int] | None = None,
@@ -106,7 +105,7 @@ class XGrammarMatcher(GrammarMatcher):
     ) -> None:
         self.matcher = matcher
         self.compiled = compiled  # to rebuild a matcher when the installed xgrammar cannot fork
-        self.hf_tokenizer = hf_tokenizer
+        self.tokenizer = tokenizer
         self.stop_token_ids = stop_token_ids  # every EOS id of the model
         self.vocab_size = vocab_size
         self.accepted = list(accepted or [])
@@ -195,7 +194,7 @@ class XGrammarMatcher(GrammarMatcher):
         text = self._jump_forward_string()
         if not text:
             return []
-        ids = list(self.hf_tokenizer.encode(text, add_special_tokens=False))
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
         if not ids:
             return []
         probe = self._fork()
@@ -239,7 +238,7 @@ class XGrammarMatcher(GrammarMatcher):
         return XGrammarMatcher(
             self._fork(),
             self.compiled,
-            self.hf_tokenizer,
+            self.tokenizer,
             self.stop_token_ids,
             self.vocab_size,
             self.accepted,
