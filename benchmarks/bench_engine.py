@@ -179,16 +179,34 @@ def decode_rate_at_depth(engine, prompt: list[int], n_dec: int) -> float:
     return n_dec / (timed(n_dec + 1) - first)
 
 
-def bench_sglite(args: argparse.Namespace, rows: list[Row], quantization: str) -> None:
+def split_format(spec: str) -> tuple[str, str]:
+    """A weight format of `--quantizations` as (quantization, gguf_activations): "auto" is the
+    GGUF's blocks with the host's activation path, "auto/float" and "auto/int8" force one."""
+    quantization, _, activations = spec.partition("/")
+    return quantization, activations or "auto"
+
+
+def format_name(kind: str, activations: str) -> str:
+    """A format's label: the block types (or dense), with a8 where activations are rounded."""
+    label = kind if kind != "none" else "dense"
+    return f"{label} a8" if activations == "int8" else label
+
+
+def bench_sglite(args: argparse.Namespace, rows: list[Row], spec: str) -> None:
     """One engine per weight format: prefill, batch-1 and 32-way decode, shared prefix."""
+    quantization, activations = split_format(spec)
     engine = sglite.Engine(
-        model_path=args.model, dtype=args.dtype, log_level="error", quantization=quantization
+        model_path=args.model,
+        dtype=args.dtype,
+        log_level="error",
+        quantization=quantization,
+        gguf_activations=activations,
     )
     with engine:
         tok = engine.tokenizer
         info = engine.get_server_info()
         kind = info["quantization"] if quantization == "auto" else quantization
-        name = f"sglite {info['dtype']} {kind if kind != 'none' else 'dense'}"
+        name = f"sglite {info['dtype']} {format_name(kind, info['activations'])}"
         isa = ", ".join(info["kernel_isa"]) or "portable C"
         path = f"native kernels ({isa})" if info["native_kernels"] else "PyTorch (no native)"
         print(f"  {name}: {path}; weights: {'; '.join(info['weight_layouts'])}", flush=True)
@@ -279,8 +297,15 @@ def bench_accuracy(args: argparse.Namespace, rows: list[Row]) -> None:
     formats = [("bfloat16", "none")]
     formats += [("bfloat16", q) for q in args.quantizations if q not in ("none", "w4a8")]
     formats += [("float32", q) for q in args.quantizations if q != "none"]
-    for dtype, quantization in formats:
-        loaded = load_model(args.model, dtype, progress=False, quantization=quantization)
+    for dtype, spec in formats:
+        quantization, activations = split_format(spec)
+        loaded = load_model(
+            args.model,
+            dtype,
+            progress=False,
+            quantization=quantization,
+            gguf_activations=activations,
+        )
         worst, agree, total = 0.0, 0, 0
         for prompt, forced, ref in cases:
             ours, _ = teacher_forced(loaded, prompt, len(forced), forced)
@@ -288,7 +313,7 @@ def bench_accuracy(args: argparse.Namespace, rows: list[Row]) -> None:
             agree += int((ours.argmax(-1) == ref.argmax(-1)).sum())
             total += len(forced)
         kind = loaded.quantization if quantization == "auto" else quantization
-        name = f"{dtype} {kind if kind != 'none' else 'dense'}"
+        name = f"{dtype} {format_name(kind, loaded.activations)}"
         rows.append(Row("max |logit error| vs float32", name, worst, ""))
         rows.append(Row("greedy agreement vs float32", name, 100 * agree / total, "%"))
 
@@ -491,8 +516,10 @@ def main() -> None:
     parser.add_argument("--model", help="a GGUF file (default: the default model)")
     parser.add_argument(
         "--quantizations",
-        help="comma-separated weight formats to run (default model: none,int8,int4,w4a8; "
-        "others: none,auto)",
+        help="comma-separated weight formats to run: none (dense), int8, int4, w4a8, auto (a "
+        "GGUF's own blocks, the host's activation path), auto/float or auto/int8 (blocks with "
+        "that path); default model: none,int8,int4,w4a8,auto/float,auto/int8; others: "
+        "none,auto/float,auto/int8",
     )
     parser.add_argument("--quick", action="store_true", help="fewer repeats and workloads")
     parser.add_argument("--dtype", default="auto")
@@ -509,7 +536,10 @@ def main() -> None:
     args = parser.parse_args()
     default = args.model is None
     args.model = args.model or default_model_path()
-    formats = args.quantizations or ("none,int8,int4,w4a8" if default else "none,auto")
+    blocks = "auto/float,auto/int8"
+    formats = args.quantizations or (
+        f"none,int8,int4,w4a8,{blocks}" if default else f"none,{blocks}"
+    )
     args.quantizations = formats.split(",")
     if args.quick:
         args.requests, args.new_tokens, args.repeats, args.accuracy_tokens = 16, 16, 1, 8

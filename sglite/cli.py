@@ -21,6 +21,7 @@ from sglite.runtime.server_args import (
     DP_POLICIES,
     DTYPES,
     GEMM_PACKING,
+    GGUF_ACTIVATIONS,
     GRAMMAR_BACKENDS,
     HICACHE_LOAD_POLICIES,
     HICACHE_WRITE_POLICIES,
@@ -91,10 +92,13 @@ HELP = {
     "nnodes": "nodes of a multi-node tensor-parallel group",
     "node_rank": "this node's index (0 serves HTTP; others run their ranks only)",
     "dist_init_addr": "HOST:PORT where the ranks meet (default: a free local port)",
-    "quantization": "quantization of the projections, CPU only: int8 / int4 weight-only (int4 "
-    "takes a GGUF's own Q4_0/Q4_1/Q4_K values); w4a8: int4 with activations rounded to int8 in "
-    "decode, as llama.cpp does (fastest, but answers vary with batch and cache); auto: a GGUF's "
-    "own (int4 for 4-bit projections, int8 for 5-8-bit, none for float or not a GGUF)",
+    "quantization": "quantization of the projections, CPU only: auto: a GGUF's own blocks, "
+    "read as the file stores them (none for float or not a GGUF); int8 / int4 weight-only "
+    "copies (int4 takes a GGUF's own Q4_0/Q4_1/Q4_K values); w4a8: int4 with activations "
+    "rounded to int8 in decode (answers vary with batch and cache)",
+    "gguf_activations": "with a GGUF's own blocks: int8 rounds each row of activations as "
+    "llama.cpp does (integer dot products, one kernel for every batch size); float keeps them; "
+    "auto: float (int8 decodes one row faster on AVX2 / AVX-512 VNNI, prefill slower)",
     "gemm_packing": "GEMM-friendly copies of the dense weights (float32: panels for the native "
     "GEMM, every batch; bf16: oneDNN-packed and transposed) for faster batches and prefill (one "
     "or two more copies of the weights): auto = models up to 1 GiB",
@@ -134,6 +138,7 @@ CHOICES = {
     "quantization": QUANTIZATIONS,
     "speculative_draft_model_quantization": QUANTIZATIONS,
     "gemm_packing": GEMM_PACKING,
+    "gguf_activations": GGUF_ACTIVATIONS,
     "dp_policy": DP_POLICIES,
     "hicache_write_policy": HICACHE_WRITE_POLICIES,
     "hicache_load_policy": HICACHE_LOAD_POLICIES,

@@ -20,6 +20,8 @@ SPECULATIVE_ALIASES = {"standalone": "draft"}
 # auto: the model file's own quantization (see `loader.resolve_quantization`).
 QUANTIZATIONS = ("auto", "none", "int8", "int4", "w4a8")
 GEMM_PACKING = ("auto", "on", "off")
+# How a GGUF's own blocks take activations (see `loader.resolve_gguf_activations`).
+GGUF_ACTIVATIONS = ("auto", "int8", "float")
 DP_POLICIES = ("cache_aware", "round_robin", "least_load")
 HICACHE_WRITE_POLICIES = ("write_through", "write_back")
 HICACHE_LOAD_POLICIES = ("auto", "always", "never")
@@ -120,6 +122,11 @@ class ServerArgs:
     # the native kernels, whose quantized GEMM serves every batch size; else 8).
     quantization: str = "auto"
     quantized_max_rows: int | None = None
+    # GGUF blocks (quantization auto): int8 rounds each product's activations per row, as
+    # llama.cpp does (integer dot products: faster; every row count takes the same kernel, so
+    # batching and prefill against decode change no matmul); float keeps them; auto = float
+    # (int8's prefill and large batches are still slower: docs/benchmarks.md).
+    gguf_activations: str = "auto"
     # GEMM-friendly copies of the dense weights (float32: panels for the native GEMM; bf16:
     # oneDNN-packed and transposed), faster for batches and prefill at the cost of one or two
     # more copies of the weights in memory: auto = for models up to 1 GiB.
@@ -238,6 +245,10 @@ class ServerArgs:
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(
                 f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}"
+            )
+        if self.gguf_activations not in GGUF_ACTIVATIONS:
+            raise ValueError(
+                f"gguf_activations must be one of {GGUF_ACTIVATIONS}, got {self.gguf_activations!r}"
             )
         if self.quantization not in ("auto", "none") and self.device != "cpu":
             raise ValueError("quantization uses PyTorch's CPU kernels; it needs device='cpu'")

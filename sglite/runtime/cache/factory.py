@@ -67,7 +67,7 @@ def build_cache(args, pool: KVPool, loaded) -> RadixCache:
             cfg,
             str(pool.dtype).replace("torch.", ""),
             pool.device.type,
-            loaded.quantization,
+            loaded.weight_format,
             loaded.quantized_max_rows,
             memo_path=os.path.join(args.hicache_dir, "fingerprints.json"),
         )

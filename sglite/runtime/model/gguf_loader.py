@@ -170,7 +170,11 @@ class BlockWeights:
 
 
 def gguf_block_weights(
-    gf: GGUFFile, model: nn.Module, config: ModelConfig, plan: TensorParallelPlan | None = None
+    gf: GGUFFile,
+    model: nn.Module,
+    config: ModelConfig,
+    plan: TensorParallelPlan | None = None,
+    round_activations: bool = False,
 ) -> BlockWeights:
     """Every projection, the embedding and the output projection of `model` whose GGUF tensors
     are all of a block type the kernels read, as `GGUFWeight`s over the mapped file (`config`:
@@ -178,7 +182,7 @@ def gguf_block_weights(
     with a tensor-parallel `plan`, each tensor is cut to this rank's rows (a view) or input
     columns (a copy of whole blocks; a projection whose cut falls inside a block is left to the
     dense path). Projections made of other tensors (float, other types, 3D experts) are not
-    included."""
+    included. `round_activations`: the weights' products round x to int8 (`GGUFWeight`)."""
     from sglite.runtime.model.linear import Linear
 
     family = gguf_family(gf, gf.path)
@@ -207,7 +211,7 @@ def gguf_block_weights(
                 return None
             parts.append(GGUFPart(kind, rows))
         out.consumed.update(t.name for t in tensors)
-        return GGUFWeight(parts, k, scratch)
+        return GGUFWeight(parts, k, scratch, round_activations)
 
     def permuted_heads(name: str) -> int | None:
         if family.gguf_permuted_qk and ".self_attn.q_proj." in name:

@@ -12,10 +12,15 @@ cache and takes their dot products with a few x rows; float32 batches past it go
 quantized GEMM (`quant_gemm`, rows decoded once per call), bfloat16 ones too up to
 `BF16_QUANT_GEMM_MAX_ROWS` rows (in float32); larger bfloat16 batches decode the weight into a
 scratch buffer the model owns (`DecodeScratch`, reused by every layer) and call PyTorch's GEMM
-(oneDNN / AMX). Activations are never rounded: results are the dequantized
-weights' products to float rounding.
+(oneDNN / AMX). Those products keep the activations as they are.
 
-Invariant: `matmul(x)` computes `x @ W.T` for `W` the weight gguf's own dequantization gives.
+With `round_activations` (the loader's choice where the CPU has integer dot products: see
+`loader.resolve_gguf_activations`), every product instead rounds each x row to int8 as
+llama.cpp does (`kernels/gguf_a8.c`): integer dot products, and one kernel for every row count,
+so a token's values do not depend on its batch, on prefill or decode, or on the thread count.
+
+Invariant: `matmul(x)` computes `x @ W.T` for `W` the weight gguf's own dequantization gives
+(and, rounding, x as gguf_a8.c rounds it).
 """
 
 from __future__ import annotations
@@ -78,7 +83,11 @@ class GGUFWeight(QuantizedWeight):
     """A weight `[N, K]` as GGUF blocks (see the module docstring)."""
 
     def __init__(
-        self, parts: list[GGUFPart], in_features: int, scratch: DecodeScratch | None = None
+        self,
+        parts: list[GGUFPart],
+        in_features: int,
+        scratch: DecodeScratch | None = None,
+        round_activations: bool = False,
     ) -> None:
         if not 1 <= len(parts) <= GGUF_MAX_PARTS:
             raise ValueError(f"a GGUF weight has 1-{GGUF_MAX_PARTS} parts, not {len(parts)}")
@@ -95,6 +104,7 @@ class GGUFWeight(QuantizedWeight):
         self.in_features = in_features
         self.out_features = sum(p.rows for p in parts)
         self.scratch = scratch or DecodeScratch()
+        self.round_activations = round_activations
         self.kind = "+".join(sorted({p.type_name.lower() for p in parts}))
         self._table = (_PART * len(parts))(
             *(_PART(BLOCK_TYPES[p.type_name], p.rows, p.data.ctypes.data) for p in parts)
@@ -110,7 +120,12 @@ class GGUFWeight(QuantizedWeight):
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """`x @ W.T`: the GEMV for a few rows, the quantized GEMM for float32 batches, else the
-        weight decoded into the scratch and PyTorch's GEMM."""
+        weight decoded into the scratch and PyTorch's GEMM; rounding activations, the int8
+        kernel for every row count."""
+        if self.round_activations:
+            out = kernels.gguf_gemv_a8(x.contiguous(), self.address, self.out_features)
+            if out is not None:
+                return out
         rows = x.shape[0]
         gemv_rows = GGUF_FLOAT_GEMV_MAX_ROWS if x.dtype == torch.float32 else QGEMV_MAX_ROWS
         out = None
@@ -127,7 +142,9 @@ class GGUFWeight(QuantizedWeight):
 
     def matmul_rows(self, x: torch.Tensor) -> torch.Tensor | None:
         """float32: the GEMM (rows independent) for every row count; bf16: the GEMV in chunks
-        of its rows."""
+        of its rows; rounding activations, the int8 kernel (rows independent)."""
+        if self.round_activations:
+            return kernels.gguf_gemv_a8(x.contiguous(), self.address, self.out_features)
         if x.dtype == torch.float32:
             return kernels.gguf_gemm(x, self.address, self.out_features, row_independent=True)
         n, step = self.out_features, QGEMV_MAX_ROWS
@@ -178,12 +195,15 @@ class GGUFWeight(QuantizedWeight):
 
     def native_linear(self, bias: torch.Tensor | None) -> ctypes.Structure | None:
         n, k = self.shape()
-        return c_linear("GGUF", n, k, self.address, None, bias)
+        kind = "GGUF_A8" if self.round_activations else "GGUF"
+        return c_linear(kind, n, k, self.address, None, bias)
 
     def native_rows(self, dtype: torch.dtype) -> int:
-        """Any batch in float32 (the C step runs the quantized GEMM past the GEMV's rows); the
-        GEMV's rows in bfloat16."""
-        return NATIVE_MAX_ROWS if dtype == torch.float32 else QGEMV_MAX_ROWS
+        """Any batch in float32 (the C step runs the quantized GEMM past the GEMV's rows) or
+        rounding activations; the GEMV's rows in bfloat16."""
+        if self.round_activations or dtype == torch.float32:
+            return NATIVE_MAX_ROWS
+        return QGEMV_MAX_ROWS
 
 
 def _row_bytes(type_name: str, k: int) -> int:

@@ -62,6 +62,15 @@ class LoadedModel:
     # The weight quantization in effect: the kinds the projections use joined by "+" (int4,
     # int8, w4a8, int4+int8), or none; `load_model`'s argument with auto resolved.
     quantization: str = "none"
+    # How GGUF block weights take their activations: "int8" (each x row rounded, llama.cpp's
+    # arithmetic) or "float"; `load_model`'s `gguf_activations` resolved.
+    activations: str = "float"
+
+    @property
+    def weight_format(self) -> str:
+        """The quantization with the activations' rounding (e.g. q4_k+q6_k/a8): what the
+        model's values depend on (a disk KV cache's key)."""
+        return self.quantization + ("/a8" if self.activations == "int8" else "")
 
 
 def cpu_has_native_bf16() -> bool:
@@ -158,6 +167,18 @@ def resolve_quantization(
     return gguf_loader.auto_quantization(gguf_file)
 
 
+GGUF_ACTIVATIONS = ("auto", "int8", "float")
+
+
+def resolve_gguf_activations(choice: str) -> str:
+    """`choice` as given; "auto" is float: int8 decodes one row faster where the kernels have
+    an integer dot product (AVX2, AVX-512 VNNI) but its prefill and large batches are still
+    slower than the float path's (docs/benchmarks.md), so it is opt-in."""
+    if choice not in GGUF_ACTIVATIONS:
+        raise ValueError(f"gguf_activations must be one of {GGUF_ACTIVATIONS}, got {choice!r}")
+    return "float" if choice == "auto" else choice
+
+
 def _serves_gguf_blocks(resolved: str, device: torch.device) -> bool:
     """Whether a GGUF's quantized tensors are held as its own blocks (`GGUFWeight`): with
     `--quantization auto` resolved to a quantized format (the native kernels, on the CPU)."""
@@ -249,6 +270,7 @@ def load_model(
     quantized_max_rows: int | None = None,
     gemm_packing: str = "auto",
     tp: TensorParallelGroup = SINGLE,
+    gguf_activations: str = "auto",
 ) -> LoadedModel:
     """Load weights, config and tokenizer. `model_path=None` loads the default model.
 
@@ -260,6 +282,8 @@ def load_model(
     `gemm_packing` (auto, on, off) adds GEMM-friendly copies of the dense weights (see
     `linear.py`) for batches and prefill; auto adds them for models whose weights take at most
     `AUTO_PACK_MAX_BYTES`.
+    `gguf_activations` (auto, int8, float): how a GGUF's own blocks take their activations
+    (`resolve_gguf_activations`; int8 rounds every product's x rows as llama.cpp does).
     With a tensor-parallel group `tp`, only this rank's shard of every weight is kept (each
     checkpoint tensor is read, cut and dropped in turn) and the returned config is the rank's.
 
@@ -296,10 +320,14 @@ def load_model(
     plan = TensorParallelPlan.create(config, tp.rank, tp.size) if tp.enabled else None
     model = CausalLM.empty(config, torch_dtype, dev, plan, tp)
     provided: frozenset[str] = frozenset()
+    activations = "float"
     if gguf_file is not None:
         consumed: frozenset[str] = frozenset()
         if quantization == "auto" and _serves_gguf_blocks(resolved, dev):
-            blocks = gguf_loader.gguf_block_weights(gguf_file, model, config, plan)
+            activations = resolve_gguf_activations(gguf_activations)
+            blocks = gguf_loader.gguf_block_weights(
+                gguf_file, model, config, plan, round_activations=activations == "int8"
+            )
             provided, consumed = model.use_gguf_blocks(blocks), frozenset(blocks.consumed)
         weights = gguf_loader.iter_gguf_weights(gguf_file, config, progress, consumed)
     quantized_rows = source = head = None
@@ -322,6 +350,8 @@ def load_model(
     model.finalize_weights(pack=_should_pack(gemm_packing, model))
     tokenizer = tokenizer_job.result()
     _apply_family_tokens(tokenizer, family, config)  # the model's, whatever the tokenizer's
+    if not provided:
+        activations = "float"
     logger.info("loaded %s (%s) as %s on %s", path, config.arch, torch_dtype, dev)
     return LoadedModel(
         model.config,
@@ -332,4 +362,5 @@ def load_model(
         dev,
         quantized_rows if kind_for is not None else None,
         "+".join(model.quantized_kinds()) or "none",
+        activations,
     )

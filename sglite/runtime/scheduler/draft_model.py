@@ -102,6 +102,7 @@ class DraftModelProposer:
             progress=False,
             quantization=args.speculative_draft_model_quantization,
             gemm_packing="off",  # the draft runs small decode batches only
+            gguf_activations=args.gguf_activations,
         )
         if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
             raise ValueError(

@@ -94,6 +94,7 @@ def _load(args: ServerArgs, rank: int) -> tuple[Any, Any]:
         quantized_max_rows=-1 if deterministic else args.quantized_max_rows,
         gemm_packing=packing,
         tp=tp,
+        gguf_activations=args.gguf_activations,
     )
     if deterministic:
         loaded.model.enable_deterministic()
@@ -178,6 +179,7 @@ def run_scheduler(
                 "grammar_backend": args.grammar_backend,
                 "jump_forward": scheduler.jump_forward,
                 "quantization": loaded.quantization,  # auto resolved
+                "activations": loaded.activations,  # GGUF blocks: int8 or float
                 "quantized_max_rows": loaded.quantized_max_rows,  # resolved (-1: no dense copy)
                 "native_kernels": native_kernels_available(),
                 "kernel_isa": native.isa(),  # what the native kernels were built for

@@ -23,6 +23,16 @@ from sglite.runtime.server_args import ServerArgs
 logger = logging.getLogger("sglite.runtime.server")
 
 
+def compute_path(info: dict) -> str:
+    """The weights' format and the activations' path the scheduler chose, for the start-up
+    line (e.g. "weights q4_k+q6_k, activations int8 on avx2_fma")."""
+    isa = "+".join(info.get("kernel_isa") or []) or "portable C"
+    return (
+        f"weights {info.get('quantization', 'none')}, "
+        f"activations {info.get('activations', 'float')} on {isa}"
+    )
+
+
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(0)
 
@@ -86,7 +96,12 @@ def launch_server(args: ServerArgs) -> int:
     except BaseException:
         sock.close()
         raise
-    print(f"sglite: model loaded in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    loaded_in = time.perf_counter() - t0
+    print(
+        f"sglite: model loaded in {loaded_in:.1f} s ({compute_path(client.info)})",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
         app = create_app(state)
         config = uvicorn.Config(

@@ -20,6 +20,7 @@ from sglite.runtime.model.kernels.matmul import (  # noqa: F401 (the package's A
     gguf_dequantize,
     gguf_gemm,
     gguf_gemv,
+    gguf_gemv_a8,
     int4_dequantize,
     int4_gemm,
     int4_gemv,

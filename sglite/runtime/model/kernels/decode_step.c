@@ -99,6 +99,13 @@ int dense_gemv_rows(int dtype, const void *x, const void *w, void *y, int64_t ro
   return 0;
 }
 
+static void add_bias(int dtype, const linear_t *l, void *y, int64_t rows) {
+  for (int64_t m = 0; m < rows; m++)
+    for (int64_t n = 0; n < l->n_out; n++)
+      store(y, m * l->n_out + n, load(y, m * l->n_out + n, dtype) + load(l->bias, n, dtype),
+            dtype);
+}
+
 static int linear_rows(int dtype, const linear_t *l, const void *x, void *y, int64_t rows,
                        int threads, int deterministic) {
   int status = 0;
@@ -106,6 +113,11 @@ static int linear_rows(int dtype, const linear_t *l, const void *x, void *y, int
     if (dtype != 0) return -1;      /* panels are float32 only */
     panel_gemm(x, l->weight, l->bias, y, rows, l->n_out, l->k, threads);
     return 0;
+  }
+  if (l->kind == LINEAR_GGUF_A8) { /* any rows, rows independent: deterministic as it is */
+    status = gguf_gemv_a8(dtype, x, l->weight, y, rows, l->n_out, l->k, threads);
+    if (status == 0 && l->bias != NULL) add_bias(dtype, l, y, rows);
+    return status;
   }
   const int int4 = l->kind == LINEAR_INT4 || l->kind == LINEAR_INT4_A8;
   const int q8 = l->kind == LINEAR_Q8_0;
@@ -138,11 +150,7 @@ static int linear_rows(int dtype, const linear_t *l, const void *x, void *y, int
                        l->kind == LINEAR_INT4_A8);
   else
     dense_gemv(dtype, x, l->weight, y, rows, l->n_out, l->k, threads);
-  if (status == 0 && l->bias != NULL)
-    for (int64_t m = 0; m < rows; m++)
-      for (int64_t n = 0; n < l->n_out; n++)
-        store(y, m * l->n_out + n, load(y, m * l->n_out + n, dtype) + load(l->bias, n, dtype),
-              dtype);
+  if (status == 0 && l->bias != NULL) add_bias(dtype, l, y, rows);
   return status;
 }
 

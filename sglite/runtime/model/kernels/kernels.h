@@ -67,7 +67,8 @@ enum {
   LINEAR_PANELS = 3,  /* float32 in panel_gemm's panels */
   LINEAR_INT4_A8 = 4, /* LINEAR_INT4 whose GEMVs round x to int8 (w4a8) */
   LINEAR_Q8_0 = 5,    /* GGUF Q8_0: int8 values, an f16 scale per 32 inputs */
-  LINEAR_GGUF = 6     /* GGUF blocks as the file stores them: weight is a gguf_part_t array */
+  LINEAR_GGUF = 6,    /* GGUF blocks as the file stores them: weight is a gguf_part_t array */
+  LINEAR_GGUF_A8 = 7  /* LINEAR_GGUF whose products round x to int8 (gguf_gemv_a8), any rows */
 };
 
 typedef struct {
@@ -158,6 +159,12 @@ int gguf_gemv(int dtype, const void *x, const gguf_part_t *parts, void *y, int64
               int64_t n_out, int64_t k, int threads);
 int gguf_dequantize(int dtype, const gguf_part_t *parts, const int64_t *ids, int64_t n_ids,
                     int64_t n_out, int64_t k, void *out, int threads);
+
+/* gguf_a8.c: y [rows, n_out] = x W^T for any rows, x rounded to int8 per span of 256 values
+ * (32 when k is not whole super-blocks) as llama.cpp rounds it; each row's result depends on
+ * that row alone. -1 for parts that do not cover n_out rows of supported types. */
+int gguf_gemv_a8(int dtype, const void *x, const gguf_part_t *parts, void *y, int64_t rows,
+                 int64_t n_out, int64_t k, int threads);
 
 /* quant_gemm.c, panel_gemm.c. quant_gemm with row_independent != 0 never takes its panel path
  * (used from GEMM_PANEL_MIN_ROWS rows, whose tiles sum over k in another order), so a row's

@@ -284,6 +284,31 @@ def gguf_gemv(x: torch.Tensor, parts: int, n_out: int) -> torch.Tensor | None:
     return out if status == 0 else None
 
 
+def gguf_gemv_a8(x: torch.Tensor, parts: int, n_out: int) -> torch.Tensor | None:
+    """`x @ W.T` for any rows `x [M, K]` (float32/bfloat16) with x rounded to int8 as llama.cpp
+    rounds it (per 256 values, or 32 where K is not whole super-blocks: see gguf_a8.c), `W` a
+    GGUF weight as for `gguf_gemv`. Each row's result depends on that row alone. None when the
+    native kernel cannot serve it."""
+    lib = _lib_for(x)
+    if lib is None or x.dim() != 2 or not x.is_contiguous():
+        return None
+    rows, k = x.shape
+    out = x.new_empty(rows, n_out)
+    if rows == 0:
+        return out
+    status = lib.gguf_gemv_a8(
+        _DTYPE_CODES[x.dtype],
+        x.data_ptr(),
+        parts,
+        out.data_ptr(),
+        rows,
+        n_out,
+        k,
+        torch.get_num_threads(),
+    )
+    return out if status == 0 else None
+
+
 def gguf_gemm(
     x: torch.Tensor,
     parts: int,

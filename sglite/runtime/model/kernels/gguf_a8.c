@@ -1,0 +1,394 @@
+/*
+ * GGUF block weights times activations rounded to int8 (llama.cpp's arithmetic): y = x W^T
+ * for any number of x rows, the weight read as the file stores it (gguf_blocks.c's layouts).
+ *
+ * Each x row is rounded per span of S values (S = 256 when k is whole super-blocks, else 32):
+ * xq = round(x / dx), dx = max|x| / 127, with the sums of xq over every 16 and 32 values. A
+ * row's product is then sum over blocks of (weight scale) (dx of its span) (integer dot of the
+ * weight's integers with xq), plus the formats' offsets (Q4_0 -8, Q5_0 -16, Q6_K -32, the k-quants'
+ * and Q4_1/Q5_1's mins) times the xq sums: the dequantized weight times the rounded x, to float
+ * rounding. On AVX2 the integer dots are `vpmaddubsw` (weight integers as unsigned bytes, at most
+ * 63, times xq: pairs of products in int16, no saturation) and `vpmaddwd` with the group
+ * scales; a k-quant super-block is summed in int32 and scaled once. Elsewhere a weight row is
+ * decoded to float32 and dotted with xq dx.
+ *
+ * Invariant: a row's result depends on that x row alone (not on the other rows, their number or
+ * the thread count): every output is computed by one thread in one fixed order, so prefill,
+ * decode and any batch give a token the same values.
+ */
+#include "common.h"
+
+#define QK 32
+#define QK_K 256
+
+/* x rounded to int8, per row: `span` values share a scale. */
+typedef struct {
+  int64_t rows, k, span;
+  int8_t *q;      /* [rows, k] */
+  float *dx;      /* [rows, k / span] */
+  int16_t *sum16; /* [rows, k / 16]: sums of q over each 16 values */
+  int16_t *sum32; /* [rows, k / 32] */
+} rounded_x;
+
+static void free_rounded(rounded_x *r) {
+  free(r->q);
+  free(r->dx);
+  free(r->sum16);
+  free(r->sum32);
+}
+
+static int round_x(int dtype, const void *x, int64_t rows, int64_t k, rounded_x *r) {
+  r->rows = rows;
+  r->k = k;
+  r->span = k % QK_K == 0 ? QK_K : QK;
+  r->q = (int8_t *)malloc((size_t)(rows * k));
+  r->dx = (float *)malloc((size_t)(rows * (k / r->span)) * sizeof(float));
+  r->sum16 = (int16_t *)malloc((size_t)(rows * (k / 16)) * sizeof(int16_t));
+  r->sum32 = (int16_t *)malloc((size_t)(rows * (k / QK)) * sizeof(int16_t));
+  float *xf = (float *)malloc((size_t)k * sizeof(float));
+  if (!r->q || !r->dx || !r->sum16 || !r->sum32 || !xf) {
+    free(xf);
+    free_rounded(r);
+    return -1;
+  }
+  const int64_t spans = k / r->span;
+  for (int64_t m = 0; m < rows; m++) {
+    load_row(x, m * k, k, xf, dtype);
+    int8_t *q = r->q + m * k;
+    for (int64_t s = 0; s < spans; s++) {
+      const float *xs = xf + s * r->span;
+      float amax = 0.0f;
+      for (int64_t j = 0; j < r->span; j++) amax = fmaxf(amax, fabsf(xs[j]));
+      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      r->dx[m * spans + s] = amax / 127.0f;
+      for (int64_t j = 0; j < r->span; j++) q[s * r->span + j] = (int8_t)lrintf(xs[j] * inv);
+    }
+    for (int64_t g = 0; g < k / 16; g++) {
+      int s = 0;
+      for (int j = 0; j < 16; j++) s += q[16 * g + j];
+      r->sum16[m * (k / 16) + g] = (int16_t)s;
+    }
+    for (int64_t g = 0; g < k / QK; g++)
+      r->sum32[m * (k / QK) + g] =
+          (int16_t)(r->sum16[m * (k / 16) + 2 * g] + r->sum16[m * (k / 16) + 2 * g + 1]);
+  }
+  free(xf);
+  return 0;
+}
+
+static inline float half_at(const uint8_t *p) {
+  uint16_t h;
+  memcpy(&h, p, 2);
+  return f16_to_f32(h);
+}
+
+/* Rows of x a kernel call takes together (each weight block decoded once for all of them). */
+#define A8_ROWS 4
+
+#if defined(__AVX2__) && defined(__FMA__)
+static inline float hsum_ps(__m256 v) { return sum256(v); }
+
+static inline __m256i low_nibbles(__m256i v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0f)); }
+static inline __m256i high_nibbles(__m256i v) {
+  return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0f));
+}
+/* Bits [shift, shift + width) of every byte, moved to bit `to` (mask = 2^width - 1). */
+static inline __m256i bits_at(__m256i v, int shift, int mask, int to) {
+  return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(v, shift), _mm256_set1_epi8((char)mask)),
+                           to);
+}
+/* The 16 bytes of a 32-block's nibbles as 32 values in order (value j low nibble of byte j,
+ * value 16 + j its high nibble). */
+static inline __m256i nibbles_in_order(const uint8_t *qs) {
+  const __m128i b = _mm_loadu_si128((const __m128i *)qs), m = _mm_set1_epi8(0x0f);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
+}
+/* 0x10 in byte j where bit j of `bits` is set. */
+static inline __m256i fifth_bits(uint32_t bits) {
+  const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2,
+                                          2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m256i select = _mm256_set1_epi64x((int64_t)0x8040201008040201ULL);
+  const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int32_t)bits), spread);
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, select), select);
+  return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+}
+/* int16 j (0..7) of each 128-bit lane, in every int16 of that lane. */
+static inline __m256i spread_int16(__m256i v, int j) {
+  const __m256i ctrl = _mm256_set1_epi16((short)((2 * j) | ((2 * j + 1) << 8)));
+  return _mm256_shuffle_epi8(v, ctrl);
+}
+
+typedef struct {
+  __m256 acc[A8_ROWS]; /* scaled products */
+  float off[A8_ROWS];  /* offsets */
+} row_sums;
+
+/* Q4_K (five = 0) / Q5_K super-blocks of one weight row against R x rows. */
+static inline __attribute__((always_inline)) void k4_k5_row(const int R, const int five,
+                                                            const uint8_t *row,
+                                                            const rounded_x *x, int64_t m0,
+                                                            row_sums *s) {
+  const int64_t k = x->k, blocks = k / QK_K, bytes = five ? 176 : 144;
+  for (int64_t blk = 0; blk < blocks; blk++) {
+    const uint8_t *b = row + blk * bytes, *qs = b + (five ? 48 : 16);
+    uint32_t w[3];
+    memcpy(w, b + 4, 12);
+    const uint32_t low6 = 0x3f3f3f3f, low4 = 0x0f0f0f0f, two = 0x03030303;
+    const uint32_t sc[2] = {w[0] & low6, (w[2] & low4) | (((w[0] >> 6) & two) << 4)};
+    const uint32_t mn[2] = {w[1] & low6, ((w[2] >> 4) & low4) | (((w[1] >> 6) & two) << 4)};
+    const __m128i sc16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)sc[1], (int)sc[0]));
+    const __m128i mn16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)mn[1], (int)mn[0]));
+    const __m256i scales = _mm256_broadcastsi128_si256(sc16);
+    const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
+    __m256i isum[A8_ROWS];
+    for (int m = 0; m < R; m++) isum[m] = _mm256_setzero_si256();
+    for (int c = 0; c < 4; c++) {
+      const __m256i packed = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+      __m256i lo = low_nibbles(packed), hi = high_nibbles(packed);
+      if (five) {
+        lo = _mm256_or_si256(lo, bits_at(qh, 2 * c, 1, 4));
+        hi = _mm256_or_si256(hi, bits_at(qh, 2 * c + 1, 1, 4));
+      }
+      const __m256i s_lo = spread_int16(scales, 2 * c), s_hi = spread_int16(scales, 2 * c + 1);
+      for (int m = 0; m < R; m++) {
+        const int8_t *xq = x->q + (m0 + m) * k + blk * QK_K + 64 * c;
+        const __m256i p_lo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)xq));
+        const __m256i p_hi =
+            _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xq + 32)));
+        isum[m] = _mm256_add_epi32(isum[m], _mm256_madd_epi16(p_lo, s_lo));
+        isum[m] = _mm256_add_epi32(isum[m], _mm256_madd_epi16(p_hi, s_hi));
+      }
+    }
+    const float d = half_at(b), dmin = half_at(b + 2);
+    for (int m = 0; m < R; m++) {
+      const float dx = x->dx[(m0 + m) * blocks + blk];
+      s->acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[m]), _mm256_set1_ps(d * dx), s->acc[m]);
+      const __m128i sums = _mm_loadu_si128((const __m128i *)(x->sum32 + (m0 + m) * (k / QK) + 8 * blk));
+      const __m128i mins = _mm_madd_epi16(mn16, sums);
+      const __m128i t = _mm_add_epi32(mins, _mm_unpackhi_epi64(mins, mins));
+      const int total = _mm_cvtsi128_si32(t) + _mm_extract_epi32(t, 1);
+      s->off[m] -= dmin * dx * (float)total;
+    }
+  }
+}
+
+/* Q6_K super-blocks of one weight row against R x rows: the integers q in 0..63 times xq, less
+ * 32 times the sums of xq, each group of 16 scaled by its int8 scale. */
+static inline __attribute__((always_inline)) void k6_row(const int R, const uint8_t *row,
+                                                         const rounded_x *x, int64_t m0,
+                                                         row_sums *s) {
+  const int64_t k = x->k, blocks = k / QK_K;
+  for (int64_t blk = 0; blk < blocks; blk++) {
+    const uint8_t *b = row + blk * 210;
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
+    __m256i isum[A8_ROWS];
+    for (int m = 0; m < R; m++) {
+      const __m256i sums =
+          _mm256_loadu_si256((const __m256i *)(x->sum16 + (m0 + m) * (k / 16) + 16 * blk));
+      isum[m] = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                 _mm256_slli_epi32(_mm256_madd_epi16(sc16, sums), 5));
+    }
+    for (int h = 0; h < 2; h++) {
+      /* Both 128-bit lanes hold scales 8h..8h+7; run s takes 8h + 2s (values 0-15) in the low
+       * lane and 8h + 2s + 1 (values 16-31) in the high one. */
+      const __m256i lane_scales = h ? _mm256_permute2x128_si256(sc16, sc16, 0x11)
+                                    : _mm256_permute2x128_si256(sc16, sc16, 0x00);
+      const __m256i lo0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
+      const __m256i lo1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
+      const __m256i hb = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+      const __m256i q[4] = {
+          _mm256_or_si256(low_nibbles(lo0), bits_at(hb, 0, 3, 4)),
+          _mm256_or_si256(low_nibbles(lo1), bits_at(hb, 2, 3, 4)),
+          _mm256_or_si256(high_nibbles(lo0), bits_at(hb, 4, 3, 4)),
+          _mm256_or_si256(high_nibbles(lo1), bits_at(hb, 6, 3, 4)),
+      };
+      for (int r = 0; r < 4; r++) {
+        const __m256i ctrl = _mm256_setr_epi8(
+            4 * r, 4 * r + 1, 4 * r, 4 * r + 1, 4 * r, 4 * r + 1, 4 * r, 4 * r + 1, 4 * r,
+            4 * r + 1, 4 * r, 4 * r + 1, 4 * r, 4 * r + 1, 4 * r, 4 * r + 1, 4 * r + 2, 4 * r + 3,
+            4 * r + 2, 4 * r + 3, 4 * r + 2, 4 * r + 3, 4 * r + 2, 4 * r + 3, 4 * r + 2, 4 * r + 3,
+            4 * r + 2, 4 * r + 3, 4 * r + 2, 4 * r + 3, 4 * r + 2, 4 * r + 3);
+        const __m256i sv = _mm256_shuffle_epi8(lane_scales, ctrl);
+        for (int m = 0; m < R; m++) {
+          const int8_t *xq = x->q + (m0 + m) * k + blk * QK_K + 128 * h + 32 * r;
+          const __m256i p = _mm256_maddubs_epi16(q[r], _mm256_loadu_si256((const __m256i *)xq));
+          isum[m] = _mm256_add_epi32(isum[m], _mm256_madd_epi16(p, sv));
+        }
+      }
+    }
+    const float d = half_at(b + 208);
+    for (int m = 0; m < R; m++) {
+      const float dx = x->dx[(m0 + m) * blocks + blk];
+      s->acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[m]), _mm256_set1_ps(d * dx), s->acc[m]);
+    }
+  }
+}
+
+/* Blocks of 32 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) of one weight row against R x rows. */
+static inline __attribute__((always_inline)) void b32_row(const int R, int64_t type,
+                                                          const uint8_t *row, const rounded_x *x,
+                                                          int64_t m0, row_sums *s) {
+  const int64_t k = x->k, groups = k / QK, per_span = x->span / QK, spans = k / x->span;
+  const int64_t bytes = gguf_row_bytes(type, QK);
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t g = 0; g < groups; g++) {
+    const uint8_t *b = row + g * bytes;
+    const float d = half_at(b);
+    float mn = 0.0f; /* offset per unit of xq: -8 d, -16 d, or the block's min */
+    __m256i q, sign = _mm256_setzero_si256();
+    switch (type) {
+      case GGML_TYPE_Q4_0:
+        q = nibbles_in_order(b + 2);
+        mn = -8.0f * d;
+        break;
+      case GGML_TYPE_Q4_1:
+        q = nibbles_in_order(b + 4);
+        mn = half_at(b + 2);
+        break;
+      case GGML_TYPE_Q5_0: {
+        uint32_t high;
+        memcpy(&high, b + 2, 4);
+        q = _mm256_or_si256(nibbles_in_order(b + 6), fifth_bits(high));
+        mn = -16.0f * d;
+        break;
+      }
+      case GGML_TYPE_Q5_1: {
+        uint32_t high;
+        memcpy(&high, b + 4, 4);
+        q = _mm256_or_si256(nibbles_in_order(b + 8), fifth_bits(high));
+        mn = half_at(b + 2);
+        break;
+      }
+      default: /* Q8_0: |q| times xq with q's sign */
+        sign = _mm256_loadu_si256((const __m256i *)(b + 2));
+        q = _mm256_sign_epi8(sign, sign);
+        break;
+    }
+    for (int m = 0; m < R; m++) {
+      __m256i xv = _mm256_loadu_si256((const __m256i *)(x->q + (m0 + m) * k + g * QK));
+      if (type == GGML_TYPE_Q8_0) xv = _mm256_sign_epi8(xv, sign);
+      const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), ones);
+      const float dx = x->dx[(m0 + m) * spans + g / per_span];
+      s->acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * dx), s->acc[m]);
+      if (mn != 0.0f) s->off[m] += mn * dx * (float)x->sum32[(m0 + m) * groups + g];
+    }
+  }
+}
+
+static inline __attribute__((always_inline)) void row_products(const int R, int64_t type,
+                                                               const uint8_t *row,
+                                                               const rounded_x *x, int64_t m0,
+                                                               float *out) {
+  row_sums s;
+  for (int m = 0; m < R; m++) {
+    s.acc[m] = _mm256_setzero_ps();
+    s.off[m] = 0.0f;
+  }
+  if (type == GGML_TYPE_Q4_K)
+    k4_k5_row(R, 0, row, x, m0, &s);
+  else if (type == GGML_TYPE_Q5_K)
+    k4_k5_row(R, 1, row, x, m0, &s);
+  else if (type == GGML_TYPE_Q6_K)
+    k6_row(R, row, x, m0, &s);
+  else
+    b32_row(R, type, row, x, m0, &s);
+  for (int m = 0; m < R; m++) out[m] = hsum_ps(s.acc[m]) + s.off[m];
+}
+#else
+/* Portable: the weight row decoded to float32 (`decoded`, k values), dotted with xq dx. */
+static inline void row_products_decoded(const int R, const float *decoded, const rounded_x *x,
+                                        int64_t m0, float *out) {
+  const int64_t k = x->k, spans = k / x->span;
+  for (int m = 0; m < R; m++) {
+    const int8_t *xq = x->q + (m0 + m) * k;
+    float total = 0.0f;
+    for (int64_t s = 0; s < spans; s++) {
+      float part = 0.0f;
+      for (int64_t j = s * x->span; j < (s + 1) * x->span; j++) part += decoded[j] * (float)xq[j];
+      total += part * x->dx[(m0 + m) * spans + s];
+    }
+    out[m] = total;
+  }
+}
+#endif
+
+typedef struct {
+  int dtype;
+  const rounded_x *x;
+  const gguf_part_t *parts;
+  void *y;
+  int64_t n_out;
+} a8_args;
+
+/* Weight rows of one tile: decoded once from memory, then in cache for every group of x rows. */
+#define TILE_ROWS 16
+
+static void a8_range(void *p, int64_t n0, int64_t n1) {
+  const a8_args *a = p;
+  const rounded_x *x = a->x;
+  const int64_t k = x->k;
+#if !(defined(__AVX2__) && defined(__FMA__))
+  float *decoded = (float *)malloc((size_t)(TILE_ROWS * k) * sizeof(float));
+  if (decoded == NULL) abort(); /* a few KB: out of memory is not recoverable here */
+#endif
+  for (int64_t t0 = n0; t0 < n1; t0 += TILE_ROWS) {
+    const int64_t t1 = t0 + TILE_ROWS < n1 ? t0 + TILE_ROWS : n1;
+#if !(defined(__AVX2__) && defined(__FMA__))
+    for (int64_t n = t0; n < t1; n++) {
+      int64_t type;
+      const void *row = gguf_part_row(a->parts, n, k, &type);
+      gguf_decode_row(type, row, k, decoded + (n - t0) * k);
+    }
+#endif
+    for (int64_t m0 = 0; m0 < x->rows; m0 += A8_ROWS) {
+      const int64_t left = x->rows - m0;
+      for (int64_t n = t0; n < t1; n++) {
+        float out[A8_ROWS];
+        int R = left >= A8_ROWS ? A8_ROWS : (int)left;
+#if defined(__AVX2__) && defined(__FMA__)
+        int64_t type;
+        const uint8_t *row = gguf_part_row(a->parts, n, k, &type);
+        if (m0 == 0 && n + TILE_ROWS < n1) { /* the next tile, while this one computes */
+          int64_t ahead_type;
+          const uint8_t *ahead = gguf_part_row(a->parts, n + TILE_ROWS, k, &ahead_type);
+          prefetch_bytes(ahead, gguf_row_bytes(ahead_type, k));
+        }
+        if (R == 4)
+          row_products(4, type, row, x, m0, out);
+        else if (R == 3)
+          row_products(3, type, row, x, m0, out);
+        else if (R == 2)
+          row_products(2, type, row, x, m0, out);
+        else
+          row_products(1, type, row, x, m0, out);
+#else
+        row_products_decoded(R, decoded + (n - t0) * k, x, m0, out);
+#endif
+        for (int m = 0; m < R; m++) store(a->y, (m0 + m) * a->n_out + n, out[m], a->dtype);
+      }
+    }
+  }
+#if !(defined(__AVX2__) && defined(__FMA__))
+  free(decoded);
+#endif
+}
+
+int gguf_gemv_a8(int dtype, const void *x, const gguf_part_t *parts, void *y, int64_t rows,
+                 int64_t n_out, int64_t k, int threads) {
+  if (rows < 1 || k % QK) return -1;
+  int64_t covered = 0;
+  for (int i = 0; i < GGUF_MAX_PARTS && covered < n_out; i++) {
+    if (parts[i].rows < 1 || gguf_row_bytes(parts[i].type, k) < 0) return -1;
+    covered += parts[i].rows;
+  }
+  if (covered != n_out) return -1;
+  rounded_x rx;
+  if (round_x(dtype, x, rows, k, &rx)) return -1;
+  a8_args a = {dtype, &rx, parts, y, n_out};
+  const int64_t pieces = 4 * (threads > 1 ? threads : 1);
+  int64_t chunk = ((n_out + pieces - 1) / pieces + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS;
+  if (chunk < 32) chunk = 32;
+  parallel_range(a8_range, &a, n_out, chunk, threads, rows * n_out * k >= 65536);
+  free_rounded(&rx);
+  return 0;
+}

@@ -1,0 +1,146 @@
+"""GGUF blocks with activations rounded to int8 (`--gguf-activations int8`): the kernel
+computes the file's weights times x rounded as llama.cpp rounds it, a row's result depends on
+that row alone, and so a model's answers do not change with batching or with prefill against
+decode."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import sglite as sgl
+from sglite.runtime.model import kernels
+from sglite.runtime.model.gguf_weight import GGUFPart, GGUFWeight
+from sglite.runtime.model.loader import resolve_gguf_activations
+from sglite.runtime.server_args import ServerArgs
+
+pytestmark = pytest.mark.skipif(not kernels.native_available(), reason="needs the native kernels")
+
+# Every block type the kernels read, at a width of whole super-blocks (x rounded per 256) and,
+# for the 32-value types, one that is not (x rounded per 32, as for Qwen2.5-0.5B's 896).
+CASES = [(t, 512) for t in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")]
+CASES += [(t, 96) for t in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")]
+
+
+def _blocks(type_name: str, rows: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Valid blocks of `type_name` for `[rows, k]`: gguf's own quantizer where it has one,
+    else random bytes with small finite scales (gguf cannot quantize k-quants)."""
+    import gguf
+
+    kind = gguf.GGMLQuantizationType[type_name]
+    if not type_name.endswith("_K"):
+        return gguf.quants.quantize(rng.standard_normal((rows, k)).astype(np.float32), kind)
+    per, size = gguf.GGML_QUANT_SIZES[kind]
+    blocks = rng.integers(0, 256, (rows, k // per, size), dtype=np.uint8)
+    scale = np.full((rows, k // per, 1), 2.0**-8, np.float16).view(np.uint8)
+    at = 208 if type_name == "Q6_K" else 0  # d's offset
+    blocks[:, :, at : at + 2] = scale
+    if type_name != "Q6_K":
+        blocks[:, :, 2:4] = scale  # dmin
+    return blocks.reshape(rows, -1)
+
+
+def _rounded(x: np.ndarray, span: int) -> np.ndarray:
+    """x as the kernel rounds it: per span, round(x * 127 / max|x|) times max|x| / 127."""
+    out = np.empty(x.shape, np.float64)
+    for s in range(0, x.shape[1], span):
+        xs = x[:, s : s + span].astype(np.float32)
+        amax = np.abs(xs).max(axis=1, keepdims=True)
+        inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(
+            np.float32
+        )
+        out[:, s : s + span] = np.rint(xs * inv) * (amax / np.float32(127)).astype(np.float64)
+    return out
+
+
+@pytest.mark.parametrize(("type_name", "k"), CASES)
+def test_products_are_the_file_weights_times_x_rounded_to_int8(type_name, k):
+    import gguf
+
+    rng = np.random.default_rng(k + len(type_name))
+    blocks = _blocks(type_name, 40, k, rng)
+    dense = gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType[type_name]).reshape(40, k)
+    weight = GGUFWeight([GGUFPart(type_name, np.ascontiguousarray(blocks))], k)
+    x = rng.standard_normal((11, k)).astype(np.float32)
+    x[:, 3] *= 30  # an outlier channel, as real activations have
+    got = kernels.gguf_gemv_a8(torch.from_numpy(x), weight.address, 40).numpy()
+    want = _rounded(x, 256 if k % 256 == 0 else 32) @ dense.T.astype(np.float64)
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+    # The rounding is real: the float product differs by far more than float rounding.
+    exact = x.astype(np.float64) @ dense.T.astype(np.float64)
+    assert np.abs(exact - want).max() > 1e-3 * np.abs(want).max()
+
+
+def test_a_fused_weight_of_two_types_takes_each_part_in_its_own():
+    import gguf
+
+    rng = np.random.default_rng(7)
+    q4k, q6k = _blocks("Q4_K", 24, 256, rng), _blocks("Q6_K", 8, 256, rng)
+    weight = GGUFWeight([GGUFPart("Q4_K", q4k), GGUFPart("Q6_K", q6k)], 256, None, True)
+    x = torch.randn(3, 256)
+    parts = [
+        gguf.quants.dequantize(b, gguf.GGMLQuantizationType[t]).reshape(-1, 256)
+        for t, b in (("Q4_K", q4k), ("Q6_K", q6k))
+    ]
+    want = _rounded(x.numpy(), 256) @ np.concatenate(parts).T.astype(np.float64)
+    got = weight.matmul(x).numpy()
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_rows_result_is_the_same_alone_and_in_any_batch(dtype):
+    """Bit for bit: a row computed alone, in a batch of 3, of 8 and of 37 (a prefill's worth)."""
+    rng = np.random.default_rng(3)
+    weight = GGUFWeight([GGUFPart("Q4_K", _blocks("Q4_K", 200, 512, rng))], 512, None, True)
+    x = torch.randn(37, 512).to(dtype)
+    alone = weight.matmul(x[5:6])
+    for rows in (3, 8, 37):
+        batch = weight.matmul(x[5 - min(5, rows // 2) :][:rows])
+        assert torch.equal(batch[min(5, rows // 2)], alone[0]), rows
+    assert alone.dtype == dtype
+
+
+def test_activations_are_float_unless_int8_is_asked_for():
+    assert resolve_gguf_activations("auto") == "float"
+    assert resolve_gguf_activations("int8") == "int8"
+    with pytest.raises(ValueError, match="gguf_activations must be one of"):
+        resolve_gguf_activations("int4")
+    with pytest.raises(ValueError, match="gguf_activations must be one of"):
+        ServerArgs(gguf_activations="fp8").validate()
+
+
+@pytest.fixture(scope="module")
+def int8_engine():
+    """The default model (Q4_1 projections, Q8_0 embedding and head) rounding activations, the
+    radix cache off so that a prompt is always prefilled."""
+    engine = sgl.Engine(gguf_activations="int8", disable_radix_cache=True)
+    yield engine
+    engine.shutdown()
+
+
+def test_the_engine_reports_the_path_it_took(int8_engine):
+    info = int8_engine.get_server_info()
+    assert info["activations"] == "int8"
+    assert info["quantization"] != "none"
+
+
+def test_answers_do_not_change_with_batching_or_prefill_against_decode(int8_engine):
+    from sglite.runtime.model.loader import load_tokenizer
+
+    ids = load_tokenizer().encode("List three colors of the rainbow:")
+    alone = int8_engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 24, **GREEDY})
+    others = [load_tokenizer().encode(p) for p in ("Say hi.", "Count to five:", "Name a fruit.")]
+    batch = int8_engine.generate(
+        input_ids=[ids, *others], sampling_params={"max_new_tokens": 24, **GREEDY}
+    )
+    assert len(alone["output_ids"]) == 24
+    assert batch[0]["output_ids"] == alone["output_ids"]
+    # The first 8 generated tokens prefilled as part of the prompt: the rest decodes the same.
+    resumed = int8_engine.generate(
+        input_ids=ids + alone["output_ids"][:8], sampling_params={"max_new_tokens": 16, **GREEDY}
+    )
+    assert resumed["output_ids"] == alone["output_ids"][8:]
+
+
+GREEDY = {"temperature": 0, "ignore_eos": True}
