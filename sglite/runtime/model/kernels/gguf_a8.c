@@ -16,7 +16,7 @@
  * the thread count): every output is computed by one thread in one fixed order, so prefill,
  * decode and any batch give a token the same values.
  */
-#include "common.h"
+#include "gguf_bits.h"
 
 #define QK 32
 #define QK_K 256
@@ -76,42 +76,12 @@ static int round_x(int dtype, const void *x, int64_t rows, int64_t k, rounded_x 
   return 0;
 }
 
-static inline float half_at(const uint8_t *p) {
-  uint16_t h;
-  memcpy(&h, p, 2);
-  return f16_to_f32(h);
-}
-
 /* Rows of x a kernel call takes together (each weight block decoded once for all of them). */
 #define A8_ROWS 4
 
 #if defined(__AVX2__) && defined(__FMA__)
 static inline float hsum_ps(__m256 v) { return sum256(v); }
 
-static inline __m256i low_nibbles(__m256i v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0f)); }
-static inline __m256i high_nibbles(__m256i v) {
-  return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0f));
-}
-/* Bits [shift, shift + width) of every byte, moved to bit `to` (mask = 2^width - 1). */
-static inline __m256i bits_at(__m256i v, int shift, int mask, int to) {
-  return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(v, shift), _mm256_set1_epi8((char)mask)),
-                           to);
-}
-/* The 16 bytes of a 32-block's nibbles as 32 values in order (value j low nibble of byte j,
- * value 16 + j its high nibble). */
-static inline __m256i nibbles_in_order(const uint8_t *qs) {
-  const __m128i b = _mm_loadu_si128((const __m128i *)qs), m = _mm_set1_epi8(0x0f);
-  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
-}
-/* 0x10 in byte j where bit j of `bits` is set. */
-static inline __m256i fifth_bits(uint32_t bits) {
-  const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2,
-                                          2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-  const __m256i select = _mm256_set1_epi64x((int64_t)0x8040201008040201ULL);
-  const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int32_t)bits), spread);
-  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, select), select);
-  return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
-}
 /* int16 j (0..7) of each 128-bit lane, in every int16 of that lane. */
 static inline __m256i spread_int16(__m256i v, int j) {
   const __m256i ctrl = _mm256_set1_epi16((short)((2 * j) | ((2 * j + 1) << 8)));
@@ -133,9 +103,9 @@ static inline __attribute__((always_inline)) void k4_k5_row(const int R, const i
     const uint8_t *b = row + blk * bytes, *qs = b + (five ? 48 : 16);
     uint32_t w[3];
     memcpy(w, b + 4, 12);
-    const uint32_t low6 = 0x3f3f3f3f, low4 = 0x0f0f0f0f, two = 0x03030303;
-    const uint32_t sc[2] = {w[0] & low6, (w[2] & low4) | (((w[0] >> 6) & two) << 4)};
-    const uint32_t mn[2] = {w[1] & low6, ((w[2] >> 4) & low4) | (((w[1] >> 6) & two) << 4)};
+    const uint32_t low6 = 0x3f3f3f3f, four = 0x0f0f0f0f, two = 0x03030303;
+    const uint32_t sc[2] = {w[0] & low6, (w[2] & four) | (((w[0] >> 6) & two) << 4)};
+    const uint32_t mn[2] = {w[1] & low6, ((w[2] >> 4) & four) | (((w[1] >> 6) & two) << 4)};
     const __m128i sc16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)sc[1], (int)sc[0]));
     const __m128i mn16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)mn[1], (int)mn[0]));
     const __m256i scales = _mm256_broadcastsi128_si256(sc16);
@@ -144,10 +114,10 @@ static inline __attribute__((always_inline)) void k4_k5_row(const int R, const i
     for (int m = 0; m < R; m++) isum[m] = _mm256_setzero_si256();
     for (int c = 0; c < 4; c++) {
       const __m256i packed = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
-      __m256i lo = low_nibbles(packed), hi = high_nibbles(packed);
+      __m256i lo = low4(packed), hi = high4(packed);
       if (five) {
-        lo = _mm256_or_si256(lo, bits_at(qh, 2 * c, 1, 4));
-        hi = _mm256_or_si256(hi, bits_at(qh, 2 * c + 1, 1, 4));
+        lo = _mm256_or_si256(lo, byte_bits(qh, 2 * c, 1, 4));
+        hi = _mm256_or_si256(hi, byte_bits(qh, 2 * c + 1, 1, 4));
       }
       const __m256i s_lo = spread_int16(scales, 2 * c), s_hi = spread_int16(scales, 2 * c + 1);
       for (int m = 0; m < R; m++) {
@@ -159,7 +129,7 @@ static inline __attribute__((always_inline)) void k4_k5_row(const int R, const i
         isum[m] = _mm256_add_epi32(isum[m], _mm256_madd_epi16(p_hi, s_hi));
       }
     }
-    const float d = half_at(b), dmin = half_at(b + 2);
+    const float d = half(b), dmin = half(b + 2);
     for (int m = 0; m < R; m++) {
       const float dx = x->dx[(m0 + m) * blocks + blk];
       s->acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[m]), _mm256_set1_ps(d * dx), s->acc[m]);
@@ -197,10 +167,10 @@ static inline __attribute__((always_inline)) void k6_row(const int R, const uint
       const __m256i lo1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
       const __m256i hb = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
       const __m256i q[4] = {
-          _mm256_or_si256(low_nibbles(lo0), bits_at(hb, 0, 3, 4)),
-          _mm256_or_si256(low_nibbles(lo1), bits_at(hb, 2, 3, 4)),
-          _mm256_or_si256(high_nibbles(lo0), bits_at(hb, 4, 3, 4)),
-          _mm256_or_si256(high_nibbles(lo1), bits_at(hb, 6, 3, 4)),
+          _mm256_or_si256(low4(lo0), byte_bits(hb, 0, 3, 4)),
+          _mm256_or_si256(low4(lo1), byte_bits(hb, 2, 3, 4)),
+          _mm256_or_si256(high4(lo0), byte_bits(hb, 4, 3, 4)),
+          _mm256_or_si256(high4(lo1), byte_bits(hb, 6, 3, 4)),
       };
       for (int r = 0; r < 4; r++) {
         const __m256i ctrl = _mm256_setr_epi8(
@@ -216,7 +186,7 @@ static inline __attribute__((always_inline)) void k6_row(const int R, const uint
         }
       }
     }
-    const float d = half_at(b + 208);
+    const float d = half(b + 208);
     for (int m = 0; m < R; m++) {
       const float dx = x->dx[(m0 + m) * blocks + blk];
       s->acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[m]), _mm256_set1_ps(d * dx), s->acc[m]);
@@ -233,30 +203,30 @@ static inline __attribute__((always_inline)) void b32_row(const int R, int64_t t
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t g = 0; g < groups; g++) {
     const uint8_t *b = row + g * bytes;
-    const float d = half_at(b);
+    const float d = half(b);
     float mn = 0.0f; /* offset per unit of xq: -8 d, -16 d, or the block's min */
     __m256i q, sign = _mm256_setzero_si256();
     switch (type) {
       case GGML_TYPE_Q4_0:
-        q = nibbles_in_order(b + 2);
+        q = nibble_bytes(b + 2);
         mn = -8.0f * d;
         break;
       case GGML_TYPE_Q4_1:
-        q = nibbles_in_order(b + 4);
-        mn = half_at(b + 2);
+        q = nibble_bytes(b + 4);
+        mn = half(b + 2);
         break;
       case GGML_TYPE_Q5_0: {
         uint32_t high;
         memcpy(&high, b + 2, 4);
-        q = _mm256_or_si256(nibbles_in_order(b + 6), fifth_bits(high));
+        q = _mm256_or_si256(nibble_bytes(b + 6), bits_to_0x10(high));
         mn = -16.0f * d;
         break;
       }
       case GGML_TYPE_Q5_1: {
         uint32_t high;
         memcpy(&high, b + 4, 4);
-        q = _mm256_or_si256(nibbles_in_order(b + 8), fifth_bits(high));
-        mn = half_at(b + 2);
+        q = _mm256_or_si256(nibble_bytes(b + 8), bits_to_0x10(high));
+        mn = half(b + 2);
         break;
       }
       default: /* Q8_0: |q| times xq with q's sign */

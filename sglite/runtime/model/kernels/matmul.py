@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from typing import Any
 
 import torch
 
@@ -267,21 +268,7 @@ def gguf_gemv(x: torch.Tensor, parts: int, n_out: int) -> torch.Tensor | None:
     given as the address of its `gguf_part_t` array (see `GGUFWeight`); None when the native
     kernel cannot serve it."""
     lib = _gemv_lib(x)
-    if lib is None:
-        return None
-    rows, k = x.shape
-    out = x.new_empty(rows, n_out)
-    status = lib.gguf_gemv(
-        _DTYPE_CODES[x.dtype],
-        x.data_ptr(),
-        parts,
-        out.data_ptr(),
-        rows,
-        n_out,
-        k,
-        torch.get_num_threads(),
-    )
-    return out if status == 0 else None
+    return None if lib is None else _call_gguf(lib.gguf_gemv, x, parts, n_out)
 
 
 def gguf_gemv_a8(x: torch.Tensor, parts: int, n_out: int) -> torch.Tensor | None:
@@ -292,19 +279,18 @@ def gguf_gemv_a8(x: torch.Tensor, parts: int, n_out: int) -> torch.Tensor | None
     lib = _lib_for(x)
     if lib is None or x.dim() != 2 or not x.is_contiguous():
         return None
+    if x.shape[0] == 0:
+        return x.new_empty(0, n_out)
+    return _call_gguf(lib.gguf_gemv_a8, x, parts, n_out)
+
+
+def _call_gguf(kernel: Any, x: torch.Tensor, parts: int, n_out: int) -> torch.Tensor | None:
+    """`out = x @ W.T` by a GGUF block kernel (gguf_gemv or gguf_gemv_a8), None on refusal."""
     rows, k = x.shape
     out = x.new_empty(rows, n_out)
-    if rows == 0:
-        return out
-    status = lib.gguf_gemv_a8(
-        _DTYPE_CODES[x.dtype],
-        x.data_ptr(),
-        parts,
-        out.data_ptr(),
-        rows,
-        n_out,
-        k,
-        torch.get_num_threads(),
+    threads = torch.get_num_threads()
+    status = kernel(
+        _DTYPE_CODES[x.dtype], x.data_ptr(), parts, out.data_ptr(), rows, n_out, k, threads
     )
     return out if status == 0 else None
 

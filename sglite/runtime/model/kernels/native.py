@@ -42,7 +42,12 @@ SOURCES = [
     _HERE / "threadpool.c",
     _HERE / "build_info.c",
 ]
-HEADERS = [_HERE / "kernels.h", _HERE / "common.h", _HERE / "threadpool.h"]
+HEADERS = [
+    _HERE / "kernels.h",
+    _HERE / "common.h",
+    _HERE / "threadpool.h",
+    _HERE / "gguf_bits.h",
+]
 # -fno-math-errno lets lrintf/fmaxf/sqrtf compile to single instructions (errno is never read);
 # -fopenmp links libgomp, which torch has loaded already (one OpenMP runtime in the process).
 FLAGS = [
