@@ -6,7 +6,7 @@ checks) are wrapped with wall-clock timers; what is left of a step is Python glu
 requests of a short prompt decoding N tokens each, greedy.
 
 Run: python -m benchmarks.profile_decode [--model PATH] [--batch 1] [--tokens 64]
-[--quantization int4]
+[--quantization auto] [--gguf-activations int8]
 
 `--compare-native N` instead alternates, N rounds, the model's two decode paths (all layers in
 one native call, or layer by layer from Python) on the same workload in this one process, and
@@ -79,16 +79,24 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--prompt-tokens", type=int, default=64)
-    parser.add_argument("--quantization", default="none")
+    parser.add_argument("--quantization", default="auto")
+    parser.add_argument("--gguf-activations", default="auto")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--compare-native", type=int, default=0, metavar="ROUNDS")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    loaded = load_model(args.model, args.dtype, progress=False, quantization=args.quantization)
+    loaded = load_model(
+        args.model,
+        args.dtype,
+        progress=False,
+        quantization=args.quantization,
+        gguf_activations=args.gguf_activations,
+    )
     server_args = ServerArgs(
         max_total_tokens=65536,
         quantization=args.quantization,
+        gguf_activations=args.gguf_activations,
         max_running_requests=max(64, args.batch),  # all B requests decode together
     )
     sched = scheduler_module.Scheduler(server_args, loaded)

@@ -96,9 +96,9 @@ HELP = {
     "read as the file stores them (none for float or not a GGUF); int8 / int4 weight-only "
     "copies (int4 takes a GGUF's own Q4_0/Q4_1/Q4_K values); w4a8: int4 with activations "
     "rounded to int8 in decode (answers vary with batch and cache)",
-    "gguf_activations": "with a GGUF's own blocks: int8 rounds each row of activations as "
-    "llama.cpp does (integer dot products, one kernel for every batch size); float keeps them; "
-    "auto: float (int8 decodes one row faster on AVX2 / AVX-512 VNNI, prefill slower)",
+    "gguf_activations": "with a GGUF's own blocks: int8 rounds the activations of decode "
+    "batches as llama.cpp does and takes integer dot products, prefill keeps them for the float "
+    "GEMMs; float keeps them everywhere; auto: int8 on x86 with AVX2 or AVX-512, else float",
     "gemm_packing": "GEMM-friendly copies of the dense weights (float32: panels for the native "
     "GEMM, every batch; bf16: oneDNN-packed and transposed) for faster batches and prefill (one "
     "or two more copies of the weights): auto = models up to 1 GiB",

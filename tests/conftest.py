@@ -22,8 +22,13 @@ POOL_TOKENS = 8192
 
 
 def _start_engine(**kwargs):
+    """float32 with the GGUF blocks' float activations: the arithmetic whose greedy tokens the
+    tests compare exactly across batches, cache hits and chunks (the int8 activations of x86
+    hosts' default round decode-sized products only, so those can differ: docs/deterministic.md;
+    tests/test_gguf_activations.py covers them)."""
     import sglite
 
+    kwargs.setdefault("gguf_activations", "float")
     return sglite.Engine(dtype="float32", log_level="error", **kwargs)
 
 

@@ -44,6 +44,9 @@ class ServerProcess:
         args = [
             sys.executable, "-m", "sglite.launch_server", "--port", str(self.port),
             "--dtype", "float32", "--max-total-tokens", "8192", "--log-level", "warning",
+            # The float activations: outputs compared exactly across batches, cache hits and
+            # retractions (int8 rounds decode only, so those can differ; conftest.py).
+            "--gguf-activations", "float",
             *extra_args,
         ]  # fmt: skip
         if api_key:

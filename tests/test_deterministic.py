@@ -30,6 +30,7 @@ SCHEMA = json.dumps(
             "steps": {"type": "integer"},
         },
         "required": ["keeper", "steps"],
+        "additionalProperties": False,
     }
 )
 GREEDY = {"temperature": 0, "max_new_tokens": 20}

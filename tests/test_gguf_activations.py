@@ -1,7 +1,8 @@
-"""GGUF blocks with activations rounded to int8 (`--gguf-activations int8`): the kernel
-computes the file's weights times x rounded as llama.cpp rounds it, a row's result depends on
-that row alone, and so a model's answers do not change with batching or with prefill against
-decode."""
+"""GGUF blocks with activations rounded to int8 (`--gguf-activations int8`, auto on x86): the
+kernel computes the file's weights times x rounded as llama.cpp rounds it and a row's result
+depends on that row alone; DECODE batches round, prefill keeps x for the float GEMMs; in
+deterministic mode every product rounds, so answers do not change with batching or with
+prefill against decode."""
 
 from __future__ import annotations
 
@@ -84,26 +85,49 @@ def test_a_fused_weight_of_two_types_takes_each_part_in_its_own():
         for t, b in (("Q4_K", q4k), ("Q6_K", q6k))
     ]
     want = _rounded(x.numpy(), 256) @ np.concatenate(parts).T.astype(np.float64)
-    got = weight.matmul(x).numpy()
+    got = weight.matmul_decode(x).numpy()
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
 
 
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q4_1", "Q8_0", "Q5_0"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_rows_result_is_the_same_alone_and_in_any_batch(dtype):
-    """Bit for bit: a row computed alone, in a batch of 3, of 8 and of 37 (a prefill's worth)."""
+def test_a_rows_result_is_the_same_alone_and_in_any_batch(dtype, type_name):
+    """Bit for bit: a row computed alone, in a batch of 3, of 8 and of 37 (a prefill's worth)
+    by the row-independent product deterministic inference uses."""
     rng = np.random.default_rng(3)
-    weight = GGUFWeight([GGUFPart("Q4_K", _blocks("Q4_K", 200, 512, rng))], 512, None, True)
+    weight = GGUFWeight([GGUFPart(type_name, _blocks(type_name, 200, 512, rng))], 512, None, True)
     x = torch.randn(37, 512).to(dtype)
-    alone = weight.matmul(x[5:6])
+    alone = weight.matmul_rows(x[5:6])
+    assert torch.equal(alone, weight.matmul_decode(x[5:6]))
     for rows in (3, 8, 37):
-        batch = weight.matmul(x[5 - min(5, rows // 2) :][:rows])
+        batch = weight.matmul_rows(x[5 - min(5, rows // 2) :][:rows])
         assert torch.equal(batch[min(5, rows // 2)], alone[0]), rows
     assert alone.dtype == dtype
 
 
-def test_activations_are_float_unless_int8_is_asked_for():
-    assert resolve_gguf_activations("auto") == "float"
-    assert resolve_gguf_activations("int8") == "int8"
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_products_round_and_prefill_products_keep_x(dtype):
+    """A DECODE batch's product (`matmul_decode`) is the int8 kernel's at any row count; an
+    EXTEND pass's (`matmul`) keeps x: what the weight without rounding computes."""
+    rng = np.random.default_rng(5)
+    blocks = _blocks("Q4_K", 64, 512, rng)
+    rounding = GGUFWeight([GGUFPart("Q4_K", blocks)], 512, None, True)
+    keeping = GGUFWeight([GGUFPart("Q4_K", blocks)], 512, None, False)
+    for rows in (1, 4, 40):
+        x = torch.randn(rows, 512).to(dtype)
+        assert torch.equal(rounding.matmul_decode(x), rounding.matmul_rows(x))
+        assert not torch.equal(rounding.matmul_decode(x), keeping.matmul(x))
+        assert torch.equal(rounding.matmul(x), keeping.matmul(x))
+        assert torch.equal(keeping.matmul_decode(x), keeping.matmul(x))
+
+
+def test_auto_rounds_activations_where_the_kernels_have_integer_dot_products():
+    assert resolve_gguf_activations("auto", ["avx2_fma", "f16c"]) == "int8"
+    assert resolve_gguf_activations("auto", ["avx2_fma", "avx512", "avx512_vnni"]) == "int8"
+    assert resolve_gguf_activations("auto", ["neon"]) == "float"
+    assert resolve_gguf_activations("auto", []) == "float"
+    assert resolve_gguf_activations("float", ["avx2_fma"]) == "float"
+    assert resolve_gguf_activations("int8", []) == "int8"
     with pytest.raises(ValueError, match="gguf_activations must be one of"):
         resolve_gguf_activations("int4")
     with pytest.raises(ValueError, match="gguf_activations must be one of"):
@@ -112,11 +136,24 @@ def test_activations_are_float_unless_int8_is_asked_for():
 
 @pytest.fixture(scope="module")
 def int8_engine():
-    """The default model (Q4_1 projections, Q8_0 embedding and head) rounding activations, the
-    radix cache off so that a prompt is always prefilled."""
-    engine = sgl.Engine(gguf_activations="int8", disable_radix_cache=True)
+    """The default model (Q4_1 projections, Q8_0 embedding and head) rounding activations in
+    deterministic mode (every product through the int8 kernel), the radix cache off so that a
+    prompt is always prefilled."""
+    engine = sgl.Engine(
+        gguf_activations="int8", disable_radix_cache=True, enable_deterministic_inference=True
+    )
     yield engine
     engine.shutdown()
+
+
+def test_the_default_engine_rounds_decode_activations_where_it_can():
+    from sglite.runtime.model.kernels import native
+
+    with sgl.Engine(log_level="error") as engine:
+        info = engine.get_server_info()
+        out = engine.generate("The capital of France is", {"max_new_tokens": 8, **GREEDY})
+    assert info["activations"] == ("int8" if "avx2_fma" in native.isa() else "float")
+    assert "Paris" in out["text"]
 
 
 def test_the_engine_reports_the_path_it_took(int8_engine):

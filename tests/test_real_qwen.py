@@ -93,10 +93,13 @@ def test_every_quantized_tensor_is_held_once_as_the_file_stores_it(path):
 
 def test_served_greedy_tokens_equal_transformers_in_float32(path):
     """The served model (scheduler process, native decode step, prefill through the quantized
-    GEMM) gives transformers' greedy tokens for 32 steps on three prompts."""
+    GEMM) with float activations, transformers' arithmetic, gives its greedy tokens for 32
+    steps on three prompts."""
     import sglite
 
-    with sglite.Engine(model_path=NAME, dtype="float32", log_level="error") as engine:
+    with sglite.Engine(
+        model_path=NAME, dtype="float32", gguf_activations="float", log_level="error"
+    ) as engine:
         ours = [
             engine.generate(p, {"temperature": 0, "max_new_tokens": STEPS, "ignore_eos": True})
             for p in PROMPTS

@@ -51,14 +51,18 @@ def check(engine: sglite.Engine) -> dict:
 
 @pytest.fixture(scope="module")
 def exact_engine():
-    with sglite.Engine(dtype="float32", log_level="error", segment_recompute_fraction=1.0) as eng:
+    with sglite.Engine(
+        dtype="float32", gguf_activations="float", log_level="error", segment_recompute_fraction=1.0
+    ) as eng:
         yield eng
 
 
 @pytest.fixture(scope="module")
 def reuse_engine():
     """The default fraction on a pool small enough that unrelated prompts evict segments."""
-    with sglite.Engine(dtype="float32", log_level="error", max_total_tokens=700) as eng:
+    with sglite.Engine(
+        dtype="float32", gguf_activations="float", log_level="error", max_total_tokens=700
+    ) as eng:
         yield eng
 
 
@@ -140,6 +144,7 @@ def tiered_reuse_engine():
     token_bytes = KVPool.bytes_per_token(30, 3, 64, torch.float32)  # SmolLM2-135M, float32
     with sglite.Engine(
         dtype="float32",
+        gguf_activations="float",
         log_level="error",
         max_total_tokens=700,
         hicache_size=4000 * token_bytes / 1e9,

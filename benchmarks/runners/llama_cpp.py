@@ -68,6 +68,17 @@ def find_llama_server(path: str | None = None) -> tuple[str | None, str]:
     )
 
 
+def llama_build(binary: str) -> str:
+    """Which configuration `benchmarks/build_llama_cpp.sh` built (its `BUILD` file beside the
+    binary): "native build", "build without AMX" (the native one crashed here), else "build"."""
+    try:
+        with open(os.path.join(os.path.dirname(binary), "BUILD")) as f:
+            config = f.read()
+    except OSError:
+        return "build"
+    return "build without AMX" if "crashed" in config else "native build"
+
+
 def llama_version(binary: str) -> str:
     """`llama-server --version`'s version line ('?' when it cannot be read)."""
     try:

@@ -122,10 +122,10 @@ class ServerArgs:
     # the native kernels, whose quantized GEMM serves every batch size; else 8).
     quantization: str = "auto"
     quantized_max_rows: int | None = None
-    # GGUF blocks (quantization auto): int8 rounds each product's activations per row, as
-    # llama.cpp does (integer dot products: faster; every row count takes the same kernel, so
-    # batching and prefill against decode change no matmul); float keeps them; auto = float
-    # (int8's prefill and large batches are still slower: docs/benchmarks.md).
+    # GGUF blocks (quantization auto): int8 rounds the activations of DECODE batches per row,
+    # as llama.cpp does (integer dot products: the fastest decode), while prefill keeps them
+    # for the float GEMMs; float keeps them everywhere; auto = int8 where the kernels have
+    # integer dot products (x86 with AVX2 or AVX-512), else float.
     gguf_activations: str = "auto"
     # GEMM-friendly copies of the dense weights (float32: panels for the native GEMM; bf16:
     # oneDNN-packed and transposed), faster for batches and prefill at the cost of one or two

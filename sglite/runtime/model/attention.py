@@ -5,8 +5,9 @@ native kernel (`kernels.paged_decode_attention`, nothing copied), elsewhere with
 and SDPA. Rows that share a long prefix (few-shot, forks, `n > 1`) are grouped so that prefix is
 attended once per group with batched matmuls (`decode_attention.py`). EXTEND runs the native
 kernel (`kernels.extend_attention`: every sequence in one call, K/V read from the pool) for
-bfloat16 on CPUs with AVX512-BF16, else SDPA per sequence over its cached prefix plus its new
-tokens.
+bfloat16 on CPUs with AVX512-BF16 but no AMX, else SDPA per sequence over its cached prefix plus
+its new tokens (on AMX CPUs oneDNN's flash attention runs on the tiles, faster than the native
+kernel's dot products: docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -60,9 +61,13 @@ class AttentionPlan:
     built per distinct window on first use.
     """
 
-    def __init__(self, batch: ForwardBatch, device: torch.device) -> None:
+    def __init__(
+        self, batch: ForwardBatch, device: torch.device, native_extend: bool = True
+    ) -> None:
         self.batch = batch
         self.device = device
+        # Whether bf16 EXTEND attention may take the native kernel (the model's choice).
+        self.native_extend = native_extend
         self._extend: dict[int | None, list[_SeqAttn]] = {}
         self._decode: dict[int | None, torch.Tensor | None] = {}
         self._groups: DecodeGroups | None | bool = False  # False = not computed yet
@@ -167,7 +172,7 @@ def extend_attention(
     pool). Returns `[T, heads, D]`; rows served by the decode path are left for the caller."""
     batch = plan.batch
     heads, dim = q.shape[1], q.shape[2]
-    if q.device.type == "cpu" and q.dtype == torch.bfloat16:
+    if plan.native_extend and q.device.type == "cpu" and q.dtype == torch.bfloat16:
         native = kernels.extend_attention(
             q.flatten(1), k_cache, v_cache, plan.extend_layout(), heads, scale, window
         )

@@ -31,6 +31,7 @@ from sglite.runtime.model import kernels, row_forward
 from sglite.runtime.model.attention import AttentionPlan
 from sglite.runtime.model.checkpoint import CheckpointLoader, checkpoint_names
 from sglite.runtime.model.config import ModelConfig
+from sglite.runtime.model.cpu_features import cpu_has_amx
 from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from sglite.runtime.model.gguf_weight import GGUFWeight
 from sglite.runtime.model.layers.decoder_layer import DecoderLayer
@@ -137,6 +138,8 @@ class CausalLM(nn.Module):
         self._native_decoder: NativeDecoder | None | bool = False
         # Deterministic inference (`enable_deterministic`): every forward as rows.
         self.deterministic = False
+        # bf16 EXTEND attention by the native kernel, except where SDPA runs on AMX tiles.
+        self.native_extend_attention = not cpu_has_amx()
 
     @classmethod
     def empty(
@@ -185,7 +188,7 @@ class CausalLM(nn.Module):
         self.ropes.ensure(max(batch.seq_lens))
         if self.deterministic:
             return row_forward.forward_rows(self, batch, pool)
-        plan = AttentionPlan(batch, self.device)
+        plan = AttentionPlan(batch, self.device, self.native_extend_attention)
         residual = self.input_embeddings(batch)  # a fresh tensor: updated in place
         decoder = self._decoder() if batch.mode is ForwardMode.DECODE else None
         if decoder is None or not decoder.run(residual, batch, pool):
@@ -199,7 +202,8 @@ class CausalLM(nn.Module):
             return torch.empty(0, self.config.vocab_size, device=self.device)
         h = residual.index_select(0, batch.logit_rows)
         h = kernels.add_rms_norm(None, h, self.norm.weight, self.norm.eps)
-        return self.tp.all_gather_columns(self._lm_head(h), self.vocab_widths).float()
+        logits = self._lm_head(h, decode=batch.mode is ForwardMode.DECODE)
+        return self.tp.all_gather_columns(logits, self.vocab_widths).float()
 
     @torch.inference_mode()
     def forward_first_layers(self, batch: ForwardBatch, pool: KVPool, count: int) -> None:
@@ -208,7 +212,7 @@ class CausalLM(nn.Module):
         show which tokens' cached K/V deviate from the ones their new context gives."""
         assert self.ropes is not None
         self.ropes.ensure(max(batch.seq_lens))
-        plan = AttentionPlan(batch, self.device)
+        plan = AttentionPlan(batch, self.device, self.native_extend_attention)
         self._layers_forward(self.input_embeddings(batch), batch, plan, pool, count)
 
     def enable_deterministic(self) -> None:
@@ -286,10 +290,10 @@ class CausalLM(nn.Module):
             self._native_decoder = NativeDecoder.create(self)
         return self._native_decoder  # type: ignore[return-value]
 
-    def _lm_head(self, h: torch.Tensor) -> torch.Tensor:
-        if self.output_weight is None:  # not finalized: the loaded weights as they are
-            return self._select_output_weight(extra_layouts=False).matmul(h)
-        return self.output_weight.matmul(h)
+    def _lm_head(self, h: torch.Tensor, decode: bool = False) -> torch.Tensor:
+        """The logits of rows `h`; `decode`: a DECODE batch's (see `matmul_decode`)."""
+        head = self.output_weight or self._select_output_weight(extra_layouts=False)
+        return head.matmul_decode(h) if decode else head.matmul(h)
 
     def _select_output_weight(self, extra_layouts: bool) -> LinearWeight:
         dense = self.lm_head_weight().data

@@ -15,9 +15,14 @@ scratch buffer the model owns (`DecodeScratch`, reused by every layer) and call 
 (oneDNN / AMX). Those products keep the activations as they are.
 
 With `round_activations` (the loader's choice where the CPU has integer dot products: see
-`loader.resolve_gguf_activations`), every product instead rounds each x row to int8 as
-llama.cpp does (`kernels/gguf_a8.c`): integer dot products, and one kernel for every row count,
-so a token's values do not depend on its batch, on prefill or decode, or on the thread count.
+`loader.resolve_gguf_activations`), DECODE batches (the decode step's `LINEAR_GGUF_A8` and
+`matmul_decode`, the output projection's) instead round each x row to int8 as llama.cpp does
+(`kernels/gguf_a8.c`: integer dot products over the blocks' own integers), as `w4a8` does in
+its decode GEMVs; prefill and other EXTEND passes (`matmul`) keep x for the float GEMMs, which
+are faster there and score a prompt's tokens the same at any batch size. `matmul_rows`
+(deterministic inference) takes the int8 kernel for every row count: its rows are independent,
+so a token's values then do not depend on its batch, on prefill or decode, or on the thread
+count.
 
 Invariant: `matmul(x)` computes `x @ W.T` for `W` the weight gguf's own dequantization gives
 (and, rounding, x as gguf_a8.c rounds it).
@@ -48,7 +53,7 @@ GGUF_FLOAT_GEMV_MAX_ROWS = ABI.constants["GGUF_FLOAT_GEMV_MAX_ROWS"]
 _PART = ABI.structs["gguf_part_t"]
 # bfloat16 rows up to which products run in float32 through the quantized GEMM; larger batches
 # (prefill) decode the weight into the scratch for PyTorch's bf16 GEMM (AMX where present).
-BF16_QUANT_GEMM_MAX_ROWS = 64
+BF16_QUANT_GEMM_MAX_ROWS = 16
 
 
 @dataclass(frozen=True)
@@ -119,13 +124,8 @@ class GGUFWeight(QuantizedWeight):
         return sum(p.data.nbytes for p in self.parts)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """`x @ W.T`: the GEMV for a few rows, the quantized GEMM for float32 batches, else the
-        weight decoded into the scratch and PyTorch's GEMM; rounding activations, the int8
-        kernel for every row count."""
-        if self.round_activations:
-            out = kernels.gguf_gemv_a8(x.contiguous(), self.address, self.out_features)
-            if out is not None:
-                return out
+        """`x @ W.T` with x as it is: the GEMV for a few rows, the quantized GEMM for float32
+        batches, else the weight decoded into the scratch and PyTorch's GEMM."""
         rows = x.shape[0]
         gemv_rows = GGUF_FLOAT_GEMV_MAX_ROWS if x.dtype == torch.float32 else QGEMV_MAX_ROWS
         out = None
@@ -139,6 +139,14 @@ class GGUFWeight(QuantizedWeight):
         if out is not None:
             return out
         return F.linear(x, self.decoded(x.dtype, self.scratch))
+
+    def matmul_decode(self, x: torch.Tensor) -> torch.Tensor:
+        """A DECODE batch's product: rounding activations, the int8 kernel; else `matmul`."""
+        if self.round_activations:
+            out = kernels.gguf_gemv_a8(x.contiguous(), self.address, self.out_features)
+            if out is not None:
+                return out
+        return self.matmul(x)
 
     def matmul_rows(self, x: torch.Tensor) -> torch.Tensor | None:
         """float32: the GEMM (rows independent) for every row count; bf16: the GEMV in chunks

@@ -86,6 +86,11 @@ class LinearWeight(abc.ABC):
         such kernel."""
         return None
 
+    def matmul_decode(self, x: torch.Tensor) -> torch.Tensor:
+        """`x @ W.T` for a DECODE batch's rows (one token per sequence): `matmul`, except for
+        layouts that round decode activations (GGUF blocks with int8 activations)."""
+        return self.matmul(x)
+
 
 def in_row_chunks(
     x: torch.Tensor, rows: int, kernel: Callable[[torch.Tensor], torch.Tensor | None]

@@ -17,6 +17,7 @@ from sglite.runtime.distributed.sharding import TensorParallelPlan
 from sglite.runtime.model.catalog import default_model_path  # noqa: F401 (re-exported)
 from sglite.runtime.model.causal_lm import CausalLM, KindFor, QuantizedSource
 from sglite.runtime.model.config import ModelConfig
+from sglite.runtime.model.cpu_features import cpu_flags
 from sglite.runtime.model.linear import Linear
 from sglite.runtime.model.models.base import ModelFamily
 from sglite.runtime.model.quantization import QUANTIZATIONS
@@ -75,15 +76,7 @@ class LoadedModel:
 
 def cpu_has_native_bf16() -> bool:
     """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX), read from /proc/cpuinfo."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return bool(flags & {"avx512_bf16", "amx_bf16"})
-    except OSError:
-        pass
-    return False
+    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device | str = "cpu") -> torch.dtype:
@@ -170,13 +163,17 @@ def resolve_quantization(
 GGUF_ACTIVATIONS = ("auto", "int8", "float")
 
 
-def resolve_gguf_activations(choice: str) -> str:
-    """`choice` as given; "auto" is float: int8 decodes one row faster where the kernels have
-    an integer dot product (AVX2, AVX-512 VNNI) but its prefill and large batches are still
-    slower than the float path's (docs/benchmarks.md), so it is opt-in."""
+def resolve_gguf_activations(choice: str, isa: list[str] | None = None) -> str:
+    """`choice` as given; "auto" is int8 where the kernels were built with an integer dot
+    product (`isa`, default the loaded library's: AVX2 `vpmaddubsw`, which AVX-512 hosts have
+    too), else float (the portable C path decodes each weight row to float for int8 anyway)."""
+    from sglite.runtime.model.kernels import native
+
     if choice not in GGUF_ACTIVATIONS:
         raise ValueError(f"gguf_activations must be one of {GGUF_ACTIVATIONS}, got {choice!r}")
-    return "float" if choice == "auto" else choice
+    if choice != "auto":
+        return choice
+    return "int8" if "avx2_fma" in (native.isa() if isa is None else isa) else "float"
 
 
 def _serves_gguf_blocks(resolved: str, device: torch.device) -> bool:

@@ -1,0 +1,71 @@
+"""bench_engine's arithmetic: the bytes a decode step reads, the targets it checks, and the
+llama.cpp build it names."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.bench_engine import LONG_DECODE, Row, targets, weight_bytes_per_token
+from benchmarks.runners.llama_cpp import llama_build
+from sglite.runtime.model.loader import default_model_path
+
+
+def test_a_decode_step_reads_every_layer_and_the_output_projection():
+    import gguf
+
+    path = default_model_path()
+    reader = gguf.GGUFReader(path)
+    sizes = {t.name: int(t.n_bytes) for t in reader.tensors}
+    head = sizes.get("output.weight", sizes["token_embd.weight"])
+    layers = sum(n for name, n in sizes.items() if name.startswith("blk."))
+    assert weight_bytes_per_token(path) == layers + head
+    assert head > 0 and layers > head
+
+
+MACHINE = {"decode_limit": 20.0, "prefill_roofline": 600.0, "batch32_roofline": 400.0}
+
+
+def _status(lines: list[str], label: str) -> str:
+    (line,) = [x for x in lines if x.startswith(f"- {label}")]
+    return line.split(": ", 1)[1].split(" ")[0]
+
+
+def test_targets_compare_sglite_with_the_bars_the_speed_issue_sets():
+    rows = [
+        Row("batch-1 decode", "sglite bfloat16 q4_k+q6_k a8", 17.5, "tok/s"),
+        Row("batch-1 decode", "llama.cpp build without AMX", 16.0, "tok/s"),
+        Row(LONG_DECODE, "sglite bfloat16 q4_k+q6_k a8", 14.0, "tok/s"),
+        Row(LONG_DECODE, "llama.cpp build without AMX", 10.0, "tok/s"),
+        Row("prefill 1000 tokens", "sglite bfloat16 q4_k+q6_k a8", 430.0, "tok/s"),
+        Row("prefill 1000 tokens", "transformers bfloat16", 200.0, "tok/s"),
+        Row("32 concurrent decode", "sglite bfloat16 q4_k+q6_k a8", 150.0, "out tok/s"),
+    ]
+    lines = targets(rows, MACHINE)
+    assert _status(lines, "batch-1 decode >= 85% of the bandwidth limit") == "MET"  # 17 bar
+    assert _status(lines, "batch-1 decode >= 1.1x llama.cpp") == "MISSED"  # 17.6 bar
+    assert _status(lines, LONG_DECODE) == "MET"  # 12.5 bar
+    assert _status(lines, "prefill >= 70% of the matmul roofline") == "MET"  # 420 bar
+    assert _status(lines, "prefill >= 2x transformers") == "MET"
+    assert _status(lines, "32 concurrent decode >= 50% of the roofline") == "MISSED"  # 200 bar
+
+
+def test_a_target_without_its_peer_says_it_was_not_measured():
+    rows = [Row("batch-1 decode", "sglite float32 q4_1 a8", 50.0, "tok/s")]
+    lines = targets(rows, MACHINE)
+    assert "not measured" in [x for x in lines if "1.1x llama.cpp" in x][0]
+
+
+@pytest.mark.parametrize(
+    ("content", "name"),
+    [
+        ("native (GGML_NATIVE=ON)\n", "native build"),
+        ("native crashed; -DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF\n", "build without AMX"),
+        (None, "build"),
+    ],
+)
+def test_the_llama_cpp_build_is_named_from_the_build_scripts_record(tmp_path, content, name):
+    binary = tmp_path / "llama-bench"
+    binary.write_text("")
+    if content is not None:
+        (tmp_path / "BUILD").write_text(content)
+    assert llama_build(str(binary)) == name
