@@ -24,8 +24,8 @@ are faster there and score a prompt's tokens the same at any batch size. `matmul
 so a token's values then do not depend on its batch, on prefill or decode, or on the thread
 count.
 
-Invariant: `matmul(x)` computes `x @ W.T` for `W` the weight gguf's own dequantization gives
-(and, rounding, x as gguf_a8.c rounds it).
+Invariant: `matmul(x)` computes `x @ W.T` for `W` the weight gguf's own dequantization gives;
+rounding, `matmul_decode` and `matmul_rows` compute it with x as gguf_a8.c rounds it.
 """
 
 from __future__ import annotations
