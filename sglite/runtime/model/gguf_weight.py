@@ -124,13 +124,17 @@ class GGUFWeight(QuantizedWeight):
         return sum(p.data.nbytes for p in self.parts)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """`x @ W.T` with x as it is: the GEMV for a few rows, the quantized GEMM for float32
-        batches, else the weight decoded into the scratch and PyTorch's GEMM."""
+        """`x @ W.T` with x as it is: the GEMV for a few rows; past them in bfloat16 the AMX
+        kernel where the CPU has it; float32 batches through the quantized GEMM, bfloat16 ones
+        up to BF16_QUANT_GEMM_MAX_ROWS rows too (in float32), larger ones through the scratch
+        and PyTorch's GEMM."""
         rows = x.shape[0]
         gemv_rows = GGUF_FLOAT_GEMV_MAX_ROWS if x.dtype == torch.float32 else QGEMV_MAX_ROWS
         out = None
         if rows <= gemv_rows:
             out = kernels.gguf_gemv(x.contiguous(), self.address, self.out_features)
+        elif x.dtype == torch.bfloat16 and kernels.amx_available():
+            out = kernels.gguf_gemm_amx(x.contiguous(), self.address, self.out_features)
         if out is None and (x.dtype == torch.float32 or rows <= BF16_QUANT_GEMM_MAX_ROWS):
             # bf16 decode batches: float32 rows through the quantized GEMM (decoding the whole
             # weight for a few dozen rows would cost more than their products).
@@ -141,8 +145,12 @@ class GGUFWeight(QuantizedWeight):
         return F.linear(x, self.decoded(x.dtype, self.scratch))
 
     def matmul_decode(self, x: torch.Tensor) -> torch.Tensor:
-        """A DECODE batch's product: rounding activations, the int8 kernel; else `matmul`."""
-        if self.round_activations:
+        """A DECODE batch's product: rounding activations, the int8 kernel up to the GEMV's
+        rows (past them `matmul`'s AMX kernel where present, faster from there); else
+        `matmul`."""
+        if self.round_activations and (
+            x.shape[0] <= QGEMV_MAX_ROWS or x.dtype != torch.bfloat16 or not kernels.amx_available()
+        ):
             out = kernels.gguf_gemv_a8(x.contiguous(), self.address, self.out_features)
             if out is not None:
                 return out
@@ -207,9 +215,10 @@ class GGUFWeight(QuantizedWeight):
         return c_linear(kind, n, k, self.address, None, bias)
 
     def native_rows(self, dtype: torch.dtype) -> int:
-        """Any batch in float32 (the C step runs the quantized GEMM past the GEMV's rows) or
-        rounding activations; the GEMV's rows in bfloat16."""
-        if self.round_activations or dtype == torch.float32:
+        """Any batch in float32 (the C step runs the quantized GEMM past the GEMV's rows),
+        rounding activations, or in bfloat16 with AMX (the C step's AMX kernel past the GEMV's
+        rows); else the GEMV's rows."""
+        if self.round_activations or dtype == torch.float32 or kernels.amx_available():
             return NATIVE_MAX_ROWS
         return QGEMV_MAX_ROWS
 

@@ -16,9 +16,11 @@ import torch.nn.functional as F
 from sglite.runtime.model.kernels import native
 from sglite.runtime.model.kernels.abi import ABI
 from sglite.runtime.model.kernels.matmul import (  # noqa: F401 (the package's API)
+    amx_available,
     dense_gemv,
     gguf_dequantize,
     gguf_gemm,
+    gguf_gemm_amx,
     gguf_gemv,
     gguf_gemv_a8,
     int4_dequantize,

@@ -19,6 +19,9 @@ int64_t kernel_isa(void) {
 #ifdef __AVX512VNNI__
   bits |= ISA_AVX512_VNNI;
 #endif
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__linux__)
+  bits |= ISA_AMX;
+#endif
 #if defined(__aarch64__) && defined(__ARM_NEON)
   bits |= ISA_NEON;
 #endif

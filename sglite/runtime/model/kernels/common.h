@@ -40,6 +40,8 @@ void panel_rows(const float *x, int64_t rows, int64_t k, const float *panel, con
  * weight (its bytes and type), and the float32 values of a row of k values of `type`. */
 const void *gguf_part_row(const gguf_part_t *parts, int64_t n, int64_t k, int64_t *type);
 void gguf_decode_row(int64_t type, const void *row, int64_t k, float *out);
+/* Values [v0, v0 + count) of such a row (v0 and count whole blocks of `type`). */
+void gguf_decode_span(int64_t type, const void *row, int64_t v0, int64_t count, float *out);
 
 static inline float bf16_to_f32(uint16_t h) {
   uint32_t u = (uint32_t)h << 16;

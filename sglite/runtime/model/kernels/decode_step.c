@@ -114,6 +114,25 @@ static int linear_rows(int dtype, const linear_t *l, const void *x, void *y, int
     panel_gemm(x, l->weight, l->bias, y, rows, l->n_out, l->k, threads);
     return 0;
   }
+  /* bf16 batches past the GEMV's rows: AMX tiles where present (rows independent, but not the
+   * GEMV's or gguf_gemv_a8's sums, so deterministic mode keeps one kernel for every row count). */
+  const int any_gguf = l->kind == LINEAR_GGUF || l->kind == LINEAR_GGUF_A8;
+  if (any_gguf && dtype == DTYPE_BFLOAT16 && rows > QGEMV_MAX_ROWS && !deterministic &&
+      gguf_gemm_amx(dtype, x, l->weight, y, rows, l->n_out, l->k, threads) == 0) {
+    if (l->bias != NULL) add_bias(dtype, l, y, rows);
+    return 0;
+  }
+  if (l->kind == LINEAR_GGUF && dtype == DTYPE_BFLOAT16 && rows > QGEMV_MAX_ROWS) {
+    /* Deterministic (or AMX refused): the GEMV in chunks of its rows, rows independent. */
+    const int64_t width = (int64_t)sizeof(uint16_t);
+    for (int64_t r = 0; r < rows && status == 0; r += QGEMV_MAX_ROWS)
+      status = gguf_gemv(dtype, (const char *)x + r * l->k * width, l->weight,
+                         (char *)y + r * l->n_out * width,
+                         rows - r < QGEMV_MAX_ROWS ? rows - r : QGEMV_MAX_ROWS, l->n_out, l->k,
+                         threads);
+    if (status == 0 && l->bias != NULL) add_bias(dtype, l, y, rows);
+    return status;
+  }
   if (l->kind == LINEAR_GGUF_A8) { /* any rows, rows independent: deterministic as it is */
     status = gguf_gemv_a8(dtype, x, l->weight, y, rows, l->n_out, l->k, threads);
     if (status == 0 && l->bias != NULL) add_bias(dtype, l, y, rows);

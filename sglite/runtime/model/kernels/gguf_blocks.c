@@ -269,6 +269,10 @@ void gguf_decode_row(int64_t type, const void *row, int64_t k, float *out) {
   decode_span(type, (const uint8_t *)row, 0, k, out);
 }
 
+void gguf_decode_span(int64_t type, const void *row, int64_t v0, int64_t count, float *out) {
+  decode_span(type, (const uint8_t *)row, v0, count, out);
+}
+
 /* Row n of the stacked parts: its bytes and type. */
 static inline const uint8_t *part_row(const gguf_part_t *parts, int64_t n, int64_t k,
                                       int64_t *type) {

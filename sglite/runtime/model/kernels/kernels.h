@@ -99,7 +99,8 @@ enum {
   ISA_AVX512 = 4,
   ISA_AVX512_BF16 = 8,
   ISA_AVX512_VNNI = 16,
-  ISA_NEON = 32
+  ISA_NEON = 32,
+  ISA_AMX = 64 /* AMX tiles with bf16 (gguf_amx.c) */
 };
 
 /* build_info.c: the ISA_* bits this build was compiled with. */
@@ -165,6 +166,14 @@ int gguf_dequantize(int dtype, const gguf_part_t *parts, const int64_t *ids, int
  * that row alone. -1 for parts that do not cover n_out rows of supported types. */
 int gguf_gemv_a8(int dtype, const void *x, const gguf_part_t *parts, void *y, int64_t rows,
                  int64_t n_out, int64_t k, int threads);
+
+/* gguf_amx.c: y [rows, n_out] = x W^T for bf16 x on AMX tiles (the weight decoded to bf16 a
+ * block of rows at a time, sums in float32, each row's result independent of the others). -1
+ * where the build or the CPU has no AMX, the OS refuses it, x is not bf16 or k is not a
+ * multiple of 32. amx_gemm_available: 1 when gguf_gemm_amx can run here. */
+int gguf_gemm_amx(int dtype, const void *x, const gguf_part_t *parts, void *y, int64_t rows,
+                  int64_t n_out, int64_t k, int threads);
+int64_t amx_gemm_available(void);
 
 /* quant_gemm.c, panel_gemm.c. quant_gemm with row_independent != 0 never takes its panel path
  * (used from GEMM_PANEL_MIN_ROWS rows, whose tiles sum over k in another order), so a row's

@@ -284,8 +284,28 @@ def gguf_gemv_a8(x: torch.Tensor, parts: int, n_out: int) -> torch.Tensor | None
     return _call_gguf(lib.gguf_gemv_a8, x, parts, n_out)
 
 
+def gguf_gemm_amx(x: torch.Tensor, parts: int, n_out: int) -> torch.Tensor | None:
+    """`x @ W.T` for bfloat16 `x [M, K]` on AMX tiles (gguf_amx.c: the weight decoded to
+    bfloat16 a block of rows at a time, sums in float32; each row's result depends on that row
+    alone), `W` a GGUF weight as for `gguf_gemv`. None where AMX cannot serve it."""
+    lib = _lib_for(x)
+    if lib is None or x.dtype != torch.bfloat16 or x.dim() != 2 or not x.is_contiguous():
+        return None
+    if x.shape[0] == 0:
+        return x.new_empty(0, n_out)
+    return _call_gguf(lib.gguf_gemm_amx, x, parts, n_out)
+
+
+@functools.cache
+def amx_available() -> bool:
+    """Whether `gguf_gemm_amx` runs here (an AMX build, CPU and OS permission)."""
+    lib = native.load()
+    return lib is not None and bool(lib.amx_gemm_available())
+
+
 def _call_gguf(kernel: Any, x: torch.Tensor, parts: int, n_out: int) -> torch.Tensor | None:
-    """`out = x @ W.T` by a GGUF block kernel (gguf_gemv or gguf_gemv_a8), None on refusal."""
+    """`out = x @ W.T` by a GGUF block kernel (gguf_gemv, gguf_gemv_a8, gguf_gemm_amx), None on
+    refusal."""
     rows, k = x.shape
     out = x.new_empty(rows, n_out)
     threads = torch.get_num_threads()

@@ -36,6 +36,7 @@ SOURCES = [
     _HERE / "quant_gemv.c",
     _HERE / "gguf_blocks.c",
     _HERE / "gguf_a8.c",
+    _HERE / "gguf_amx.c",
     _HERE / "decode_step.c",
     _HERE / "panel_gemm.c",
     _HERE / "quant_gemm.c",

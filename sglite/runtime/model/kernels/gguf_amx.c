@@ -1,0 +1,281 @@
+/*
+ * y [rows, n_out] = x W^T for a GGUF weight on AMX tiles (Intel's matrix units): bfloat16
+ * products summed in float32, for bfloat16 x and batches of many rows (prefill, large decode
+ * batches), where decoding the weight once per call costs less than the products it feeds.
+ *
+ * Why not the scratch and PyTorch's GEMM: that decodes the whole weight to memory and oneDNN
+ * then reorders it into its own tile layout, two passes over a dense copy per call. Here a thread
+ * decodes a block of weight rows into a buffer that stays in its L2 cache, in the layout a tile
+ * loads directly, and multiplies it with every x row before moving on.
+ *
+ * Layout: the weight rows are the tiles' A operand (16 rows x 32 values, row-major, as decoded);
+ * x is the B operand, packed once per call into AMX's pair layout (for each 16 x rows and 32
+ * values, 16 rows of pairs: pair p of x row j at [p][j]), which is a 16x16 transpose of 32-bit
+ * pairs. A C tile then holds y transposed (weight rows by x rows) and is transposed back on store.
+ *
+ * Values: the weight decoded to float32 as gguf_blocks.c decodes it, rounded to bfloat16 (as the
+ * scratch path rounds it); each output sums its k products in a fixed order whatever the row
+ * count or the row's place in the batch, so a row's result depends on that row alone.
+ */
+#include "common.h"
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+/* Weight rows one C tile covers, x rows one C tile covers, values one tile step takes. */
+#define TILE 16
+#define KSTEP 32
+/* Bytes of decoded weight a thread keeps per block (in its L2 with the x panel it meets). */
+#define BLOCK_BYTES (512 * 1024)
+/* Values of k one pass decodes and multiplies (a multiple of every block type's values). */
+#define CHUNK 2048
+
+typedef struct {
+  uint8_t palette_id, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+} tile_config_t;
+
+/* 0 not asked yet, 1 granted, -1 refused (the kernel then declines). Racing first callers all
+ * ask; the kernel grants the same answer to each. */
+static int amx_permission = 0;
+
+static int amx_enabled(void) {
+  if (amx_permission == 0)
+    amx_permission = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 1 : -1;
+  return amx_permission == 1;
+}
+
+/* Tiles 0-3 accumulate C (2 weight-row tiles x 2 x-row tiles), 4-5 hold A, 6-7 hold B. */
+static void load_tile_config(void) {
+  tile_config_t cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.palette_id = 1;
+  for (int t = 0; t < 8; t++) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = TILE;
+  }
+  _tile_loadconfig(&cfg);
+}
+
+/* r[j] (16 lanes of 32 bits) becomes column j of the 16x16 matrix whose rows were r[0..16). */
+static inline void transpose16(__m512i r[16]) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int g = 0; g < 16; g += 4) {
+    u[g] = _mm512_unpacklo_epi64(t[g], t[g + 2]);
+    u[g + 1] = _mm512_unpackhi_epi64(t[g], t[g + 2]);
+    u[g + 2] = _mm512_unpacklo_epi64(t[g + 1], t[g + 3]);
+    u[g + 3] = _mm512_unpackhi_epi64(t[g + 1], t[g + 3]);
+  }
+  /* u[4g + j], 128-bit lane l: column 4l + j of rows 4g..4g+3. */
+  for (int j = 0; j < 4; j++) {
+    const __m512i w0 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x44);
+    const __m512i w1 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xee);
+    const __m512i x0 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x44);
+    const __m512i x1 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xee);
+    r[j] = _mm512_shuffle_i32x4(w0, x0, 0x88);
+    r[4 + j] = _mm512_shuffle_i32x4(w0, x0, 0xdd);
+    r[8 + j] = _mm512_shuffle_i32x4(w1, x1, 0x88);
+    r[12 + j] = _mm512_shuffle_i32x4(w1, x1, 0xdd);
+  }
+}
+
+typedef struct {
+  const uint16_t *x; /* bf16 [rows, k] */
+  uint16_t *packed;  /* [x_tiles][k / KSTEP][TILE pairs][TILE rows][2] */
+  int64_t rows, k;
+} pack_args;
+
+/* x rows of tiles [t0, t1) into the pair layout; rows past the last are zeros. */
+static void pack_x_tiles(void *p, int64_t t0, int64_t t1) {
+  const pack_args *a = p;
+  const int64_t steps = a->k / KSTEP;
+  for (int64_t t = t0; t < t1; t++) {
+    for (int64_t s = 0; s < steps; s++) {
+      __m512i r[16];
+      for (int j = 0; j < TILE; j++) {
+        const int64_t row = t * TILE + j;
+        r[j] = row < a->rows ? _mm512_loadu_si512(a->x + row * a->k + s * KSTEP)
+                             : _mm512_setzero_si512();
+      }
+      transpose16(r);
+      uint16_t *dst = a->packed + (t * steps + s) * TILE * KSTEP;
+      for (int q = 0; q < 16; q++) _mm512_storeu_si512(dst + q * KSTEP, r[q]);
+    }
+  }
+}
+
+typedef struct {
+  const gguf_part_t *parts;
+  const uint16_t *packed;
+  void *y; /* bf16 [rows, n_out] */
+  int64_t rows, n_out, k, block_rows, chunk;
+} gemm_args;
+
+/* A thread's buffers, grown to the largest call: a decoded row span, the decoded weight block
+ * (block_rows x chunk bf16) and the float32 sums of its C tiles between k chunks. */
+static __thread float *span_buf = NULL, *sums_buf = NULL;
+static __thread uint16_t *block_buf = NULL;
+static __thread int64_t span_cap = 0, block_cap = 0, sums_cap = 0;
+
+static int grow(void **buf, int64_t *cap, int64_t bytes) {
+  if (*cap >= bytes) return 0;
+  free(*buf);
+  *buf = aligned_alloc(64, (size_t)(bytes + 63) / 64 * 64);
+  *cap = *buf ? bytes : 0;
+  return *buf ? 0 : -1;
+}
+
+/* Values [v0, v0 + count) of the weight's rows [n0, n0 + rows) decoded and rounded to bf16
+ * into `out` (row-major, count per row); rows past n_out are zeros. */
+static void decode_block_span(const gemm_args *a, int64_t n0, int64_t rows, int64_t v0,
+                              int64_t count, uint16_t *out) {
+  for (int64_t i = 0; i < rows; i++) {
+    uint16_t *dst = out + i * count;
+    if (n0 + i >= a->n_out) {
+      memset(dst, 0, count * sizeof *dst);
+      continue;
+    }
+    int64_t type;
+    const void *row = gguf_part_row(a->parts, n0 + i, a->k, &type);
+    gguf_decode_span(type, row, v0, count, span_buf);
+    for (int64_t v = 0; v < count; v += 16)
+      _mm256_storeu_si256((__m256i *)(dst + v), to_bf16x16(_mm512_loadu_ps(span_buf + v)));
+  }
+}
+
+/* Four C tiles (2 weight tiles from n0 by 2 x tiles from m0) transposed into y, from `c`. */
+static void store_y(const gemm_args *a, const float *c, int64_t n0, int64_t m0) {
+  uint16_t *y = a->y;
+  for (int ti = 0; ti < 4; ti++) { /* tile (weight half wi, x half xi) */
+    const int wi = ti >> 1, xi = ti & 1;
+    const int64_t n = n0 + wi * TILE, m = m0 + xi * TILE;
+    if (n >= a->n_out || m >= a->rows) continue;
+    __m512i r[16];
+    for (int q = 0; q < 16; q++) r[q] = _mm512_loadu_si512(c + ti * TILE * TILE + q * TILE);
+    transpose16(r);
+    const int64_t cols = a->n_out - n < TILE ? a->n_out - n : TILE;
+    const __mmask16 mask = (__mmask16)((1u << cols) - 1u);
+    for (int j = 0; j < TILE && m + j < a->rows; j++)
+      _mm256_mask_storeu_epi16(y + (m + j) * a->n_out + n, mask,
+                               to_bf16x16(_mm512_castsi512_ps(r[j])));
+  }
+}
+
+/* C tiles of weight rows w0/w1 (bf16, row stride `wstride` values) by packed x tiles x0/x1
+ * over `steps` steps of KSTEP values, added to the sums in `c` (zeros when `first`); `last`
+ * leaves them in `c` for store_y. */
+static inline void tile_product(const uint16_t *w0, const uint16_t *w1, int64_t wstride,
+                                const uint16_t *x0, const uint16_t *x1, int64_t steps, float *c,
+                                int first) {
+  const size_t xtile = (size_t)TILE * KSTEP;
+  if (first) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+  } else {
+    _tile_loadd(0, c, 64);
+    _tile_loadd(1, c + TILE * TILE, 64);
+    _tile_loadd(2, c + 2 * TILE * TILE, 64);
+    _tile_loadd(3, c + 3 * TILE * TILE, 64);
+  }
+  const size_t stride = (size_t)wstride * sizeof(uint16_t);
+  for (int64_t s = 0; s < steps; s++) {
+    _tile_loadd(4, w0 + s * KSTEP, stride);
+    _tile_loadd(5, w1 + s * KSTEP, stride);
+    _tile_loadd(6, x0 + s * xtile, 64);
+    _tile_loadd(7, x1 + s * xtile, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, c, 64);
+  _tile_stored(1, c + TILE * TILE, 64);
+  _tile_stored(2, c + 2 * TILE * TILE, 64);
+  _tile_stored(3, c + 3 * TILE * TILE, 64);
+}
+
+/* Weight blocks [b0, b1) of `block_rows` rows. Per block and chunk of k: decode the chunk, then
+ * multiply it with every x tile pair, two weight tiles at a time, carrying the sums across
+ * chunks in sums_buf (the chunk keeps the decoded block and an x panel in L2). */
+static void gemm_blocks(void *p, int64_t b0, int64_t b1) {
+  const gemm_args *a = p;
+  const int64_t k = a->k, steps = k / KSTEP, xtiles = (a->rows + TILE - 1) / TILE;
+  const int64_t pairs = (xtiles + 1) / 2, wpairs = a->block_rows / (2 * TILE);
+  const int64_t quad = 4 * TILE * TILE; /* floats of one pair-by-pair product */
+  const int64_t slots = a->chunk == k ? 1 : pairs * wpairs; /* sums kept across chunks */
+  if (grow((void **)&span_buf, &span_cap, a->chunk * (int64_t)sizeof(float)) ||
+      grow((void **)&block_buf, &block_cap, a->block_rows * a->chunk * (int64_t)sizeof(uint16_t)) ||
+      grow((void **)&sums_buf, &sums_cap, slots * quad * (int64_t)sizeof(float)))
+    return; /* cannot happen for the sizes the caller checked; leaves y unwritten */
+  load_tile_config();
+  const size_t xtile = (size_t)TILE * KSTEP; /* uint16 per packed tile */
+  for (int64_t b = b0; b < b1; b++) {
+    const int64_t n_base = b * a->block_rows;
+    for (int64_t v0 = 0; v0 < k; v0 += a->chunk) {
+      const int64_t count = k - v0 < a->chunk ? k - v0 : a->chunk;
+      const int64_t s0 = v0 / KSTEP, ns = count / KSTEP;
+      decode_block_span(a, n_base, a->block_rows, v0, count, block_buf);
+      for (int64_t xp = 0; xp < pairs; xp++) {
+        const uint16_t *x0 = a->packed + (2 * xp * steps + s0) * xtile;
+        const uint16_t *x1 = 2 * xp + 1 < xtiles ? x0 + steps * xtile : x0; /* a lone last tile */
+        for (int64_t wp = 0; wp < wpairs; wp++) {
+          const uint16_t *w0 = block_buf + 2 * wp * TILE * count, *w1 = w0 + TILE * count;
+          float *c = sums_buf + (slots == 1 ? 0 : (xp * wpairs + wp) * quad);
+          tile_product(w0, w1, count, x0, x1, ns, c, v0 == 0);
+          if (v0 + count == k) store_y(a, c, n_base + 2 * wp * TILE, 2 * xp * TILE);
+        }
+      }
+    }
+  }
+  _tile_release();
+}
+
+int gguf_gemm_amx(int dtype, const void *x, const gguf_part_t *parts, void *y, int64_t rows,
+                  int64_t n_out, int64_t k, int threads) {
+  if (dtype != DTYPE_BFLOAT16 || k % KSTEP || rows <= 0 || !amx_enabled()) return -1;
+  int64_t covered = 0;
+  for (int i = 0; i < GGUF_MAX_PARTS && covered < n_out; i++) {
+    if (gguf_row_bytes(parts[i].type, k) < 0) return -1;
+    covered += parts[i].rows;
+  }
+  if (covered != n_out) return -1;
+  const int64_t xtiles = (rows + TILE - 1) / TILE;
+  uint16_t *packed = aligned_alloc(64, (size_t)(xtiles * TILE * k) * sizeof(uint16_t));
+  if (packed == NULL) return -1;
+  pack_args pa = {x, packed, rows, k};
+  parallel_range(pack_x_tiles, &pa, xtiles, 1, threads, xtiles * k >= PARALLEL_MIN_ELEMS);
+  /* k in chunks of at most CHUNK values (whole blocks of every part's type), weight rows per
+   * block a multiple of two tiles, as many as BLOCK_BYTES hold (to 256). */
+  const int64_t chunk = k <= CHUNK ? k : CHUNK;
+  int64_t block_rows = BLOCK_BYTES / (chunk * (int64_t)sizeof(uint16_t)) / (2 * TILE) * (2 * TILE);
+  block_rows = block_rows < 2 * TILE ? 2 * TILE : block_rows > 256 ? 256 : block_rows;
+  const int64_t per_thread = (n_out + threads - 1) / (threads > 0 ? threads : 1);
+  while (block_rows > 2 * TILE && block_rows > per_thread) block_rows -= 2 * TILE;
+  gemm_args ga = {parts, packed, y, rows, n_out, k, block_rows, chunk};
+  const int64_t blocks = (n_out + block_rows - 1) / block_rows;
+  parallel_range(gemm_blocks, &ga, blocks, 1, threads, 1);
+  free(packed);
+  return 0;
+}
+
+int64_t amx_gemm_available(void) { return amx_enabled(); }
+
+#else
+int gguf_gemm_amx(int dtype, const void *x, const gguf_part_t *parts, void *y, int64_t rows,
+                  int64_t n_out, int64_t k, int threads) {
+  (void)dtype, (void)x, (void)parts, (void)y, (void)rows, (void)n_out, (void)k, (void)threads;
+  return -1;
+}
+
+int64_t amx_gemm_available(void) { return 0; }
+#endif

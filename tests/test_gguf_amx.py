@@ -1,0 +1,82 @@
+"""GGUF blocks on AMX tiles (kernels/gguf_amx.c, bf16 batches past the GEMV's rows on CPUs with
+AMX): the product is x times the weight decoded to bfloat16, summed in float32, for every block
+type, fused parts of mixed types, widths that are not whole tiles and k cut into chunks; a
+row's result does not depend on the other rows. Elsewhere the kernel declines (-1) and the
+other paths serve the same calls (their tests run everywhere)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sglite.runtime.model import kernels
+from sglite.runtime.model.gguf_weight import GGUFPart, GGUFWeight
+from tests.test_gguf_activations import _blocks
+
+pytestmark = pytest.mark.skipif(
+    not kernels.native_available() or not kernels.amx_available(),
+    reason="needs a CPU with AMX (and the OS's permission to use it)",
+)
+
+TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+
+
+def _reference(weight: GGUFWeight, x: torch.Tensor) -> torch.Tensor:
+    """x times the weight rounded to bf16 (gguf_dequantize's decoding), in float64."""
+    return F.linear(x.double(), weight.decoded(torch.bfloat16).double())
+
+
+def _assert_close(out: torch.Tensor, ref: torch.Tensor) -> None:
+    # One bf16 rounding of the result (2^-9 relative) plus float32 sums.
+    err = (out.double() - ref).abs().max().item()
+    assert err <= 6e-3 * ref.abs().max().item(), err
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_every_block_type_is_x_times_the_bf16_weight(type_name):
+    rng = np.random.default_rng(11)
+    weight = GGUFWeight([GGUFPart(type_name, _blocks(type_name, 72, 512, rng))], 512)
+    for rows in (9, 40):
+        x = torch.randn(rows, 512).to(torch.bfloat16)
+        out = kernels.gguf_gemm_amx(x, weight.address, weight.out_features)
+        assert out is not None and out.dtype == torch.bfloat16 and out.shape == (rows, 72)
+        _assert_close(out, _reference(weight, x))
+
+
+def test_mixed_parts_and_k_in_several_chunks():
+    """A fused q4_k + q6_k projection (as Q4_K_M files store q/k/v) whose k (2304) is more
+    than one chunk of 2048 values, with 200 rows (not whole tiles) and 70 x rows."""
+    rng = np.random.default_rng(12)
+    parts = [
+        GGUFPart("Q4_K", _blocks("Q4_K", 136, 2304, rng)),
+        GGUFPart("Q6_K", _blocks("Q6_K", 64, 2304, rng)),
+    ]
+    weight = GGUFWeight(parts, 2304)
+    x = torch.randn(70, 2304).to(torch.bfloat16)
+    out = kernels.gguf_gemm_amx(x, weight.address, weight.out_features)
+    _assert_close(out, _reference(weight, x))
+
+
+def test_a_rows_result_depends_on_that_row_alone():
+    rng = np.random.default_rng(13)
+    weight = GGUFWeight([GGUFPart("Q4_K", _blocks("Q4_K", 96, 768, rng))], 768)
+    x = torch.randn(100, 768).to(torch.bfloat16)
+    alone = kernels.gguf_gemm_amx(x[50:51].contiguous(), weight.address, 96)
+    for start, rows in ((50, 9), (40, 17), (0, 100), (33, 64)):
+        batch = kernels.gguf_gemm_amx(x[start : start + rows].contiguous(), weight.address, 96)
+        assert torch.equal(batch[50 - start], alone[0]), (start, rows)
+
+
+def test_bf16_batches_past_the_gemv_take_it_and_float32_never_does():
+    """`matmul` sends a bf16 batch of 9+ rows to the AMX kernel (the same values) and keeps
+    float32 batches on the exact float32 GEMM."""
+    rng = np.random.default_rng(14)
+    weight = GGUFWeight([GGUFPart("Q6_K", _blocks("Q6_K", 48, 256, rng))], 256)
+    x = torch.randn(12, 256)
+    amx = kernels.gguf_gemm_amx(x.to(torch.bfloat16), weight.address, 48)
+    assert torch.equal(weight.matmul(x.to(torch.bfloat16)), amx)
+    assert kernels.gguf_gemm_amx(x, weight.address, 48) is None  # float32: not this kernel
+    exact = F.linear(x.double(), weight.decoded(torch.float32).double())
+    assert (weight.matmul(x).double() - exact).abs().max().item() < 1e-4
