@@ -38,11 +38,22 @@ def _assert_close(out: torch.Tensor, ref: torch.Tensor) -> None:
 def test_every_block_type_is_x_times_the_bf16_weight(type_name):
     rng = np.random.default_rng(11)
     weight = GGUFWeight([GGUFPart(type_name, _blocks(type_name, 72, 512, rng))], 512)
-    for rows in (9, 40):
+    for rows in (6, 40):
         x = torch.randn(rows, 512).to(torch.bfloat16)
         out = kernels.gguf_gemm_amx(x, weight.address, weight.out_features)
         assert out is not None and out.dtype == torch.bfloat16 and out.shape == (rows, 72)
         _assert_close(out, _reference(weight, x))
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_the_decoded_weight_is_the_scratch_paths_bit_for_bit(type_name):
+    """x = the identity: each output row is a column of the weight as the kernel decoded it
+    (a product by 1 and sums of zeros are exact), equal to gguf_dequantize's bf16 weight."""
+    rng = np.random.default_rng(15)
+    weight = GGUFWeight([GGUFPart(type_name, _blocks(type_name, 40, 512, rng))], 512)
+    eye = torch.eye(512, dtype=torch.bfloat16)
+    out = kernels.gguf_gemm_amx(eye, weight.address, weight.out_features)
+    assert torch.equal(out.T, weight.decoded(torch.bfloat16))
 
 
 def test_mixed_parts_and_k_in_several_chunks():
@@ -70,8 +81,8 @@ def test_a_rows_result_depends_on_that_row_alone():
 
 
 def test_bf16_batches_past_the_gemv_take_it_and_float32_never_does():
-    """`matmul` sends a bf16 batch of 9+ rows to the AMX kernel (the same values) and keeps
-    float32 batches on the exact float32 GEMM."""
+    """`matmul` sends a bf16 batch of AMX_MIN_ROWS or more rows to the AMX kernel (the same
+    values) and keeps float32 batches on the exact float32 GEMM."""
     rng = np.random.default_rng(14)
     weight = GGUFWeight([GGUFPart("Q6_K", _blocks("Q6_K", 48, 256, rng))], 256)
     x = torch.randn(12, 256)

@@ -11,8 +11,11 @@ Kernels (`kernels/gguf_blocks.c`): the GEMV decodes 256 values of a weight row a
 cache and takes their dot products with a few x rows; float32 batches past it go through the
 quantized GEMM (`quant_gemm`, rows decoded once per call), bfloat16 ones too up to
 `BF16_QUANT_GEMM_MAX_ROWS` rows (in float32); larger bfloat16 batches decode the weight into a
-scratch buffer the model owns (`DecodeScratch`, reused by every layer) and call PyTorch's GEMM
-(oneDNN / AMX). Those products keep the activations as they are.
+scratch buffer the model owns (`DecodeScratch`, reused by every layer) and call PyTorch's GEMM.
+On CPUs with AMX, bfloat16 batches of `AMX_MIN_ROWS` rows or more take `kernels/gguf_amx.c`
+instead: the weight decoded to bfloat16 a block at a time into cache, multiplied on the tiles
+(no scratch, no oneDNN reorder of it per call). Those products keep the activations as they
+are.
 
 With `round_activations` (the loader's choice where the CPU has integer dot products: see
 `loader.resolve_gguf_activations`), DECODE batches (the decode step's `LINEAR_GGUF_A8` and
@@ -50,6 +53,7 @@ BLOCK_TYPES = {
 }
 GGUF_MAX_PARTS = ABI.constants["GGUF_MAX_PARTS"]
 GGUF_FLOAT_GEMV_MAX_ROWS = ABI.constants["GGUF_FLOAT_GEMV_MAX_ROWS"]
+AMX_MIN_ROWS = ABI.constants["AMX_MIN_ROWS"]
 _PART = ABI.structs["gguf_part_t"]
 # bfloat16 rows up to which products run in float32 through the quantized GEMM; larger batches
 # (prefill) decode the weight into the scratch for PyTorch's bf16 GEMM (AMX where present).
@@ -124,17 +128,17 @@ class GGUFWeight(QuantizedWeight):
         return sum(p.data.nbytes for p in self.parts)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """`x @ W.T` with x as it is: the GEMV for a few rows; past them in bfloat16 the AMX
-        kernel where the CPU has it; float32 batches through the quantized GEMM, bfloat16 ones
-        up to BF16_QUANT_GEMM_MAX_ROWS rows too (in float32), larger ones through the scratch
-        and PyTorch's GEMM."""
+        """`x @ W.T` with x as it is: bfloat16 batches of AMX_MIN_ROWS rows or more on AMX
+        tiles where the CPU has them; else the GEMV for a few rows, the quantized GEMM for
+        float32 batches and bfloat16 ones up to BF16_QUANT_GEMM_MAX_ROWS rows (in float32), and
+        larger ones through the scratch and PyTorch's GEMM."""
         rows = x.shape[0]
         gemv_rows = GGUF_FLOAT_GEMV_MAX_ROWS if x.dtype == torch.float32 else QGEMV_MAX_ROWS
         out = None
-        if rows <= gemv_rows:
-            out = kernels.gguf_gemv(x.contiguous(), self.address, self.out_features)
-        elif x.dtype == torch.bfloat16 and kernels.amx_available():
+        if self._amx_rows(x):
             out = kernels.gguf_gemm_amx(x.contiguous(), self.address, self.out_features)
+        if out is None and rows <= gemv_rows:
+            out = kernels.gguf_gemv(x.contiguous(), self.address, self.out_features)
         if out is None and (x.dtype == torch.float32 or rows <= BF16_QUANT_GEMM_MAX_ROWS):
             # bf16 decode batches: float32 rows through the quantized GEMM (decoding the whole
             # weight for a few dozen rows would cost more than their products).
@@ -145,16 +149,18 @@ class GGUFWeight(QuantizedWeight):
         return F.linear(x, self.decoded(x.dtype, self.scratch))
 
     def matmul_decode(self, x: torch.Tensor) -> torch.Tensor:
-        """A DECODE batch's product: rounding activations, the int8 kernel up to the GEMV's
-        rows (past them `matmul`'s AMX kernel where present, faster from there); else
-        `matmul`."""
-        if self.round_activations and (
-            x.shape[0] <= QGEMV_MAX_ROWS or x.dtype != torch.bfloat16 or not kernels.amx_available()
-        ):
+        """A DECODE batch's product: rounding activations, the int8 kernel (below AMX_MIN_ROWS
+        rows where `matmul` takes AMX tiles, faster from there); else `matmul`."""
+        if self.round_activations and not self._amx_rows(x):
             out = kernels.gguf_gemv_a8(x.contiguous(), self.address, self.out_features)
             if out is not None:
                 return out
         return self.matmul(x)
+
+    @staticmethod
+    def _amx_rows(x: torch.Tensor) -> bool:
+        """Whether `matmul` takes AMX tiles for x (bfloat16, AMX_MIN_ROWS rows or more)."""
+        return x.dtype == torch.bfloat16 and x.shape[0] >= AMX_MIN_ROWS and kernels.amx_available()
 
     def matmul_rows(self, x: torch.Tensor) -> torch.Tensor | None:
         """float32: the GEMM (rows independent) for every row count; bf16: the GEMV in chunks
@@ -216,8 +222,8 @@ class GGUFWeight(QuantizedWeight):
 
     def native_rows(self, dtype: torch.dtype) -> int:
         """Any batch in float32 (the C step runs the quantized GEMM past the GEMV's rows),
-        rounding activations, or in bfloat16 with AMX (the C step's AMX kernel past the GEMV's
-        rows); else the GEMV's rows."""
+        rounding activations, or in bfloat16 with AMX (the C step's AMX kernel from
+        AMX_MIN_ROWS rows); else the GEMV's rows."""
         if self.round_activations or dtype == torch.float32 or kernels.amx_available():
             return NATIVE_MAX_ROWS
         return QGEMV_MAX_ROWS

@@ -17,7 +17,7 @@
  * scratch path rounds it); each output sums its k products in a fixed order whatever the row
  * count or the row's place in the batch, so a row's result depends on that row alone.
  */
-#include "common.h"
+#include "gguf_bits.h"
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__linux__)
 #include <sys/syscall.h>
@@ -133,8 +133,69 @@ static int grow(void **buf, int64_t *cap, int64_t bytes) {
   return *buf ? 0 : -1;
 }
 
-/* Values [v0, v0 + count) of the weight's rows [n0, n0 + rows) decoded and rounded to bf16
- * into `out` (row-major, count per row); rows past n_out are zeros. */
+/* A Q4_K super-block's 256 values as bf16. A group of 32 has 16 possible values (d sc q -
+ * dmin mn for q = 0..15): they are computed and rounded once, as the float decoder computes
+ * each, and the nibbles look them up (one permute per 32 values). */
+static inline void q4k_bf16(const uint8_t *b, uint16_t *out) {
+  const float d = half(b), dmin = half(b + 2);
+  const __m512 q = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int c = 0; c < 4; c++) {
+    const __m256i bytes = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * c));
+    for (int h = 0; h < 2; h++) {
+      int sc, mn;
+      k_scale_min(b + 4, 2 * c + h, &sc, &mn);
+      const __m512 values =
+          _mm512_fmadd_ps(q, _mm512_set1_ps(d * (float)sc), _mm512_set1_ps(-dmin * (float)mn));
+      const __m512i table = _mm512_castsi256_si512(to_bf16x16(values));
+      const __m512i nibbles = _mm512_cvtepu8_epi16(h ? high4(bytes) : low4(bytes));
+      _mm512_storeu_si512(out + 64 * c + 32 * h, _mm512_permutexvar_epi16(nibbles, table));
+    }
+  }
+}
+
+/* A Q6_K super-block's 256 values as bf16: d sc (q - 32) per group of 16, as the float decoder
+ * computes them. */
+static inline void q6k_bf16(const uint8_t *b, uint16_t *out) {
+  const int8_t *sc = (const int8_t *)(b + 192);
+  const float d = half(b + 208);
+  for (int h = 0; h < 2; h++) {
+    __m256i q[4];
+    q6k_half(b, h, q);
+    for (int s = 0; s < 4; s++) {
+      const int8_t *g = sc + 8 * h + 2 * s;
+      const __m512 lo = _mm512_mul_ps(
+          _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q[s]))),
+          _mm512_set1_ps(d * (float)g[0]));
+      const __m512 hi = _mm512_mul_ps(
+          _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q[s], 1))),
+          _mm512_set1_ps(d * (float)g[1]));
+      _mm512_storeu_si512(out + 128 * h + 32 * s, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+    }
+  }
+}
+
+/* Values [v0, v0 + count) of a row of `type` as bf16: Q4_K and Q6_K (Q4_K_M files' types)
+ * straight from their blocks, the other types through gguf_blocks.c's float decoder. */
+static void decode_span_bf16(int64_t type, const uint8_t *row, int64_t v0, int64_t count,
+                             uint16_t *out) {
+  if (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K) {
+    const int64_t bytes = type == GGML_TYPE_Q4_K ? 144 : 210;
+    for (int64_t v = 0; v < count; v += 256) {
+      const uint8_t *b = row + (v0 + v) / 256 * bytes;
+      if (type == GGML_TYPE_Q4_K)
+        q4k_bf16(b, out + v);
+      else
+        q6k_bf16(b, out + v);
+    }
+    return;
+  }
+  gguf_decode_span(type, row, v0, count, span_buf);
+  for (int64_t v = 0; v < count; v += 16)
+    _mm256_storeu_si256((__m256i *)(out + v), to_bf16x16(_mm512_loadu_ps(span_buf + v)));
+}
+
+/* Values [v0, v0 + count) of the weight's rows [n0, n0 + rows) as bf16 into `out` (row-major,
+ * count per row); rows past n_out are zeros. */
 static void decode_block_span(const gemm_args *a, int64_t n0, int64_t rows, int64_t v0,
                               int64_t count, uint16_t *out) {
   for (int64_t i = 0; i < rows; i++) {
@@ -145,9 +206,7 @@ static void decode_block_span(const gemm_args *a, int64_t n0, int64_t rows, int6
     }
     int64_t type;
     const void *row = gguf_part_row(a->parts, n0 + i, a->k, &type);
-    gguf_decode_span(type, row, v0, count, span_buf);
-    for (int64_t v = 0; v < count; v += 16)
-      _mm256_storeu_si256((__m256i *)(dst + v), to_bf16x16(_mm512_loadu_ps(span_buf + v)));
+    decode_span_bf16(type, row, v0, count, dst);
   }
 }
 

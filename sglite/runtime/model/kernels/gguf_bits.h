@@ -1,7 +1,7 @@
 /*
  * Pieces of GGUF's block layouts both block kernels read (gguf_blocks.c with float activations,
- * gguf_a8.c with int8 ones): the f16 scales, and on AVX2 a block's nibbles and high bits as
- * byte vectors.
+ * gguf_a8.c with int8 ones, gguf_amx.c decoding to bf16): the f16 scales, the k-quants' 6-bit
+ * scales, and on AVX2 a block's nibbles and high bits as byte vectors.
  */
 #ifndef SGLITE_KERNELS_GGUF_BITS_H
 #define SGLITE_KERNELS_GGUF_BITS_H
@@ -11,6 +11,17 @@ static inline float half(const uint8_t *p) {
   uint16_t h;
   memcpy(&h, p, 2);
   return f16_to_f32(h);
+}
+
+/* The 6-bit scale and min of group j (0..7) of a Q4_K / Q5_K super-block's 12 scale bytes. */
+static inline void k_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *mn = s[j + 4] & 63;
+  } else {
+    *sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
+    *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -38,6 +49,18 @@ static inline __m256i high4(__m256i v) {
 static inline __m256i byte_bits(__m256i v, int shift, int mask, int to) {
   const __m256i m = _mm256_set1_epi8((char)mask);
   return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(v, shift), m), to);
+}
+/* Half h (values 128h..128h + 127) of a Q6_K super-block as four vectors of 32 signed bytes
+ * q - 32 (values 128h + 32s + l in q[s]): 4 bits from ql, 2 from qh. */
+static inline void q6k_half(const uint8_t *b, int h, __m256i q[4]) {
+  const __m256i lo0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
+  const __m256i lo1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
+  const __m256i hb = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+  const __m256i bias = _mm256_set1_epi8(32);
+  q[0] = _mm256_sub_epi8(_mm256_or_si256(low4(lo0), byte_bits(hb, 0, 3, 4)), bias);
+  q[1] = _mm256_sub_epi8(_mm256_or_si256(low4(lo1), byte_bits(hb, 2, 3, 4)), bias);
+  q[2] = _mm256_sub_epi8(_mm256_or_si256(high4(lo0), byte_bits(hb, 4, 3, 4)), bias);
+  q[3] = _mm256_sub_epi8(_mm256_or_si256(high4(lo1), byte_bits(hb, 6, 3, 4)), bias);
 }
 #endif
 #endif

@@ -69,17 +69,6 @@ int64_t gguf_row_bytes(int64_t type, int64_t k) {
   return k / values * block_bytes(type);
 }
 
-/* The 6-bit scale and min of group j (0..7) of a Q4_K / Q5_K super-block's 12 scale bytes. */
-static inline void k_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
-  if (j < 4) {
-    *sc = s[j] & 63;
-    *mn = s[j + 4] & 63;
-  } else {
-    *sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
-    *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-}
-
 /* ------------------------------------------------------------------ scalar block decoders */
 
 /* The 32 values of a block of 32 whose 16 bytes `qs` hold value j in the low nibble of byte j
@@ -173,19 +162,6 @@ static inline void bytes_out(__m256i v, int is_signed, float s0, float o0, float
     const __m256 s = _mm256_set1_ps(i < 2 ? s0 : s1), o = _mm256_set1_ps(i < 2 ? o0 : o1);
     _mm256_storeu_ps(out + 8 * i, _mm256_fmadd_ps(_mm256_cvtepi32_ps(w32), s, o));
   }
-}
-
-/* Half h (values 128h..128h + 127) of a Q6_K super-block as four vectors of 32 signed bytes
- * q - 32 (values 128h + 32s + l in q[s]): 4 bits from ql, 2 from qh. */
-static inline void q6k_half(const uint8_t *b, int h, __m256i q[4]) {
-  const __m256i lo0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
-  const __m256i lo1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
-  const __m256i hb = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
-  const __m256i bias = _mm256_set1_epi8(32);
-  q[0] = _mm256_sub_epi8(_mm256_or_si256(low4(lo0), byte_bits(hb, 0, 3, 4)), bias);
-  q[1] = _mm256_sub_epi8(_mm256_or_si256(low4(lo1), byte_bits(hb, 2, 3, 4)), bias);
-  q[2] = _mm256_sub_epi8(_mm256_or_si256(high4(lo0), byte_bits(hb, 4, 3, 4)), bias);
-  q[3] = _mm256_sub_epi8(_mm256_or_si256(high4(lo1), byte_bits(hb, 6, 3, 4)), bias);
 }
 
 static void vector_block(int64_t type, const uint8_t *b, float *out) {

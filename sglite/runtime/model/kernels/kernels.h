@@ -27,6 +27,9 @@ enum { QGEMV_MAX_ROWS = 8 };
 enum { INT4_FLOAT_GEMV_MAX_ROWS = 2 };
 /* float32 rows a GGUF block weight goes through gguf_gemv before the quantized GEMM. */
 enum { GGUF_FLOAT_GEMV_MAX_ROWS = 2 };
+/* bf16 rows from which a GGUF weight's product runs on AMX tiles where the CPU has them
+ * (gguf_amx.c decodes the whole weight per call, which fewer rows' GEMVs do not repay). */
+enum { AMX_MIN_ROWS = 6 };
 /* Rows decode_layers takes (quantized layers in bf16: at most QGEMV_MAX_ROWS; the caller picks). */
 enum { NATIVE_MAX_ROWS = 256 };
 
