@@ -75,8 +75,10 @@ def _load(args: ServerArgs, rank: int) -> tuple[Any, Any]:
     import torch
 
     from sglite.runtime.distributed.parallel import init_tensor_parallel
+    from sglite.runtime.model.host_memory import keep_freed_memory
     from sglite.runtime.model.loader import load_model, resolve_dtype
 
+    keep_freed_memory()
     torch.set_num_threads(args.resolved_num_threads())
     torch.manual_seed(args.random_seed)
     tp = init_tensor_parallel(rank, args.tp_size, args.dist_init_addr or "", args.device)
