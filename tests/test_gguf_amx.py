@@ -73,9 +73,9 @@ def test_mixed_parts_and_k_in_several_chunks():
 def test_a_rows_result_depends_on_that_row_alone():
     rng = np.random.default_rng(13)
     weight = GGUFWeight([GGUFPart("Q4_K", _blocks("Q4_K", 96, 768, rng))], 768)
-    x = torch.randn(100, 768).to(torch.bfloat16)
+    x = torch.randn(300, 768).to(torch.bfloat16)
     alone = kernels.gguf_gemm_amx(x[50:51].contiguous(), weight.address, 96)
-    for start, rows in ((50, 9), (40, 17), (0, 100), (33, 64)):
+    for start, rows in ((50, 9), (40, 17), (0, 100), (33, 64), (0, 300), (20, 161)):
         batch = kernels.gguf_gemm_amx(x[start : start + rows].contiguous(), weight.address, 96)
         assert torch.equal(batch[50 - start], alone[0]), (start, rows)
 
