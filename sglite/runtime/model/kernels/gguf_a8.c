@@ -80,6 +80,18 @@ static int round_x(int dtype, const void *x, int64_t rows, int64_t k, rounded_x 
 #define A8_ROWS 4
 
 #if defined(__AVX2__) && defined(__FMA__)
+/* How far ahead of the block being computed its row's bytes are prefetched (a thread's weight
+ * rows are contiguous, so this runs into the next rows): far enough that the loads of a block
+ * find it in cache, which the hardware prefetchers, stopping at every 4 KB page, do not ensure. */
+#define PREFETCH_BYTES 2048
+
+/* `lines` cache lines (a block's) PREFETCH_BYTES ahead of block `b`. */
+static inline __attribute__((always_inline)) void prefetch_ahead(const uint8_t *b,
+                                                                 const int lines) {
+  for (int l = 0; l < lines; l++)
+    _mm_prefetch((const char *)b + PREFETCH_BYTES + 64 * l, _MM_HINT_T0);
+}
+
 static inline float hsum_ps(__m256 v) { return sum256(v); }
 
 /* int16 j (0..7) of each 128-bit lane, in every int16 of that lane. */
@@ -101,6 +113,7 @@ static inline __attribute__((always_inline)) void k4_k5_row(const int R, const i
   const int64_t k = x->k, blocks = k / QK_K, bytes = five ? 176 : 144;
   for (int64_t blk = 0; blk < blocks; blk++) {
     const uint8_t *b = row + blk * bytes, *qs = b + (five ? 48 : 16);
+    prefetch_ahead(b, 3); /* 144 or 176 bytes */
     uint32_t w[3];
     memcpy(w, b + 4, 12);
     const uint32_t low6 = 0x3f3f3f3f, four = 0x0f0f0f0f, two = 0x03030303;
@@ -150,6 +163,7 @@ static inline __attribute__((always_inline)) void k6_row(const int R, const uint
   const int64_t k = x->k, blocks = k / QK_K;
   for (int64_t blk = 0; blk < blocks; blk++) {
     const uint8_t *b = row + blk * 210;
+    prefetch_ahead(b, 4);
     const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
     __m256i isum[A8_ROWS];
     for (int m = 0; m < R; m++) {
@@ -203,6 +217,7 @@ static inline __attribute__((always_inline)) void b32_row(const int R, int64_t t
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t g = 0; g < groups; g++) {
     const uint8_t *b = row + g * bytes;
+    prefetch_ahead(b, 1); /* at most 34 bytes */
     const float d = half(b);
     float mn = 0.0f; /* offset per unit of xq: -8 d, -16 d, or the block's min */
     __m256i q, sign = _mm256_setzero_si256();
@@ -290,7 +305,7 @@ typedef struct {
   int64_t n_out;
 } a8_args;
 
-/* Weight rows of one tile: decoded once from memory, then in cache for every group of x rows. */
+/* Weight rows of one tile: read once from memory, then in cache for every group of x rows. */
 #define TILE_ROWS 16
 
 static void a8_range(void *p, int64_t n0, int64_t n1) {
@@ -318,11 +333,6 @@ static void a8_range(void *p, int64_t n0, int64_t n1) {
 #if defined(__AVX2__) && defined(__FMA__)
         int64_t type;
         const uint8_t *row = gguf_part_row(a->parts, n, k, &type);
-        if (m0 == 0 && n + TILE_ROWS < n1) { /* the next tile, while this one computes */
-          int64_t ahead_type;
-          const uint8_t *ahead = gguf_part_row(a->parts, n + TILE_ROWS, k, &ahead_type);
-          prefetch_bytes(ahead, gguf_row_bytes(ahead_type, k));
-        }
         if (R == 4)
           row_products(4, type, row, x, m0, out);
         else if (R == 3)
