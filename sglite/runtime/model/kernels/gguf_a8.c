@@ -28,6 +28,8 @@ typedef struct {
   float *dx;      /* [rows, k / span] */
   int16_t *sum16; /* [rows, k / 16]: sums of q over each 16 values */
   int16_t *sum32; /* [rows, k / 32] */
+  float *dx32;    /* [rows, k / 32]: each group of 32's dx (its span's) */
+  float *dxsum32; /* [rows, k / 32]: dx32 times sum32 (x's sum over the group, for offsets) */
 } rounded_x;
 
 static void free_rounded(rounded_x *r) {
@@ -35,6 +37,8 @@ static void free_rounded(rounded_x *r) {
   free(r->dx);
   free(r->sum16);
   free(r->sum32);
+  free(r->dx32);
+  free(r->dxsum32);
 }
 
 static int round_x(int dtype, const void *x, int64_t rows, int64_t k, rounded_x *r) {
@@ -45,8 +49,10 @@ static int round_x(int dtype, const void *x, int64_t rows, int64_t k, rounded_x 
   r->dx = (float *)malloc((size_t)(rows * (k / r->span)) * sizeof(float));
   r->sum16 = (int16_t *)malloc((size_t)(rows * (k / 16)) * sizeof(int16_t));
   r->sum32 = (int16_t *)malloc((size_t)(rows * (k / QK)) * sizeof(int16_t));
+  r->dx32 = (float *)malloc((size_t)(rows * (k / QK)) * sizeof(float));
+  r->dxsum32 = (float *)malloc((size_t)(rows * (k / QK)) * sizeof(float));
   float *xf = (float *)malloc((size_t)k * sizeof(float));
-  if (!r->q || !r->dx || !r->sum16 || !r->sum32 || !xf) {
+  if (!r->q || !r->dx || !r->sum16 || !r->sum32 || !r->dx32 || !r->dxsum32 || !xf) {
     free(xf);
     free_rounded(r);
     return -1;
@@ -68,9 +74,12 @@ static int round_x(int dtype, const void *x, int64_t rows, int64_t k, rounded_x 
       for (int j = 0; j < 16; j++) s += q[16 * g + j];
       r->sum16[m * (k / 16) + g] = (int16_t)s;
     }
-    for (int64_t g = 0; g < k / QK; g++)
-      r->sum32[m * (k / QK) + g] =
-          (int16_t)(r->sum16[m * (k / 16) + 2 * g] + r->sum16[m * (k / 16) + 2 * g + 1]);
+    for (int64_t g = 0; g < k / QK; g++) {
+      const int64_t i = m * (k / QK) + g;
+      r->sum32[i] = (int16_t)(r->sum16[m * (k / 16) + 2 * g] + r->sum16[m * (k / 16) + 2 * g + 1]);
+      r->dx32[i] = r->dx[m * spans + g * QK / r->span];
+      r->dxsum32[i] = r->dx32[i] * (float)r->sum32[i];
+    }
   }
   free(xf);
   return 0;
@@ -208,55 +217,99 @@ static inline __attribute__((always_inline)) void k6_row(const int R, const uint
   }
 }
 
-/* Blocks of 32 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) of one weight row against R x rows. */
+/* A block of 32's integers as 32 bytes in value order: unsigned for Q4/Q5 (their offset, -8 d,
+ * -16 d or the block's min, per unit of xq in *mn), Q8_0's signed (*mn = 0). *d: its scale. */
+static inline __m256i b32_block(int64_t type, const uint8_t *b, float *d, float *mn) {
+  *d = half(b);
+  switch (type) {
+    case GGML_TYPE_Q4_0:
+      *mn = -8.0f * *d;
+      return nibble_bytes(b + 2);
+    case GGML_TYPE_Q4_1:
+      *mn = half(b + 2);
+      return nibble_bytes(b + 4);
+    case GGML_TYPE_Q5_0: {
+      uint32_t high;
+      memcpy(&high, b + 2, 4);
+      *mn = -16.0f * *d;
+      return _mm256_or_si256(nibble_bytes(b + 6), bits_to_0x10(high));
+    }
+    case GGML_TYPE_Q5_1: {
+      uint32_t high;
+      memcpy(&high, b + 4, 4);
+      *mn = half(b + 2);
+      return _mm256_or_si256(nibble_bytes(b + 8), bits_to_0x10(high));
+    }
+    default:
+      *mn = 0.0f;
+      return _mm256_loadu_si256((const __m256i *)(b + 2));
+  }
+}
+
+/* One block of 32 (group g) of one weight row against R x rows. */
+static inline __attribute__((always_inline)) void b32_group(const int R, int64_t type,
+                                                            const uint8_t *b, int64_t g,
+                                                            const rounded_x *x, int64_t m0,
+                                                            row_sums *s) {
+  const int64_t k = x->k, groups = k / QK;
+  float d, mn;
+  __m256i q = b32_block(type, b, &d, &mn), sign = _mm256_setzero_si256();
+  if (type == GGML_TYPE_Q8_0) { /* |q| times xq with q's sign */
+    sign = q;
+    q = _mm256_sign_epi8(sign, sign);
+  }
+  for (int m = 0; m < R; m++) {
+    __m256i xv = _mm256_loadu_si256((const __m256i *)(x->q + (m0 + m) * k + g * QK));
+    if (type == GGML_TYPE_Q8_0) xv = _mm256_sign_epi8(xv, sign);
+    const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), _mm256_set1_epi16(1));
+    const int64_t i = (m0 + m) * groups + g;
+    s->acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * x->dx32[i]), s->acc[m]);
+    s->off[m] += mn * x->dxsum32[i];
+  }
+}
+
+/* Blocks of 32 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) of one weight row against R x rows. With VNNI,
+ * two blocks at a time: their 64 integers against 64 xq in one vpdpbusd, whose int32 lanes
+ * 0-7 and 8-15 are the two blocks' (the same integers as the AVX2 path's); Q8_0's signed
+ * values as |q| times xq with q's sign. */
 static inline __attribute__((always_inline)) void b32_row(const int R, int64_t type,
                                                           const uint8_t *row, const rounded_x *x,
                                                           int64_t m0, row_sums *s) {
-  const int64_t k = x->k, groups = k / QK, per_span = x->span / QK, spans = k / x->span;
+  const int64_t k = x->k, groups = k / QK;
   const int64_t bytes = gguf_row_bytes(type, QK);
-  const __m256i ones = _mm256_set1_epi16(1);
-  for (int64_t g = 0; g < groups; g++) {
+  int64_t g = 0;
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+  __m512 acc[A8_ROWS];
+  for (int m = 0; m < R; m++) acc[m] = _mm512_setzero_ps();
+  for (; g + 2 <= groups; g += 2) {
     const uint8_t *b = row + g * bytes;
-    prefetch_ahead(b, 1); /* at most 34 bytes */
-    const float d = half(b);
-    float mn = 0.0f; /* offset per unit of xq: -8 d, -16 d, or the block's min */
-    __m256i q, sign = _mm256_setzero_si256();
-    switch (type) {
-      case GGML_TYPE_Q4_0:
-        q = nibble_bytes(b + 2);
-        mn = -8.0f * d;
-        break;
-      case GGML_TYPE_Q4_1:
-        q = nibble_bytes(b + 4);
-        mn = half(b + 2);
-        break;
-      case GGML_TYPE_Q5_0: {
-        uint32_t high;
-        memcpy(&high, b + 2, 4);
-        q = _mm256_or_si256(nibble_bytes(b + 6), bits_to_0x10(high));
-        mn = -16.0f * d;
-        break;
-      }
-      case GGML_TYPE_Q5_1: {
-        uint32_t high;
-        memcpy(&high, b + 4, 4);
-        q = _mm256_or_si256(nibble_bytes(b + 8), bits_to_0x10(high));
-        mn = half(b + 2);
-        break;
-      }
-      default: /* Q8_0: |q| times xq with q's sign */
-        sign = _mm256_loadu_si256((const __m256i *)(b + 2));
-        q = _mm256_sign_epi8(sign, sign);
-        break;
+    prefetch_ahead(b, 1); /* two blocks: at most 68 bytes */
+    float d0, mn0, d1, mn1;
+    const __m256i q0 = b32_block(type, b, &d0, &mn0), q1 = b32_block(type, b + bytes, &d1, &mn1);
+    __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1);
+    __mmask64 negative = 0;
+    if (type == GGML_TYPE_Q8_0) {
+      negative = _mm512_movepi8_mask(w);
+      w = _mm512_abs_epi8(w);
     }
     for (int m = 0; m < R; m++) {
-      __m256i xv = _mm256_loadu_si256((const __m256i *)(x->q + (m0 + m) * k + g * QK));
-      if (type == GGML_TYPE_Q8_0) xv = _mm256_sign_epi8(xv, sign);
-      const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), ones);
-      const float dx = x->dx[(m0 + m) * spans + g / per_span];
-      s->acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * dx), s->acc[m]);
-      if (mn != 0.0f) s->off[m] += mn * dx * (float)x->sum32[(m0 + m) * groups + g];
+      __m512i xv = _mm512_loadu_si512((const void *)(x->q + (m0 + m) * k + g * QK));
+      if (type == GGML_TYPE_Q8_0) xv = _mm512_mask_sub_epi8(xv, negative, _mm512_setzero_si512(), xv);
+      const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, xv);
+      const int64_t i = (m0 + m) * groups + g;
+      const __m512 scale = _mm512_insertf32x8(_mm512_set1_ps(d0 * x->dx32[i]),
+                                              _mm256_set1_ps(d1 * x->dx32[i + 1]), 1);
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[m]);
+      s->off[m] += mn0 * x->dxsum32[i] + mn1 * x->dxsum32[i + 1];
     }
+  }
+  for (int m = 0; m < R; m++)
+    s->acc[m] = _mm256_add_ps(s->acc[m], _mm256_add_ps(_mm512_castps512_ps256(acc[m]),
+                                                       _mm512_extractf32x8_ps(acc[m], 1)));
+#endif
+  for (; g < groups; g++) {
+    prefetch_ahead(row + g * bytes, 1); /* at most 34 bytes */
+    b32_group(R, type, row + g * bytes, g, x, m0, s);
   }
 }
 
