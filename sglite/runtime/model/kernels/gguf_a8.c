@@ -268,10 +268,37 @@ static inline __attribute__((always_inline)) void b32_group(const int R, int64_t
   }
 }
 
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+/* The scales d and the offsets per unit of xq (b32_block's mn) of eight blocks of 32 from `b`
+ * (`bytes` apart), as vectors: one gather of each block's first four bytes (d, and Q4_1/Q5_1's
+ * min after it). */
+static inline void b32_scales8(int64_t type, const uint8_t *b, int64_t bytes, __m256 *d,
+                               __m256 *mn) {
+  const __m256i at = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                        _mm256_set1_epi32((int)bytes));
+  const __m256i words = _mm256_i32gather_epi32((const int *)b, at, 1);
+  *d = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(words));
+  switch (type) {
+    case GGML_TYPE_Q4_0:
+      *mn = _mm256_mul_ps(*d, _mm256_set1_ps(-8.0f));
+      break;
+    case GGML_TYPE_Q5_0:
+      *mn = _mm256_mul_ps(*d, _mm256_set1_ps(-16.0f));
+      break;
+    case GGML_TYPE_Q4_1:
+    case GGML_TYPE_Q5_1:
+      *mn = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(words, 16)));
+      break;
+    default:
+      *mn = _mm256_setzero_ps();
+  }
+}
+#endif
+
 /* Blocks of 32 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) of one weight row against R x rows. With VNNI,
- * two blocks at a time: their 64 integers against 64 xq in one vpdpbusd, whose int32 lanes
- * 0-7 and 8-15 are the two blocks' (the same integers as the AVX2 path's); Q8_0's signed
- * values as |q| times xq with q's sign. */
+ * eight blocks at a time: their scales as vectors, and each two blocks' 64 integers against
+ * 64 xq in one vpdpbusd, whose int32 lanes 0-7 and 8-15 are the two blocks' (the same integers
+ * as the AVX2 path's); Q8_0's signed values as |q| times xq with q's sign. */
 static inline __attribute__((always_inline)) void b32_row(const int R, int64_t type,
                                                           const uint8_t *row, const rounded_x *x,
                                                           int64_t m0, row_sums *s) {
@@ -280,32 +307,50 @@ static inline __attribute__((always_inline)) void b32_row(const int R, int64_t t
   int64_t g = 0;
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
   __m512 acc[A8_ROWS];
-  for (int m = 0; m < R; m++) acc[m] = _mm512_setzero_ps();
-  for (; g + 2 <= groups; g += 2) {
+  __m256 off[A8_ROWS];
+  for (int m = 0; m < R; m++) {
+    acc[m] = _mm512_setzero_ps();
+    off[m] = _mm256_setzero_ps();
+  }
+  for (; g + 8 <= groups; g += 8) {
     const uint8_t *b = row + g * bytes;
-    prefetch_ahead(b, 1); /* two blocks: at most 68 bytes */
-    float d0, mn0, d1, mn1;
-    const __m256i q0 = b32_block(type, b, &d0, &mn0), q1 = b32_block(type, b + bytes, &d1, &mn1);
-    __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1);
-    __mmask64 negative = 0;
-    if (type == GGML_TYPE_Q8_0) {
-      negative = _mm512_movepi8_mask(w);
-      w = _mm512_abs_epi8(w);
+    prefetch_ahead(b, 5); /* eight blocks: at most 272 bytes */
+    __m256 d, mn;
+    b32_scales8(type, b, bytes, &d, &mn);
+    __m512i w[4];
+    __mmask64 negative[4] = {0, 0, 0, 0};
+    for (int p = 0; p < 4; p++) {
+      float unused0, unused1;
+      const __m256i q0 = b32_block(type, b + 2 * p * bytes, &unused0, &unused1);
+      const __m256i q1 = b32_block(type, b + (2 * p + 1) * bytes, &unused0, &unused1);
+      w[p] = _mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1);
+      if (type == GGML_TYPE_Q8_0) {
+        negative[p] = _mm512_movepi8_mask(w[p]);
+        w[p] = _mm512_abs_epi8(w[p]);
+      }
     }
     for (int m = 0; m < R; m++) {
-      __m512i xv = _mm512_loadu_si512((const void *)(x->q + (m0 + m) * k + g * QK));
-      if (type == GGML_TYPE_Q8_0) xv = _mm512_mask_sub_epi8(xv, negative, _mm512_setzero_si512(), xv);
-      const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, xv);
       const int64_t i = (m0 + m) * groups + g;
-      const __m512 scale = _mm512_insertf32x8(_mm512_set1_ps(d0 * x->dx32[i]),
-                                              _mm256_set1_ps(d1 * x->dx32[i + 1]), 1);
-      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[m]);
-      s->off[m] += mn0 * x->dxsum32[i] + mn1 * x->dxsum32[i + 1];
+      const __m512 scale = _mm512_castps256_ps512(_mm256_mul_ps(d, _mm256_loadu_ps(x->dx32 + i)));
+      off[m] = _mm256_fmadd_ps(mn, _mm256_loadu_ps(x->dxsum32 + i), off[m]);
+      for (int p = 0; p < 4; p++) {
+        __m512i xv = _mm512_loadu_si512((const void *)(x->q + (m0 + m) * k + (g + 2 * p) * QK));
+        if (type == GGML_TYPE_Q8_0)
+          xv = _mm512_mask_sub_epi8(xv, negative[p], _mm512_setzero_si512(), xv);
+        const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[p], xv);
+        const __m512i pick = _mm512_setr_epi32(2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p,
+                                               2 * p, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1,
+                                               2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1);
+        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(pick, scale),
+                                 acc[m]);
+      }
     }
   }
-  for (int m = 0; m < R; m++)
+  for (int m = 0; m < R; m++) {
     s->acc[m] = _mm256_add_ps(s->acc[m], _mm256_add_ps(_mm512_castps512_ps256(acc[m]),
                                                        _mm512_extractf32x8_ps(acc[m], 1)));
+    s->off[m] += hsum_ps(off[m]);
+  }
 #endif
   for (; g < groups; g++) {
     prefetch_ahead(row + g * bytes, 1); /* at most 34 bytes */
