@@ -9,8 +9,10 @@
  * and Q4_1/Q5_1's mins) times the xq sums: the dequantized weight times the rounded x, to float
  * rounding. On AVX2 the integer dots are `vpmaddubsw` (weight integers as unsigned bytes, at most
  * 63, times xq: pairs of products in int16, no saturation) and `vpmaddwd` with the group
- * scales; a k-quant super-block is summed in int32 and scaled once. Elsewhere a weight row is
- * decoded to float32 and dotted with xq dx.
+ * scales; a k-quant super-block is summed in int32 and scaled once. With AVX-512 VNNI, blocks
+ * of 32 go eight at a time (their scales as vectors, two blocks per `vpdpbusd`). Elsewhere a
+ * weight row is decoded to float32 and dotted with xq dx. Every block prefetches its row's
+ * bytes PREFETCH_BYTES ahead.
  *
  * Invariant: a row's result depends on that x row alone (not on the other rows, their number or
  * the thread count): every output is computed by one thread in one fixed order, so prefill,

@@ -13,9 +13,10 @@
  * values, 16 rows of pairs: pair p of x row j at [p][j]), which is a 16x16 transpose of 32-bit
  * pairs. A C tile then holds y transposed (weight rows by x rows) and is transposed back on store.
  *
- * Values: the weight decoded to float32 as gguf_blocks.c decodes it, rounded to bfloat16 (as the
- * scratch path rounds it); each output sums its k products in a fixed order whatever the row
- * count or the row's place in the batch, so a row's result depends on that row alone.
+ * Values: the weight's values as gguf_blocks.c decodes them (Q4_K and Q6_K are computed here the
+ * same way, straight to bf16; tested bit for bit), rounded to bfloat16 as the scratch path
+ * rounds them; each output sums its k products in a fixed order whatever the row count or the
+ * row's place in the batch, so a row's result depends on that row alone.
  */
 #include "gguf_bits.h"
 
