@@ -14,9 +14,10 @@ n-gram drafts come from the cache. Every other run starts from a flushed cache w
 prompt cached, so earlier rounds' answers cannot draft for it. The outputs of the two engines
 are compared too (they must be identical: speculation does not change greedy answers).
 
-With `--algorithm draft` the draft model is `--draft-model-path` (default: the target's own
-file, i.e. self-speculation), optionally only its first `--draft-num-layers` layers and in
-`--draft-quantization`.
+The target is `--model` (a GGUF path or a known model name, e.g. qwen2.5-coder-1.5b; default:
+the default model). With `--algorithm draft` the draft model is `--draft-model-path` (a path or
+name, e.g. qwen2.5-coder-0.5b; default: the target's own file, i.e. self-speculation),
+optionally only its first `--draft-num-layers` layers and in `--draft-quantization`.
 
 The "n-gram ceiling" column is what any n-gram drafter could reach on the plain answer
 (`ngram_ceiling`: an oracle choosing the best earlier match at every step, same draft cap), in
@@ -28,12 +29,15 @@ With llama.cpp's `llama-server` found (`--llama-server PATH`, on PATH, or built 
 one slot, greedy, prompt cached: without speculation and with each of its n-gram draft types in
 `LLAMA_SPEC` (its decode rate is its own `timings.predicted_per_second`, which excludes the
 prompt), each server restarted before each round so that it drafts only from the request's own
-text, as sglite does (`ngram-mod` otherwise drafts the earlier rounds' answers); the table
-shows its plain rate, the n-gram ceiling of its own plain answer (its kernels round
-activations to 8 bits, so its greedy text can differ from sglite's) and its best n-gram
+text, as sglite does (`ngram-mod` otherwise drafts the earlier rounds' answers). With
+`--algorithm draft` and a draft model file, llama.cpp runs that same pair instead
+(`-md <draft> --spec-type draft-simple`, drafting up to `--num-draft-tokens` and up to its
+default 3); a configuration whose timings show no drafted token says so in the table. The
+table shows its plain rate, the n-gram ceiling of its own plain answer (its kernels round
+activations to 8 bits, so its greedy text can differ from sglite's) and its best speculative
 configuration per workload.
 
-Run: python -m benchmarks.bench_spec [--rounds 3] [--tokens 96] [--quantization auto]
+Run: python -m benchmarks.bench_spec [--model M] [--rounds 3] [--tokens 96] [--quantization auto]
      [--algorithm ngram|draft] [--draft-model-path P] [--draft-quantization Q]
      [--draft-num-layers N] [--no-llama] [--workloads NAME_PREFIX ...]
 """
@@ -52,6 +56,7 @@ import torch
 import sglite
 from benchmarks.bench_json import _free_port, _post
 from benchmarks.runners.llama_cpp import find_llama_server, llama_version
+from sglite.runtime.model.catalog import resolve_model_path
 
 CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 PASSAGE = (
@@ -229,6 +234,7 @@ def speculation_args(args: argparse.Namespace, plain: sglite.Engine) -> dict:
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default=None, help="target GGUF path or known model name")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=96)
     parser.add_argument("--quantization", default="auto")
@@ -256,14 +262,34 @@ def start_llama(args: argparse.Namespace, model_path: str) -> dict[str, LlamaSer
         return {}
     print(f"llama.cpp {llama_version(binary)} ({why}): {binary}")
     threads = torch.get_num_threads()
-    configs = {"off": (), **LLAMA_SPEC}
+    configs = {"off": (), **llama_speculation(args, threads)}
     return {name: LlamaServer(binary, model_path, threads, cfg) for name, cfg in configs.items()}
+
+
+def llama_speculation(args: argparse.Namespace, threads: int) -> dict[str, tuple[str, ...]]:
+    """llama-server's speculative configurations to compare: with a draft model, that model
+    (at sglite's draft length and at llama.cpp's default 3); else its n-gram types."""
+    if args.algorithm != "draft" or args.draft_model_path is None:
+        return dict(LLAMA_SPEC)
+    draft = resolve_model_path(args.draft_model_path)
+    base = ("-md", draft, "--spec-type", "draft-simple", "-td", str(threads), "-ngld", "0")
+    return {
+        f"draft model, n-max {args.num_draft_tokens}": (
+            *base, "--spec-draft-n-max", str(args.num_draft_tokens)
+        ),
+        "draft model, n-max 3": (*base, "--spec-draft-n-max", "3"),
+    }  # fmt: skip
 
 
 def main() -> None:
     """Alternate the engines (and llama-servers) per workload and round; print the table."""
     args = parse_args()
-    common = {"dtype": args.dtype, "quantization": args.quantization, "log_level": "error"}
+    common = {
+        "model_path": args.model,
+        "dtype": args.dtype,
+        "quantization": args.quantization,
+        "log_level": "error",
+    }
     plain = sglite.Engine(**common)
     spec = sglite.Engine(**common, **speculation_args(args, plain))
     info = spec.get_server_info()
@@ -367,8 +393,8 @@ def print_table(args: argparse.Namespace, rows: list[WorkloadResult], with_llama
     rule = "|---|---:|---:|---:|---:|---:|---:|---|"
     if with_llama:
         head += (
-            " llama.cpp off | llama.cpp's n-gram ceiling | llama.cpp best n-gram (tok/s,"
-            " acceptance) | vs llama.cpp n-gram |"
+            " llama.cpp off | llama.cpp's n-gram ceiling | llama.cpp best speculation (tok/s,"
+            " config, acceptance) | vs llama.cpp's best |"
         )
         rule += "---:|---:|---|---:|"
     print("\n" + head + "\n" + rule)
@@ -382,9 +408,10 @@ def print_table(args: argparse.Namespace, rows: list[WorkloadResult], with_llama
         if row.peer is not None and row.peer_off is not None:
             config, best = row.peer
             peer_ceiling = "-" if row.peer_ceiling is None else f"{row.peer_ceiling:.2f}"
+            drafted = best.acceptance if best.drafted else "drafted nothing"
             line += (
                 f" {row.peer_off.rate:.1f} | {peer_ceiling} | {best.rate:.1f} ({config}, "
-                f"{best.acceptance}) | {row.on.rate / best.rate:.2f}x |"
+                f"{drafted}) | {row.on.rate / best.rate:.2f}x |"
             )
         print(line)
 

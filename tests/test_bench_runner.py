@@ -7,12 +7,13 @@ the run) with the ideal computed beside it.
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 import pytest
 
 import sglite as sgl
-from benchmarks.bench_spec import ngram_ceiling
+from benchmarks.bench_spec import LLAMA_SPEC, llama_speculation, ngram_ceiling
 from benchmarks.ideal_cache import CallLog, ideal_counts, ideal_hit_rate, record_native_backend
 from benchmarks.programs.base import Workload
 from benchmarks.runners.gbnf import regex_to_gbnf
@@ -175,3 +176,18 @@ def test_engine_runner_hit_rate_from_runtime_counters(engine_system, monkeypatch
     assert row.cache_hit_rate > 0.3
     assert 0.3 < row.ideal_hit_rate <= 1.0
     assert row.cache_hit_rate <= row.ideal_hit_rate + 0.05
+
+
+# ---------------------------------------------------------------------------- bench_spec's peers
+def test_llama_cpp_runs_the_same_draft_model_pair_or_its_ngram_types(tmp_path):
+    draft = tmp_path / "draft.gguf"
+    draft.write_bytes(b"GGUF")
+    args = argparse.Namespace(algorithm="draft", draft_model_path=str(draft), num_draft_tokens=6)
+    configs = llama_speculation(args, threads=2)
+    assert sorted(configs) == ["draft model, n-max 3", "draft model, n-max 6"]
+    for flags in configs.values():
+        assert flags[flags.index("-md") + 1] == str(draft)
+        assert flags[flags.index("--spec-type") + 1] == "draft-simple"
+    assert configs["draft model, n-max 6"][-2:] == ("--spec-draft-n-max", "6")
+    ngram = argparse.Namespace(algorithm="ngram", draft_model_path=None, num_draft_tokens=8)
+    assert llama_speculation(ngram, threads=2) == LLAMA_SPEC
