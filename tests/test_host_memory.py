@@ -1,5 +1,5 @@
-"""The model process's heap keeps freed activation memory: a second prefill-sized tensor
-reuses the first one's pages instead of faulting in fresh zeroed ones."""
+"""The model process's heap keeps freed activation memory: a prefill-sized tensor allocated
+again reuses freed pages instead of faulting in fresh zeroed ones."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ def touch():
     del t
 touch()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-touch()
+for _ in range(6):
+    touch()
 print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
@@ -37,6 +38,9 @@ def _faults(mode: str) -> int:
 
 
 def test_a_freed_40_mb_tensor_is_reused_without_page_faults():
+    """Six more 40 MB tensors after a first: glibc's default maps and faults fresh pages for
+    each; kept, the heap's pages serve them (a small allocation can split a freed block once,
+    so one more block may be faulted in, not six)."""
     pages = (40 << 20) // 4096
-    assert _faults("default") > pages // 2  # glibc's default maps fresh pages every time
-    assert _faults("keep") < pages // 20
+    assert _faults("default") > 5 * pages
+    assert _faults("keep") < 2 * pages
