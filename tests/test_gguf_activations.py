@@ -187,3 +187,14 @@ def test_answers_do_not_change_with_batching_or_prefill_against_decode(int8_engi
 
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
+
+
+def test_bf16_batches_on_cpus_without_amx_take_the_scratch_and_pytorchs_gemm(monkeypatch):
+    """The path of CPUs without AMX, kept tested on AMX hosts too: a bf16 batch past 16 rows
+    decodes the weight into the scratch and multiplies with PyTorch's GEMM."""
+    monkeypatch.setattr(kernels, "amx_available", lambda: False)
+    rng = np.random.default_rng(9)
+    weight = GGUFWeight([GGUFPart("Q4_K", _blocks("Q4_K", 64, 512, rng))], 512)
+    x = torch.randn(40, 512).to(torch.bfloat16)
+    dense = weight.decoded(torch.bfloat16).clone()
+    assert torch.equal(weight.matmul(x), torch.nn.functional.linear(x, dense))
