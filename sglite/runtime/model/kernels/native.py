@@ -36,6 +36,7 @@ SOURCES = [
     _HERE / "quant_gemv.c",
     _HERE / "gguf_blocks.c",
     _HERE / "gguf_a8.c",
+    _HERE / "a8_rounding.c",
     _HERE / "gguf_amx.c",
     _HERE / "decode_step.c",
     _HERE / "panel_gemm.c",
@@ -48,6 +49,7 @@ HEADERS = [
     _HERE / "common.h",
     _HERE / "threadpool.h",
     _HERE / "gguf_bits.h",
+    _HERE / "a8_rounding.h",
 ]
 # -fno-math-errno lets lrintf/fmaxf/sqrtf compile to single instructions (errno is never read);
 # -fopenmp links libgomp, which torch has loaded already (one OpenMP runtime in the process).
