@@ -19,7 +19,7 @@ int64_t kernel_isa(void) {
 #ifdef __AVX512VNNI__
   bits |= ISA_AVX512_VNNI;
 #endif
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__linux__)
+#ifdef SGLITE_AMX
   bits |= ISA_AMX;
 #endif
 #if defined(__aarch64__) && defined(__ARM_NEON)

@@ -24,6 +24,11 @@
 #ifdef __F16C__
 #include <immintrin.h>
 #endif
+/* A build whose AMX kernel (gguf_amx.c) can run: AMX tiles with bf16, AVX512-BF16, Linux (whose
+ * permission call enables the tiles). */
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__linux__)
+#define SGLITE_AMX 1
+#endif
 
 /* Work (elements, or token x kv-head pairs for attention) below which a pass runs on the calling
  * thread: waking the pool costs more than it saves, and far more when another process holds a
@@ -39,6 +44,8 @@ void panel_rows(const float *x, int64_t rows, int64_t k, const float *panel, con
 /* gguf_blocks.c's row decoding, which quant_gemm.c runs for QUANT_GEMM_GGUF: row n of a GGUF
  * weight (its bytes and type), and the float32 values of a row of k values of `type`. */
 const void *gguf_part_row(const gguf_part_t *parts, int64_t n, int64_t k, int64_t *type);
+/* Whether the parts are row ranges of supported types covering exactly n_out rows of k values. */
+int gguf_parts_valid(const gguf_part_t *parts, int64_t n_out, int64_t k);
 void gguf_decode_row(int64_t type, const void *row, int64_t k, float *out);
 /* Values [v0, v0 + count) of such a row (v0 and count whole blocks of `type`). */
 void gguf_decode_span(int64_t type, const void *row, int64_t v0, int64_t count, float *out);

@@ -156,33 +156,44 @@ static inline __attribute__((always_inline)) void k6_row(const int R, const uint
   }
 }
 
-/* A block of 32's integers as 32 bytes in value order: unsigned for Q4/Q5 (their offset, -8 d,
- * -16 d or the block's min, per unit of xq in *mn), Q8_0's signed (*mn = 0). *d: its scale. */
-static inline __m256i b32_block(int64_t type, const uint8_t *b, float *d, float *mn) {
-  *d = half(b);
+/* A block of 32's integers as 32 bytes in value order: unsigned for Q4/Q5, Q8_0's signed. */
+static inline __m256i b32_ints(int64_t type, const uint8_t *b) {
   switch (type) {
     case GGML_TYPE_Q4_0:
-      *mn = -8.0f * *d;
       return nibble_bytes(b + 2);
     case GGML_TYPE_Q4_1:
-      *mn = half(b + 2);
       return nibble_bytes(b + 4);
-    case GGML_TYPE_Q5_0: {
-      uint32_t high;
-      memcpy(&high, b + 2, 4);
-      *mn = -16.0f * *d;
-      return _mm256_or_si256(nibble_bytes(b + 6), bits_to_0x10(high));
-    }
+    case GGML_TYPE_Q5_0:
     case GGML_TYPE_Q5_1: {
+      const int one = type == GGML_TYPE_Q5_1;
       uint32_t high;
-      memcpy(&high, b + 4, 4);
-      *mn = half(b + 2);
-      return _mm256_or_si256(nibble_bytes(b + 8), bits_to_0x10(high));
+      memcpy(&high, b + (one ? 4 : 2), 4);
+      return _mm256_or_si256(nibble_bytes(b + (one ? 8 : 6)), bits_to_0x10(high));
     }
     default:
-      *mn = 0.0f;
       return _mm256_loadu_si256((const __m256i *)(b + 2));
   }
+}
+
+/* A block of 32's scale d; *mn its offset per unit of xq: -8 d (Q4_0), -16 d (Q5_0), the
+ * block's min (Q4_1, Q5_1), 0 (Q8_0). */
+static inline float b32_scale(int64_t type, const uint8_t *b, float *mn) {
+  const float d = half(b);
+  switch (type) {
+    case GGML_TYPE_Q4_0:
+      *mn = -8.0f * d;
+      break;
+    case GGML_TYPE_Q5_0:
+      *mn = -16.0f * d;
+      break;
+    case GGML_TYPE_Q4_1:
+    case GGML_TYPE_Q5_1:
+      *mn = half(b + 2);
+      break;
+    default:
+      *mn = 0.0f;
+  }
+  return d;
 }
 
 /* One block of 32 (group g) of one weight row against R x rows. */
@@ -191,8 +202,9 @@ static inline __attribute__((always_inline)) void b32_group(const int R, int64_t
                                                             const rounded_x *x, int64_t m0,
                                                             row_sums *s) {
   const int64_t k = x->k, groups = k / QK;
-  float d, mn;
-  __m256i q = b32_block(type, b, &d, &mn), sign = _mm256_setzero_si256();
+  float mn;
+  const float d = b32_scale(type, b, &mn);
+  __m256i q = b32_ints(type, b), sign = _mm256_setzero_si256();
   if (type == GGML_TYPE_Q8_0) { /* |q| times xq with q's sign */
     sign = q;
     q = _mm256_sign_epi8(sign, sign);
@@ -208,7 +220,7 @@ static inline __attribute__((always_inline)) void b32_group(const int R, int64_t
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-/* The scales d and the offsets per unit of xq (b32_block's mn) of eight blocks of 32 from `b`
+/* The scales d and the offsets per unit of xq (b32_scale's mn) of eight blocks of 32 from `b`
  * (`bytes` apart), as vectors: one gather of each block's first four bytes (d, and Q4_1/Q5_1's
  * min after it). */
 static inline void b32_scales8(int64_t type, const uint8_t *b, int64_t bytes, __m256 *d,
@@ -259,9 +271,8 @@ static inline __attribute__((always_inline)) void b32_row(const int R, int64_t t
     __m512i w[4];
     __mmask64 negative[4] = {0, 0, 0, 0};
     for (int p = 0; p < 4; p++) {
-      float unused0, unused1;
-      const __m256i q0 = b32_block(type, b + 2 * p * bytes, &unused0, &unused1);
-      const __m256i q1 = b32_block(type, b + (2 * p + 1) * bytes, &unused0, &unused1);
+      const __m256i q0 = b32_ints(type, b + 2 * p * bytes);
+      const __m256i q1 = b32_ints(type, b + (2 * p + 1) * bytes);
       w[p] = _mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1);
       if (type == GGML_TYPE_Q8_0) {
         negative[p] = _mm512_movepi8_mask(w[p]);
@@ -392,13 +403,7 @@ static void a8_range(void *p, int64_t n0, int64_t n1) {
 
 int gguf_gemv_a8(int dtype, const void *x, const gguf_part_t *parts, void *y, int64_t rows,
                  int64_t n_out, int64_t k, int threads) {
-  if (rows < 1 || k % QK) return -1;
-  int64_t covered = 0;
-  for (int i = 0; i < GGUF_MAX_PARTS && covered < n_out; i++) {
-    if (parts[i].rows < 1 || gguf_row_bytes(parts[i].type, k) < 0) return -1;
-    covered += parts[i].rows;
-  }
-  if (covered != n_out) return -1;
+  if (rows < 1 || k % QK || !gguf_parts_valid(parts, n_out, k)) return -1;
   rounded_x rx;
   if (round_x(dtype, x, rows, k, &rx)) return -1;
   a8_args a = {dtype, &rx, parts, y, n_out};

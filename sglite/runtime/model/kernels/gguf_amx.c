@@ -20,7 +20,7 @@
  */
 #include "gguf_bits.h"
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__linux__)
+#ifdef SGLITE_AMX
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -118,6 +118,7 @@ typedef struct {
   const uint16_t *packed;
   void *y; /* bf16 [rows, n_out] */
   int64_t rows, n_out, k, block_rows, chunk;
+  int failed; /* set by a thread whose buffers could not grow (its blocks left unwritten) */
 } gemm_args;
 
 /* A thread's buffers, grown to the largest call: a decoded row span, the decoded weight block
@@ -230,8 +231,8 @@ static void store_y(const gemm_args *a, const float *c, int64_t n0, int64_t m0) 
 }
 
 /* C tiles of weight rows w0/w1 (bf16, row stride `wstride` values) by packed x tiles x0/x1
- * over `steps` steps of KSTEP values, added to the sums in `c` (zeros when `first`); `last`
- * leaves them in `c` for store_y. */
+ * over `steps` steps of KSTEP values, added to the sums in `c` (from zero when `first`) and
+ * stored back there. */
 static inline void tile_product(const uint16_t *w0, const uint16_t *w1, int64_t wstride,
                                 const uint16_t *x0, const uint16_t *x1, int64_t steps, float *c,
                                 int first) {
@@ -268,7 +269,7 @@ static inline void tile_product(const uint16_t *w0, const uint16_t *w1, int64_t 
  * multiply it with every x tile pair, two weight tiles at a time, carrying the sums across
  * chunks in sums_buf (the chunk keeps the decoded block and an x panel in L2). */
 static void gemm_blocks(void *p, int64_t b0, int64_t b1) {
-  const gemm_args *a = p;
+  gemm_args *a = p;
   const int64_t k = a->k, steps = k / KSTEP, xtiles = (a->rows + TILE - 1) / TILE;
   const int64_t pairs = (xtiles + 1) / 2, wpairs = a->block_rows / (2 * TILE);
   const int64_t quad = 4 * TILE * TILE; /* floats of one pair-by-pair product */
@@ -276,7 +277,10 @@ static void gemm_blocks(void *p, int64_t b0, int64_t b1) {
   if (grow((void **)&span_buf, &span_cap, a->chunk * (int64_t)sizeof(float)) ||
       grow((void **)&block_buf, &block_cap, a->block_rows * a->chunk * (int64_t)sizeof(uint16_t)) ||
       grow((void **)&sums_buf, &sums_cap, slots * quad * (int64_t)sizeof(float)))
-    return; /* cannot happen for the sizes the caller checked; leaves y unwritten */
+  {
+    a->failed = 1; /* the call reports -1 and its caller takes another path */
+    return;
+  }
   load_tile_config();
   const size_t xtile = (size_t)TILE * KSTEP; /* uint16 per packed tile */
   for (int64_t b = b0; b < b1; b++) {
@@ -303,12 +307,7 @@ static void gemm_blocks(void *p, int64_t b0, int64_t b1) {
 int gguf_gemm_amx(int dtype, const void *x, const gguf_part_t *parts, void *y, int64_t rows,
                   int64_t n_out, int64_t k, int threads) {
   if (dtype != DTYPE_BFLOAT16 || k % KSTEP || rows <= 0 || !amx_enabled()) return -1;
-  int64_t covered = 0;
-  for (int i = 0; i < GGUF_MAX_PARTS && covered < n_out; i++) {
-    if (gguf_row_bytes(parts[i].type, k) < 0) return -1;
-    covered += parts[i].rows;
-  }
-  if (covered != n_out) return -1;
+  if (!gguf_parts_valid(parts, n_out, k)) return -1;
   const int64_t xtiles = (rows + TILE - 1) / TILE;
   uint16_t *packed = aligned_alloc(64, (size_t)(xtiles * TILE * k) * sizeof(uint16_t));
   if (packed == NULL) return -1;
@@ -321,11 +320,11 @@ int gguf_gemm_amx(int dtype, const void *x, const gguf_part_t *parts, void *y, i
   block_rows = block_rows < 2 * TILE ? 2 * TILE : block_rows > 256 ? 256 : block_rows;
   const int64_t per_thread = (n_out + threads - 1) / (threads > 0 ? threads : 1);
   while (block_rows > 2 * TILE && block_rows > per_thread) block_rows -= 2 * TILE;
-  gemm_args ga = {parts, packed, y, rows, n_out, k, block_rows, chunk};
+  gemm_args ga = {parts, packed, y, rows, n_out, k, block_rows, chunk, 0};
   const int64_t blocks = (n_out + block_rows - 1) / block_rows;
   parallel_range(gemm_blocks, &ga, blocks, 1, threads, 1);
   free(packed);
-  return 0;
+  return ga.failed ? -1 : 0;
 }
 
 int64_t amx_gemm_available(void) { return amx_enabled(); }

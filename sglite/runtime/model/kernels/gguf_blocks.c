@@ -575,7 +575,7 @@ static void gguf_gemv_range(void *p, int64_t n0, int64_t n1) {
   }
 }
 
-static int parts_valid(const gguf_part_t *parts, int64_t n_out, int64_t k) {
+int gguf_parts_valid(const gguf_part_t *parts, int64_t n_out, int64_t k) {
   int64_t covered = 0;
   for (int i = 0; i < GGUF_MAX_PARTS && covered < n_out; i++) {
     if (parts[i].rows < 1 || gguf_row_bytes(parts[i].type, k) < 0) return 0;
@@ -586,7 +586,8 @@ static int parts_valid(const gguf_part_t *parts, int64_t n_out, int64_t k) {
 
 int gguf_gemv(int dtype, const void *x, const gguf_part_t *parts, void *y, int64_t rows,
               int64_t n_out, int64_t k, int threads) {
-  if (rows < 1 || rows > QGEMV_MAX_ROWS || k % QK || !parts_valid(parts, n_out, k)) return -1;
+  if (rows < 1 || rows > QGEMV_MAX_ROWS || k % QK || !gguf_parts_valid(parts, n_out, k))
+    return -1;
   const int64_t groups = k / QK;
   float *xf = (float *)malloc((size_t)(rows * k) * sizeof(float));
   float *xsum = (float *)malloc((size_t)(rows * groups) * sizeof(float));
@@ -647,7 +648,7 @@ static void gguf_dequant_range(void *p, int64_t i0, int64_t i1) {
 
 int gguf_dequantize(int dtype, const gguf_part_t *parts, const int64_t *ids, int64_t n_ids,
                     int64_t n_out, int64_t k, void *out, int threads) {
-  if (!parts_valid(parts, n_out, k)) return -1;
+  if (!gguf_parts_valid(parts, n_out, k)) return -1;
   if (ids != NULL)
     for (int64_t i = 0; i < n_ids; i++)
       if (ids[i] < 0 || ids[i] >= n_out) return -1;

@@ -172,8 +172,9 @@ int gguf_gemv_a8(int dtype, const void *x, const gguf_part_t *parts, void *y, in
 
 /* gguf_amx.c: y [rows, n_out] = x W^T for bf16 x on AMX tiles (the weight decoded to bf16 a
  * block of rows at a time, sums in float32, each row's result independent of the others). -1
- * where the build or the CPU has no AMX, the OS refuses it, x is not bf16 or k is not a
- * multiple of 32. amx_gemm_available: 1 when gguf_gemm_amx can run here. */
+ * where the build or the CPU has no AMX, the OS refuses it, x is not bf16, k is not a
+ * multiple of 32 or its buffers cannot be allocated. amx_gemm_available: 1 when gguf_gemm_amx
+ * can run here. */
 int gguf_gemm_amx(int dtype, const void *x, const gguf_part_t *parts, void *y, int64_t rows,
                   int64_t n_out, int64_t k, int threads);
 int64_t amx_gemm_available(void);
