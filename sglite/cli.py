@@ -79,6 +79,8 @@ HELP = {
     "speculative_draft_model_quantization": "the draft model's weight format (as --quantization)",
     "speculative_draft_num_layers": "the draft model runs only its first N layers (an early "
     "exit; for self-speculation)",
+    "speculative_draft_ngram": "with a draft model, propose n-gram matches of the request's "
+    "own text first (free) and the draft model's tokens only where there is none",
     "enable_deterministic_inference": "bitwise the same logits for a request whatever its batch, "
     "cached prefix, prefill chunking, drafts and thread count (CPU native kernels; quantized "
     "projections for every batch size; see docs/deterministic.md)",

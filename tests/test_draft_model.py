@@ -47,6 +47,7 @@ def self_draft(tiny):
         speculative_algorithm="draft",
         speculative_draft_model_path=tiny["target"],
         speculative_adaptive=False,  # drafts counted below must not depend on step timings
+        speculative_draft_ngram=False,  # every draft is the draft model's
     )
     yield eng
     eng.shutdown()
@@ -98,6 +99,37 @@ def test_stops_logprobs_and_seeded_sampling_behave_as_without(plain, self_draft)
     same = sum(a == b for a, b in zip(_ids(got), _ids(want), strict=True))
     assert same >= 3, same  # one near-tie flipped by the passes' rounding at most
     assert sum(o["meta_info"]["spec_accepted_tokens"] for o in got) > 0
+
+
+def test_ngram_matches_draft_before_the_draft_model(tiny, plain):
+    """By default a draft model's engine drafts from text already seen where it can: a prompt
+    asked again drafts its earlier answer from the radix cache, free, and the draft model only
+    where no match exists; outputs stay the target's own."""
+    eng = _engine(
+        tiny,
+        speculative_algorithm="draft",
+        speculative_draft_model_path=tiny["small"],
+        speculative_adaptive=False,
+    )
+    try:
+        want = plain.generate(input_ids=PROMPT, sampling_params=GREEDY)
+        first = eng.generate(input_ids=PROMPT, sampling_params=GREEDY)
+        info = eng.get_server_info()
+        assert info["speculative_draft_ngram"] is True
+        by_model = info["speculative_proposals"]["draft"]
+        assert by_model > 0
+        passes = info["speculative_draft"]["forward_passes"]
+        again = eng.generate(input_ids=PROMPT, sampling_params=GREEDY)
+        assert first["output_ids"] == again["output_ids"] == want["output_ids"]
+        info = eng.get_server_info()
+        assert info["speculative_proposals"]["ngram"] > 0
+        # The cached answer was accepted whole: a few verifications, no draft model needed.
+        assert again["meta_info"]["spec_verify_ct"] <= 2, again["meta_info"]
+        assert again["meta_info"]["spec_accepted_tokens"] >= GREEDY["max_new_tokens"] - 2
+        assert info["speculative_draft"]["forward_passes"] <= passes + 2
+        eng.check_invariants()
+    finally:
+        eng.shutdown()
 
 
 def test_server_info_describes_the_draft_model(tiny, self_draft):

@@ -129,63 +129,67 @@ def test_match_windows_are_checked():
 def test_measured_costs_set_the_acceptance_drafts_need():
     costs = SpeculationCosts()
     assert not costs.allows_drafts(1)  # nothing measured at this batch size: a plain step first
-    costs.observe(1, drafted=0, seconds=0.010)
+    costs.observe(1, drafted=0, seconds=0.010, source="")
     assert costs.allows_drafts(1)
-    assert costs.break_even(1, 8) == LOW_ACCEPTANCE  # no speculative step measured yet
-    costs.observe(1, drafted=8, seconds=0.010 + 8 * 0.011)  # a draft model as slow as the target
-    assert costs.break_even(1, 8) == pytest.approx(1.1)
+    assert costs.break_even(1, 8, "draft") == LOW_ACCEPTANCE  # no speculative step measured yet
+    # A draft model as slow as the target, and n-gram drafts (their verification rows only).
+    costs.observe(1, drafted=8, seconds=0.010 + 8 * 0.011, source="draft")
+    costs.observe(1, drafted=8, seconds=0.010 + 8 * 0.001, source="ngram")
+    assert costs.break_even(1, 8, "draft") == pytest.approx(1.1)
+    assert costs.break_even(1, 8, "ngram") == pytest.approx(0.1)
     length = DraftLength(8)
-    length.record(8, 7, costs.break_even(1, 8))
-    length.record(8, 8, costs.break_even(1, 8))  # 15 of 16 accepted
+    length.record(8, 7, costs.break_even(1, 8, "draft"))
+    length.record(8, 8, costs.break_even(1, 8, "draft"))  # 15 of 16 accepted
     assert length.paused == PAUSE_STEPS << (MAX_BACKOFF - 1)  # a draft that cannot pay: long
-    cheap = SpeculationCosts()
-    cheap.observe(1, drafted=0, seconds=0.010)
-    cheap.observe(1, drafted=8, seconds=0.010 + 8 * 0.001)  # n-gram drafts: verification rows
-    assert cheap.break_even(1, 8) == pytest.approx(0.1)
     length = DraftLength(8)
-    length.record(8, 2, cheap.break_even(1, 8))
-    length.record(8, 2, cheap.break_even(1, 8))  # 4 of 16: pays
+    length.record(8, 2, costs.break_even(1, 8, "ngram"))
+    length.record(8, 2, costs.break_even(1, 8, "ngram"))  # 4 of 16: pays
     assert not length.paused
     for failures in range(1, MAX_BACKOFF + 2):  # rejected again and again: pauses double
         length.paused = 0
-        length.record(16, 0, cheap.break_even(1, 16))
+        length.record(16, 0, costs.break_even(1, 16, "ngram"))
         assert length.paused == PAUSE_STEPS << (min(failures, MAX_BACKOFF) - 1)
-    # Plain steps keep the plain cost current, one in PLAIN_PROBE_EVERY; where drafts cannot
-    # pay, one step in HOPELESS_PROBE_EVERY still tries them.
-    assert sum(cheap.allows_drafts(1) for _ in range(2 * PLAIN_PROBE_EVERY)) == 2 * (
-        PLAIN_PROBE_EVERY - 1
-    )
-    assert sum(costs.allows_drafts(1) for _ in range(2 * HOPELESS_PROBE_EVERY)) == 2
-    assert cheap.info()["1"]["break_even_acceptance"]["8"] == pytest.approx(0.1)
+    # Plain steps keep the plain cost current, one in PLAIN_PROBE_EVERY; the source whose
+    # drafts cannot pay is tried one step in HOPELESS_PROBE_EVERY, the other every step.
+    allowed = {"ngram": 0, "draft": 0}
+    for _ in range(2 * HOPELESS_PROBE_EVERY):
+        if costs.allows_drafts(1):
+            for source in allowed:
+                allowed[source] += costs.pays(1, source)
+    plain_probes = 2 * HOPELESS_PROBE_EVERY // PLAIN_PROBE_EVERY
+    assert allowed == {"ngram": 2 * HOPELESS_PROBE_EVERY - plain_probes, "draft": 2}
+    sources = costs.info()["1"]["sources"]
+    assert sources["ngram"]["break_even_acceptance"]["8"] == pytest.approx(0.1)
+    assert sources["draft"]["ms_per_drafted_token"] == pytest.approx(11.0)
 
 
 def test_a_verification_has_a_fixed_cost_so_short_drafts_need_more_acceptance():
     costs = SpeculationCosts()
-    costs.observe(1, drafted=0, seconds=0.010)
+    costs.observe(1, drafted=0, seconds=0.010, source="ngram")
     for _ in range(20):  # a pass costs 2 ms of its own and 1 ms per drafted token
         for drafted in (1, 2, 8):
-            costs.observe(1, drafted, seconds=0.010 + 0.002 + 0.001 * drafted)
-    info = costs.info()["1"]
+            costs.observe(1, drafted, seconds=0.010 + 0.002 + 0.001 * drafted, source="ngram")
+    info = costs.info()["1"]["sources"]["ngram"]
     assert info["verify_fixed_ms"] == pytest.approx(2.0)
     assert info["ms_per_drafted_token"] == pytest.approx(1.0)
-    assert costs.break_even(1, 1) == pytest.approx(0.3)  # 3 ms against a 10 ms step saved
-    assert costs.break_even(1, 8) == pytest.approx(0.125)
+    assert costs.break_even(1, 1, "ngram") == pytest.approx(0.3)  # 3 ms against a 10 ms step
+    assert costs.break_even(1, 8, "ngram") == pytest.approx(0.125)
     # One accepted token in four: pays for drafts of 8 tokens, not for drafts of 1.
     long_drafts, short_drafts = DraftLength(8), DraftLength(8)
     for _ in range(2):
-        long_drafts.record(8, 2, costs.break_even(1, 8))
+        long_drafts.record(8, 2, costs.break_even(1, 8, "ngram"))
     short_drafts.current = 1
     for i in range(16):  # one token at a time, every fourth accepted
-        short_drafts.record(1, int(i % 4 == 0), costs.break_even(1, 1))
+        short_drafts.record(1, int(i % 4 == 0), costs.break_even(1, 1, "ngram"))
         short_drafts.current = 1
     assert not long_drafts.paused
     assert short_drafts.paused
     # Drafts all of one length cannot separate the fixed part: it is counted per token.
     same = SpeculationCosts()
-    same.observe(1, drafted=0, seconds=0.010)
-    same.observe(1, drafted=4, seconds=0.010 + 0.006)
-    assert same.info()["1"]["verify_fixed_ms"] == 0.0
-    assert same.break_even(1, 1) == same.break_even(1, 4) == pytest.approx(0.15)
+    same.observe(1, drafted=0, seconds=0.010, source="ngram")
+    same.observe(1, drafted=4, seconds=0.010 + 0.006, source="ngram")
+    assert same.info()["1"]["sources"]["ngram"]["verify_fixed_ms"] == 0.0
+    assert same.break_even(1, 1, "ngram") == same.break_even(1, 4, "ngram") == pytest.approx(0.15)
 
 
 # --------------------------------------------------------------------------- end to end

@@ -94,6 +94,9 @@ class ServerArgs:
     speculative_draft_model_path: str | None = None
     speculative_draft_model_quantization: str = "auto"
     speculative_draft_num_layers: int | None = None
+    # With a draft model, drafts copied from text already seen (the n-gram proposer, free) come
+    # first where there is a match; the draft model drafts where there is none.
+    speculative_draft_ngram: bool = True
     # Deterministic inference (docs/deterministic.md): a request's logits are bitwise the same
     # whatever its batch, cached prefix, prefill chunking, jump-forward or speculation and thread
     # count: every forward runs as rows through the native decode step with one kernel per

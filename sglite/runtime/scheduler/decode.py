@@ -59,7 +59,7 @@ class DecodeManager:
         self.speculator: Speculator | None = build_speculator(
             args, loaded, scheduler.context_len, capacity, cache
         )
-        self.speculated: set[str] = set()  # rids whose draft this step is speculative
+        self.speculated: dict[str, str] = {}  # rid -> the source of its speculative draft
         self.spec_costs: SpeculationCosts | None = None
         if self.speculator is not None and args.speculative_adaptive:
             self.spec_costs = SpeculationCosts()
@@ -73,12 +73,13 @@ class DecodeManager:
         start = time.perf_counter()
         measured = self._step()
         if measured is not None:
-            self.spec_costs.observe(*measured, time.perf_counter() - start)
+            size, drafted, source = measured
+            self.spec_costs.observe(size, drafted, time.perf_counter() - start, source)
 
-    def _step(self) -> tuple[int, int] | None:
-        """The decode step; returns (its batch size, its speculative draft tokens) when its
-        cost says what speculation costs: None when it also verified jump-forward drafts or
-        lost requests to retraction."""
+    def _step(self) -> tuple[int, int, str] | None:
+        """The decode step; returns (its batch size, its speculative draft tokens, their
+        source) when its cost says what one source's speculation costs: None when it also
+        verified jump-forward drafts or drafts of two sources, or lost requests to retraction."""
         sched = self.scheduler
         drafts = self._plan_drafts()
         planned = len(sched.running)
@@ -87,7 +88,12 @@ class DecodeManager:
             return None
         reqs = list(sched.running)
         speculative = sum(len(d) for rid, d in drafts.items() if rid in self.speculated)
-        comparable = len(reqs) == planned and all(rid in self.speculated for rid in drafts)
+        sources = set(self.speculated.values())
+        comparable = (
+            len(reqs) == planned
+            and all(rid in self.speculated for rid in drafts)
+            and len(sources) <= 1
+        )
         if drafts or any(r.num_fill - len(r.kv_slots) > 1 for r in reqs):
             self._run_verify(reqs, drafts, speculative)
         else:
@@ -99,7 +105,7 @@ class DecodeManager:
         sched.new_token_ratio = max(
             sched.args.min_new_token_ratio, sched.new_token_ratio - sched.args.new_token_ratio_decay
         )
-        return (planned, speculative) if comparable else None
+        return (planned, speculative, min(sources, default="")) if comparable else None
 
     def _run_plain(self, reqs: list[Req]) -> None:
         """A DECODE of one token per request."""
@@ -123,17 +129,23 @@ class DecodeManager:
         bound, and verification rows would slow every request in it)."""
         sched = self.scheduler
         drafts: dict[str, list[int]] = {}
-        self.speculated = set()
-        speculate = self.speculator is not None and len(sched.running) <= SPEC_MAX_BATCH
-        if speculate and self.spec_costs is not None:
-            speculate = self.spec_costs.allows_drafts(len(sched.running))
+        self.speculated = {}
+        size, costs = len(sched.running), self.spec_costs
+        speculate = self.speculator is not None and size <= SPEC_MAX_BATCH
+        if speculate and costs is not None:
+            speculate = costs.allows_drafts(size)
+
+        def allowed(source: str) -> bool:
+            return costs is None or costs.pays(size, source)
+
         for req in sched.running:
             try:
                 draft = self.proposer.propose(req) if self.proposer is not None else []
                 if not draft and speculate:
-                    draft = self.speculator.propose(req)  # type: ignore[union-attr]
-                    if draft:
-                        self.speculated.add(req.rid)
+                    proposal = self.speculator.speculate(req, allowed)  # type: ignore[union-attr]
+                    if proposal is not None:
+                        draft = proposal.tokens
+                        self.speculated[req.rid] = proposal.source
             except Exception as exc:
                 sched.fail_request(req, exc)
                 continue
@@ -152,14 +164,15 @@ class DecodeManager:
         if plain:
             rows = torch.tensor([item.first_row for item in plain], device=logits.device)
             sched.sample_and_append([item.req for item in plain], logits.index_select(0, rows))
-        needed = LOW_ACCEPTANCE  # the step's speculative drafts pay or not together
-        if self.spec_costs is not None:
-            needed = self.spec_costs.break_even(len(reqs), speculative)
         for item in batch.drafted():
             rows = logits[item.first_row : item.first_row + len(item.draft) + 1]
-            if item.req.rid not in self.speculated:
+            source = self.speculated.get(item.req.rid)
+            if source is None:
                 self.verifier.verify(item.req, item.draft, item.kept, rows, sched.sample_and_append)
                 continue
+            needed = LOW_ACCEPTANCE  # the step's speculative drafts pay or not together
+            if self.spec_costs is not None:
+                needed = self.spec_costs.break_even(len(reqs), speculative, source)
             verdict = self.verifier.verify(
                 item.req, item.draft, item.kept, rows, sched.sample_and_append, SPECULATION
             )

@@ -31,7 +31,13 @@ from sglite.runtime.cache.radix_cache import RadixCache, TreeNode
 from sglite.runtime.model.causal_lm import CausalLM
 from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from sglite.runtime.scheduler.request import Req
-from sglite.runtime.scheduler.speculation import DraftLength, TokenHistory, draft_room
+from sglite.runtime.scheduler.speculation import (
+    DraftLength,
+    Proposal,
+    SourceFilter,
+    TokenHistory,
+    draft_room,
+)
 
 if TYPE_CHECKING:
     from sglite.runtime.model.loader import LoadedModel
@@ -135,6 +141,11 @@ class DraftModelProposer:
             draft.append(token)
             feed = [token]
         return draft
+
+    def speculate(self, req: Req, allowed: SourceFilter) -> Proposal | None:
+        """`propose`'s draft as the "draft" source's, when `allowed` takes that source."""
+        tokens = self.propose(req) if allowed("draft") else []
+        return Proposal(tokens, "draft") if tokens else None
 
     def record(self, req: Req, drafted: int, accepted: int, needed: float) -> None:
         """Adapt the request's draft length to a verification's result."""

@@ -29,7 +29,13 @@ from sglite.runtime.cache.radix_cache import RadixCache, TreeNode
 from sglite.runtime.multimodal.processor import is_pad
 from sglite.runtime.scheduler.drafts import MAX_DRAFT_TOKENS
 from sglite.runtime.scheduler.request import Req
-from sglite.runtime.scheduler.speculation import DraftLength, TokenHistory, draft_room
+from sglite.runtime.scheduler.speculation import (
+    DraftLength,
+    Proposal,
+    SourceFilter,
+    TokenHistory,
+    draft_room,
+)
 
 # A draft from the radix cache continues the request's whole context, not just its last few
 # tokens, so it is accepted more often: it may be this many times the request's draft length.
@@ -89,6 +95,11 @@ class NgramProposer:
             if end is not None:
                 return _tokens_only(tokens[end : end + length])
         return []
+
+    def speculate(self, req: Req, allowed: SourceFilter) -> Proposal | None:
+        """`propose`'s draft as the "ngram" source's, when `allowed` takes that source."""
+        tokens = self.propose(req) if allowed("ngram") else []
+        return Proposal(tokens, "ngram") if tokens else None
 
     def record(self, req: Req, drafted: int, accepted: int, needed: float) -> None:
         """Adapt the request's draft length to a verification's result."""

@@ -2,13 +2,16 @@
 
 A `Speculator` proposes a request's draft for the next decode step (the scheduler verifies it
 with `drafts.DraftVerifier`), learns how much of it was accepted, and forgets finished requests.
-Two exist: n-gram lookup in the radix cache and the request's own text (`ngram.py`) and a
-draft model (`draft_model.py`). Both keep, per request, a copy of its tokens extended by the
-new ones (`TokenHistory`) and a draft length adapted to its acceptance (`DraftLength`).
+Two sources exist: n-gram lookup in the radix cache and the request's own text (`ngram.py`)
+and a draft model (`draft_model.py`); with a draft model, n-gram matches come first
+(`NgramBeforeDraft`). Each keeps, per request, a copy of its tokens extended by the new ones
+(`TokenHistory`) and a draft length adapted to its acceptance (`DraftLength`), and the
+scheduler measures each source's cost (`SpeculationCosts`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -30,11 +33,25 @@ PAUSE_STEPS = 16
 MAX_BACKOFF = 4
 
 
+# Whether a draft source (a `Proposal.source`) may propose this step (its measured costs).
+SourceFilter = Callable[[str], bool]
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A speculative draft and the source that proposed it ("ngram", "draft"): the source whose
+    costs (`SpeculationCosts`) and acceptance (`DraftLength`) it counts toward."""
+
+    tokens: list[int]
+    source: str
+
+
 class Speculator(Protocol):
     """A speculative draft source (a `drafts.DraftProposer` that learns from verification)."""
 
-    def propose(self, req: Req) -> list[int]:
-        """The request's draft, within the `DraftProposer.propose` bound; empty for none."""
+    def speculate(self, req: Req, allowed: SourceFilter) -> Proposal | None:
+        """The request's draft from a source `allowed` takes, within the
+        `DraftProposer.propose` bound; None for none."""
         ...
 
     def record(self, req: Req, drafted: int, accepted: int, needed: float) -> None:
@@ -171,71 +188,79 @@ class DraftCostFit:
 
 
 class SpeculationCosts:
-    """What speculation costs, measured per batch size: a plain decode step's seconds, and the
-    seconds a step's drafts add to it (`DraftCostFit`: a fixed part per verification and a part
-    per drafted token: its verification row, and the draft model's passes that proposed it).
-    Accepted tokens save a plain step each, so a step's `drafted` tokens pay when more than
-    `break_even(batch, drafted) * drafted` of them are accepted; `DraftLength` pauses drafting
-    below it. This separates what the hardware and models cost (here) from what the request's
-    text allows (its acceptance)."""
+    """What speculation costs, measured per batch size: a plain decode step's seconds, and per
+    draft source (n-gram lookups, a draft model) the seconds a step's drafts add to it
+    (`DraftCostFit`: a fixed part per verification and a part per drafted token: its
+    verification row, and the passes that proposed it). Accepted tokens save a plain step each,
+    so a step's `drafted` tokens pay when more than `break_even(batch, drafted, source) *
+    drafted` of them are accepted; `DraftLength` pauses drafting below it. This separates what
+    the hardware and models cost (here) from what the request's text allows (its acceptance)."""
 
     def __init__(self) -> None:
         self.plain: dict[int, float] = {}
-        self.fits: dict[int, DraftCostFit] = {}
+        self.fits: dict[tuple[int, str], DraftCostFit] = {}
         self.steps: dict[int, int] = {}
 
     def allows_drafts(self, batch_size: int) -> bool:
         """Whether this step may verify speculative drafts: not when it is due to measure the
-        plain cost (none measured yet at this batch size, or every `PLAIN_PROBE_EVERY` steps),
-        and where drafts cannot pay at any acceptance (a drafted token costing a plain step or
-        more, however long the draft) only one step in `HOPELESS_PROBE_EVERY`, to notice when
-        that changes."""
+        plain cost (none measured yet at this batch size, or every `PLAIN_PROBE_EVERY` steps).
+        Counts the step (`pays` asks about the step last counted)."""
         step = self.steps.get(batch_size, 0)
         self.steps[batch_size] = step + 1
-        if batch_size not in self.plain or step % PLAIN_PROBE_EVERY == PLAIN_PROBE_EVERY - 1:
-            return False
-        return self._marginal(batch_size) < 1.0 or step % HOPELESS_PROBE_EVERY == 0
+        return batch_size in self.plain and step % PLAIN_PROBE_EVERY != PLAIN_PROBE_EVERY - 1
 
-    def observe(self, batch_size: int, drafted: int, seconds: float) -> None:
-        """A decode step of `batch_size` requests verified `drafted` speculative draft tokens
-        (proposing included) and took `seconds`."""
+    def pays(self, batch_size: int, source: str) -> bool:
+        """Whether `source`'s drafts can pay at some acceptance this step: not where a drafted
+        token costs a plain step or more however long the draft, except one step in
+        `HOPELESS_PROBE_EVERY`, to notice when that changes."""
+        step = max(self.steps.get(batch_size, 1) - 1, 0)
+        return self._marginal(batch_size, source) < 1.0 or step % HOPELESS_PROBE_EVERY == 0
+
+    def observe(self, batch_size: int, drafted: int, seconds: float, source: str) -> None:
+        """A decode step of `batch_size` requests verified `drafted` speculative draft tokens,
+        all from `source` (proposing included), and took `seconds`."""
         if drafted == 0:
             self.plain[batch_size] = _smooth(self.plain.get(batch_size), seconds)
         elif batch_size in self.plain:
             extra = max(0.0, seconds - self.plain[batch_size])
-            self.fits.setdefault(batch_size, DraftCostFit()).add(drafted, extra)
+            self.fits.setdefault((batch_size, source), DraftCostFit()).add(drafted, extra)
 
-    def break_even(self, batch_size: int, drafted: int) -> float:
-        """The acceptance at which a step's `drafted` tokens pay: the seconds they add over the
-        seconds their acceptance would save (`LOW_ACCEPTANCE` until measured)."""
-        fit = self.fits.get(batch_size)
+    def break_even(self, batch_size: int, drafted: int, source: str) -> float:
+        """The acceptance at which a step's `drafted` tokens from `source` pay: the seconds they
+        add over the seconds their acceptance would save (`LOW_ACCEPTANCE` until measured)."""
+        fit = self.fits.get((batch_size, source))
         if fit is None or drafted <= 0:
             return LOW_ACCEPTANCE
         fixed, per_token = fit.coefficients()
         return (fixed + per_token * drafted) / (drafted * max(self.plain[batch_size], 1e-9))
 
-    def _marginal(self, batch_size: int) -> float:
+    def _marginal(self, batch_size: int, source: str) -> float:
         """The break-even of an arbitrarily long draft (the fixed part spread to nothing)."""
-        fit = self.fits.get(batch_size)
+        fit = self.fits.get((batch_size, source))
         if fit is None:
             return LOW_ACCEPTANCE
         return fit.coefficients()[1] / max(self.plain[batch_size], 1e-9)
 
     def info(self) -> dict[str, Any]:
-        """Per batch size: the plain step, the fixed cost of a verification and the cost per
-        drafted token, and the break-even of a draft of 1, 4 and 8 tokens."""
+        """Per batch size: the plain step, and per draft source the fixed cost of a
+        verification, the cost per drafted token, and the break-even of a draft of 1, 4 and 8
+        tokens."""
         out: dict[str, Any] = {}
         for size, plain in sorted(self.plain.items()):
-            fit = self.fits.get(size)
-            fixed, per_token = fit.coefficients() if fit is not None else (None, None)
-            out[str(size)] = {
-                "plain_step_ms": 1e3 * plain,
-                "verify_fixed_ms": None if fixed is None else 1e3 * fixed,
-                "ms_per_drafted_token": None if per_token is None else 1e3 * per_token,
-                "break_even_acceptance": {
-                    str(d): self.break_even(size, d) if fit is not None else None for d in (1, 4, 8)
-                },
-            }
+            entry: dict[str, Any] = {"plain_step_ms": 1e3 * plain}
+            for (fit_size, source), fit in sorted(self.fits.items()):
+                if fit_size != size:
+                    continue
+                fixed, per_token = fit.coefficients()
+                costs = {
+                    "verify_fixed_ms": 1e3 * fixed,
+                    "ms_per_drafted_token": 1e3 * per_token,
+                    "break_even_acceptance": {
+                        str(d): self.break_even(size, d, source) for d in (1, 4, 8)
+                    },
+                }
+                entry.setdefault("sources", {})[source] = costs
+            out[str(size)] = entry
         return out
 
 
@@ -249,6 +274,60 @@ def draft_room(req: Req, context_len: int) -> int:
     return min(req.remaining_new_tokens, context_len - req.num_fill) - 1
 
 
+class NgramBeforeDraft:
+    """Drafts copied from text already seen (n-gram lookups: free) where the request has a
+    match, else the draft model's (a pass of it per token): a `Speculator` over both, each
+    keeping its own draft length and acceptance."""
+
+    def __init__(self, ngram: Speculator, model: Speculator) -> None:
+        self.sources = (ngram, model)
+        self.last: dict[str, Speculator] = {}  # rid -> the source of its latest draft
+        self.proposals: dict[str, int] = {"ngram": 0, "draft": 0}  # drafts proposed, by source
+
+    def speculate(self, req: Req, allowed: SourceFilter) -> Proposal | None:
+        """The n-gram draft, else the draft model's."""
+        for source in self.sources:
+            proposal = source.speculate(req, allowed)
+            if proposal is not None:
+                self.last[req.rid] = source
+                self.proposals[proposal.source] += 1
+                return proposal
+        return None
+
+    def record(self, req: Req, drafted: int, accepted: int, needed: float) -> None:
+        """Tell the source of the request's latest draft how it fared."""
+        source = self.last.get(req.rid)
+        if source is not None:
+            source.record(req, drafted, accepted, needed)
+
+    def forget(self, live: set[str]) -> None:
+        """Both sources forget the requests not in `live`."""
+        for source in self.sources:
+            source.forget(live)
+        self.last = {rid: s for rid, s in self.last.items() if rid in live}
+
+    def flush(self) -> None:
+        """Both sources drop what they cache across requests."""
+        for source in self.sources:
+            source.flush()
+
+    def check_invariants(self) -> None:
+        """Both sources' own checks."""
+        for source in self.sources:
+            source.check_invariants()
+
+    def info(self) -> dict[str, Any]:
+        """Both sources' settings (the algorithm is the draft model's) and the drafts each
+        proposed."""
+        ngram, model = self.sources
+        return {
+            **ngram.info(),
+            **model.info(),
+            "speculative_draft_ngram": True,
+            "speculative_proposals": dict(self.proposals),
+        }
+
+
 def build_speculator(
     args: ServerArgs,
     target: LoadedModel,
@@ -258,19 +337,22 @@ def build_speculator(
 ) -> Speculator | None:
     """The speculator `args` ask for (None when speculation is off). A draft model is loaded
     here, its KV pool sized to `capacity` tokens like the target's; n-gram drafts also read the
-    target's radix `cache` (None when it is disabled)."""
-    if args.speculative_algorithm == "ngram":
-        from sglite.runtime.scheduler.ngram import NgramProposer
+    target's radix `cache` (None when it is disabled); with a draft model they come first
+    (`NgramBeforeDraft`) unless `speculative_draft_ngram` is off."""
+    from sglite.runtime.scheduler.ngram import NgramProposer
 
-        return NgramProposer(
-            context_len,
-            args.speculative_num_draft_tokens,
-            args.speculative_ngram_min_match_window_size,
-            args.speculative_ngram_max_match_window_size,
-            cache,
-        )
+    ngram = NgramProposer(
+        context_len,
+        args.speculative_num_draft_tokens,
+        args.speculative_ngram_min_match_window_size,
+        args.speculative_ngram_max_match_window_size,
+        cache,
+    )
+    if args.speculative_algorithm == "ngram":
+        return ngram
     if args.speculative_algorithm == "draft":
         from sglite.runtime.scheduler.draft_model import DraftModelProposer
 
-        return DraftModelProposer.load(args, target, context_len, capacity)
+        model = DraftModelProposer.load(args, target, context_len, capacity)
+        return NgramBeforeDraft(ngram, model) if args.speculative_draft_ngram else model
     return None
