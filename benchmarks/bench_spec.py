@@ -57,6 +57,7 @@ import sglite
 from benchmarks.bench_json import _free_port, _post
 from benchmarks.runners.llama_cpp import find_llama_server, llama_version
 from sglite.runtime.model.catalog import resolve_model_path
+from sglite.runtime.server_args import ServerArgs
 
 CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 PASSAGE = (
@@ -239,7 +240,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--tokens", type=int, default=96)
     parser.add_argument("--quantization", default="auto")
     parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--num-draft-tokens", type=int, default=8)
+    parser.add_argument(
+        "--num-draft-tokens", type=int, default=ServerArgs.speculative_num_draft_tokens
+    )
     parser.add_argument("--algorithm", choices=("ngram", "draft"), default="ngram")
     parser.add_argument("--draft-model-path", default=None)
     parser.add_argument("--draft-quantization", default="auto")

@@ -123,9 +123,11 @@ def test_ngram_matches_draft_before_the_draft_model(tiny, plain):
         assert first["output_ids"] == again["output_ids"] == want["output_ids"]
         info = eng.get_server_info()
         assert info["speculative_proposals"]["ngram"] > 0
-        # The cached answer was accepted whole: a few verifications, no draft model needed.
-        assert again["meta_info"]["spec_verify_ct"] <= 2, again["meta_info"]
-        assert again["meta_info"]["spec_accepted_tokens"] >= GREEDY["max_new_tokens"] - 2
+        # The cached answer was accepted whole (drafts of 16, then the rest): a few
+        # verifications, no draft-model pass.
+        meta = again["meta_info"]
+        assert meta["spec_verify_ct"] <= 3, meta
+        assert meta["spec_accepted_tokens"] >= GREEDY["max_new_tokens"] - 1 - 3, meta
         assert info["speculative_draft"]["forward_passes"] <= passes + 2
         eng.check_invariants()
     finally:

@@ -23,6 +23,7 @@ from sglite.runtime.scheduler.speculation import (
     MAX_BACKOFF,
     PAUSE_STEPS,
     PLAIN_PROBE_EVERY,
+    START_DRAFT_TOKENS,
     DraftLength,
     SpeculationCosts,
 )
@@ -102,21 +103,23 @@ def test_draft_length_follows_acceptance_and_speculation_pauses_when_it_does_not
     proposer = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=1, max_match=2)
     tokens = list(range(20)) * 3
     req = _req(tokens)
-    assert len(proposer.propose(req)) == 8
+    assert len(proposer.propose(req)) == START_DRAFT_TOKENS  # a first draft starts short
+    proposer.record(req, drafted=4, accepted=4, needed=LOW_ACCEPTANCE)
+    assert len(proposer.propose(req)) == 8  # and doubles while whole drafts are accepted
     proposer.record(req, drafted=8, accepted=2, needed=LOW_ACCEPTANCE)
     assert len(proposer.propose(req)) == 3  # just past what was accepted
     proposer.record(req, drafted=3, accepted=3, needed=LOW_ACCEPTANCE)
     assert len(proposer.propose(req)) == 6  # doubles while whole drafts are accepted
     proposer.record(
         req, drafted=6, accepted=0, needed=LOW_ACCEPTANCE
-    )  # closes a window: 5 of 17 accepted, fine
+    )  # closes a window: 9 of 21 accepted, fine
     assert len(proposer.propose(req)) == 1
     proposer.record(req, drafted=8, accepted=0, needed=LOW_ACCEPTANCE)
     proposer.record(
         req, drafted=8, accepted=0, needed=LOW_ACCEPTANCE
     )  # none of 16 accepted: speculation pauses
     assert [proposer.propose(req) for _ in range(PAUSE_STEPS)] == [[]] * PAUSE_STEPS
-    assert len(proposer.propose(req)) == 8  # back, at full length
+    assert len(proposer.propose(req)) == START_DRAFT_TOKENS  # back, short again
     proposer.forget(set())
     assert proposer.states == {}
 

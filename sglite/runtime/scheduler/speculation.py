@@ -76,10 +76,17 @@ class Speculator(Protocol):
         ...
 
 
+# A request's first draft, and its first after a pause, is at most this long: a long draft
+# that is rejected costs a long verification (most rows when the text does not copy), and one
+# that is accepted doubles at once.
+START_DRAFT_TOKENS = 4
+
+
 @dataclass
 class DraftLength:
-    """One request's draft length: it doubles while whole drafts are accepted, shrinks to just
-    past what was accepted, and drafting pauses for a while when most drafts are rejected."""
+    """One request's draft length: it starts at `START_DRAFT_TOKENS` (at most `maximum`),
+    doubles while whole drafts are accepted, shrinks to just past what was accepted, and
+    drafting pauses for a while when most drafts are rejected."""
 
     maximum: int
     current: int = 0
@@ -90,7 +97,12 @@ class DraftLength:
     backoff: int = 0  # consecutive pauses
 
     def __post_init__(self) -> None:
-        self.current = self.current or self.maximum
+        self.current = self.current or self.start
+
+    @property
+    def start(self) -> int:
+        """The length of a first draft, and of the first after a pause."""
+        return min(START_DRAFT_TOKENS, self.maximum)
 
     def next(self, room: int) -> int:
         """Tokens to draft now (0 while paused), at most `room`."""
@@ -118,7 +130,7 @@ class DraftLength:
                 grown = MAX_BACKOFF if needed >= 1.0 else self.backoff + 1
                 self.backoff = min(grown, MAX_BACKOFF)
                 self.paused = PAUSE_STEPS << (self.backoff - 1)
-                self.current = self.maximum
+                self.current = self.start
             else:
                 self.backoff = 0
             self.drafted = self.accepted = 0
