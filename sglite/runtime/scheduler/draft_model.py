@@ -32,11 +32,13 @@ from sglite.runtime.model.causal_lm import CausalLM
 from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from sglite.runtime.scheduler.request import Req
 from sglite.runtime.scheduler.speculation import (
+    DRAFT_MODEL_SOURCE,
     DraftLength,
     Proposal,
     SourceFilter,
     TokenHistory,
     draft_room,
+    proposal_from,
 )
 
 if TYPE_CHECKING:
@@ -143,9 +145,8 @@ class DraftModelProposer:
         return draft
 
     def speculate(self, req: Req, allowed: SourceFilter) -> Proposal | None:
-        """`propose`'s draft as the "draft" source's, when `allowed` takes that source."""
-        tokens = self.propose(req) if allowed("draft") else []
-        return Proposal(tokens, "draft") if tokens else None
+        """`propose`'s draft as the DRAFT_MODEL_SOURCE's."""
+        return proposal_from(DRAFT_MODEL_SOURCE, self.propose, req, allowed)
 
     def record(self, req: Req, drafted: int, accepted: int, needed: float) -> None:
         """Adapt the request's draft length to a verification's result."""

@@ -30,11 +30,13 @@ from sglite.runtime.multimodal.processor import is_pad
 from sglite.runtime.scheduler.drafts import MAX_DRAFT_TOKENS
 from sglite.runtime.scheduler.request import Req
 from sglite.runtime.scheduler.speculation import (
+    NGRAM_SOURCE,
     DraftLength,
     Proposal,
     SourceFilter,
     TokenHistory,
     draft_room,
+    proposal_from,
 )
 
 # A draft from the radix cache continues the request's whole context, not just its last few
@@ -97,9 +99,8 @@ class NgramProposer:
         return []
 
     def speculate(self, req: Req, allowed: SourceFilter) -> Proposal | None:
-        """`propose`'s draft as the "ngram" source's, when `allowed` takes that source."""
-        tokens = self.propose(req) if allowed("ngram") else []
-        return Proposal(tokens, "ngram") if tokens else None
+        """`propose`'s draft as the NGRAM_SOURCE's."""
+        return proposal_from(NGRAM_SOURCE, self.propose, req, allowed)
 
     def record(self, req: Req, drafted: int, accepted: int, needed: float) -> None:
         """Adapt the request's draft length to a verification's result."""

@@ -35,6 +35,9 @@ MAX_BACKOFF = 4
 
 # Whether a draft source (a `Proposal.source`) may propose this step (its measured costs).
 SourceFilter = Callable[[str], bool]
+# The draft sources' names.
+NGRAM_SOURCE = "ngram"
+DRAFT_MODEL_SOURCE = "draft"
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,15 @@ class Proposal:
 
     tokens: list[int]
     source: str
+
+
+def proposal_from(
+    source: str, propose: Callable[[Req], list[int]], req: Req, allowed: SourceFilter
+) -> Proposal | None:
+    """One source's `Speculator.speculate`: `propose(req)` as `source`'s draft, when `allowed`
+    takes that source and the draft is not empty."""
+    tokens = propose(req) if allowed(source) else []
+    return Proposal(tokens, source) if tokens else None
 
 
 class Speculator(Protocol):
@@ -294,7 +306,7 @@ class NgramBeforeDraft:
     def __init__(self, ngram: Speculator, model: Speculator) -> None:
         self.sources = (ngram, model)
         self.last: dict[str, Speculator] = {}  # rid -> the source of its latest draft
-        self.proposals: dict[str, int] = {"ngram": 0, "draft": 0}  # drafts proposed, by source
+        self.proposals = {NGRAM_SOURCE: 0, DRAFT_MODEL_SOURCE: 0}  # drafts proposed, by source
 
     def speculate(self, req: Req, allowed: SourceFilter) -> Proposal | None:
         """The n-gram draft, else the draft model's."""

@@ -175,24 +175,19 @@ static inline __m256i b32_ints(int64_t type, const uint8_t *b) {
   }
 }
 
-/* A block of 32's scale d; *mn its offset per unit of xq: -8 d (Q4_0), -16 d (Q5_0), the
- * block's min (Q4_1, Q5_1), 0 (Q8_0). */
+/* Whether a block of 32 stores its min after its scale (Q4_1, Q5_1); the other types' offset
+ * per unit of xq is b32_offset_in_d times the scale: -8 (Q4_0), -16 (Q5_0), 0 (Q8_0). */
+static inline int b32_has_min(int64_t type) {
+  return type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q5_1;
+}
+static inline float b32_offset_in_d(int64_t type) {
+  return type == GGML_TYPE_Q4_0 ? -8.0f : type == GGML_TYPE_Q5_0 ? -16.0f : 0.0f;
+}
+
+/* A block of 32's scale d; *mn its offset per unit of xq (b32_has_min, b32_offset_in_d). */
 static inline float b32_scale(int64_t type, const uint8_t *b, float *mn) {
-  const float d = half(b);
-  switch (type) {
-    case GGML_TYPE_Q4_0:
-      *mn = -8.0f * d;
-      break;
-    case GGML_TYPE_Q5_0:
-      *mn = -16.0f * d;
-      break;
-    case GGML_TYPE_Q4_1:
-    case GGML_TYPE_Q5_1:
-      *mn = half(b + 2);
-      break;
-    default:
-      *mn = 0.0f;
-  }
+  const float d = half(b), times = b32_offset_in_d(type);
+  *mn = b32_has_min(type) ? half(b + 2) : times != 0.0f ? times * d : 0.0f;
   return d;
 }
 
@@ -229,20 +224,11 @@ static inline void b32_scales8(int64_t type, const uint8_t *b, int64_t bytes, __
                                         _mm256_set1_epi32((int)bytes));
   const __m256i words = _mm256_i32gather_epi32((const int *)b, at, 1);
   *d = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(words));
-  switch (type) {
-    case GGML_TYPE_Q4_0:
-      *mn = _mm256_mul_ps(*d, _mm256_set1_ps(-8.0f));
-      break;
-    case GGML_TYPE_Q5_0:
-      *mn = _mm256_mul_ps(*d, _mm256_set1_ps(-16.0f));
-      break;
-    case GGML_TYPE_Q4_1:
-    case GGML_TYPE_Q5_1:
-      *mn = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(words, 16)));
-      break;
-    default:
-      *mn = _mm256_setzero_ps();
-  }
+  const float times = b32_offset_in_d(type);
+  if (b32_has_min(type))
+    *mn = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(words, 16)));
+  else
+    *mn = times != 0.0f ? _mm256_mul_ps(*d, _mm256_set1_ps(times)) : _mm256_setzero_ps();
 }
 #endif
 

@@ -278,7 +278,7 @@ static void gemm_blocks(void *p, int64_t b0, int64_t b1) {
       grow((void **)&block_buf, &block_cap, a->block_rows * a->chunk * (int64_t)sizeof(uint16_t)) ||
       grow((void **)&sums_buf, &sums_cap, slots * quad * (int64_t)sizeof(float)))
   {
-    a->failed = 1; /* the call reports -1 and its caller takes another path */
+    __atomic_store_n(&a->failed, 1, __ATOMIC_RELAXED); /* the call reports -1: another path */
     return;
   }
   load_tile_config();
