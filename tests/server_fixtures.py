@@ -94,6 +94,20 @@ class ServerProcess:
                 pass
         return pids
 
+    def scheduler_pids(self) -> list[int]:
+        """Pids of the server's scheduler processes: other children (a short-lived helper a
+        library runs, such as a compiler or ldconfig probe) are left out."""
+        pids = []
+        for pid in self.child_pids():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+            except OSError:
+                continue
+            if b"sglite.runtime.scheduler.process" in argv:
+                pids.append(pid)
+        return pids
+
     def stop(self, timeout: float = 60.0) -> int:
         """SIGTERM, wait, SIGKILL as a last resort; returns the exit code."""
         if self.proc.poll() is None:

@@ -150,7 +150,7 @@ def _stream_until_error(url: str, out: list[bytes], started: threading.Event) ->
 
 
 def _kill_scheduler_mid_stream(server: ServerProcess) -> tuple[list[bytes], threading.Thread]:
-    (scheduler,) = server.child_pids()
+    (scheduler,) = server.scheduler_pids()
     lines: list[bytes] = []
     started = threading.Event()
     t = threading.Thread(target=_stream_until_error, args=(server.url, lines, started))
@@ -171,7 +171,7 @@ def test_killed_scheduler_is_restarted(limited_server):
     url = limited_server.url
     prompt = {"text": "The three primary colors are", "sampling_params": GREEDY}
     before = requests.post(url + "/generate", json=prompt, timeout=60).json()
-    (old_pid,) = limited_server.child_pids()
+    (old_pid,) = limited_server.scheduler_pids()
     lines, _ = _kill_scheduler_mid_stream(limited_server)
     assert lines[-1] == b"data: [DONE]"
     error = json.loads(lines[-2][6:])["error"]
@@ -180,7 +180,7 @@ def test_killed_scheduler_is_restarted(limited_server):
     while not _healthy(url):
         assert time.monotonic() < deadline, limited_server.output()[-3000:]
         time.sleep(0.5)
-    (new_pid,) = limited_server.child_pids()
+    (new_pid,) = limited_server.scheduler_pids()
     assert new_pid != old_pid
     after = requests.post(url + "/generate", json=prompt, timeout=60)
     assert after.status_code == 200, after.text

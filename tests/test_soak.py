@@ -194,7 +194,7 @@ def test_soak_many_clients_with_disconnects(soak_server):
     specs = make_specs()
     rng = random.Random(2026)
     figures = Figures()
-    (scheduler_pid,) = soak_server.child_pids()
+    (scheduler_pid,) = soak_server.scheduler_pids()
     samples = []
     t0 = time.monotonic()
     while figures.rounds < MIN_ROUNDS or time.monotonic() - t0 < SOAK_SECONDS:
