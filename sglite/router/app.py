@@ -21,14 +21,14 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 import sglite
+from sglite.http.errors import APIError, install_error_handlers
+from sglite.http.middleware import BodyLimitMiddleware
+from sglite.http.streaming import ClientDisconnected, run_until_disconnect
 from sglite.router import keys as routing_keys
 from sglite.router.forward import FORWARDED_HEADERS, Upstream, pick_headers
 from sglite.router.radix_tree import Key
 from sglite.router.state import RouterState, build_state
 from sglite.router.workers import Worker, normalize_url
-from sglite.runtime.server.errors import APIError, install_error_handlers
-from sglite.runtime.server.middleware import BodyLimitMiddleware
-from sglite.runtime.server.streaming import ClientDisconnected, run_until_disconnect
 
 __all__ = ["RouterState", "build_state", "create_app"]  # the state's names, as before
 

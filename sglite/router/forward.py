@@ -23,11 +23,11 @@ import httpx
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from sglite.http.errors import APIError, error_body
+from sglite.http.streaming import SSE_DONE, SSE_HEADERS, sse
 from sglite.router.policy import Candidate, Policy, least_loaded
 from sglite.router.radix_tree import Key
 from sglite.router.workers import Worker, WorkerRegistry
-from sglite.runtime.server.errors import APIError, error_body
-from sglite.runtime.server.streaming import SSE_DONE, SSE_HEADERS, sse
 
 logger = logging.getLogger("sglite.router")
 

@@ -18,11 +18,11 @@ from typing import Any
 
 import uvicorn
 
+from sglite.http.sockets import bind_socket
 from sglite.router.app import create_app
 from sglite.router.args import LOG_LEVELS, URL_LISTS, RouterArgs, flag
 from sglite.router.policy import LOW_MATCH_CHOICES, POLICIES
 from sglite.router.state import RouterState, build_state
-from sglite.runtime.server.sockets import bind_socket
 
 HELP = {
     "worker_urls": "workers (sglite serve) to route to, e.g. http://127.0.0.1:30001",

@@ -32,6 +32,7 @@ from typing import Any
 
 from starlette.responses import Response
 
+from sglite.http.errors import APIError
 from sglite.router.bootstrap import (
     Bootstrap,
     RoleCheck,
@@ -44,7 +45,6 @@ from sglite.router.bootstrap import (
 from sglite.router.forward import AttemptFailed, Forwarder, RelayedStream, Upstream, pick_headers
 from sglite.router.radix_tree import Key
 from sglite.router.workers import Worker
-from sglite.runtime.server.errors import APIError
 
 logger = logging.getLogger("sglite.router")
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from sglite.http.errors import APIError
 from sglite.router.args import RouterArgs
 from sglite.router.bootstrap import DECODE, PREFILL, ROLES, RoleCheck
 from sglite.router.forward import Forwarder
@@ -20,7 +21,6 @@ from sglite.router.metrics import RouterMetrics
 from sglite.router.pd import PDForwarder
 from sglite.router.policy import CacheAware, LeastLoad, Policy, make_policy
 from sglite.router.workers import Worker, WorkerGroup, WorkerRegistry
-from sglite.runtime.server.errors import APIError
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The HTTP server: SGLang's native API and the OpenAI-compatible API over one runtime.
 
-The names below are imported on first use: the router imports this package's light modules
-(errors, streaming, middleware) without the runtime.
+The names below are imported on first use, so importing one of this package's modules does not
+import the whole runtime. What the server shares with the router lives in `sglite.http`.
 """
 
 from typing import Any

@@ -7,6 +7,15 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import Response
 
 import sglite
+from sglite.http.errors import install_error_handlers
+from sglite.http.middleware import (
+    PUBLIC_PATHS,
+    APIKeyMiddleware,
+    BodyLimitMiddleware,
+    HTTPCountMiddleware,
+    JSONBodyMiddleware,
+)
+from sglite.http.streaming import ClientDisconnected
 from sglite.runtime.server import (
     embeddings_api,
     native_api,
@@ -15,16 +24,8 @@ from sglite.runtime.server import (
     responses_api,
     web_ui,
 )
-from sglite.runtime.server.errors import install_error_handlers
-from sglite.runtime.server.middleware import (
-    PUBLIC_PATHS,
-    APIKeyMiddleware,
-    BodyLimitMiddleware,
-    HTTPCountMiddleware,
-    JSONBodyMiddleware,
-)
+from sglite.runtime.server.errors import bad_request
 from sglite.runtime.server.state import ServerState
-from sglite.runtime.server.streaming import ClientDisconnected
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -35,7 +36,7 @@ def create_app(state: ServerState) -> FastAPI:
         description="SGLang-compatible native API and OpenAI-compatible API (`/v1`).",
     )
     app.state.sglite = state
-    install_error_handlers(app)
+    install_error_handlers(app, bad_request)
 
     @app.exception_handler(ClientDisconnected)
     async def _gone(request: Request, exc: ClientDisconnected) -> Response:
@@ -73,5 +74,5 @@ def create_app(state: ServerState) -> FastAPI:
             allow_headers=["*"],
             allow_credentials="*" not in origins,
         )
-    app.add_middleware(HTTPCountMiddleware, state=state, routes=routes)
+    app.add_middleware(HTTPCountMiddleware, count=state.metrics.count_http, routes=routes)
     return app

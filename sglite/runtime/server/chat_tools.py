@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sglite.runtime.server.errors import APIError
+from sglite.http.errors import APIError
 from sglite.runtime.server.openai_protocol import ChatCompletionRequest
 from sglite.runtime.server.state import ServerState
 from sglite.runtime.tool_calls.base import StreamingToolParser, ToolCallFormat

@@ -21,12 +21,13 @@ from typing import Any, Literal
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
-from sglite.runtime.server.errors import APIError, bad_request, error_responses
+from sglite.http.errors import APIError
+from sglite.http.streaming import run_until_disconnect
+from sglite.runtime.server.errors import bad_request, error_responses
 from sglite.runtime.server.serving import check_request_ids, get_state, raise_if_aborted
 from sglite.runtime.server.state import ServerState
-from sglite.runtime.server.streaming import run_until_disconnect
 from sglite.runtime.server.types import Bool, Int, Text
-from sglite.runtime.tokenizer_manager import GenerateRequest
+from sglite.runtime.tokenizing.request import GenerateRequest
 
 router = APIRouter()
 _ERRORS = error_responses(400, 401, 413, 503, 504)

@@ -15,9 +15,9 @@ import sys
 import time
 from typing import Any
 
+from sglite.http.sockets import bind_socket
 from sglite.runtime.data_parallel import create_client
 from sglite.runtime.scheduler_client import launch_followers, local_ranks, stop_processes
-from sglite.runtime.server.sockets import bind_socket
 from sglite.runtime.server_args import ServerArgs
 
 logger = logging.getLogger("sglite.runtime.server")

@@ -18,14 +18,19 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from prometheus_client import CONTENT_TYPE_LATEST
 
 import sglite
-from sglite.runtime.server import chat_tools
-from sglite.runtime.server.errors import (
-    APIError,
-    ErrorResponse,
-    bad_request,
-    error_body,
-    error_responses,
+from sglite.http.errors import APIError, ErrorResponse, error_body
+from sglite.http.streaming import (
+    SSE_DONE,
+    SSE_HEADERS,
+    iterate_until_disconnect,
+    merge_streams,
+    run_until_disconnect,
+    sse,
+    sse_response_content,
+    to_json,
 )
+from sglite.runtime.server import chat_tools
+from sglite.runtime.server.errors import bad_request, error_responses
 from sglite.runtime.server.native_protocol import (
     ConcateAndAppendIn,
     DetokenizeIn,
@@ -51,17 +56,7 @@ from sglite.runtime.server.serving import (
     raise_if_aborted,
 )
 from sglite.runtime.server.state import ServerState
-from sglite.runtime.server.streaming import (
-    SSE_DONE,
-    SSE_HEADERS,
-    iterate_until_disconnect,
-    merge_streams,
-    run_until_disconnect,
-    sse,
-    sse_response_content,
-    to_json,
-)
-from sglite.runtime.tokenizer_manager import GenerateRequest
+from sglite.runtime.tokenizing.request import GenerateRequest
 
 router = APIRouter()
 

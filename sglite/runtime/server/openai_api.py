@@ -13,11 +13,9 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from sglite.runtime.server.errors import (
-    APIError,
-    ErrorResponse,
-    error_responses,
-)
+from sglite.http.errors import APIError, ErrorResponse
+from sglite.http.streaming import sse_response_content
+from sglite.runtime.server.errors import error_responses
 from sglite.runtime.server.openai_choices import (
     ChoiceOutput,
     ChoiceRun,
@@ -43,7 +41,6 @@ from sglite.runtime.server.openai_protocol import (
 )
 from sglite.runtime.server.serving import bootstrap_of, get_state
 from sglite.runtime.server.state import ServerState
-from sglite.runtime.server.streaming import sse_response_content
 
 router = APIRouter(prefix="/v1")
 

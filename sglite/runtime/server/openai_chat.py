@@ -9,6 +9,8 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from sglite.http.errors import APIError, ErrorResponse
+from sglite.http.streaming import sse_response_content
 from sglite.runtime.reasoning import (
     ReasoningFormat,
     StreamingReasoningParser,
@@ -24,7 +26,7 @@ from sglite.runtime.server.chat_tools import (
     special_markers,
     stream_parser,
 )
-from sglite.runtime.server.errors import APIError, ErrorResponse, error_responses
+from sglite.runtime.server.errors import error_responses
 from sglite.runtime.server.openai_choices import (
     ChoiceOutput,
     ChoiceRun,
@@ -55,8 +57,7 @@ from sglite.runtime.server.openai_protocol import (
 )
 from sglite.runtime.server.serving import bootstrap_of, get_state
 from sglite.runtime.server.state import ServerState
-from sglite.runtime.server.streaming import sse_response_content
-from sglite.runtime.tokenizer_manager import GenerateRequest
+from sglite.runtime.tokenizing.request import GenerateRequest
 from sglite.runtime.tool_calls.types import ToolCall
 
 router = APIRouter(prefix="/v1")

@@ -18,11 +18,8 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 
-from sglite.runtime.server.errors import error_body
-from sglite.runtime.server.openai_protocol import PromptTokensDetails, Usage
-from sglite.runtime.server.serving import abort_event, raise_if_aborted
-from sglite.runtime.server.state import ServerState
-from sglite.runtime.server.streaming import (
+from sglite.http.errors import error_body
+from sglite.http.streaming import (
     SSE_DONE,
     SSE_HEADERS,
     iterate_until_disconnect,
@@ -30,7 +27,10 @@ from sglite.runtime.server.streaming import (
     run_until_disconnect,
     sse,
 )
-from sglite.runtime.tokenizer_manager import GenerateRequest
+from sglite.runtime.server.openai_protocol import PromptTokensDetails, Usage
+from sglite.runtime.server.serving import abort_event, raise_if_aborted
+from sglite.runtime.server.state import ServerState
+from sglite.runtime.tokenizing.request import GenerateRequest
 
 JSON = dict[str, Any]
 WholeT = TypeVar("WholeT", bound=BaseModel)

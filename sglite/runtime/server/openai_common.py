@@ -8,11 +8,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from sglite.runtime.server.errors import APIError, bad_request
+from sglite.http.errors import APIError
+from sglite.runtime.server.errors import bad_request
 from sglite.runtime.server.openai_protocol import ResponseFormat, _SamplingExtras
 from sglite.runtime.server.serving import constraint_of, prepare_requests
 from sglite.runtime.server.state import ServerState
-from sglite.runtime.tokenizer_manager import GenerateRequest
+from sglite.runtime.tokenizing.request import GenerateRequest
 
 # Statuses the generating routes really answer besides 200 (401 with --api-key, 413 from the body
 # size limit, 503 from admission, 504 from --request-timeout).

@@ -20,20 +20,21 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from sglite.runtime.reasoning import StreamingReasoningParser
-from sglite.runtime.server.chat_tools import stream_parser
-from sglite.runtime.server.errors import APIError, ErrorResponse, error_body, error_responses
-from sglite.runtime.server.openai_chat import ChatAnswer, PreparedChat, prepare_chat
-from sglite.runtime.server.openai_protocol import ChatCompletionRequest
-from sglite.runtime.server.serving import abort_event, get_state, raise_if_aborted
-from sglite.runtime.server.state import ServerState
-from sglite.runtime.server.streaming import (
+from sglite.http.errors import APIError, ErrorResponse, error_body
+from sglite.http.streaming import (
     SSE_HEADERS,
     iterate_until_disconnect,
     run_until_disconnect,
     sse_response_content,
     to_json,
 )
+from sglite.runtime.reasoning import StreamingReasoningParser
+from sglite.runtime.server.chat_tools import stream_parser
+from sglite.runtime.server.errors import error_responses
+from sglite.runtime.server.openai_chat import ChatAnswer, PreparedChat, prepare_chat
+from sglite.runtime.server.openai_protocol import ChatCompletionRequest
+from sglite.runtime.server.serving import abort_event, get_state, raise_if_aborted
+from sglite.runtime.server.state import ServerState
 from sglite.runtime.server.types import Bool, Float, Int, Text
 
 router = APIRouter(prefix="/v1")

@@ -7,10 +7,11 @@ from typing import Any
 
 from fastapi import Request
 
+from sglite.http.errors import APIError, error_body
 from sglite.runtime.disaggregation.messages import Bootstrap
-from sglite.runtime.server.errors import APIError, error_body
 from sglite.runtime.server.state import ServerState
-from sglite.runtime.tokenizer_manager import GenerateRequest, TokenizerManager
+from sglite.runtime.tokenizer_manager import TokenizerManager
+from sglite.runtime.tokenizing.request import GenerateRequest
 
 # A constraint's name in the head of a validation message ("invalid regex: ...",
 # "json_schema is not valid JSON: ...", "ebnf: ..."); the head is the text before the first colon.

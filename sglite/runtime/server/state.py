@@ -16,9 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from sglite.http.errors import APIError
 from sglite.runtime.data_parallel import DataParallelClient, create_client
 from sglite.runtime.scheduler_client import SchedulerClient
-from sglite.runtime.server.errors import APIError
 from sglite.runtime.server.metrics import ServerMetrics
 from sglite.runtime.server.response_store import ResponseStore
 from sglite.runtime.server_args import ServerArgs

@@ -1,18 +1,15 @@
-"""ASGI middlewares of the server (and the router): API key, JSON bodies, body size limit,
-answer counts. Kept apart from the app so the router can use them without the runtime."""
+"""ASGI middlewares of the server and the router: API key, JSON bodies, body size limit,
+answer counts."""
 
 from __future__ import annotations
 
 import hmac
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sglite.runtime.server.errors import error_body
-from sglite.runtime.server.streaming import to_json
-
-if TYPE_CHECKING:
-    from sglite.runtime.server.state import ServerState
+from sglite.http.errors import error_body
+from sglite.http.streaming import to_json
 
 # Routes that never need the API key (load balancers probe them without credentials).
 PUBLIC_PATHS = frozenset({"/health"})
@@ -127,11 +124,14 @@ class BodyLimitMiddleware:
 
 
 class HTTPCountMiddleware:
-    """Count answers per route and status for /metrics (unknown paths share one label)."""
+    """Report each answer's route and status to `count` (for /metrics; unknown paths share the
+    label "other", so a client probing random paths cannot grow the label set)."""
 
-    def __init__(self, app: ASGIApp, state: ServerState, routes: frozenset[str]) -> None:
+    def __init__(
+        self, app: ASGIApp, count: Callable[[str, int], None], routes: frozenset[str]
+    ) -> None:
         self.app = app
-        self.state = state
+        self.count = count
         self.routes = routes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -143,7 +143,7 @@ class HTTPCountMiddleware:
 
         async def counting_send(message: Message) -> None:
             if message["type"] == "http.response.start":
-                self.state.metrics.count_http(route, message["status"])
+                self.count(route, message["status"])
             await send(message)
 
         await self.app(scope, receive, counting_send)
