@@ -6,9 +6,7 @@ import random
 
 import pytest
 
-from sglite.router.args import RouterArgs
-from sglite.router.keys import chat_keys, completion_keys, generate_keys
-from sglite.router.policy import (
+from sglite.load_balancing.policy import (
     IMBALANCE,
     LOW_MATCH,
     PREFIX_MATCH,
@@ -19,7 +17,9 @@ from sglite.router.policy import (
     RoundRobin,
     make_policy,
 )
-from sglite.router.radix_tree import ApproxRadixTree, common_prefix_len
+from sglite.load_balancing.radix_tree import ApproxRadixTree, common_prefix_len
+from sglite.router.args import RouterArgs
+from sglite.router.keys import chat_keys, completion_keys, generate_keys
 from sglite.router.workers import normalize_url
 
 A, B, C = "http://a:1", "http://b:1", "http://c:1"

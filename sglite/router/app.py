@@ -24,9 +24,9 @@ import sglite
 from sglite.http.errors import APIError, install_error_handlers
 from sglite.http.middleware import BodyLimitMiddleware
 from sglite.http.streaming import ClientDisconnected, run_until_disconnect
+from sglite.load_balancing.radix_tree import Key
 from sglite.router import keys as routing_keys
 from sglite.router.forward import FORWARDED_HEADERS, Upstream, pick_headers
-from sglite.router.radix_tree import Key
 from sglite.router.state import RouterState, build_state
 from sglite.router.workers import Worker, normalize_url
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sglite.router.policy import POLICIES, CacheAwareConfig
+from sglite.load_balancing.policy import POLICIES, CacheAwareConfig
 from sglite.router.workers import normalize_url
 
 LOG_LEVELS = ("debug", "info", "warning", "error")

@@ -25,8 +25,8 @@ from starlette.types import Receive, Scope, Send
 
 from sglite.http.errors import APIError, error_body
 from sglite.http.streaming import SSE_DONE, SSE_HEADERS, sse
-from sglite.router.policy import Candidate, Policy, least_loaded
-from sglite.router.radix_tree import Key
+from sglite.load_balancing.policy import Candidate, Policy, least_loaded
+from sglite.load_balancing.radix_tree import Key
 from sglite.router.workers import Worker, WorkerRegistry
 
 logger = logging.getLogger("sglite.router")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sglite.router.radix_tree import Key
+from sglite.load_balancing.radix_tree import Key
 
 
 def _is_ids(value: Any) -> bool:

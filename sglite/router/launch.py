@@ -19,9 +19,9 @@ from typing import Any
 import uvicorn
 
 from sglite.http.sockets import bind_socket
+from sglite.load_balancing.policy import LOW_MATCH_CHOICES, POLICIES
 from sglite.router.app import create_app
 from sglite.router.args import LOG_LEVELS, URL_LISTS, RouterArgs, flag
-from sglite.router.policy import LOW_MATCH_CHOICES, POLICIES
 from sglite.router.state import RouterState, build_state
 
 HELP = {

@@ -33,6 +33,7 @@ from typing import Any
 from starlette.responses import Response
 
 from sglite.http.errors import APIError
+from sglite.load_balancing.radix_tree import Key
 from sglite.router.bootstrap import (
     Bootstrap,
     RoleCheck,
@@ -43,7 +44,6 @@ from sglite.router.bootstrap import (
     prefill_body,
 )
 from sglite.router.forward import AttemptFailed, Forwarder, RelayedStream, Upstream, pick_headers
-from sglite.router.radix_tree import Key
 from sglite.router.workers import Worker
 
 logger = logging.getLogger("sglite.router")

@@ -14,12 +14,12 @@ from typing import Any
 import httpx
 
 from sglite.http.errors import APIError
+from sglite.load_balancing.policy import CacheAware, LeastLoad, Policy, make_policy
 from sglite.router.args import RouterArgs
 from sglite.router.bootstrap import DECODE, PREFILL, ROLES, RoleCheck
 from sglite.router.forward import Forwarder
 from sglite.router.metrics import RouterMetrics
 from sglite.router.pd import PDForwarder
-from sglite.router.policy import CacheAware, LeastLoad, Policy, make_policy
 from sglite.router.workers import Worker, WorkerGroup, WorkerRegistry
 
 

@@ -3,9 +3,10 @@
 `DataParallelClient` starts `dp_size` scheduler groups (each a `SchedulerClient`, itself
 `tp_size` processes) and offers the same methods as one `SchedulerClient`, so the tokenizer
 manager, the Engine and the HTTP server do not know how many replicas there are. Each request
-goes to one replica, chosen by the router's policies (`sglite/router/policy.py`) over the
-request's token ids: `cache_aware` sends it where its prefix was sent before (that replica's
-radix cache probably still holds it) unless loads are imbalanced.
+goes to one replica, chosen by the load-balancing policies the router also uses
+(`sglite/load_balancing/policy.py`) over the request's token ids: `cache_aware` sends it where
+its prefix was sent before (that replica's radix cache probably still holds it) unless loads
+are imbalanced.
 
 Invariants: a request's increments and its abort reach exactly the replica that has it; every
 request of a replica that dies ends with an abort (its `SchedulerClient` does that), and the
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from sglite.router.policy import CacheAwareConfig, Candidate, make_policy
+from sglite.load_balancing.policy import CacheAwareConfig, Candidate, make_policy
 from sglite.runtime.scheduler.io import GenerateInput, RequestOutput
 from sglite.runtime.scheduler_client import OutputCallback, SchedulerClient, SchedulerDiedError
 from sglite.runtime.server_args import ServerArgs

@@ -1,8 +1,9 @@
 """Routing policies: which healthy worker serves the next request.
 
-A policy sees the candidates' in-flight loads (requests this router has sent them and not yet
+A policy sees the candidates' in-flight loads (requests the balancer has sent them and not yet
 seen answered) and the request's routing key (its text, or its token ids), and returns a
-`Decision`. Policies are called from the router's single event loop, so they keep plain state.
+`Decision`. Policies keep plain state: the router calls them from its single event loop, data
+parallelism under its lock.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from sglite.router.radix_tree import ApproxRadixTree, Key
+from sglite.load_balancing.radix_tree import ApproxRadixTree, Key
 
 POLICIES = ("cache_aware", "round_robin", "least_load")
 

@@ -1,11 +1,12 @@
-"""The router's approximate radix tree: which worker has probably cached which request prefix.
+"""An approximate radix tree: which worker has probably cached which request prefix.
 
-The router never sees the workers' KV caches, so it remembers the *text* it sent to each worker
-(characters, not tokens: tokenizing in the router would cost more than it saves) and assumes the
-worker still holds it. One tree is shared by all workers; each node records the workers that
-hold its edge and when each last touched it. Per worker the marks are prefix-closed: a worker
-marking a node also marks every ancestor, and eviction only removes a worker's mark from nodes
-where it marks no child. So a worker's match is simply the deepest marked node on the query path.
+A balancer never sees the workers' KV caches, so it remembers what it sent to each worker and
+assumes the worker still holds it: the router remembers *text* (characters, not tokens:
+tokenizing in the router would cost more than it saves), data parallelism token ids. One
+tree is shared by all workers; each node records the workers that hold its edge and when each
+last touched it. Per worker the marks are prefix-closed: a worker marking a node also marks
+every ancestor, and eviction only removes a worker's mark from nodes where it marks no child.
+So a worker's match is simply the deepest marked node on the query path.
 
 Keys are any sequence of hashable items: a `str` for text and a `tuple[int, ...]` for token ids
 (`input_ids` requests). The two never share an edge, as a character never equals an int.
@@ -52,7 +53,8 @@ class ApproxRadixTree:
 
     Invariants: for every worker, the set of nodes it marks is closed under parents;
     `size(w)` equals the summed edge lengths of the nodes `w` marks; a node marked by no worker
-    is removed (the root excepted). Not thread-safe: the router uses it from one event loop.
+    is removed (the root excepted). Not thread-safe: callers use it from one thread (the router's
+    event loop) or under a lock.
     """
 
     def __init__(self) -> None:
