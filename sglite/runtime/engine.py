@@ -16,7 +16,8 @@ from typing import Any
 
 from sglite.runtime.data_parallel import create_client
 from sglite.runtime.server_args import ServerArgs
-from sglite.runtime.tokenizer_manager import GenerateRequest, TokenizerManager
+from sglite.runtime.tokenizer_manager import TokenizerManager
+from sglite.runtime.tokenizing.request import GenerateRequest
 
 
 class Engine:
