@@ -1,4 +1,4 @@
-"""Moving cached KV to another position (`cache/repositioning.py`), on tiny random models of
+"""Moving cached KV to another position (`model/repositioning.py`), on tiny random models of
 real families: a span's first-layer keys and values depend on its tokens and positions only, so
 a span computed alone and moved by the length of a prefix must equal the same span computed
 after that prefix; deeper layers differ (they saw another context), which is what a selective
@@ -11,8 +11,8 @@ import torch
 from test_model_families import make_family_model
 from test_model_parity import extend, new_pool
 
-from sglite.runtime.cache.repositioning import reposition
 from sglite.runtime.model.loader import load_model
+from sglite.runtime.model.repositioning import reposition
 
 
 @pytest.mark.parametrize("family", ["qwen3", "gemma3"])  # k norms; local and global RoPE tables

@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sglite.runtime.cache.repositioning import reposition
 from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
+from sglite.runtime.model.repositioning import reposition
 from sglite.runtime.scheduler.io import GenerateInput, RequestOutput
 from sglite.runtime.scheduler.request import Req
 

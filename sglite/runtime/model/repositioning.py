@@ -8,6 +8,9 @@ the first step of reusing a cached document at another place in a prompt: the ke
 their new place, though what they attended to when computed (their context) is still the old
 one, which only recomputing some of the tokens can repair.
 
+This is model math over the cache's slots: the pool (`cache/kv_pool.py`) only says where a
+token's K/V lives, and the RoPE tables (`rope.py`) say how a key turns with its position.
+
 Invariant: the pool's slots are only read at `src` and only written at `dst`; `src` and `dst`
 must not overlap.
 """
