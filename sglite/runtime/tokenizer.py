@@ -3,7 +3,7 @@
 Encoding, decoding and the special tokens go through the model's `tokenizers.Tokenizer` (its
 `tokenizer.json`), which loads in a fraction of a second; the transformers tokenizer (`hf`) is
 loaded only where something needs it (chat templating, the xgrammar backend, image prompts),
-because importing transformers alone takes 1.5-2 s of every start.
+because importing transformers would otherwise be a large part of every start.
 """
 
 from __future__ import annotations

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 
 # Weight of a new sample in the moving averages: reacts within ~10 samples, ignores one outlier.
 _EMA = 0.2
-# Before the first prefill is measured: a conservative guess (this model on 2 CPU cores is
-# ~1 ms/token; a GPU is far faster, and its first measurement replaces this within a pass).
+# Before the first prefill is measured: a guess on the fast side for a CPU, so recomputing looks
+# cheap and cached spans are not overvalued; the first measurement replaces it within a pass.
 _DEFAULT_PREFILL_S_PER_TOKEN = 1e-4
 # Prefill passes shorter than this are not samples: a pass of a few tokens costs about one
-# decode step (every weight read once) whatever its length, so its time per token overstates,
-# by up to 10x, what recomputing a span adds to an extend.
+# decode step (every weight read once) whatever its length, so its time per token overstates
+# what recomputing a span adds to an extend.
 MIN_PREFILL_SAMPLE_TOKENS = 32
 _DEFAULT_BANDWIDTH = {"host": 2e9, "disk": 5e8}
 _DEFAULT_OVERHEAD_S = {"host": 2e-4, "disk": 1e-3}

@@ -238,7 +238,7 @@ class LLGuidanceBackend(GrammarBackend):
         self._lock = threading.Lock()
 
     def _ll_tokenizer(self) -> llguidance.LLTokenizer:
-        with self._lock:  # built once (~0.5 s), on the first compile's worker thread
+        with self._lock:  # built once (it reads the whole vocabulary), by the first compile
             if self._tokenizer is None:
                 # llguidance reads the tokenizer's own JSON (as its `hf.from_tokenizer` does,
                 # without needing transformers), padding and truncation off.

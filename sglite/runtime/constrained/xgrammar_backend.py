@@ -260,7 +260,7 @@ class XGrammarBackend(GrammarBackend):
         self._lock = threading.Lock()
 
     def _get_compiler(self) -> xgrammar.GrammarCompiler:
-        with self._lock:  # built once (~0.3 s), on the first compile's worker thread
+        with self._lock:  # built once (it reads the whole vocabulary), by the first compile
             if self._compiler is None:
                 info = xgrammar.TokenizerInfo.from_huggingface(
                     self._tokenizer.hf,

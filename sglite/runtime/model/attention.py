@@ -43,8 +43,8 @@ def _lower_right_causal(q_len: int, kv_len: int, device: torch.device) -> torch.
     """The causal mask of `q_len` queries that are the last of `kv_len` keys.
 
     On CUDA, PyTorch's `causal_lower_right` bias runs flash attention without a mask; on the CPU
-    it only materializes this same bool mask, and importing it costs 3.5 s (it loads
-    torch._dynamo) in every process, so the CPU builds the mask directly.
+    it only materializes this same bool mask, and importing it loads torch._dynamo (a large
+    import) in every process, so the CPU builds the mask directly.
     """
     if device.type == "cuda":
         from torch.nn.attention.bias import causal_lower_right

@@ -1,7 +1,7 @@
 """A GGUF file's header read straight from its bytes: the metadata and the tensor table.
 
 Why not `gguf.GGUFReader`: it builds numpy views for every item of every metadata array, and a
-151k-token vocabulary with its merges is ~450k of them (6 s for a Qwen2.5 file). Here a long
+151k-token vocabulary with its merges is ~450k of them, each a Python object. Here a long
 array is skipped by walking its lengths (or decoded, when the caller asks for it by key), and
 nothing but the header is read.
 

@@ -10,8 +10,9 @@ names the path:
 - `PanelWeight`: float32 with the native kernels: panels of output columns for
   `kernels.panel_gemm`, which serves every row count.
 - `BlockedWeight`: no panels (bf16, or float32 without the native kernels): oneDNN's blocked
-  layout for 2 to PACKED_MAX_ROWS rows (1.3-1.5x `F.linear` in bf16), in bf16 also the weight
-  transposed for larger batches (oneDNN multiplies `[in, out]` fastest there).
+  layout for 2 to PACKED_MAX_ROWS rows (packed once at load, so no call pays for reordering the
+  plain weight into the blocks the GEMM reads), in bf16 also the weight transposed for larger
+  batches (oneDNN multiplies `[in, out]` fastest there).
 - a `QuantizedWeight` (quantization.py): int8, q8_0, int4 or w4a8 for every row count.
 - `RowSplitWeight`: a quantized weight for calls of up to `max_rows` rows (decode, where weight
   bytes set the speed) and a dense layout beyond (bf16, whose GEMM wins for large batches).
@@ -40,8 +41,9 @@ PACKED_MAX_ROWS = 256
 PACK_HINT_ROWS = 32
 QGEMV_MAX_ROWS = ABI.constants["QGEMV_MAX_ROWS"]
 NATIVE_MAX_ROWS = ABI.constants["NATIVE_MAX_ROWS"]
-# The C decode step runs a dense weight beside oneDNN's copy for at most this many rows
-# (at 8 rows, 1 thread, PyTorch's path took 46 ms/step against 54 ms native).
+# The C decode step runs a dense weight beside oneDNN's copy for at most this many rows: the
+# native GEMV streams the weight once per few rows, while oneDNN's blocked GEMM reuses each
+# loaded block across all rows, which outweighs the Python dispatch it costs at larger batches.
 BLOCKED_NATIVE_MAX_ROWS = 4
 
 
@@ -106,7 +108,7 @@ def in_row_chunks(
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear`, with a matrix-vector path for one bf16 row on CPU (oneDNN's bf16 GEMM is
-    poorly tuned for a single row; `torch.mv` was about 2x faster there)."""
+    tuned for blocks of rows; `torch.mv` streams the weight once for the single row)."""
     if x.shape[0] == 1 and x.dim() == 2 and x.dtype == torch.bfloat16 and x.device.type == "cpu":
         y = torch.mv(weight, x[0]).unsqueeze(0)
         return y if bias is None else y + bias

@@ -1,14 +1,14 @@
 """The decoder layers of a DECODE batch run in one native call (`kernels/decode_step.c`).
 
-`NativeDecoder` describes every layer's weights, norms and KV tensors to the C side once (as
-ctypes structs holding pointers into the model's own tensors) and then
-runs a whole decode step's layers with one call, so per-step Python cost no longer grows with
-the layer count. It serves DECODE batches on CPU, in float32 or bfloat16, for every family
-whose layers are dense (q/k norms, sandwich norms, SiLU or GELU-tanh, per-layer RoPE tables
-included; mixture-of-experts layers run through PyTorch): up to 8 rows with quantized or plain
-dense weights, up to 256 with float32 weights in panels (`kernels.panel_gemm`) or quantized
-weights and float32 rows (`kernels.int4_gemm`, `kernels.int8_gemm`); anything else (prefill,
-larger batches, CUDA, no compiler) goes through the PyTorch path, which computes the same thing.
+`NativeDecoder` describes every layer's weights, norms and KV tensors to the C side once (as ctypes
+structs holding pointers into the model's own tensors) and then runs a whole decode step's layers
+with one call, so per-step Python cost does not grow with the layer count. It serves DECODE batches
+on CPU, in float32 or bfloat16, for every family whose layers are dense (q/k norms, sandwich norms,
+SiLU or GELU-tanh, per-layer RoPE tables included; mixture-of-experts layers run through PyTorch):
+up to 8 rows with quantized or plain dense weights, up to 256 with float32 weights in panels
+(`kernels.panel_gemm`) or quantized weights and float32 rows (`kernels.int4_gemm`,
+`kernels.int8_gemm`); anything else (prefill, larger batches, CUDA, no compiler) goes through the
+PyTorch path, which computes the same thing.
 
 The model owns its decoder and the decoder refers back to it weakly: a strong reference both ways
 made a cycle that kept a discarded model's weights in memory until the next full garbage

@@ -118,8 +118,8 @@ class Int8Weight(QuantizedWeight):
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """`x @ W.T`: the native GEMV for a few rows, the native GEMM for more (float32), else
-        the GEMV in chunks of rows, else `_weight_int8pack_mm` (which ran 30x slower than the
-        chunks at 32 rows on AVX2)."""
+        the GEMV in chunks of rows, else `_weight_int8pack_mm` (the last resort: PyTorch's
+        generic kernel is far slower than the chunked native GEMV)."""
         out = kernels.int8_gemv(x, self.values, self.scale)
         if out is None:
             out = kernels.int8_gemm(x, self.values, self.scale)
@@ -156,7 +156,8 @@ class Q8Weight(QuantizedWeight):
     """GGUF Q8_0 as the file stores it: int8 values `[N, K]` and an f16 scale per group of 32
     input columns `[N, K / 32]`. Used for the output projection of GGUFs whose embedding or
     output tensor is Q8_0: the logits then are the file's exactly (to float rounding), where a
-    per-channel int8 requantization moved them by up to 0.66 (98.2% greedy agreement)."""
+    per-channel int8 requantization rounds the weights a second time and moves the logits enough
+    to change some greedy choices."""
 
     kind = "q8_0"
 
@@ -170,9 +171,10 @@ class Q8Weight(QuantizedWeight):
         return Q8Weight(torch.cat([p.values for p in parts]), torch.cat([p.scales for p in parts]))
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """`x @ W.T`: the GEMV up to its 8 rows (on the default model's output projection it
-        beat the GEMM 2.1x at 1 row, 1.5x at 3, even at 8), the quantized GEMM for larger
-        float32 batches, else the dequantized weight."""
+        """`x @ W.T`: the GEMV up to its 8 rows (so few rows are bound by reading the weights,
+        which the GEMV does in one streaming pass; the GEMM's tiles pay off only when more rows
+        reuse each block), the quantized GEMM for larger float32 batches, else the dequantized
+        weight."""
         out = kernels.q8_gemv(x, self.values, self.scales)
         if out is None:
             out = kernels.q8_gemm(x, self.values, self.scales)
@@ -429,8 +431,8 @@ def dequantize_gguf_fast(
 ) -> torch.Tensor | None:
     """A GGUF Q4_0 / Q4_1 (native kernel), Q8_0, Q5_0 or Q4_K (torch) matrix as float32,
     bitwise equal to gguf's numpy code (the same float32 products and sums in the same order)
-    and several times faster; None where that does not apply (other types; Q4_0/Q4_1 without
-    the native library)."""
+    but computed by a native kernel or a few whole-tensor torch ops; None where that does not
+    apply (other types; Q4_0/Q4_1 without the native library)."""
     if type_name == "Q8_0":
         return _dequantize_q8_0(data, shape)
     if type_name == "Q5_0":

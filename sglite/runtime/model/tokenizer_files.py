@@ -122,7 +122,8 @@ def _cache_root() -> Path:
 def _cache_key(path: str) -> str:
     from importlib.metadata import version
 
-    return file_cache_key(path, version("transformers"), _CACHE_FORMAT)  # not importing it: 1.5-2 s
+    # The version from the package metadata: importing transformers would slow every start.
+    return file_cache_key(path, version("transformers"), _CACHE_FORMAT)
 
 
 def cached_gguf_tokenizer(path: str) -> Tokenizer | None:
@@ -193,8 +194,8 @@ def convert_gguf_tokenizer(path: str, gf: GGUFFile) -> Any:
     gguf_file=...)` builds it: the class AutoTokenizer picks, over the tokenizer transformers'
     GGUF converter builds from the file's vocabulary. AutoTokenizer itself would walk every
     metadata array in Python twice (gguf's reader for the model config, which only names the
-    class, then its own reader: 20-40 s for a 150k-token vocabulary); the vocabulary is read
-    here with `gguf_header` instead.
+    class, then its own reader, each making a Python object per vocabulary entry and merge); the
+    vocabulary is read here with `gguf_header` instead.
     """
     from transformers import AutoTokenizer
     from transformers.models.auto.tokenization_auto import tokenizer_class_from_name

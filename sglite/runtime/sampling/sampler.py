@@ -15,20 +15,22 @@ Order of operations (as in SGLang):
    full tempered distribution, not renormalized after top-k; min-p relative to its top token);
 5. the draw: inverse-CDF sampling with one uniform number per row.
 
-Why inverse-CDF with one uniform per row: on this CPU `torch.multinomial` and per-token
-exponential (Gumbel) noise cost ~1 ms per row of 49,152 tokens, a cumulative sum and a binary
-search ~30 us. It also makes seeding cheap: a seeded row draws its uniform from its own CPU
-generator (the same sequence on any device). Unseeded rows are sampled together, with uniforms
-from torch's default CPU generator (so `torch.manual_seed` reproduces them in tests). Each seeded
-row is sampled on its own, so its arithmetic is bit-for-bit the same whatever else is in the
-batch (batched reductions may split a row differently, and rounding could flip a draw that lands
-near a boundary) - a seeded request gets the same tokens for the same logits in any batch.
+Why inverse-CDF with one uniform per row: `torch.multinomial` and per-token exponential (Gumbel)
+noise draw one random number per vocabulary entry, while a cumulative sum and a binary search need
+one per row and a single streaming pass over the probabilities. It also makes seeding cheap: a
+seeded row draws its uniform from its own CPU generator (the same sequence on any device). Unseeded
+rows are sampled together, with uniforms from torch's default CPU generator (so `torch.manual_seed`
+reproduces them in tests). Each seeded row is sampled on its own, so its arithmetic is bit-for-bit
+the same whatever else is in the batch (batched reductions may split a row differently, and
+rounding could flip a draw that lands near a boundary) - a seeded request gets the same tokens for
+the same logits in any batch.
 
-Top-k/top-p never sort the vocabulary (a full sort is ~2.5 ms per row here). They take the best
-64 candidates with `topk` (or the row's top_k, up to 256); a row whose cut lies deeper is
-retried with 1024 candidates, and then goes through a bucketed path that ranks tokens only in
-the log-probability bucket where the cut falls. All paths keep exactly the same set as a full
-sort would and draw from it in vocabulary order, so the result never depends on the path.
+Top-k/top-p never sort the vocabulary (a full sort is O(V log V) per row, where the kept set is a
+few dozen tokens). They take the best 64 candidates with `topk` (or the row's top_k, up to 256); a
+row whose cut lies deeper is retried with 1024 candidates, and then goes through a bucketed path
+that ranks tokens only in the log-probability bucket where the cut falls. All paths keep exactly
+the same set as a full sort would and draw from it in vocabulary order, so the result never depends
+on the path.
 
 A row with a NaN logit or no finite one (a numerically broken model output) cannot be sampled;
 it is reported in `SampleResult.invalid_rows` (its token is meaningless) so the caller can fail
@@ -48,8 +50,9 @@ from sglite.runtime.sampling.params import SamplingParams
 _SEED_MASK = (1 << 64) - 1
 # Truncated rows are first served from `topk` candidates: num_candidates (64), or the row's
 # top_k up to MAX_CANDIDATES; a row whose cut lies deeper is retried with twice the estimated
-# need while that stays within WIDE_CANDIDATES, else goes through the bucketed path (measured per
-# row on this CPU: topk(64) ~75 us, topk(1024) ~200-400 us, bucketed ~500 us, a sort ~2.5 ms).
+# need while that stays within WIDE_CANDIDATES, else goes through the bucketed path. Each step
+# costs more than the one before (a wider topk keeps a larger heap; the bucketed path makes
+# several passes over the row) but less than a sort, and most rows stop at the first.
 MAX_CANDIDATES = 256
 WIDE_CANDIDATES = 1024
 # Block width of the two-level inverse-CDF draw over a whole vocabulary.
@@ -412,7 +415,7 @@ class Sampler:
             lse = _rows(lse, again) if lse is not None else None
         truncated = deep
         # The bucketed path makes many full-width temporaries; a few rows at a time keep them
-        # in cache (measured ~2.4x faster per row than all 32 rows at once).
+        # in cache, where a whole batch's would spill to memory between passes.
         for start in range(0, len(truncated), BUCKETED_ROWS_PER_PASS):
             chunk = truncated[start : start + BUCKETED_ROWS_PER_PASS]
             picked = self._sample_bucketed(
@@ -443,7 +446,8 @@ class Sampler:
         if all(m <= 0 for m in min_ps):
             return weights
         if all(m == min_ps[0] for m in min_ps):
-            # One fused pass; comparisons and bool masks cost ~4x more on [B, vocab] here.
+            # One fused in-place pass; a comparison would write a [B, vocab] bool mask and then
+            # read it back in a second pass.
             # threshold keeps w > t, so t is the float32 just below min_p (keeps w >= min_p).
             cut = torch.nextafter(torch.tensor(min_ps[0]), torch.tensor(0.0)).item()
             return torch.nn.functional.threshold_(weights, cut, 0.0)
@@ -615,8 +619,9 @@ class _Entries:
 
 def _row_max(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's max (NaN where the row has one) and its first index, in one pass: the native
-    kernel on CPU (one pass on this thread; PyTorch's reductions took 0.1-0.15 ms each per
-    batch-1 step), else `max(dim=-1)` (measured ~3x faster than argmax on CPU)."""
+    kernel on CPU (one pass on this thread, where PyTorch would dispatch a NaN check and a max as
+    two reductions to its thread pool), else `max(dim=-1)` (one reduction giving both, which
+    beats argmax on CPU)."""
     native = kernels.row_max(x)
     if native is not None:
         return native
@@ -651,7 +656,7 @@ def _inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Per row, the index i with cdf[i-1] <= u * total < cdf[i]; zero weights are never chosen.
 
     Wide rows go in two levels (block sums, then one block's cumulative sum): a sum reduction
-    is vectorized where a full-width cumsum is a sequential scan (~3x slower per row here).
+    is vectorized where a full-width cumsum is a sequential scan.
     """
     rows, width = weights.shape
     if width <= 2 * CDF_BLOCK or rows < 4:  # few rows: the extra small ops cost more than a scan

@@ -253,10 +253,9 @@ static int64_t first_index_of(const float *row, int64_t n, float target) {
 /*
  * Per row of x [rows, n] float32: the largest value and the first index holding it, as
  * torch.max(dim=-1) gives them (a row with a NaN reports NaN and the first NaN's index). Greedy
- * sampling needs exactly this, and here it is one pass on the calling thread (~10 us for a
- * 49152-wide row). PyTorch's amax (the NaN check) and then max took 0.12 and 0.15 ms per
- * batch-1 decode step in profile_decode (15 and 68 us in a hot loop; up to 1 ms after its
- * OpenMP team had gone to sleep on an idle core).
+ * sampling needs exactly this, and here it is one pass on the calling thread. PyTorch would make
+ * two passes (amax for the NaN check, then max), each dispatched to its OpenMP team, which may
+ * have gone to sleep on an idle core and must be woken first.
  */
 void row_max(const float *x, int64_t rows, int64_t n, float *values, int64_t *indices) {
   for (int64_t r = 0; r < rows; r++) {

@@ -2,8 +2,9 @@
  * Causal attention of EXTEND batches (prefill, chunked prefill, multi-turn suffixes) over the
  * paged KV pool, bfloat16, with AVX512-BF16 dot products. See common.h for conventions.
  *
- * Why: PyTorch's CPU flash attention ran at ~100 GFLOP/s here (40% of a 1000-token prefill);
- * this kernel keeps the work in bf16 pair dot products (`vdpbf16ps`) at several times that.
+ * Why: attention is a large part of a long prefill, and PyTorch's CPU flash attention stays far
+ * below the core's bf16 peak; this kernel keeps the work in bf16 pair dot products
+ * (`vdpbf16ps`), two products per float32 lane and instruction.
  *
  * Sequence s has prefix[s] cached tokens and ext[s] new ones; its slots (prefix + new, in order)
  * are slots[slot_off[s] : slot_off[s] + prefix[s] + ext[s]] and its new tokens are rows

@@ -6,11 +6,10 @@
  * the cache. A panel is one contiguous stream of K * 64 bytes, which the hardware prefetcher
  * follows; the first tile also requests the next panel, a panel's compute ahead.
  *
- * Why not oneDNN's packed float32 GEMM (2 AVX2 cores, the default model's 30 layers, weights
- * streamed from memory): at 2-8 rows it read weights at ~8 GB/s, half the memory's speed, and
- * at 32 rows it reached 68-80 GFLOP/s against ~116 with the weights in the cache. This kernel
- * ran the same sequence 1.35-1.8x faster from 2 to 64 rows, and as fast or up to 1.3x faster
- * at 1000 rows (prefill).
+ * Why not oneDNN's packed float32 GEMM: with the weights streamed from memory (a model's layers
+ * do not fit in the cache) it reads them well below the memory's speed at small batches, and at
+ * larger ones its tiles wait on weights not yet in the cache. Here each panel is one contiguous
+ * stream, read once per call, that the prefetcher keeps ahead of the compute.
  */
 #include "common.h"
 #if defined(__AVX2__) && defined(__FMA__)

@@ -100,14 +100,14 @@ static inline void sum4(vec_t a, vec_t b, vec_t c, vec_t d, float out[GEMM_COLS]
 static inline __attribute__((always_inline)) void dot_tile(const int R, const float *x,
                                                            const float *w, int64_t k,
                                                            float out[GEMM_TILE_ROWS][GEMM_COLS]) {
-  /* Named accumulators: an array of them was spilled to the stack by GCC (see panel_gemm.c). */
+  /* Named accumulators: GCC spills an array of them to the stack (see panel_gemm.c). */
   vec_t a00 = vzero(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00,
         a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00;
   const float *x1 = x + (R > 1 ? k : 0), *x2 = x + (R > 2 ? 2 * k : 0);
   for (int64_t i = 0; i < k; i += VEC) {
     vec_t v0 = vload(x, i, 0), v1 = vload(x1, i, 0), v2 = vload(x2, i, 0);
     /* Hold x and w vectors in registers: GCC otherwise reloads them for every FMA (24 loads
-     * per 12 FMAs instead of 7), which halved the speed. */
+     * per 12 FMAs instead of 7), and the loads, not the FMAs, set the speed. */
     PIN(v0);
     PIN(v1);
     PIN(v2);
@@ -196,9 +196,8 @@ static void tile_rows(const quant_gemm_args *a, const float *w, int64_t n0, int6
 }
 
 /* The chunk's dequantized rows `w` ([width][k]) as panels of panel_gemm.c, each run against
- * every row of x there: from 128 rows its broadcast tiles beat the dot tiles (1.04-1.08x over
- * the model's layers, 1.04x for a 1000-token prefill), and the transposing copy costs little
- * against that many rows. */
+ * every row of x there: from 128 rows its broadcast tiles beat the dot tiles, and the
+ * transposing copy is paid once for that many rows. */
 static void panels_from_rows(const quant_gemm_args *a, const float *w, float *panel,
                              int64_t first, int64_t width) {
   const int64_t k = a->k, pw = panel_width();

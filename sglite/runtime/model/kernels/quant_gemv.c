@@ -12,7 +12,8 @@
  * Vector paths: AVX-512 (int4 with VNNI), AVX2 with FMA (int4 by vpmaddubsw), else scalar. The
  * integer int4 paths (asked for with round_x: w4a8) round x to int8 per group of 32; the float
  * ones (int4) keep it in float32. Rounding makes y jump when x crosses a rounding boundary, so a
- * 1e-6 change of x (another batch, a cached prefix) can move a model's logits by ~0.6.
+ * tiny change of x (another batch, a cached prefix) can move a model's logits far more than
+ * float rounding would.
  */
 #include "common.h"
 
@@ -190,8 +191,8 @@ static inline __attribute__((always_inline)) void int4_block(
     float off[QGEMV_MAX_ROWS];
     for (int m = 0; m < R; m++) {
       /* xsum holds (0, sum of x over g) pairs: the offset part is one contiguous dot product
-       * with the (scale, offset) pairs (per group, GCC had gathered the offsets with permutes
-       * and added them one by one: ~25% of a 1-row product on AVX2). */
+       * with the (scale, offset) pairs (per group, GCC gathers the offsets with permutes and
+       * adds them one by one, a serial chain as long as the row has groups). */
       const float *pairs = xsum + m * 2 * groups;
       float o = 0.0f;
       int64_t c = 0;
@@ -493,10 +494,8 @@ static const int4_fn int4_by_rows[QGEMV_MAX_ROWS] = {FOR_EACH_ROWS(LIST_INT4)};
 /*
  * Output rows per parallel chunk: about CHUNKS_PER_THREAD chunks per thread, at least
  * MIN_CHUNK_ROWS, a multiple of 16 (whole cache lines of a float32 y). Each chunk restarts the weight
- * stream (the prefetches run within a chunk), so fewer, longer chunks read faster: batch-1 int4
- * decode steps ran ~6% faster than with fixed 64-row chunks (median of 20 alternating rounds,
- * faster in 15 of 20, twice). Several chunks per thread keep the work balanced when a thread
- * starts late.
+ * stream (the prefetches run within a chunk), so fewer, longer chunks read faster than fixed
+ * small ones. Several chunks per thread keep the work balanced when a thread starts late.
  */
 #define MIN_CHUNK_ROWS 64
 #define CHUNKS_PER_THREAD 4
@@ -622,7 +621,8 @@ int int8_gemv(int dtype, const void *x, const int8_t *q, const float *scale, voi
 
 /* Returns 0 on success, -1 when out of memory, rows > QGEMV_MAX_ROWS or k % 32 != 0.
  * round_x: where the build has an integer int4 kernel (AVX2, AVX-512 VNNI), round x to int8 per
- * group of 32 and use it (w4a8: about 1.6x faster per batch-1 decode step on AVX2); else x
+ * group of 32 and use it (w4a8: integer dot products, several products per instruction, where
+ * the float path converts every weight to float first); else x
  * stays float32 (int4: the product of the dequantized weights, to float rounding). */
 int int4_gemv(int dtype, const void *x, const uint8_t *packed, const uint16_t *scale_offset,
               void *y, int64_t rows, int64_t n_out, int64_t k, int threads, int round_x) {

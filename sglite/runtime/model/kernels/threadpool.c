@@ -2,11 +2,11 @@
  * A small work-sharing thread pool for the kernels, in place of OpenMP's parallel regions.
  *
  * Why: an OpenMP region ends at a barrier that waits for every thread of the team. When another
- * process holds a core, the thread that lost it checks in one scheduler time slice late (~ms),
- * and a decode step runs hundreds of regions: a busy neighbour made steps 20-50x slower. Here a
- * job is a number of chunks claimed one at a time from a shared counter; the calling thread
- * claims chunks too and returns once every *claimed* chunk is done, so a worker that is not
- * running simply takes no chunks and costs nothing.
+ * process holds a core, the thread that lost it checks in one scheduler time slice late, and a
+ * decode step runs hundreds of regions, so a busy neighbour can add hundreds of time slices to
+ * one step. Here a job is a number of chunks claimed one at a time from a shared counter; the
+ * calling thread claims chunks too and returns once every *claimed* chunk is done, so a worker
+ * that is not running simply takes no chunks and costs nothing.
  *
  * Protocol: `claim` packs (generation << 32 | next chunk). The caller writes the job into the
  * slot of the next generation (two slots, alternating), resets `done`, then publishes the
@@ -29,7 +29,9 @@
 #endif
 
 #define MAX_WORKERS 63
-#define SPIN_ROUNDS 2000 /* ~0.1 ms of polling before sleeping */
+/* Polling rounds before a worker sleeps: enough to span the gap between a decode step's
+ * back-to-back regions, few enough not to hold a core a neighbour needs for long. */
+#define SPIN_ROUNDS 2000
 
 typedef struct {
   chunk_fn fn;
