@@ -23,17 +23,23 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import sglite as sgl
+from benchmarks.common import (
+    add_json_option,
+    add_server_options,
+    command_line,
+    discover_model,
+    flush_cache,
+    free_port,
+    launch_server,
+    make_parser,
+    markdown_table,
+    stop_process,
+)
 
 FIELDS = ("name", "age", "job", "hobby", "city", "pet")
 FIRST_NAMES = (
@@ -136,6 +142,7 @@ def run_config(
 
 
 def ratio(a: float, b: float) -> str:
+    """a / b as "1.23x"; "-" when b is 0."""
     return f"{a / b:.2f}x" if b else "-"
 
 
@@ -155,47 +162,10 @@ def print_table(rows: list[Row]) -> None:
              ratio(off.completion_tokens, on.completion_tokens), ratio(off.wall_s, on.wall_s),
              ""]
         )  # fmt: skip
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(heads)]
-    print("| " + " | ".join(h.ljust(w) for h, w in zip(heads, widths)) + " |")
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for c in cells:
-        print("| " + " | ".join(x.ljust(w) for x, w in zip(c, widths)) + " |")
+    print(markdown_table(heads, cells))
 
 
-# ---------------------------------------------------------------------------- server
-def flush_cache(base_url: str) -> None:
-    """Empty an sglite/SGLang server's prefix cache (ignored by other endpoints)."""
-    try:
-        urllib.request.urlopen(urllib.request.Request(base_url + "/flush_cache", method="POST"))
-    except (urllib.error.URLError, OSError):
-        pass
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch(server_args: str, port: int) -> subprocess.Popen:
-    """Start `python -m sglite.launch_server` on `port` and wait until it is healthy."""
-    cmd = [sys.executable, "-m", "sglite.launch_server", "--port", str(port)]
-    proc = subprocess.Popen(cmd + shlex.split(server_args))
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError("the server exited during start-up")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if r.status == 200:
-                    return proc
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise TimeoutError("the server did not become healthy")
-
-
+# ---------------------------------------------------------------------------- driver
 def warm_up(v1: str, model: str, api_key: str | None) -> None:
     """One short call per API, so start-up costs do not land in the first configuration."""
     backend = sgl.OpenAI(model, base_url=v1, api_key=api_key)
@@ -205,38 +175,33 @@ def warm_up(v1: str, model: str, api_key: str | None) -> None:
     )
 
 
-def discover_model(v1: str) -> str:
-    with urllib.request.urlopen(v1 + "/models", timeout=30) as r:
-        return json.loads(r.read())["data"][0]["id"]
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--base-url", default="http://127.0.0.1:30000", help="server root (no /v1)")
-    p.add_argument("--launch", action="store_true", help="start an sglite server for the run")
-    p.add_argument("--server-args", default="", help="extra flags for --launch")
-    p.add_argument("--model", default=None, help="model id (default: the first of /v1/models)")
-    p.add_argument("--api-key", default=None)
+    """Command-line options."""
+    p = make_parser(__doc__)
+    add_server_options(p)
     p.add_argument("--api", default="completion,chat", help="completion, chat or both")
     p.add_argument("--num-programs", type=int, default=32)
     p.add_argument("--spec-tokens", type=int, default=48, help="num_api_spec_tokens")
     p.add_argument("--max-tokens", type=int, default=8, help="max_tokens of each field")
     p.add_argument("--num-threads", type=int, default=8, help="run_batch threads")
-    p.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    add_json_option(p)
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Run each API without and with speculation; print the table."""
     args = parse_args(argv)
     proc = None
     if args.launch:
         port = free_port()
         args.base_url = f"http://127.0.0.1:{port}"
-        proc = launch(args.server_args, port)
+        proc = launch_server(shlex.split(args.server_args), port)
     args.base_url = args.base_url.rstrip("/")
     v1 = args.base_url + "/v1"
     try:
-        model = args.model or discover_model(v1)
+        model = args.model or discover_model(args.base_url)
+        if model is None:
+            raise SystemExit(f"{v1}/models lists no model: give --model")
         warm_up(v1, model, args.api_key)
         rows: list[Row] = []
         for api in [a.strip() for a in args.api.split(",") if a.strip()]:
@@ -249,7 +214,7 @@ def main(argv: list[str] | None = None) -> None:
             on.same = sum(a is not None and a == b for a, b in zip(plain, spec))
             rows += [off, on]
         print()
-        print("command: python -m benchmarks.bench_api_spec " + shlex.join(sys.argv[1:]))
+        print("command: " + command_line("benchmarks.bench_api_spec"))
         print(
             f"model={model} url={v1} programs={args.num_programs} fields={len(FIELDS)} "
             f"max_tokens={args.max_tokens} threads={args.num_threads} greedy"
@@ -260,8 +225,7 @@ def main(argv: list[str] | None = None) -> None:
                 json.dump([asdict(r) for r in rows], f, indent=2)
     finally:
         if proc is not None:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(60)
+            stop_process(proc)
 
 
 if __name__ == "__main__":

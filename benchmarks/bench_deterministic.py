@@ -8,10 +8,10 @@ what this host does, not what a bf16 host would). Per round and engine, in turn:
 - 32 concurrent: 32 different prompts, 32 new tokens each (output tok/s).
 The table gives each figure's median over the rounds and the on/off ratio.
 
-Where the CPU has no native bf16, PyTorch's bf16 GEMM runs at ~1 GFLOP/s, so a bf16 prefill of
-1000 tokens takes minutes, and 32 concurrent requests past the 8 rows bf16 runs quantized take
-the dense bf16 GEMM: give such hosts a shorter prompt (`--prompt-lines 8`) and
-`--skip-concurrent`.
+Where the CPU has no native bf16, PyTorch emulates the bf16 GEMM at a small fraction of
+float32's rate, so a bf16 prefill of 1000 tokens is very slow, and 32 concurrent requests past
+the 8 rows bf16 runs quantized take the dense bf16 GEMM: give such hosts a shorter prompt
+(`--prompt-lines 8`) and `--skip-concurrent`.
 
 Run: python -m benchmarks.bench_deterministic [--rounds 3] [--dtypes float32,bfloat16]
      [--prompt-lines 70]

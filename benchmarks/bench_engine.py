@@ -18,9 +18,9 @@ same thread count for all:
   `llama-server` with 16 slots and `cache_prompt` on the shared-prefix workload) when
   `benchmarks/build_llama_cpp.sh` built it;
 - transformers (same GGUF, float32 and bfloat16): prefill and batch-1 decode.
-Each figure is printed beside its target (the speed issue's), and llama.cpp's row names the build
-that ran (a crash is reported, not left blank). Ratios are what to quote; absolute times on a
-shared 2-core machine are noisy.
+Each figure is printed beside its target (`targets`: shares of the machine's limits, ratios to
+llama.cpp and transformers), and llama.cpp's row names the build that ran (a crash is reported,
+not left blank). Ratios are what to quote; absolute times on a shared machine are noisy.
 
 Run: python -m benchmarks.bench_engine [--model PATH.gguf] [--quick] [--skip-llama-cpp]
 [--skip-transformers]
@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import torch
 
 import sglite
+from benchmarks.common import add_json_option
 from sglite.runtime.model.loader import default_model_path
 
 
@@ -128,7 +129,7 @@ def bench_machine(rows: list[Row], gflop: float, weight_bytes: int) -> dict[str,
     token) and 32 concurrent decodes (the lower of 32 x the decode limit and the prefill one)."""
     out = {}
     for dtype in (torch.float32, torch.bfloat16):
-        # 1024^3 first: where bf16 is emulated (~1 GFLOP/s) a 2048^3 product takes a minute.
+        # 1024^3 first: where bf16 is emulated, a 2048^3 product is too slow to repeat.
         size = 1024
         a = torch.randn(size, size, dtype=dtype)
         start = time.perf_counter()
@@ -145,7 +146,7 @@ def bench_machine(rows: list[Row], gflop: float, weight_bytes: int) -> dict[str,
     t = _best(lambda: x.sum(), 5)
     out["read_gbs"] = x.numel() * 4 / t / 1e9
     rows.append(Row("memory read", "torch", out["read_gbs"], "GB/s"))
-    # The issue defines the roofline by the bf16 matmul; on CPUs without native bf16 (where
+    # The prefill target is set against the bf16 matmul; on CPUs without native bf16 (where
     # PyTorch emulates it at a fraction of float32's rate and sglite runs float32) the faster
     # of the two is the machine's limit.
     best = max(out["bfloat16"], out["float32"])
@@ -336,21 +337,10 @@ def bench_accuracy(args: argparse.Namespace, rows: list[Row]) -> None:
 
 
 # ------------------------------------------------------------------------------ llama.cpp
-def llama_binaries() -> tuple[str | None, str | None]:
-    """(llama-bench, llama-server) from PATH or the build script's folder."""
-    from benchmarks.runners.llama_cpp import find_llama_server
-
-    server, _ = find_llama_server(None)
-    if server is None:
-        return None, None
-    bench = os.path.join(os.path.dirname(server), "llama-bench")
-    return (bench if os.access(bench, os.X_OK) else None), server
-
-
 def bench_llama_cpp(args: argparse.Namespace, rows: list[Row]) -> list[str]:
     """llama-bench prefill/decode and llama-server on the shared-prefix workload, with the
     build the script installed (named in the rows); returns notes on runs that crashed."""
-    from benchmarks.runners.llama_cpp import llama_build
+    from benchmarks.runners.llama_cpp import llama_binaries, llama_build
 
     bench, server = llama_binaries()
     if bench is None:
@@ -376,21 +366,23 @@ def bench_llama_cpp(args: argparse.Namespace, rows: list[Row]) -> list[str]:
             rows.append(Row(metric, name, result["avg_ts"], "tok/s"))
     if server is None or args.quick:
         return notes
-    from benchmarks.bench_json import _post, start_llama_server
+    from benchmarks.common import post_json, stop_process
+    from benchmarks.runners.llama_cpp import start_llama_server
     from sglite.runtime.model.loader import load_tokenizer
 
     tok = load_tokenizer(args.model)
     work = shared_prefix_workload(tok, args.requests)
-    ns = argparse.Namespace(threads=args.threads, llama_ctx_per_slot=2048)
     server_extra = ("--no-repack",) if extra else ()
     with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as log:
-        proc, base = start_llama_server(server, ns, 16, log, server_extra)
+        proc, base = start_llama_server(
+            server, args.model, args.threads, 16, 2048, log, server_extra
+        )
     try:
         body = {"temperature": 0, "n_predict": args.new_tokens, "ignore_eos": True}
         body["cache_prompt"] = True
 
         def one(ids: list[int]) -> dict:
-            return _post(base + "/completion", {**body, "prompt": ids})
+            return post_json(base + "/completion", {**body, "prompt": ids})
 
         start = time.perf_counter()
         with ThreadPoolExecutor(16) as pool:
@@ -403,8 +395,7 @@ def bench_llama_cpp(args: argparse.Namespace, rows: list[Row]) -> list[str]:
         rows.append(Row("shared-prefix workload", name, out_tokens / elapsed, "out tok/s"))
         rows.append(Row("shared-prefix cache hit rate", name, 100 * cached / prompt, "%"))
     finally:
-        proc.terminate()
-        proc.wait(30)
+        stop_process(proc, timeout=30)
     return notes
 
 
@@ -464,8 +455,8 @@ def _value(rows: list[Row], metric: str, system_prefix: str) -> float | None:
 
 
 def targets(rows: list[Row], machine: dict[str, float]) -> list[str]:
-    """Each target of the speed issue with the figures it compares and whether it is met
-    (sglite's best format against llama.cpp's best build and transformers' best dtype)."""
+    """Each speed target with the figures it compares and whether it is met (sglite's best
+    format against llama.cpp's best build and transformers' best dtype)."""
     lines = []
 
     def check(label: str, ours: float | None, bar: float | None, how: str) -> None:
@@ -554,7 +545,7 @@ def main() -> None:
     parser.add_argument("--skip-llama-cpp", action="store_true")
     parser.add_argument("--skip-transformers", action="store_true")
     parser.add_argument("--skip-accuracy", action="store_true")
-    parser.add_argument("--json", help="also write the rows here")
+    add_json_option(parser)
     args = parser.parse_args()
     default = args.model is None
     args.model = args.model or default_model_path()

@@ -34,12 +34,20 @@ import tempfile
 import threading
 import time
 import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from benchmarks.bench_json import _free_port, _post, git_revision
+from benchmarks.common import (
+    add_json_option,
+    add_llama_server_option,
+    free_port,
+    get_json,
+    git_revision,
+    healthy,
+    markdown_table,
+    post_json,
+)
 from benchmarks.host import cpu_line
 from benchmarks.runners.llama_cpp import find_llama_server, llama_version
 
@@ -242,15 +250,6 @@ def llama_command(binary: str, model: str, port: int, threads: int) -> ServerCom
     return ServerCommand(LLAMA, cmd, port, "/completion", body)
 
 
-def healthy(base: str) -> bool:
-    """Whether `/health` answers 200 now."""
-    try:
-        with urllib.request.urlopen(base + "/health", timeout=2) as resp:
-            return resp.status == 200
-    except (urllib.error.URLError, OSError):  # refused, 503 while loading, reset
-        return False
-
-
 def wait_ready(proc: subprocess.Popen, base: str, guard: RssGuard, timeout: float) -> str:
     """Poll `/health` until 200: "ok", or why not ("crashed", "exceeded", "timeout")."""
     deadline = time.monotonic() + timeout
@@ -342,10 +341,9 @@ def _complete(base: str, sc: ServerCommand, start: Start) -> None:
     """The one short completion; marks `start` as failed when it does not answer. For sglite,
     notes the dtype and weight quantization it resolved (`/get_server_info`)."""
     try:
-        _post(base + sc.route, sc.body, timeout=600)
+        post_json(base + sc.route, sc.body, timeout=600)
         if sc.server == SGLITE:
-            with urllib.request.urlopen(base + "/get_server_info", timeout=30) as resp:
-                info = json.loads(resp.read())
+            info = get_json(base + "/get_server_info", timeout=30)
             start.detail = f"dtype {info.get('dtype')}, quantization {info.get('quantization')}"
     except (urllib.error.URLError, OSError, ValueError) as exc:
         start.status, start.detail = "request failed", f"{type(exc).__name__}: {exc}"[:200]
@@ -376,10 +374,10 @@ def bench_model(model: str, llama: str | None, args: argparse.Namespace) -> list
     name = os.path.basename(model)
 
     def make_sglite(cache: Path) -> ServerCommand:
-        return sglite_command(model, _free_port(), cache, args.warm_kernels)
+        return sglite_command(model, free_port(), cache, args.warm_kernels)
 
     def make_llama(cache: Path) -> ServerCommand:
-        return llama_command(llama or "", model, _free_port(), args.threads)
+        return llama_command(llama or "", model, free_port(), args.threads)
 
     starts: list[Start] = []
     for r in range(args.rounds):
@@ -469,23 +467,22 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 def table(rows: list[Row]) -> str:
     """Markdown table; the ratio columns sit on sglite's row (sglite / llama.cpp)."""
-    head = (
-        "| model | server | status | first-start ready (s) | second-start ready (s) | "
-        "RSS (GB) | PSS (GB) | anon RSS (GB) | peak RSS (GB) | RSS sglite/llama | "
-        "PSS sglite/llama |"
-    )
-    lines = [head, "|" + "---|" * 2 + "---|" + "---:|" * 8]
+    heads = [
+        "model", "server", "status", "first-start ready (s)", "second-start ready (s)",
+        "RSS (GB)", "PSS (GB)", "anon RSS (GB)", "peak RSS (GB)", "RSS sglite/llama",
+        "PSS sglite/llama",
+    ]  # fmt: skip
     peers = {(r.model, r.server): r for r in rows}
+    cells = []
     for r in rows:
         peer = peers.get((r.model, LLAMA)) if r.server == SGLITE else None
         rss_x = _ratio(r.rss_gb, peer.rss_gb) if peer else ""
         pss_x = _ratio(r.pss_gb, peer.pss_gb) if peer else ""
-        lines.append(
-            f"| {r.model} | {r.server} | {r.status} | {_fmt(r.first_ready_s)} | "
-            f"{_fmt(r.second_ready_s)} | {_fmt(r.rss_gb)} | {_fmt(r.pss_gb)} | {_fmt(r.anon_gb)} | "
-            f"{_fmt(r.peak_rss_gb)} | {rss_x} | {pss_x} |"
-        )
-    return "\n".join(lines)
+        cells.append(
+            [r.model, r.server, r.status, _fmt(r.first_ready_s), _fmt(r.second_ready_s),
+             _fmt(r.rss_gb), _fmt(r.pss_gb), _fmt(r.anon_gb), _fmt(r.peak_rss_gb), rss_x, pss_x]
+        )  # fmt: skip
+    return markdown_table(heads, cells, right=range(3, len(heads)), pad=False)
 
 
 # ---------------------------------------------------------------------------- command line
@@ -524,11 +521,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(default $SGLITE_CACHE_DIR/synthetic, i.e. ~/.cache/sglite/synthetic)",
     )
     ap.add_argument("--rounds", type=int, default=1, help="first+second starts per server")
-    ap.add_argument(
-        "--llama-server",
-        help="llama-server binary (default: PATH, then the one "
-        "benchmarks/build_llama_cpp.sh builds)",
-    )
+    add_llama_server_option(ap)
     ap.add_argument("--skip-llama-cpp", action="store_true", help="measure sglite only")
     ap.add_argument(
         "--threads",
@@ -554,7 +547,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="first starts keep the user's compiled kernels ($SGLITE_KERNEL_CACHE)",
     )
     ap.add_argument("--timeout", type=float, default=1800, help="seconds to wait for ready")
-    ap.add_argument("--json", help="save every start and the table's rows here")
+    add_json_option(ap, "every start and the table's rows")
     return ap.parse_args(argv)
 
 

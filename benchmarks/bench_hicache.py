@@ -1,5 +1,5 @@
 """Hierarchical KV cache benchmark: tiers versus the pool alone when the working set exceeds it,
-and warm versus cold TTFT after a restart (issue 10).
+and warm versus cold TTFT after a restart.
 
 Workloads (identical prompts in every configuration, greedy, `ignore_eos` so every request
 generates the same number of tokens):
@@ -21,9 +21,9 @@ cache can do on the workload, since first sights of a token are misses everywher
 Restart: long prompts run once on an engine with a fresh `--hicache-dir` (cold; pages are
 written through), then again on a new engine over the same directory (warm; disk hits).
 
-`--rounds N` runs every configuration N times in turn and reports medians (the machine's speed
-drifts by ±20% within minutes, more than some gaps being measured); `--configs`, `--workloads`
-and `--skip-restart` pick a subset.
+`--rounds N` runs every configuration N times in turn and reports medians (a shared machine's
+speed drifts within minutes by more than some of the gaps being measured); `--configs`,
+`--workloads` and `--skip-restart` pick a subset.
 
 Run: python -m benchmarks.bench_hicache [--quick] [--rounds 3] [--configs "pool + host"]
 """

@@ -1,6 +1,6 @@
 """Image QA with and without caching, as the paper's LLaVA workload: several questions about
-each image, asked one after another, on a tiny random LLaVA-1.5 built here (no vision-language
-weights can be downloaded; `tiny_vlm.py`).
+each image, asked one after another, on a tiny random LLaVA-1.5 built here with random weights
+(`sglite.testing.tiny_models`), so no vision-language weights are downloaded.
 
 Three engines on the same model, alternated round by round, each starting every round from a
 flushed cache: sglite as it runs (the radix cache reuses an image's prompt KV, and the vision
@@ -22,7 +22,8 @@ import time
 import torch
 
 import sglite
-from benchmarks.tiny_vlm import TinyLlavaShape, build_tiny_llava, data_url, random_png
+from benchmarks.common import markdown_table
+from sglite.testing.tiny_models import TinyLlavaShape, build_tiny_llava, data_url, random_png
 
 QUESTIONS = [
     "<image> what is in the picture",
@@ -91,17 +92,18 @@ def main() -> None:
         f"{torch.get_num_threads()}; median of {args.rounds} rounds"
     )
     base = statistics.median(times["no caching"])
-    print("\n| configuration | workload (s) | per question (ms) | speedup | images encoded "
-          "| vision tower (s) | cached prompt tokens |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    heads = ["configuration", "workload (s)", "per question (ms)", "speedup", "images encoded",
+             "vision tower (s)", "cached prompt tokens"]  # fmt: skip
+    rows = []
     for name in CONFIGS:
         total = statistics.median(times[name])
         c = counters[name]
-        print(
-            f"| {name} | {total:.2f} | {1000 * total / asked:.0f} | {base / total:.2f}x "
-            f"| {c['vision_encoded_images']} | {c['vision_encode_seconds']:.2f} "
-            f"| {c['cached_prompt_tokens']} |"
-        )
+        rows.append(
+            [name, f"{total:.2f}", f"{1000 * total / asked:.0f}", f"{base / total:.2f}x",
+             str(c["vision_encoded_images"]), f"{c['vision_encode_seconds']:.2f}",
+             str(c["cached_prompt_tokens"])]
+        )  # fmt: skip
+    print("\n" + markdown_table(heads, rows, right=range(1, len(heads)), pad=False))
 
 
 if __name__ == "__main__":

@@ -39,18 +39,25 @@ import os
 import platform
 import random
 import re
-import shlex
-import shutil
-import socket
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
+from benchmarks.common import (
+    add_json_option,
+    add_llama_server_option,
+    command_line,
+    cpu_seconds,
+    git_revision,
+    make_parser,
+    markdown_table,
+    post_json,
+    stop_process,
+)
+from benchmarks.runners.llama_cpp import find_llama_server, start_llama_server
+
+COMMAND = "benchmarks.bench_json"
 CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 VARIANTS = ("schema", "regex")
 
@@ -418,16 +425,6 @@ def best_of(tries: list[Run]) -> Run:
     return best
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU time of a process so far (Linux /proc; None elsewhere)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def _delta(after: float | None, before: float | None) -> float | None:
     return None if after is None or before is None else after - before
 
@@ -488,59 +485,6 @@ def bench_sglite(config: str, args: argparse.Namespace, docs: list[Doc]) -> list
 
 
 # ---------------------------------------------------------------------------- llama.cpp
-def find_llama_server(path: str | None) -> str | None:
-    """The llama-server binary: `--llama-server`, else `llama-server` on PATH, else None."""
-    if path:
-        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-            raise SystemExit(f"--llama-server {path!r} is not an executable file")
-        return path
-    return shutil.which("llama-server")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _post(url: str, body: dict, timeout: float = 3600) -> dict:
-    req = urllib.request.Request(
-        url, json.dumps(body).encode(), {"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        return json.loads(resp.read())
-
-
-def start_llama_server(
-    binary: str, args: argparse.Namespace, slots: int, log, extra: tuple[str, ...] = ()
-) -> tuple:
-    """Start llama-server on the default GGUF; returns (process, base url) once healthy."""
-    from sglite.runtime.model.loader import default_model_path
-
-    port = _free_port()
-    threads = args.threads or os.cpu_count() or 1
-    cmd = [
-        binary, "-m", default_model_path(), "--host", "127.0.0.1", "--port", str(port),
-        "-t", str(threads), "-tb", str(threads), "-np", str(slots),
-        "-c", str(slots * args.llama_ctx_per_slot), "-ngl", "0", *extra,
-    ]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"llama-server exited with {proc.returncode}; see {log.name}")
-        try:
-            with urllib.request.urlopen(base + "/health", timeout=2) as resp:
-                if resp.status == 200:
-                    return proc, base
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise TimeoutError("llama-server did not become healthy")
-
-
 def llama_body(doc: Doc, variant: str, args: argparse.Namespace) -> dict:
     """A greedy /completion request, constrained like sglite's."""
     body = {
@@ -561,24 +505,23 @@ def _llama_once(
     binary: str, args: argparse.Namespace, docs: list[Doc], variant: str, slots: int, log
 ) -> Run:
     """One timed batch on a freshly started llama-server."""
-    proc, base = start_llama_server(binary, args, slots, log)
+    from sglite.runtime.model.loader import default_model_path
+
+    threads = args.threads or os.cpu_count() or 1
+    ctx = args.llama_ctx_per_slot
+    proc, base = start_llama_server(binary, default_model_path(), threads, slots, ctx, log)
     try:
-        _post(base + "/completion", {"prompt": CHAT.format("Say hi."), "n_predict": 4})
+        post_json(base + "/completion", {"prompt": CHAT.format("Say hi."), "n_predict": 4})
         bodies = [llama_body(doc, variant, args) for doc in docs]
         cpu0 = cpu_seconds(proc.pid)
         start = time.perf_counter()
         with ThreadPoolExecutor(slots) as pool:
             url = base + "/completion"
-            outs = list(pool.map(_post, [url] * len(bodies), bodies))
+            outs = list(pool.map(post_json, [url] * len(bodies), bodies))
         wall = time.perf_counter() - start
         cpu = _delta(cpu_seconds(proc.pid), cpu0)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, timeout=30)
     tokens = [
         o.get("tokens_predicted", (o.get("timings") or {}).get("predicted_n", 0)) for o in outs
     ]
@@ -650,44 +593,13 @@ def table(runs: list[Run]) -> str:
                 _fmt(passes),
             ]
         )
-    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(heads)]
-    right = set(range(2, len(heads)))
-    lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(heads, widths)) + " |"]
-    lines.append("|" + "|".join(("-" * (w + 1) + ":") if i in right else "-" * (w + 2)
-                                for i, w in enumerate(widths)) + "|")  # fmt: skip
-    for row in rows:
-        lines.append("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |")
-    return "\n".join(lines)
-
-
-def command_line() -> str:
-    """The command that started this run, to paste next to its results."""
-    argv = [shlex.quote(a) for a in sys.argv[1:]]
-    if __spec__ is not None:  # python -m benchmarks.bench_json
-        return " ".join(["python -m", __spec__.name, *argv])
-    return " ".join(["python", shlex.quote(sys.argv[0]), *argv])
-
-
-def git_revision() -> str:
-    """Short commit hash, with '+dirty' when the tree has changes; '?' outside git."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        rev = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=here, capture_output=True, text=True,
-        ).stdout.strip()  # fmt: skip
-    except OSError:
-        return "?"
-    return (rev or "?") + ("+dirty" if dirty else "")
+    return markdown_table(heads, rows, right=range(2, len(heads)))
 
 
 # ---------------------------------------------------------------------------- driver
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = make_parser(__doc__)
     p.add_argument("--num-docs", type=int, default=64)
     p.add_argument("--quick", action="store_true", help="8 documents: a smoke run")
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -702,11 +614,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=1,
                    help="time each batch N times, keep the best wall and CPU time")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="document generator seed")
-    p.add_argument("--llama-server", default=None, help="llama-server binary (default: on PATH)")
+    add_llama_server_option(p)
     p.add_argument("--llama-parallel", type=int, default=None,
                    help="llama-server -np slots (default: min(num docs, 64))")  # fmt: skip
     p.add_argument("--llama-ctx-per-slot", type=int, default=1024)
-    p.add_argument("--json", default=None, help="also write every run (with outputs) here")
+    add_json_option(p, "every run (with outputs)")
     args = p.parse_args(argv)
     args.resolved_dtype = None
     if args.quick:
@@ -722,16 +634,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def find_llama(args: argparse.Namespace) -> str | None:
+    """The llama-server binary when the llama configuration is asked for (None: skipped)."""
+    if "llama" not in args.configs:
+        return None
+    llama, why = find_llama_server(args.llama_server)
+    if llama is None and args.llama_server:
+        raise SystemExit(why)
+    if llama is None:
+        print(f"[llama] will be skipped: {why}")
+    return llama
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run each configuration in turn and print the table."""
     args = parse_args(argv)
-    print(f"command: {command_line()}", flush=True)
+    print(f"command: {command_line(COMMAND)}", flush=True)
     docs = make_docs(args.num_docs, args.seed)
-    llama = find_llama_server(args.llama_server) if "llama" in args.configs else None
-    if "llama" in args.configs and llama is None:
-        print(
-            "[llama] will be skipped: no llama-server (give --llama-server PATH or put it on PATH)"
-        )
+    llama = find_llama(args)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     runs: list[Run] = []
     for config in args.configs:
@@ -754,7 +674,7 @@ def main(argv: list[str] | None = None) -> None:
 
     dtype = args.dtype if args.dtype != "auto" else f"auto = {args.resolved_dtype or '?'}"
     print()
-    print(f"command: {command_line()}")
+    print(f"command: {command_line(COMMAND)}")
     print(
         f"commit {git_revision()}; machine: {platform.processor() or platform.machine()}, "
         f"{os.cpu_count()} cores, torch {torch.__version__}; dtype {dtype}; "

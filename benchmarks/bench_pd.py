@@ -38,7 +38,6 @@ import os
 import random
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -47,8 +46,17 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from benchmarks.bench_router import free_port
-from benchmarks.bench_serving import PromptMaker, percentile
+from benchmarks.common import (
+    PromptMaker,
+    command_line,
+    flush_cache,
+    free_port,
+    make_parser,
+    markdown_table,
+    percentile,
+    stop_process,
+    wait_healthy,
+)
 from benchmarks.host import cpu_line
 
 SETUPS = ("co-located", "PD")
@@ -203,33 +211,10 @@ def spawn(name: str, cmd: list[str], port: int, log_dir: str) -> Proc:
     return Proc(name, proc, f"http://127.0.0.1:{port}", log)
 
 
-def wait_healthy(procs: list[Proc], timeout: float = 600) -> None:
+def wait_all(procs: list[Proc], timeout: float = 600) -> None:
     """Until every process answers /health with 200; raises if one exits or time runs out."""
-    pending = list(procs)
-    deadline = time.monotonic() + timeout
-    while pending:
-        for p in list(pending):
-            if p.proc.poll() is not None:
-                raise RuntimeError(f"{p.name} exited during start-up; see {p.log}")
-            try:
-                if httpx.get(p.url + "/health", timeout=2).status_code == 200:
-                    pending.remove(p)
-            except httpx.HTTPError:
-                pass
-        if pending and time.monotonic() > deadline:
-            raise TimeoutError(f"{[p.name for p in pending]} did not become healthy")
-        time.sleep(0.5)
-
-
-def stop(p: Proc) -> None:
-    """SIGTERM, then SIGKILL if it lingers; waits either way."""
-    if p.proc.poll() is None:
-        p.proc.send_signal(signal.SIGTERM)
-        try:
-            p.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            p.proc.kill()
-            p.proc.wait()
+    for p in procs:
+        wait_healthy(p.proc, p.url, timeout, name=p.name, log=p.log)
 
 
 def server_cmd(args: argparse.Namespace, port: int, threads: int, *extra: str) -> list[str]:
@@ -257,23 +242,16 @@ def start_all(args: argparse.Namespace, pin: bool, log_dir: str, procs: list[Pro
     }
     for name, cmd in cmds.items():
         procs.append(spawn(name, cmd, ports[name], log_dir))
-    wait_healthy(procs)
+    wait_all(procs)
     router = [sys.executable, "-m", "sglite.router", "--pd-disaggregation", "--port"]
     router += [str(ports["router"]), "--prefill", procs[1].url, "--decode", procs[2].url]
     procs.append(spawn("router", router + ["--log-level", "warning"], ports["router"], log_dir))
-    wait_healthy(procs[3:], timeout=120)
+    wait_all(procs[3:], timeout=120)
 
 
-def flush(url: str, timeout: float = 60) -> None:
-    """POST /flush_cache until it succeeds (it refuses while requests are still running)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        r = httpx.post(url + "/flush_cache", timeout=60)
-        if r.status_code == 200:
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{url}/flush_cache: HTTP {r.status_code} {r.text[:200]}")
-        time.sleep(0.5)
+def flush(url: str) -> None:
+    """Empty a server's cache; it refuses while requests still run, so it is asked for a while."""
+    flush_cache(url, retry_s=60, check=True)
 
 
 def warm_up(url: str, maker: PromptMaker, args: argparse.Namespace) -> None:
@@ -363,25 +341,24 @@ def triple(values: tuple[float, float, float], digits: int = 0) -> str:
 
 def print_table(summaries: dict[str, Summary]) -> None:
     """Markdown table, one row per setup and a PD / co-located ratio row."""
-    print(
-        "| setup | short TTFT p50/p90/p99 ms | ITL p50/p90/p99 ms | event gap p50/p90/p99 ms "
-        "| max gap ms | long TTFT p50 ms | short req/s done | decode tok/s | errors |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|")
-    for s in summaries.values():
-        print(
-            f"| {s.setup} | {triple(s.ttft)} | {triple(s.itl, 1)} | {triple(s.gap, 1)} | "
-            f"{s.max_gap:.0f} | {s.long_ttft_p50:.0f} | {s.short_per_s:.2f} | "
-            f"{s.tokens_per_s:.1f} | {s.errors} of {s.requests} |"
-        )
-    pd, co = summaries["PD"], summaries["co-located"]
-    cells = [
-        f"p99 {ratio(pd.ttft[2], co.ttft[2])}", f"p99 {ratio(pd.itl[2], co.itl[2])}",
-        f"p99 {ratio(pd.gap[2], co.gap[2])}", ratio(pd.max_gap, co.max_gap),
-        ratio(pd.long_ttft_p50, co.long_ttft_p50), ratio(pd.short_per_s, co.short_per_s),
-        ratio(pd.tokens_per_s, co.tokens_per_s), "",
+    heads = [
+        "setup", "short TTFT p50/p90/p99 ms", "ITL p50/p90/p99 ms", "event gap p50/p90/p99 ms",
+        "max gap ms", "long TTFT p50 ms", "short req/s done", "decode tok/s", "errors",
     ]  # fmt: skip
-    print("| PD / co-located | " + " | ".join(cells) + " |")
+    rows = [
+        [s.setup, triple(s.ttft), triple(s.itl, 1), triple(s.gap, 1), f"{s.max_gap:.0f}",
+         f"{s.long_ttft_p50:.0f}", f"{s.short_per_s:.2f}", f"{s.tokens_per_s:.1f}",
+         f"{s.errors} of {s.requests}"]
+        for s in summaries.values()
+    ]  # fmt: skip
+    pd, co = summaries["PD"], summaries["co-located"]
+    rows.append(
+        ["PD / co-located", f"p99 {ratio(pd.ttft[2], co.ttft[2])}",
+         f"p99 {ratio(pd.itl[2], co.itl[2])}", f"p99 {ratio(pd.gap[2], co.gap[2])}",
+         ratio(pd.max_gap, co.max_gap), ratio(pd.long_ttft_p50, co.long_ttft_p50),
+         ratio(pd.short_per_s, co.short_per_s), ratio(pd.tokens_per_s, co.tokens_per_s), ""]
+    )  # fmt: skip
+    print(markdown_table(heads, rows, pad=False))
 
 
 def ratio(a: float, b: float) -> str:
@@ -423,7 +400,7 @@ def describe_errors(setup: str, rounds: list[RoundResult]) -> None:
 # ---------------------------------------------------------------------------- driver
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = make_parser(__doc__)
     p.add_argument("--short-rate", type=float, default=1.0, help="short requests per second")
     p.add_argument("--short-tokens", type=int, default=32, help="output tokens per short request")
     p.add_argument("--long-rate", type=float, default=0.1, help="long prompts per second")
@@ -466,7 +443,7 @@ def measure(args: argparse.Namespace, urls: dict[str, str], pd_servers: dict[str
 def main(argv: list[str] | None = None) -> None:
     """Start both setups, alternate their rounds, print the table, stop everything."""
     args = parse_args(argv)
-    command = shlex.join(["python", "-m", "benchmarks.bench_pd", *sys.argv[1:]])
+    command = command_line("benchmarks.bench_pd")
     pin = shutil.which("taskset") is not None
     if not pin:
         print("taskset (util-linux) not found: the PD servers run UNPINNED", flush=True)
@@ -485,7 +462,7 @@ def main(argv: list[str] | None = None) -> None:
         rounds = measure(args, urls, {"prefill": prefill.url, "decode": decode.url})
     finally:
         for p in reversed(procs):  # the router first
-            stop(p)
+            stop_process(p.proc)
     print(f"load average after: {os.getloadavg()}; {time.monotonic() - started:.0f} s in all")
     print(f"\n`{command}`")
     print(f"host: {cpu_line()}; servers: {path_line(info, pin, transport(args))}")

@@ -18,18 +18,23 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import httpx
 
-from benchmarks.bench_serving import PromptMaker
+from benchmarks.common import (
+    PromptMaker,
+    cpu_seconds,
+    flush_cache,
+    free_port,
+    make_parser,
+    markdown_table,
+    start_module,
+    stop_process,
+)
 
 POLICIES = ("round_robin", "least_load", "cache_aware")
 
@@ -57,42 +62,6 @@ class RunResult:
         return self.output_tokens / self.seconds
 
 
-def free_port() -> int:
-    """A free loopback TCP port."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(args: list[str], url: str, timeout: float = 600) -> subprocess.Popen:
-    """Run `python -m <args>` and wait until `url` answers 200."""
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
-    proc = subprocess.Popen([sys.executable, "-m", *args], env=env)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{args[0]} exited during start-up")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise TimeoutError(f"{url} did not become healthy")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    """SIGTERM, then SIGKILL if it lingers."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def workload(args: argparse.Namespace) -> list[str]:
     """The prompts, groups interleaved in a shuffled order."""
     maker = PromptMaker(None, args.seed)
@@ -115,24 +84,18 @@ def counters(worker_urls: list[str]) -> tuple[int, int]:
     return cached, queried
 
 
-def cpu_seconds(pids: list[int]) -> float:
+def family_cpu_seconds(pids: list[int]) -> float:
     """User + system CPU seconds of the processes and their children (the schedulers) so far.
 
     Less sensitive than wall time to other load on the machine: a worker waiting for a core
     accrues no CPU time.
     """
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
+    family = list(pids)
     for pid in pids:
-        family = [pid]
         for task in os.listdir(f"/proc/{pid}/task"):
             with open(f"/proc/{pid}/task/{task}/children") as f:
                 family += [int(c) for c in f.read().split()]
-        for member in family:
-            with open(f"/proc/{member}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-    return total
+    return sum(cpu_seconds(member) or 0.0 for member in family)
 
 
 def run_policy(
@@ -147,11 +110,11 @@ def run_policy(
     router_url = f"http://127.0.0.1:{port}"
     flags = ["--port", str(port), "--policy", policy, "--log-level", "warning"]
     flags += args.router_args.split()
-    router = start(["sglite.router", *flags, "--worker-urls", *worker_urls], router_url + "/health")
+    router = start_module(["sglite.router", *flags, "--worker-urls", *worker_urls], router_url)
     try:
-        httpx.post(router_url + "/flush_cache", timeout=60).raise_for_status()
+        flush_cache(router_url, check=True)
         before = counters(worker_urls)
-        cpu_before = cpu_seconds(worker_pids)
+        cpu_before = family_cpu_seconds(worker_pids)
         sampling = {"max_new_tokens": args.output_len, "temperature": 0, "ignore_eos": True}
 
         def send(prompt: str) -> int:
@@ -165,11 +128,11 @@ def run_policy(
         with ThreadPoolExecutor(args.concurrency or len(prompts)) as pool:
             tokens = list(pool.map(send, prompts))
         seconds = time.perf_counter() - t0
-        cpu = cpu_seconds(worker_pids) - cpu_before
+        cpu = family_cpu_seconds(worker_pids) - cpu_before
         after = counters(worker_urls)
         listed = httpx.get(router_url + "/list_workers", timeout=60).json()["workers"]
     finally:
-        stop(router)
+        stop_process(router)
     hit_rate = (after[0] - before[0]) / max(1, after[1] - before[1])
     split = [w["routed"] for w in listed]
     return RunResult(policy, seconds, len(prompts), sum(tokens), hit_rate, split, cpu)
@@ -187,7 +150,7 @@ def warm_up(worker_urls: list[str], prompts: list[str], args: argparse.Namespace
 
         with ThreadPoolExecutor(len(prompts)) as pool:
             list(pool.map(send, prompts))
-        httpx.post(url + "/flush_cache", timeout=60).raise_for_status()
+        flush_cache(url, check=True)
 
 
 def median_run(runs: list[RunResult]) -> RunResult:
@@ -198,25 +161,25 @@ def median_run(runs: list[RunResult]) -> RunResult:
 def print_table(results: dict[str, RunResult]) -> None:
     """Markdown table with ratios against round_robin."""
     base = results["round_robin"]
-    print(
-        "| policy | wall s | req/s | output tok/s | vs round_robin | worker CPU s | "
-        "CPU vs round_robin | cache hit rate | split |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|")
+    heads = ["policy", "wall s", "req/s", "output tok/s", "vs round_robin", "worker CPU s",
+             "CPU vs round_robin", "cache hit rate", "split"]  # fmt: skip
+    rows = []
     for policy in POLICIES:
         r = results[policy]
         ratio = r.tokens_per_s / base.tokens_per_s
         cpu_ratio = base.worker_cpu / r.worker_cpu  # > 1: less work for the same requests
         split = "/".join(str(n) for n in r.split)
-        print(
-            f"| {policy} | {r.seconds:.1f} | {r.requests_per_s:.2f} | {r.tokens_per_s:.1f} | "
-            f"{ratio:.2f}x | {r.worker_cpu:.1f} | {cpu_ratio:.2f}x | {r.hit_rate:.1%} | {split} |"
-        )
+        rows.append(
+            [policy, f"{r.seconds:.1f}", f"{r.requests_per_s:.2f}", f"{r.tokens_per_s:.1f}",
+             f"{ratio:.2f}x", f"{r.worker_cpu:.1f}", f"{cpu_ratio:.2f}x", f"{r.hit_rate:.1%}",
+             split]
+        )  # fmt: skip
+    print(markdown_table(heads, rows, pad=False))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = make_parser(__doc__)
     p.add_argument("--num-groups", type=int, default=8)
     p.add_argument("--per-group", type=int, default=16)
     p.add_argument("--prefix-len", type=int, default=600, help="group prefix tokens")
@@ -252,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
             flags = ["--port", str(port), *args.worker_args.split()]
             if args.max_total_tokens:
                 flags += ["--max-total-tokens", str(args.max_total_tokens)]
-            workers.append(start(["sglite.launch_server", *flags], url + "/health"))
+            workers.append(start_module(["sglite.launch_server", *flags], url))
         warm_up(urls, prompts[: args.per_group], args)
         runs: dict[str, list[RunResult]] = {p: [] for p in POLICIES}
         for _ in range(args.repeats):
@@ -267,7 +230,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(done, flush=True)
     finally:
         for proc in workers:
-            stop(proc)
+            stop_process(proc)
     print(f"load average after: {os.getloadavg()}")
     print(
         f"\n{args.num_groups} groups x {args.per_group} requests, {args.prefix_len}-token prefix "

@@ -58,7 +58,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import shlex
 import statistics
 import sys
 import time
@@ -68,9 +67,10 @@ from typing import Any
 import torch
 
 import sglite
+from benchmarks.common import command_line
 from benchmarks.host import cpu_line
 from benchmarks.programs.common import rng_for
-from benchmarks.programs.rag import QUESTIONS, _company, _passages
+from benchmarks.programs.rag import QUESTIONS, company_facts, company_passages
 
 HEADER = "Answer from the documents.\n"
 TOP_K = 20
@@ -146,13 +146,13 @@ def make_docs(num: int, seed: int) -> tuple[list[str], list[dict[str, Any]]]:
     docs, companies, names = [], [], set()
     group = 0
     while len(docs) < num:
-        company = _company(seed, group)
+        company = company_facts(seed, group)
         group += 1
         if company["name"] in names:
             continue
         names.add(company["name"])
         companies.append(company)
-        docs.append(_passages(company))
+        docs.append(company_passages(company))
     return docs, companies
 
 
@@ -364,7 +364,7 @@ def report(outcomes: list[Outcome], work: Workload, args: argparse.Namespace) ->
     prompt_tokens = statistics.fmean(len(p.ids) for p in work.measured)
     doc_tokens = statistics.fmean(e - s for p in work.measured for s, e in p.spans)
     print(f"host: {cpu_line()}; torch threads {torch.get_num_threads()}")
-    print("command: python -m benchmarks.bench_segments " + shlex.join(sys.argv[1:]))
+    print("command: " + command_line("benchmarks.bench_segments"))
     print(
         f"{len(work.requests)} requests, {len(work.docs)} documents of {doc_tokens:.0f} tokens "
         f"(mean), prompts of {prompt_tokens:.0f} tokens (mean); "

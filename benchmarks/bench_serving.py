@@ -29,24 +29,25 @@ import argparse
 import asyncio
 import json
 import math
-import os
 import random
 import shlex
-import signal
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 
 import httpx
 
-WORDS = (
-    "the of and a to in is you that it he was for on are as with his they at be this have from "
-    "or one had by word but not what all were we when your can said there use an each which she "
-    "do how their if will up other about out many then them these so some her would make like "
-    "him into time has look two more write go see number no way could people my than first water "
-    "been call who oil its now find long down day did get come made may part river mountain city"
-).split()
+from benchmarks.common import (
+    PromptMaker,
+    add_json_option,
+    add_server_options,
+    discover_model,
+    flush_cache,
+    launch_server,
+    make_parser,
+    markdown_table,
+    percentile,
+    stop_process,
+)
 
 
 @dataclass
@@ -72,26 +73,6 @@ class Result:
 
 
 # ---------------------------------------------------------------------------- workloads
-class PromptMaker:
-    """Builds prompts of an exact token length with a tokenizer."""
-
-    def __init__(self, tokenizer_path: str | None, seed: int) -> None:
-        from sglite.runtime.model.loader import load_tokenizer
-
-        self.tokenizer = load_tokenizer(tokenizer_path)
-        self.rng = random.Random(seed)
-
-    def text(self, n_tokens: int) -> str:
-        """Random words cut to n_tokens tokens."""
-        words = " ".join(self.rng.choice(WORDS) for _ in range(n_tokens + 8))
-        ids = self.tokenizer.encode(words)[:n_tokens]
-        return self.tokenizer.decode(ids)
-
-    def count(self, text: str) -> int:
-        """Token count of text."""
-        return len(self.tokenizer.encode(text))
-
-
 def random_workload(maker: PromptMaker, args: argparse.Namespace) -> list[Request]:
     """Independent prompts with lengths drawn from [ratio * len, len]."""
     reqs = []
@@ -282,16 +263,6 @@ async def run_load(
 
 
 # ---------------------------------------------------------------------------- report
-def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile (0-100) by linear interpolation; nan for no values."""
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    k = (len(s) - 1) * q / 100
-    lo, hi = math.floor(k), math.ceil(k)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
-
-
 def summarize(name: str, results: list[Result], duration: float) -> dict:
     """One row of the table."""
     ok = [r for r in results if r.ok]
@@ -338,58 +309,15 @@ COLUMNS = [
 def print_table(rows: list[dict]) -> None:
     """A Markdown table of the rows."""
     cells = [[fmt.format(row[key]) for key, _, fmt in COLUMNS] for row in rows]
-    heads = [title for _, title, _ in COLUMNS]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(heads)]
-    print("| " + " | ".join(h.ljust(w) for h, w in zip(heads, widths, strict=True)) + " |")
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for c in cells:
-        print("| " + " | ".join(x.ljust(w) for x, w in zip(c, widths, strict=True)) + " |")
+    print(markdown_table([title for _, title, _ in COLUMNS], cells))
 
 
 # ---------------------------------------------------------------------------- driver
-def launch(server_args: str, port: int) -> subprocess.Popen:
-    """Start `python -m sglite.launch_server` and wait until it is healthy."""
-    cmd = [sys.executable, "-m", "sglite.launch_server", "--port", str(port)]
-    proc = subprocess.Popen(cmd + shlex.split(server_args))
-    url = f"http://127.0.0.1:{port}/health"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError("the server exited during start-up")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise TimeoutError("the server did not become healthy")
-
-
-def discover_model(base_url: str, headers: dict[str, str]) -> str | None:
-    """The first model id of /v1/models, if the endpoint has one."""
-    try:
-        r = httpx.get(base_url + "/v1/models", headers=headers, timeout=30)
-        return r.json()["data"][0]["id"]
-    except Exception:
-        return None
-
-
-def flush_cache(base_url: str, headers: dict[str, str]) -> None:
-    """Empty the server's prefix cache between workloads (sglite and SGLang servers)."""
-    try:
-        httpx.post(base_url + "/flush_cache", headers=headers, timeout=60)
-    except httpx.HTTPError:
-        pass
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--base-url", default="http://127.0.0.1:30000")
+    p = make_parser(__doc__)
+    add_server_options(p)
     p.add_argument("--api", choices=["native", "openai", "openai-chat"], default="openai")
-    p.add_argument("--model", default=None, help="model id for OpenAI APIs (default: discovered)")
-    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"))
     p.add_argument("--workload", default="all",
                    choices=["random", "shared-prefix", "sharegpt", "all"])  # fmt: skip
     p.add_argument("--num-prompts", type=int, default=64)
@@ -410,9 +338,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--shared-output-len", type=int, default=64)
     p.add_argument("--sharegpt-max-input-len", type=int, default=1024)
     p.add_argument("--sharegpt-max-output-len", type=int, default=128)
-    p.add_argument("--launch", action="store_true", help="start an sglite server for the run")
-    p.add_argument("--server-args", default="", help="extra flags for --launch")
-    p.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    add_json_option(p)
     return p.parse_args(argv)
 
 
@@ -423,7 +349,7 @@ def main(argv: list[str] | None = None) -> None:
     base_url = args.base_url.rstrip("/")
     if args.launch:
         port = int(base_url.rsplit(":", 1)[-1]) if base_url.count(":") == 2 else 30000
-        proc = launch(args.server_args, port)
+        proc = launch_server(shlex.split(args.server_args), port)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     try:
         model = args.model or (None if args.api == "native" else discover_model(base_url, headers))
@@ -468,8 +394,7 @@ def main(argv: list[str] | None = None) -> None:
                 json.dump(rows, f, indent=2)
     finally:
         if proc is not None:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(60)
+            stop_process(proc)
 
 
 if __name__ == "__main__":

@@ -54,8 +54,8 @@ from dataclasses import dataclass, field
 import torch
 
 import sglite
-from benchmarks.bench_json import _free_port, _post
-from benchmarks.runners.llama_cpp import find_llama_server, llama_version
+from benchmarks.common import add_llama_server_option, make_parser, markdown_table, post_json
+from benchmarks.runners.llama_cpp import find_llama_server, llama_version, start_llama_server
 from sglite.runtime.model.catalog import resolve_model_path
 from sglite.runtime.server_args import ServerArgs
 
@@ -132,11 +132,7 @@ class LlamaServer:
     sglite's runs start from a flushed cache."""
 
     def __init__(self, binary: str, model_path: str, threads: int, extra: tuple[str, ...]):
-        self.cmd = [
-            binary, "-m", model_path, "--host", "127.0.0.1",
-            "-t", str(threads), "-tb", str(threads), "-np", "1", "-c", "4096", "-ngl", "0",
-            *extra,
-        ]  # fmt: skip
+        self.binary, self.model_path, self.threads, self.extra = binary, model_path, threads, extra
         self.log = tempfile.NamedTemporaryFile("w", suffix=".log", delete=False)
         self.proc: subprocess.Popen | None = None
         self.restart()
@@ -144,28 +140,16 @@ class LlamaServer:
     def restart(self) -> None:
         """Stop the server (if running) and start a fresh one, waiting until it answers."""
         self.close()
-        port = _free_port()
-        self.proc = subprocess.Popen(
-            [*self.cmd, "--port", str(port)], stdout=self.log, stderr=subprocess.STDOUT
+        self.proc, self.base = start_llama_server(
+            self.binary, self.model_path, self.threads, 1, 4096, self.log, self.extra
         )
-        self.base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited; see {self.log.name}")
-            try:
-                _post(self.base + "/tokenize", {"content": "x"}, timeout=2)
-                return
-            except OSError:
-                time.sleep(0.2)
-        raise TimeoutError("llama-server did not start")
 
     def decode_run(self, prompt: str, tokens: int, reask: bool) -> tuple[float, int, int, list]:
         """(decode tok/s, drafted, accepted, output ids) with the prompt cached beforehand
         (with `reask`, after a full run of the same request, as `decode_run` does for sglite)."""
         body = {"prompt": prompt, "n_predict": tokens, "temperature": 0, "cache_prompt": True}
-        _post(self.base + "/completion", body if reask else {**body, "n_predict": 1})
-        out = _post(self.base + "/completion", {**body, "return_tokens": True})
+        post_json(self.base + "/completion", body if reask else {**body, "n_predict": 1})
+        out = post_json(self.base + "/completion", {**body, "return_tokens": True})
         timings = out["timings"]
         return (
             timings["predicted_per_second"],
@@ -234,7 +218,8 @@ def speculation_args(args: argparse.Namespace, plain: sglite.Engine) -> dict:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__)
+    """Command-line options."""
+    parser = make_parser(__doc__)
     parser.add_argument("--model", default=None, help="target GGUF path or known model name")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=96)
@@ -247,7 +232,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--draft-model-path", default=None)
     parser.add_argument("--draft-quantization", default="auto")
     parser.add_argument("--draft-num-layers", type=int, default=None)
-    parser.add_argument("--llama-server", default=None, help="llama-server binary")
+    add_llama_server_option(parser)
     parser.add_argument("--no-llama", action="store_true", help="skip llama.cpp")
     parser.add_argument(
         "--workloads", nargs="*", default=None, help="names (or name prefixes) of workloads to run"
@@ -389,34 +374,37 @@ def run_workload(
 
 
 def print_table(args: argparse.Namespace, rows: list[WorkloadResult], with_llama: bool) -> None:
-    head = (
-        f"| workload | off (tok/s) | {args.algorithm} (tok/s) | speedup (median) | acceptance "
-        "| tokens per forward | n-gram ceiling | same output |"
-    )
-    rule = "|---|---:|---:|---:|---:|---:|---:|---|"
+    """Markdown table, one row per workload; llama.cpp's columns when it ran."""
+    heads = [
+        "workload", "off (tok/s)", f"{args.algorithm} (tok/s)", "speedup (median)", "acceptance",
+        "tokens per forward", "n-gram ceiling", "same output",
+    ]  # fmt: skip
+    right = {1, 2, 3, 4, 5, 6}
     if with_llama:
-        head += (
-            " llama.cpp off | llama.cpp's n-gram ceiling | llama.cpp best speculation (tok/s,"
-            " config, acceptance) | vs llama.cpp's best |"
-        )
-        rule += "---:|---:|---|---:|"
-    print("\n" + head + "\n" + rule)
-    for row in rows:
-        ceiling = "-" if row.ceiling is None else f"{row.ceiling:.2f}"
-        line = (
-            f"| {row.name} | {row.off.rate:.1f} | {row.on.rate:.1f} | {row.ratio:.2f}x "
-            f"| {row.on.acceptance} | {row.per_forward:.2f} | {ceiling} "
-            f"| {'yes' if row.same else 'NO'} |"
-        )
-        if row.peer is not None and row.peer_off is not None:
-            config, best = row.peer
-            peer_ceiling = "-" if row.peer_ceiling is None else f"{row.peer_ceiling:.2f}"
-            drafted = best.acceptance if best.drafted else "drafted nothing"
-            line += (
-                f" {row.peer_off.rate:.1f} | {peer_ceiling} | {best.rate:.1f} ({config}, "
-                f"{drafted}) | {row.on.rate / best.rate:.2f}x |"
-            )
-        print(line)
+        heads += [
+            "llama.cpp off", "llama.cpp's n-gram ceiling",
+            "llama.cpp best speculation (tok/s, config, acceptance)", "vs llama.cpp's best",
+        ]  # fmt: skip
+        right |= {8, 9, 11}
+    print("\n" + markdown_table(heads, [row_cells(row) for row in rows], right, pad=False))
+
+
+def row_cells(row: WorkloadResult) -> list[str]:
+    """One workload's cells (llama.cpp's only when it ran)."""
+    ceiling = "-" if row.ceiling is None else f"{row.ceiling:.2f}"
+    cells = [
+        row.name, f"{row.off.rate:.1f}", f"{row.on.rate:.1f}", f"{row.ratio:.2f}x",
+        row.on.acceptance, f"{row.per_forward:.2f}", ceiling, "yes" if row.same else "NO",
+    ]  # fmt: skip
+    if row.peer is not None and row.peer_off is not None:
+        config, best = row.peer
+        peer_ceiling = "-" if row.peer_ceiling is None else f"{row.peer_ceiling:.2f}"
+        drafted = best.acceptance if best.drafted else "drafted nothing"
+        cells += [
+            f"{row.peer_off.rate:.1f}", peer_ceiling, f"{best.rate:.1f} ({config}, {drafted})",
+            f"{row.on.rate / best.rate:.2f}x",
+        ]  # fmt: skip
+    return cells
 
 
 if __name__ == "__main__":

@@ -17,12 +17,12 @@ import json
 import os
 import subprocess
 import sys
-import time
-import urllib.request
 from typing import Any
 
 import jsonschema
 import openai
+
+from benchmarks.common import launch_server, stop_process
 
 WEATHER = {
     "type": "function",
@@ -121,29 +121,14 @@ CASES = {
 }
 
 
-def start_sglite(model: str, port: int) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "sglite.launch_server", "--model-path", model]
-    proc = subprocess.Popen([*cmd, "--port", str(port)], stdout=subprocess.DEVNULL)
-    deadline = time.time() + 600
-    while time.time() < deadline:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-            return proc
-        except OSError:
-            if proc.poll() is not None:
-                raise RuntimeError("sglite serve exited") from None
-            time.sleep(0.2)
-    proc.kill()
-    raise TimeoutError("sglite did not become ready")
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="qwen2.5-coder-1.5b", help="model sglite serves")
     ap.add_argument("--url", help="an OpenAI-compatible server already running (not started)")
     ap.add_argument("--port", type=int, default=31777)
     args = ap.parse_args(argv)
-    proc = None if args.url else start_sglite(args.model, args.port)
+    flags = ["--model-path", args.model]
+    proc = None if args.url else launch_server(flags, args.port, stdout=subprocess.DEVNULL)
     url = args.url or f"http://127.0.0.1:{args.port}/v1"
     client = openai.OpenAI(base_url=url, api_key=os.environ.get("OPENAI_API_KEY", "x"))
     try:
@@ -157,8 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {name} | {verdict} | {text} |")
     finally:
         if proc is not None:
-            proc.terminate()
-            proc.wait()
+            stop_process(proc)
     return 0
 
 

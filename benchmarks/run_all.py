@@ -11,7 +11,7 @@ of `docs/benchmarks.md` and saves `docs/benchmarks_speedup.png`.
     python -m benchmarks.run_all --quick         # sglite, transformers, llama.cpp; small sizes
     python -m benchmarks.run_all --quick --workloads mmlu --num-requests 2 --no-write
 
-Targets (issue 6): sglite >= 5x transformers on workloads with shared prefixes, ahead of
+Targets: sglite >= 5x transformers on workloads with shared prefixes, ahead of
 llama.cpp on each workload, cache hit rate within 5 points of the ideal.
 """
 
@@ -21,7 +21,6 @@ import argparse
 import datetime
 import os
 import platform
-import shlex
 import signal
 import sys
 import textwrap
@@ -30,11 +29,20 @@ import traceback
 from dataclasses import asdict
 from typing import Any
 
+from benchmarks.common import (
+    add_json_option,
+    add_llama_server_option,
+    command_line,
+    git_revision,
+    make_parser,
+    markdown_table,
+)
 from benchmarks.runners import ALL_SYSTEMS, QUICK_SYSTEMS, ResultRow, make_system
 
 DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs")
 SECTION = "## The paper's workloads (`benchmarks/run_all.py`)"
 CHART = "benchmarks_speedup.png"
+COMMAND = "benchmarks.run_all"
 TARGET_HF, TARGET_HIT_POINTS = 5.0, 5.0
 
 
@@ -58,11 +66,9 @@ def table(results: list[ResultRow]) -> str:
     results = sorted(
         results, key=lambda r: (workloads.index(r.workload), order.get(r.system, len(order)))
     )
-    lines = [
-        "| workload | system | ok | programs/s | out tok/s | p50 latency s | cache hit "
-        "| ideal hit | vs transformers | vs llama.cpp |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    heads = ["workload", "system", "ok", "programs/s", "out tok/s", "p50 latency s", "cache hit",
+             "ideal hit", "vs transformers", "vs llama.cpp"]  # fmt: skip
+    rows = []
     for r in results:
         vs = [_ratio(by, r, b) for b in ("transformers", "llama.cpp")]
         cells = [
@@ -70,8 +76,8 @@ def table(results: list[ResultRow]) -> str:
             f"{r.output_tok_per_s:.1f}", f"{r.p50_latency_s:.1f}", _pct(r.cache_hit_rate),
             _pct(r.ideal_hit_rate), *("-" if v is None else f"{v:.2f}x" for v in vs),
         ]  # fmt: skip
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows.append(cells)
+    return markdown_table(heads, rows, right=range(2, len(heads)), pad=False)
 
 
 def targets(results: list[ResultRow]) -> list[str]:
@@ -106,11 +112,6 @@ def targets(results: list[ResultRow]) -> list[str]:
 
 
 # ---------------------------------------------------------------------------- report
-def command_line() -> str:
-    """The command that started this run."""
-    return " ".join(["python -m benchmarks.run_all", *(shlex.quote(a) for a in sys.argv[1:])])
-
-
 def machine() -> str:
     """nproc, CPU model and memory, from /proc."""
     cpu = platform.processor() or platform.machine()
@@ -162,8 +163,6 @@ def versions(llama: str | None) -> str:
 
 def report(results: list[ResultRow], meta: dict[str, Any], notes: list[str]) -> str:
     """The docs section: context, the table, the targets, notes."""
-    from benchmarks.bench_json import git_revision
-
     out = [
         SECTION,
         "",
@@ -193,7 +192,7 @@ def report(results: list[ResultRow], meta: dict[str, Any], notes: list[str]) -> 
         "",
         table(results),
         "",
-        "Targets (issue 6):",
+        "Targets:",
         "",
         *targets(results),
     ]
@@ -265,19 +264,19 @@ def chart(results: list[ResultRow], path: str = os.path.join(DOC, CHART)) -> boo
 # ---------------------------------------------------------------------------- driver
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = make_parser(__doc__)
     quick = f"systems {','.join(QUICK_SYSTEMS)}; each workload's quick size"
     p.add_argument("--quick", action="store_true", help=quick)
     p.add_argument("--workloads", default=None, help="comma-separated (default: all)")
     p.add_argument("--systems", default=None,
                    help=f"comma-separated from {','.join(ALL_SYSTEMS)}")  # fmt: skip
     p.add_argument("--num-requests", type=int, default=None, help="programs per workload")
-    p.add_argument("--llama-server", default=None, help="llama-server binary")
+    add_llama_server_option(p)
     p.add_argument("--threads", type=int, default=None, help="threads per system (all cores)")
     p.add_argument("--hf-dtype", default="auto", help="transformers dtype (auto: as sglite's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-write", action="store_true", help="do not touch docs/")
-    p.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    add_json_option(p)
     return p.parse_args(argv)
 
 
@@ -293,7 +292,7 @@ def main(argv: list[str] | None = None) -> list[ResultRow]:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     t0 = time.perf_counter()
     load0 = os.getloadavg()[0]
-    print(f"command: {command_line()}", flush=True)
+    print(f"command: {command_line(COMMAND)}", flush=True)
     busy = busy_cores()
     if busy is not None and busy > 0.3:
         print(
@@ -363,7 +362,7 @@ def main(argv: list[str] | None = None) -> list[ResultRow]:
                 )
     elapsed = time.perf_counter() - t0
     meta = {
-        "command": command_line(),
+        "command": command_line(COMMAND),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "elapsed": elapsed,
         "load": (load0, os.getloadavg()[0]),

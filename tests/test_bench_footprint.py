@@ -23,7 +23,7 @@ from benchmarks.bench_footprint import (
     process_tree,
     tree_memory,
 )
-from benchmarks.bench_json import _free_port
+from benchmarks.common import free_port
 from benchmarks.synthetic_gguf import QT, SyntheticConfig, tensor_plan, write_synthetic
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")
@@ -123,7 +123,7 @@ def test_synthetic_writer_tiny_config(tmp_path):
 
 
 def _fake_server(code: str) -> ServerCommand:
-    return ServerCommand("fake", [sys.executable, "-c", code], _free_port(), "/x", {})
+    return ServerCommand("fake", [sys.executable, "-c", code], free_port(), "/x", {})
 
 
 def test_measure_start_reports_crashed_and_exceeded():

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import sglite
-from benchmarks.tiny_vlm import (
+from sglite.testing.tiny_models import (
     TinyLlavaShape,
     build_tiny_idefics3,
     build_tiny_llava,

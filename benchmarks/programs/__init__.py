@@ -1,4 +1,4 @@
-"""The benchmark suite's workloads (issue 6): one module per workload, each a `WORKLOAD`.
+"""The benchmark suite's workloads (the SGLang paper's): one module per workload, each a `WORKLOAD`.
 
 `WORKLOADS` maps each name to its `Workload` in the order of the report's table;
 `get_workload(name)` looks one up. See `base.py` for what a workload is.

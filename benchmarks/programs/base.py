@@ -31,4 +31,4 @@ class Workload:
     check: Callable[[Any, dict[str, Any]], None]  # (finished ProgramState, its kwargs)
     shared_prefix: bool  # whether requests share prompt prefixes (the cache should pay)
     default_num_requests: int  # full-size run
-    quick_num_requests: int  # `--quick` run (the whole quick suite < 10 minutes)
+    quick_num_requests: int  # `--quick` run: a smoke run of the whole suite

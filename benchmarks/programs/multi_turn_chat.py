@@ -31,7 +31,7 @@ MAX_TURNS = 4
 LONG_CHARS = 300  # a user turn longer than this is a long turn
 MAX_CHARS = 1600  # long turns are cut here (about 400 tokens)
 SHORT_ANSWER, LONG_ANSWER = 16, 32
-SHAREGPT_BYTES = 8_000_000  # the first ~1000 conversations; enough for any run, read in ~0.1 s
+SHAREGPT_BYTES = 8_000_000  # the first ~1000 conversations: enough for any run
 SYSTEM = "You are a helpful assistant. Answer briefly and precisely."
 
 

@@ -46,7 +46,7 @@ PRODUCTS = ["solar roof tiles", "electric bicycles", "water filters", "farm dron
             "hearing aids", "modular kitchens", "wind sensors", "bike locks"]  # fmt: skip
 
 
-def _company(seed: int, group: int) -> dict[str, Any]:
+def company_facts(seed: int, group: int) -> dict[str, Any]:
     """The facts of one fictional company (one retrieval group)."""
     rng = rng_for(seed, "rag-company", group)
     return {
@@ -60,7 +60,7 @@ def _company(seed: int, group: int) -> dict[str, Any]:
     }
 
 
-def _passages(c: dict[str, Any]) -> str:
+def company_passages(c: dict[str, Any]) -> str:
     """The 4 retrieved passages about company `c`, numbered."""
     passages = [
         f"{c['name']} is a manufacturer of {c['product']} headquartered in {c['city']}. The "
@@ -99,12 +99,12 @@ def make_args(num_requests: int, seed: int) -> list[dict[str, Any]]:
     """Requests in groups of GROUP_SIZE questions about one company's passages."""
     args = []
     for i in range(num_requests):
-        company = _company(seed, i // GROUP_SIZE)
+        company = company_facts(seed, i // GROUP_SIZE)
         rng = rng_for(seed, "rag-question", i)
         question, second_hop = rng.choice(QUESTIONS)
         args.append(
             {
-                "passages": _passages(company),
+                "passages": company_passages(company),
                 "question": question.format(**company),
                 "second_hop": second_hop.format(**company),
             }

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from benchmarks.bench_serving import percentile
+from benchmarks.common import percentile
 from benchmarks.ideal_cache import CallLog
 from benchmarks.programs.base import Workload
 

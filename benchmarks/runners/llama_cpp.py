@@ -28,10 +28,9 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from types import SimpleNamespace
-from typing import Any
+from typing import IO, Any
 
-from benchmarks.bench_json import _post, start_llama_server
+from benchmarks.common import LOCALHOST, free_port, post_json, stop_process, wait_healthy
 from benchmarks.ideal_cache import CallLog
 from benchmarks.runners.common import ResultRow, System, default_threads
 from benchmarks.runners.gbnf import literal_gbnf, regex_to_gbnf
@@ -66,6 +65,38 @@ def find_llama_server(path: str | None = None) -> tuple[str | None, str]:
         "no llama-server: give --llama-server PATH, put it on PATH, or run "
         "`bash benchmarks/build_llama_cpp.sh`"
     )
+
+
+def llama_binaries() -> tuple[str | None, str | None]:
+    """(llama-bench, llama-server) from PATH or the build script's folder."""
+    server, _ = find_llama_server(None)
+    if server is None:
+        return None, None
+    bench = os.path.join(os.path.dirname(server), "llama-bench")
+    return (bench if os.access(bench, os.X_OK) else None), server
+
+
+def start_llama_server(
+    binary: str,
+    model: str,
+    threads: int,
+    slots: int,
+    ctx_per_slot: int,
+    log: IO,
+    extra: tuple[str, ...] = (),
+) -> tuple[subprocess.Popen, str]:
+    """llama-server on `model` with `slots` parallel slots of `ctx_per_slot` tokens each, CPU
+    only: (process, base url) once healthy (it answers 503 while loading)."""
+    port = free_port()
+    cmd = [
+        binary, "-m", model, "--host", LOCALHOST, "--port", str(port),
+        "-t", str(threads), "-tb", str(threads), "-np", str(slots),
+        "-c", str(slots * ctx_per_slot), "-ngl", "0", *extra,
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://{LOCALHOST}:{port}"
+    wait_healthy(proc, base, timeout=300, name="llama-server", log=log.name)
+    return proc, base
 
 
 def llama_build(binary: str) -> str:
@@ -110,7 +141,7 @@ class LlamaServerBackend(BaseBackend):
 
     def _complete(self, body: dict[str, Any]) -> dict[str, Any]:
         body = {"cache_prompt": True, "stream": False, "repeat_penalty": 1.0, **body}
-        out = _post(self.url, body)
+        out = post_json(self.url, body)
         timings = out.get("timings") or {}
         cached = timings.get("cache_n", out.get("tokens_cached", 0)) or 0
         fresh = timings.get("prompt_n", 0) or 0
@@ -231,18 +262,14 @@ class LlamaServerSystem(System):
 
     def _restart(self) -> None:
         self._kill()
-        args = SimpleNamespace(threads=self.threads, llama_ctx_per_slot=CTX_PER_SLOT)
-        self.proc, base = start_llama_server(self.binary, args, SLOTS, self._log)
+        self.proc, base = start_llama_server(
+            self.binary, self.model_path, self.threads, SLOTS, CTX_PER_SLOT, self._log
+        )
         self.backend = LlamaServerBackend(base, self.tokenizer, self.model_path)
 
     def _kill(self) -> None:
         if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            stop_process(self.proc, timeout=30)
             self.proc = None
 
     def stop(self) -> None:

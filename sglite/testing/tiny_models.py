@@ -1,16 +1,20 @@
 """Tiny random vision-language models built with transformers and saved with their processors:
 LLaVA-1.5 (CLIP tower + projector + small Llama), LLaVA-NeXT (the same with any-resolution
 tiles) and Idefics3 (SmolVLM's architecture: a SigLIP-style tower, pixel-shuffle connector,
-image splitting). No vision-language weights can be downloaded here, so the tests
-(tests/test_multimodal.py) and the image-QA benchmark run on these."""
+image splitting). Tests and benchmarks run on these without downloading any weights."""
 
 from __future__ import annotations
 
 import base64
 import io
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from torch import nn
+    from transformers import LlamaConfig, PreTrainedTokenizerFast
 
 WORDS = ["<unk>", "<s>", "</s>", "<image>"] + [
     "what", "is", "in", "the", "picture", "describe", "it", "a", "cat", "dog", "red", "blue",
@@ -38,6 +42,7 @@ class TinyLlavaShape:
 
     @property
     def image_tokens(self) -> int:
+        """Positions one image takes in the prompt."""
         return (self.image_size // self.patch_size) ** 2
 
 
@@ -149,7 +154,8 @@ def build_tiny_idefics3(path: str, seed: int = 0) -> str:
     return path
 
 
-def _text_config(vocab_size: int, hidden: int = 64, layers: int = 2):  # noqa: ANN202
+def _text_config(vocab_size: int, hidden: int = 64, layers: int = 2) -> LlamaConfig:
+    """A small Llama text model's config."""
     from transformers import LlamaConfig
 
     return LlamaConfig(
@@ -159,7 +165,9 @@ def _text_config(vocab_size: int, hidden: int = 64, layers: int = 2):  # noqa: A
     )  # fmt: skip
 
 
-def _tokenizer(words: list[str], extra_special: list[str] = ()):  # noqa: ANN202
+def _tokenizer(
+    words: list[str], extra_special: tuple[str, ...] | list[str] = ()
+) -> PreTrainedTokenizerFast:
     """A word-level tokenizer over `words` (`<image>` and `extra_special` special tokens) with
     a chat template that writes image parts as `<image>`."""
     from tokenizers import Tokenizer as RawTokenizer
@@ -181,7 +189,7 @@ def _tokenizer(words: list[str], extra_special: list[str] = ()):  # noqa: ANN202
     return tokenizer
 
 
-def _save_scaled(model, path: str, scale: float) -> None:  # noqa: ANN001
+def _save_scaled(model: nn.Module, path: str, scale: float) -> None:
     """Scale every weight (decisive argmaxes, image features that matter) and save."""
     import torch
 

@@ -1,0 +1,270 @@
+"""What the benchmark scripts share: command-line options, servers started and stopped, HTTP
+calls, Markdown tables, prompts of an exact token length, and the command and revision of a run.
+
+llama.cpp's discovery and start-up live with its runner (`runners/llama_cpp.py`); the host line
+every benchmark prints is `host.py`'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Collection, Sequence
+from typing import IO
+
+LOCALHOST = "127.0.0.1"
+
+
+# ---------------------------------------------------------------------------- command line
+def make_parser(doc: str) -> argparse.ArgumentParser:
+    """A parser whose help is the script's docstring, its line breaks kept."""
+    return argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
+
+
+def add_server_options(p: argparse.ArgumentParser) -> None:
+    """Where the server under test is, or `--launch` to start an sglite server for the run."""
+    p.add_argument("--base-url", default="http://127.0.0.1:30000", help="server root (no /v1)")
+    p.add_argument("--launch", action="store_true", help="start an sglite server for the run")
+    p.add_argument("--server-args", default="", help="extra flags for --launch")
+    p.add_argument("--model", default=None, help="model id (default: the first of /v1/models)")
+    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"))
+
+
+def add_llama_server_option(p: argparse.ArgumentParser) -> None:
+    """`--llama-server PATH` (`runners.llama_cpp.find_llama_server` looks when it is absent)."""
+    p.add_argument(
+        "--llama-server",
+        default=None,
+        help="llama-server binary (default: on PATH, then the one "
+        "benchmarks/build_llama_cpp.sh builds)",
+    )
+
+
+def add_json_option(p: argparse.ArgumentParser, what: str = "the rows") -> None:
+    """`--json PATH`: the results also written as JSON."""
+    p.add_argument("--json", default=None, help=f"also write {what} to this JSON file")
+
+
+def command_line(module: str) -> str:
+    """The command that started this run (`python -m module ...`), to paste beside its results."""
+    return shlex.join(["python", "-m", module, *sys.argv[1:]])
+
+
+def git_revision() -> str:
+    """Short commit hash, with '+dirty' when the tree has changes; '?' outside git."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=here, capture_output=True, text=True,
+        ).stdout.strip()  # fmt: skip
+    except OSError:
+        return "?"
+    return (rev or "?") + ("+dirty" if dirty else "")
+
+
+# ---------------------------------------------------------------------------- processes
+def free_port() -> int:
+    """A free loopback TCP port."""
+    with socket.socket() as s:
+        s.bind((LOCALHOST, 0))
+        return s.getsockname()[1]
+
+
+def healthy(base_url: str) -> bool:
+    """Whether `/health` answers 200 now (not while refused, loading (503) or reset)."""
+    try:
+        with urllib.request.urlopen(base_url + "/health", timeout=2) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def wait_healthy(
+    proc: subprocess.Popen,
+    base_url: str,
+    timeout: float = 600,
+    name: str = "the server",
+    log: str | None = None,
+) -> None:
+    """Until `base_url` is healthy; raises if `proc` exits first (naming its log) or time runs
+    out (the process is then killed)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            see = f"; see {log}" if log else ""
+            raise RuntimeError(f"{name} exited with {proc.returncode} during start-up{see}")
+        if healthy(base_url):
+            return
+        time.sleep(0.5)
+    proc.kill()
+    raise TimeoutError(f"{name} did not become healthy")
+
+
+def start_module(
+    args: list[str], base_url: str, timeout: float = 600, stdout: IO | int | None = None
+) -> subprocess.Popen:
+    """Run `python -m <args>` and wait until `base_url` is healthy."""
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+    proc = subprocess.Popen([sys.executable, "-m", *args], env=env, stdout=stdout)
+    wait_healthy(proc, base_url, timeout, name=args[0])
+    return proc
+
+
+def launch_server(flags: list[str], port: int, stdout: IO | int | None = None) -> subprocess.Popen:
+    """Start `python -m sglite.launch_server --port port <flags>` and wait until it is healthy."""
+    args = ["sglite.launch_server", "--port", str(port), *flags]
+    return start_module(args, f"http://{LOCALHOST}:{port}", stdout=stdout)
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 60) -> None:
+    """SIGTERM, then SIGKILL if it lingers past `timeout` seconds; waits either way."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    proc.wait()
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process so far (Linux /proc; None elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+# ---------------------------------------------------------------------------- HTTP
+def post_json(url: str, body: dict, timeout: float = 3600) -> dict:
+    """POST `body` as JSON; the answer's JSON (raises on an HTTP error)."""
+    req = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+def get_json(url: str, headers: dict[str, str] | None = None, timeout: float = 60) -> dict:
+    """GET `url`; the answer's JSON."""
+    req = urllib.request.Request(url, headers=headers or {})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+def discover_model(base_url: str, headers: dict[str, str] | None = None) -> str | None:
+    """The first model id of `base_url`/v1/models, if the endpoint has one."""
+    try:
+        return get_json(base_url + "/v1/models", headers, timeout=30)["data"][0]["id"]
+    except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError):
+        return None
+
+
+def flush_cache(
+    base_url: str,
+    headers: dict[str, str] | None = None,
+    retry_s: float = 0,
+    check: bool = False,
+) -> bool:
+    """POST /flush_cache (sglite and SGLang servers): whether it succeeded. A server refuses while
+    requests still run, so with `retry_s` it is asked again for that long. Other endpoints have
+    no such route, so a failure is no error unless `check` is set."""
+    deadline = time.monotonic() + retry_s
+    url = base_url + "/flush_cache"
+    while True:
+        try:
+            req = urllib.request.Request(url, headers=headers or {}, method="POST")
+            with urllib.request.urlopen(req, timeout=60):
+                return True
+        except (urllib.error.URLError, OSError) as exc:
+            if time.monotonic() >= deadline:
+                if check:
+                    raise RuntimeError(f"{url}: {exc}") from exc
+                return False
+        time.sleep(0.5)
+
+
+# ---------------------------------------------------------------------------- reports
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0-100) by linear interpolation; nan for no values."""
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    k = (len(s) - 1) * q / 100
+    lo, hi = math.floor(k), math.ceil(k)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def markdown_table(
+    heads: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    right: Collection[int] = (),
+    pad: bool = True,
+) -> str:
+    """A Markdown table; columns in `right` right-aligned; with `pad`, cells padded to their
+    column's width so the table also reads as plain text."""
+    if not pad:
+        rule = "|" + "|".join("---:" if i in right else "---" for i in range(len(heads))) + "|"
+        lines = ["| " + " | ".join(heads) + " |", rule]
+        return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(heads)]
+    rule = (
+        "|"
+        + "|".join(
+            ("-" * (w + 1) + ":") if i in right else "-" * (w + 2) for i, w in enumerate(widths)
+        )
+        + "|"
+    )
+
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
+
+    return "\n".join([line(heads), rule, *(line(row) for row in rows)])
+
+
+# ---------------------------------------------------------------------------- prompts
+WORDS = (
+    "the of and a to in is you that it he was for on are as with his they at be this have from "
+    "or one had by word but not what all were we when your can said there use an each which she "
+    "do how their if will up other about out many then them these so some her would make like "
+    "him into time has look two more write go see number no way could people my than first water "
+    "been call who oil its now find long down day did get come made may part river mountain city"
+).split()
+
+
+class PromptMaker:
+    """Builds prompts of an exact token length with a tokenizer (the default model's, unless
+    given), from a seeded generator."""
+
+    def __init__(self, tokenizer_path: str | None, seed: int) -> None:
+        from sglite.runtime.model.loader import load_tokenizer
+
+        self.tokenizer = load_tokenizer(tokenizer_path)
+        self.rng = random.Random(seed)
+
+    def text(self, n_tokens: int) -> str:
+        """Random words cut to n_tokens tokens."""
+        words = " ".join(self.rng.choice(WORDS) for _ in range(n_tokens + 8))
+        ids = self.tokenizer.encode(words)[:n_tokens]
+        return self.tokenizer.decode(ids)
+
+    def count(self, text: str) -> int:
+        """Token count of text."""
+        return len(self.tokenizer.encode(text))

@@ -1,0 +1,1 @@
+"""Builders of tiny random models for tests and benchmarks, like `torch.testing`."""
