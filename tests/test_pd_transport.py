@@ -22,9 +22,9 @@ from sglite.runtime.disaggregation.prefill_side import KVSender
 from sglite.runtime.disaggregation.transport import SharedMemoryTransport
 from sglite.runtime.sampling.params import SamplingParams
 from sglite.runtime.sampling.sampler import SamplingInfo
-from sglite.runtime.scheduler.disaggregation import COUNTERS
 from sglite.runtime.scheduler.kv_manager import RequestKVManager
 from sglite.runtime.scheduler.request import Req
+from sglite.runtime.scheduler.stats import SchedulerStats
 
 LAYERS, HEADS, DIM, CAPACITY = 3, 2, 4, 64
 
@@ -60,8 +60,8 @@ class Prefilled:
         self.cache.unlock(self.last_node)
 
 
-def counters() -> dict[str, int]:
-    return dict.fromkeys(COUNTERS, 0)
+def counters() -> SchedulerStats:
+    return SchedulerStats()
 
 
 def wait_for(receiver: KVReceiver, sender: KVSender, timeout: float = 10.0):
@@ -109,8 +109,8 @@ def test_pages_arrive_bit_exact_and_both_sides_are_freed(backend, dtype):
             assert torch.equal(
                 dst.v[layer][req.kv_slots[10:]], src.v[layer][prefilled.kv_slots[10:]]
             )
-        assert receiver.counters["disaggregation_transferred_tokens"] == 30
-        assert sender.counters["disaggregation_transfers"] == 1
+        assert receiver.stats.disaggregation_transferred_tokens == 30
+        assert sender.stats.disaggregation_transfers == 1
         sender.poll()
         assert not sender.busy and src_cache.protected_size() == 0  # the hand-off's lock is gone
         if backend == "shm":
@@ -181,7 +181,7 @@ def test_silence_times_out_on_both_sides():
         time.sleep(0.4)
         sender.poll()
         assert not sender.busy and src_cache.protected_size() == 0
-        assert sender.counters["disaggregation_failed_transfers"] == 1
+        assert sender.stats.disaggregation_failed_transfers == 1
     finally:
         sender.close()
         receiver.close()

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from sglite.runtime.scheduler.io import GenerateInput, RequestOutput
+from sglite.runtime.scheduler.request_table import ReqStatus
 from sglite.runtime.server_args import ServerArgs
 
 JSON_REGEX = r'\{"name": "[A-Za-z ]{1,20}", "age": [0-9]{1,2}\}'
@@ -70,7 +71,7 @@ def _run(scheduler: Any, inputs: list[GenerateInput], fault: str | None) -> dict
         if not scheduler.has_work:
             break
         outs: list[RequestOutput] = scheduler.step()
-        for req in scheduler.running:
+        for req in scheduler.table.with_status(ReqStatus.RUNNING):
             if fault and req.rid == "faulty" and not isinstance(req.grammar, FaultyMatcher):
                 req.grammar = FaultyMatcher(req.grammar, fault, after=1)
         for out in outs:
@@ -94,7 +95,7 @@ def test_one_failing_request_does_not_fail_its_batch(scheduler, fault):
         assert together[rid]["ids"] == alone[rid]["ids"], rid
     info = scheduler.check_invariants()
     assert info["held_by_requests"] == 0, info
-    assert scheduler.counters["aborted_requests"] >= 1
+    assert scheduler.stats.aborted_requests >= 1
 
 
 def _step_like_the_loop(scheduler: Any) -> list[RequestOutput]:
@@ -132,7 +133,7 @@ def test_failed_forward_answers_every_request_and_caches_nothing_unwritten(
     alone = _run(scheduler, inputs, fault=None)
     scheduler.flush_cache()
 
-    real_forward = scheduler.forward
+    real_forward = scheduler.runner.forward
     calls = {"n": 0}
 
     def failing_forward(fb: Any) -> Any:
@@ -141,7 +142,7 @@ def test_failed_forward_answers_every_request_and_caches_nothing_unwritten(
             raise RuntimeError("injected model fault")
         return real_forward(fb)
 
-    monkeypatch.setattr(scheduler, "forward", failing_forward)
+    monkeypatch.setattr(scheduler.runner, "forward", failing_forward)
     reasons = _finish_reasons(scheduler, inputs)
     monkeypatch.undo()
     assert calls["n"] >= 1
@@ -171,14 +172,14 @@ def test_failed_segment_assembly_answers_the_request_and_frees_its_slots(schedul
         segments=[(len(head), len(head) + len(doc))],
     )
     scheduler.flush_cache()
-    real_forward = scheduler.forward
+    real_forward = scheduler.runner.forward
 
     def failing_rows(fb: Any) -> Any:
         if fb.mode.value == "decode":  # the assembly's rows (the segment's fill is a prefill)
             raise RuntimeError("injected model fault")
         return real_forward(fb)
 
-    monkeypatch.setattr(scheduler, "forward", failing_rows)
+    monkeypatch.setattr(scheduler.runner, "forward", failing_rows)
     reasons = _finish_reasons(scheduler, [segmented])
     monkeypatch.undo()
     assert list(reasons) == ["segmented"], reasons  # the internal fill never surfaces
@@ -201,18 +202,18 @@ def test_nan_logits_fail_only_their_request(scheduler, monkeypatch):
         GenerateInput("other", tok.encode("def add(a, b):"), greedy),
     ]
     alone = _run(scheduler, [inputs[0], inputs[2]], fault=None)
-    real_forward = scheduler.forward
+    real_forward = scheduler.runner.forward
 
     def nan_forward(fb: Any) -> Any:
         logits = real_forward(fb)
         if fb.mode.value == "decode":
-            for row, req in enumerate(scheduler.running):
+            for row, req in enumerate(scheduler.table.with_status(ReqStatus.RUNNING)):
                 if req.rid == "broken":
                     logits = logits.clone()
                     logits[row] = float("nan")
         return logits
 
-    monkeypatch.setattr(scheduler, "forward", nan_forward)
+    monkeypatch.setattr(scheduler.runner, "forward", nan_forward)
     together = _run(scheduler, inputs, fault=None)
     monkeypatch.undo()
     reason = together["broken"]["reason"]
@@ -264,17 +265,17 @@ def test_a_sampler_failure_while_a_draft_is_verified_leaks_no_slot(scheduler, mo
         tok.encode("A person as JSON:"),
         {"max_new_tokens": 24, "temperature": 0, "regex": JSON_REGEX},
     )
-    real = scheduler.sample_and_append
-    drafted = scheduler.counters["jump_forward_drafted_tokens"]
+    real = scheduler.sampler.sample_and_append
+    drafted = scheduler.stats.jump_forward_drafted_tokens
 
     def failing(reqs: Any, logits: Any) -> Any:
-        if scheduler.counters["jump_forward_drafted_tokens"] > drafted:  # inside verify
+        if scheduler.stats.jump_forward_drafted_tokens > drafted:  # inside verify
             raise RuntimeError("injected sampler fault")
         return real(reqs, logits)
 
-    monkeypatch.setattr(scheduler, "sample_and_append", failing)
+    monkeypatch.setattr(scheduler.sampler, "sample_and_append", failing)
     reasons = _finish_reasons(scheduler, [inp])
     monkeypatch.undo()
-    assert scheduler.counters["jump_forward_drafted_tokens"] > drafted  # a draft was verified
+    assert scheduler.stats.jump_forward_drafted_tokens > drafted  # a draft was verified
     assert reasons["json"]["type"] == "abort", reasons
     assert scheduler.check_invariants()["held_by_requests"] == 0

@@ -122,6 +122,21 @@ def test_field_named_in_param(url):
     assert check_error(r, 400, "top_p")["param"] == "sampling_params.top_p"
 
 
+def test_prompt_past_the_context_is_known_by_its_code(url):
+    """OpenAI clients tell a too-long prompt from other 400s by `context_length_exceeded`; a
+    different 400 has no such code."""
+    info = requests.get(url + "/get_model_info", timeout=30).json()
+    ids = [1] * (info["context_length"] + 1)
+    for route, body in (
+        ("/v1/completions", {"prompt": ids, "max_tokens": 1}),
+        ("/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 1}}),
+    ):
+        err = check_error(requests.post(url + route, json=body, timeout=60), 400, "context")
+        assert err["code"] == "context_length_exceeded", (route, err)
+    r = requests.post(url + "/v1/completions", json={"prompt": "x", "temperature": -1}, timeout=30)
+    assert check_error(r, 400, "temperature")["code"] is None
+
+
 @pytest.mark.parametrize(
     "raw", [b"{", b"not json", b"[1, 2]", b"", b'{"text": "Hi", }', b"\xff\xfe"]
 )

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from sglite.load_balancing.policy import CacheAwareConfig, Candidate, make_policy
-from sglite.runtime.scheduler.io import GenerateInput, RequestOutput
+from sglite.runtime.scheduler.io import AbortKind, GenerateInput, RequestOutput
 from sglite.runtime.scheduler_client import OutputCallback, SchedulerClient, SchedulerDiedError
 from sglite.runtime.server_args import ServerArgs
 
@@ -114,12 +114,17 @@ class DataParallelClient:
                 self._load[index] -= 1
             raise
 
-    def abort(self, rid: str, message: str = "aborted by the client") -> None:
+    def abort(
+        self,
+        rid: str,
+        message: str = "aborted by the client",
+        kind: AbortKind = AbortKind.CANCELLED,
+    ) -> None:
         """Stop a request on the replica that has it."""
         with self._lock:
             index = self._owner.get(rid)
         if index is not None:
-            self.replicas[index].abort(rid, message)
+            self.replicas[index].abort(rid, message, kind)
 
     def control(self, kind: str, timeout: float = 60.0, **args: Any) -> Any:
         """Run a control request on every replica and combine the answers (`cache_tree`: on

@@ -30,12 +30,14 @@ import zmq
 from sglite.runtime.scheduler.io import (
     SERVED_TOKENS,
     AbortInput,
+    AbortKind,
     BatchOutput,
     ControlInput,
     ControlOutput,
     GenerateInput,
     ReadyMessage,
     RequestOutput,
+    abort_reason,
 )
 from sglite.runtime.server_args import ServerArgs
 
@@ -187,10 +189,15 @@ class SchedulerClient:
             self._callbacks[inp.rid] = callback
         self._send_obj(inp)
 
-    def abort(self, rid: str, message: str = "aborted by the client") -> None:
+    def abort(
+        self,
+        rid: str,
+        message: str = "aborted by the client",
+        kind: AbortKind = AbortKind.CANCELLED,
+    ) -> None:
         """Ask the scheduler to stop a request and free its KV slots."""
         if self.alive:
-            self._send_obj(AbortInput(rid=rid, message=message))
+            self._send_obj(AbortInput(rid=rid, message=message, kind=kind))
 
     def control(self, kind: str, timeout: float = 60.0, **args: Any) -> Any:
         """Run a control request (flush_cache, get_info, check_invariants) and wait for it."""
@@ -254,7 +261,7 @@ class SchedulerClient:
             callbacks, self._callbacks = self._callbacks, {}
             controls, self._controls = self._controls, {}
         for rid, callback in callbacks.items():
-            abort = {"type": "abort", "message": reason}
+            abort = abort_reason(reason, AbortKind.UNAVAILABLE)
             callback(RequestOutput(rid=rid, new_token_ids=[], new_text="", finish_reason=abort))
         for token, fut in controls.items():
             fut.set_result(ControlOutput(token=token, ok=False, error=reason))

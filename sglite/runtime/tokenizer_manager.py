@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from sglite.runtime.multimodal.image_input import ImageLimits
 from sglite.runtime.multimodal.processor import ImageItem, ImagePromptBuilder
 from sglite.runtime.multimodal.spec import vision_spec
-from sglite.runtime.scheduler.io import GenerateInput, RequestOutput
+from sglite.runtime.scheduler.io import AbortKind, GenerateInput, RequestOutput, abort_reason
 from sglite.runtime.scheduler_client import SchedulerClient
 from sglite.runtime.server_args import ServerArgs
 from sglite.runtime.tokenizer import Tokenizer
@@ -92,7 +92,7 @@ class TokenizerManager:
     def abort_all(self, message: str) -> None:
         """Abort every request in flight (server shutdown); each ends with an abort reason."""
         for rid in list(self.in_flight):
-            self.client.abort(rid, message)
+            self.client.abort(rid, message, AbortKind.UNAVAILABLE)
 
     # ------------------------------------------------------------------ validate and tokenize
     def normalize(
@@ -237,8 +237,8 @@ class TokenizerManager:
             return await asyncio.wait_for(state.queue.get(), max(0.0, remaining))
         except asyncio.TimeoutError:
             message = f"the request timed out after {timeout:g} s (--request-timeout)"
-            self.client.abort(state.req.rid, message)
-            reason = {"type": "abort", "message": message}
+            self.client.abort(state.req.rid, message, AbortKind.TIMEOUT)
+            reason = abort_reason(message, AbortKind.TIMEOUT)
             return RequestOutput(state.req.rid, [], "", finish_reason=reason)
 
     async def stream(self, req: GenerateRequest) -> AsyncIterator[dict[str, Any]]:

@@ -40,6 +40,7 @@ from sglite.runtime.disaggregation.transport import (
 )
 from sglite.runtime.scheduler.kv_manager import RequestKVManager
 from sglite.runtime.scheduler.request import Req
+from sglite.runtime.scheduler.stats import SchedulerStats
 
 logger = logging.getLogger(__name__)
 
@@ -63,12 +64,12 @@ class KVReceiver:
         kv: RequestKVManager,
         transfer_backend: str,
         timeout: float,
-        counters: dict[str, int],
+        stats: SchedulerStats,
     ) -> None:
         self.kv = kv
         self.transfer_backend = transfer_backend
         self.timeout = timeout
-        self.counters = counters
+        self.stats = stats
         self.context = zmq.Context()
         self.sockets: dict[tuple[str, int], zmq.Socket] = {}
         self.transports: dict[str, KVTransport] = {n: make_transport(n) for n in TRANSPORTS}
@@ -183,8 +184,8 @@ class KVReceiver:
             return f"KV transfer failed: {exc}"
         transfer.received = end
         transfer.deadline = time.monotonic() + self.timeout  # a deadline for silence, not size
-        self.counters["disaggregation_transferred_tokens"] += msg.count
-        self.counters["disaggregation_transfer_bytes"] += int(msg.meta.get("nbytes", 0))
+        self.stats.disaggregation_transferred_tokens += msg.count
+        self.stats.disaggregation_transfer_bytes += int(msg.meta.get("nbytes", 0))
         return None
 
     def _transport(self, msg: KVPages) -> KVTransport:
@@ -198,7 +199,10 @@ class KVReceiver:
         transfer = self.transfers.pop(room)
         if cancel:
             self._socket(transfer.bootstrap).send(pickle.dumps(KVCancel(room)))
-        self.counters["disaggregation_transfers" if ok else "disaggregation_failed_transfers"] += 1
+        if ok:
+            self.stats.disaggregation_transfers += 1
+        else:
+            self.stats.disaggregation_failed_transfers += 1
         return transfer
 
     def _timeout_message(self, transfer: Transfer) -> str:

@@ -29,6 +29,7 @@ from sglite.runtime.cache.radix_cache import RadixCache, TreeNode
 from sglite.runtime.disaggregation.messages import KVCancel, KVDone, KVFailed, KVPages, KVPull
 from sglite.runtime.disaggregation.pages import checksum, gather_pages
 from sglite.runtime.disaggregation.transport import TRANSPORTS, KVTransport, make_transport
+from sglite.runtime.scheduler.stats import SchedulerStats
 
 logger = logging.getLogger(__name__)
 
@@ -70,12 +71,12 @@ class KVSender:
         host: str,
         port: int,
         timeout: float,
-        counters: dict[str, int],
+        stats: SchedulerStats,
     ) -> None:
         self.pool = pool
         self.cache = cache
         self.timeout = timeout
-        self.counters = counters
+        self.stats = stats
         self.context = zmq.Context()
         self.socket = self.context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a vanished decode server raises
@@ -157,7 +158,7 @@ class KVSender:
         elif self._send_pages(room, pull, handoff.kv_slots) and self._send(
             pull.identity, handoff.done
         ):
-            self.counters["disaggregation_transfers"] += 1
+            self.stats.disaggregation_transfers += 1
         self._release(room)
 
     def _send_pages(self, room: str, pull: Pull, slots: list[int]) -> bool:
@@ -175,8 +176,8 @@ class KVSender:
                 return False
             if not frames:
                 self.unread.append((time.monotonic() + self.timeout, transport, meta))
-            self.counters["disaggregation_transferred_tokens"] += count
-            self.counters["disaggregation_transfer_bytes"] += payload.nbytes
+            self.stats.disaggregation_transferred_tokens += count
+            self.stats.disaggregation_transfer_bytes += payload.nbytes
             start += count
             pull.sent = start
         return True
@@ -186,7 +187,7 @@ class KVSender:
             self.socket.send_multipart([identity, pickle.dumps(header), *(frames or [])])
         except zmq.ZMQError as exc:  # EHOSTUNREACH: the decode server went away
             logger.warning("decode server gone for room %s: %s", header.room, exc)
-            self.counters["disaggregation_failed_transfers"] += 1
+            self.stats.disaggregation_failed_transfers += 1
             return False
         return True
 
@@ -202,7 +203,7 @@ class KVSender:
     def _expire(self, now: float) -> None:
         for room in [r for r, h in self.handoffs.items() if h.deadline < now]:
             logger.warning("room %s: no decode server pulled its KV in time; freeing it", room)
-            self.counters["disaggregation_failed_transfers"] += 1
+            self.stats.disaggregation_failed_transfers += 1
             self._release(room)
         for room in [r for r, p in self.pulls.items() if p.deadline < now]:
             self.fail(room, "the prefill of this request did not finish in time")

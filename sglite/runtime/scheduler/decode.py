@@ -7,20 +7,19 @@ token when drafts ride along: `drafts.VerifyBatch`), then sample and verify. Wit
 `--speculative-adaptive` the step is timed for `SpeculationCosts`, which decides whether drafts
 pay.
 
-Invariants: after `run`, every request left in `scheduler.running` is unfinished and owns one
-KV slot per token of its sequence that has K/V; draft slots not kept are freed; the
+Invariants: after `run`, every request left `RUNNING` in the request table is unfinished and
+owns one KV slot per token of its sequence that has K/V; draft slots not kept are freed; the
 speculator keeps state only for running requests.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 import torch
 
 from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
-from sglite.runtime.model.loader import LoadedModel
+from sglite.runtime.scheduler.budget import KVBudget
 from sglite.runtime.scheduler.drafts import (
     SPECULATION,
     DraftProposer,
@@ -28,16 +27,19 @@ from sglite.runtime.scheduler.drafts import (
     ForcedTokenProposer,
     VerifyBatch,
 )
+from sglite.runtime.scheduler.kv_manager import RequestKVManager
+from sglite.runtime.scheduler.model_runner import ModelRunner
+from sglite.runtime.scheduler.output import OutputProcessor
 from sglite.runtime.scheduler.request import Req
+from sglite.runtime.scheduler.request_table import ReqStatus, RequestTable
 from sglite.runtime.scheduler.speculation import (
     LOW_ACCEPTANCE,
     SpeculationCosts,
     Speculator,
-    build_speculator,
 )
-
-if TYPE_CHECKING:
-    from sglite.runtime.scheduler.scheduler import Scheduler
+from sglite.runtime.scheduler.stats import SchedulerStats
+from sglite.runtime.scheduler.token_sampler import TokenSampler
+from sglite.runtime.server_args import ServerArgs
 
 # Running requests up to which speculative drafts are verified: past a few rows a decode step
 # stops being bound by reading the weights, and verification rows then cost every request.
@@ -48,26 +50,45 @@ class DecodeManager:
     """Runs the scheduler's decode steps and owns their drafts: the jump-forward proposer, the
     speculator (None when speculation is off) and its measured costs."""
 
-    def __init__(self, scheduler: Scheduler, loaded: LoadedModel, capacity: int) -> None:
-        self.scheduler = scheduler
-        args = scheduler.args
+    def __init__(
+        self,
+        args: ServerArgs,
+        table: RequestTable,
+        runner: ModelRunner,
+        sampler: TokenSampler,
+        output: OutputProcessor,
+        kv: RequestKVManager,
+        budget: KVBudget,
+        stats: SchedulerStats,
+        speculator: Speculator | None,
+        jump_forward_context_len: int | None,
+    ) -> None:
+        """`jump_forward_context_len`: exact jump-forward drafts up to this context length
+        (None: no jump-forward drafts)."""
+        self.table = table
+        self.runner = runner
+        self.sampler = sampler
+        self.output = output
+        self.kv = kv
+        self.budget = budget
+        self.stats = stats
         self.proposer: DraftProposer | None = None
-        if scheduler.jump_forward == "exact":
-            self.proposer = ForcedTokenProposer(scheduler.context_len)
-        self.verifier = DraftVerifier(scheduler.pool, scheduler.counters)
-        cache = scheduler.cache if scheduler.cache_enabled else None
-        self.speculator: Speculator | None = build_speculator(
-            args, loaded, scheduler.context_len, capacity, cache
-        )
+        if jump_forward_context_len is not None:
+            self.proposer = ForcedTokenProposer(jump_forward_context_len)
+        self.verifier = DraftVerifier(runner.pool, stats)
+        self.speculator = speculator
         self.speculated: dict[str, str] = {}  # rid -> the source of its speculative draft
         self.spec_costs: SpeculationCosts | None = None
         if self.speculator is not None and args.speculative_adaptive:
             self.spec_costs = SpeculationCosts()
 
+    def running(self) -> list[Req]:
+        return self.table.with_status(ReqStatus.RUNNING)
+
     def run(self) -> None:
         """One token (plus any accepted draft tokens) for every running request; with
         `speculative_adaptive`, the step is timed for `SpeculationCosts`."""
-        if self.spec_costs is None or len(self.scheduler.running) > SPEC_MAX_BATCH:
+        if self.spec_costs is None or self.table.count(ReqStatus.RUNNING) > SPEC_MAX_BATCH:
             self._step()
             return
         start = time.perf_counter()
@@ -80,13 +101,12 @@ class DecodeManager:
         """The decode step; returns (its batch size, its speculative draft tokens, their
         source) when its cost says what one source's speculation costs: None when it also
         verified jump-forward drafts or drafts of two sources, or lost requests to retraction."""
-        sched = self.scheduler
         drafts = self._plan_drafts()
-        planned = len(sched.running)
+        planned = self.table.count(ReqStatus.RUNNING)
         self._make_room(drafts)
-        if not sched.running:
+        reqs = self.running()
+        if not reqs:
             return None
-        reqs = list(sched.running)
         speculative = sum(len(d) for rid, d in drafts.items() if rid in self.speculated)
         sources = set(self.speculated.values())
         comparable = (
@@ -98,39 +118,36 @@ class DecodeManager:
             self._run_verify(reqs, drafts, speculative)
         else:
             self._run_plain(reqs)
-        sched.counters["decode_passes"] += 1
-        sched.running = [r for r in sched.running if not r.finished]
+        self.stats.decode_passes += 1
         if self.speculator is not None:  # finished, retracted or aborted requests' state goes
-            self.speculator.forget({req.rid for req in sched.running})
-        sched.new_token_ratio = max(
-            sched.args.min_new_token_ratio, sched.new_token_ratio - sched.args.new_token_ratio_decay
-        )
+            self.speculator.forget({req.rid for req in self.running()})
+        self.budget.decode_step_done()
         return (planned, speculative, min(sources, default="")) if comparable else None
 
     def _run_plain(self, reqs: list[Req]) -> None:
         """A DECODE of one token per request."""
-        sched = self.scheduler
         for req in reqs:
-            req.kv_slots.extend(sched.kv.alloc(1))
+            req.kv_slots.extend(self.kv.alloc(1))
         fb = ForwardBatch.build(
             ForwardMode.DECODE,
             [[req.output_ids[-1]] for req in reqs],
             [len(req.kv_slots) - 1 for req in reqs],
             [req.kv_slots for req in reqs],
             list(range(len(reqs))),
-            sched.device,
+            self.runner.device,
             slot_tensors=[req.slot_mirror.view(req.kv_slots) for req in reqs],
         )
-        sched.sample_and_append(reqs, sched.forward(fb))
+        self.sampler.sample_and_append(reqs, self.runner.forward(fb))
 
     def _plan_drafts(self) -> dict[str, list[int]]:
         """Each running request's draft to verify this step: the tokens its grammar forces
         (jump-forward), else a speculative one (small batches only: a large batch is compute
-        bound, and verification rows would slow every request in it)."""
-        sched = self.scheduler
+        bound, and verification rows would slow every request in it). A request whose
+        proposer fails ends here."""
         drafts: dict[str, list[int]] = {}
         self.speculated = {}
-        size, costs = len(sched.running), self.spec_costs
+        running = self.running()
+        size, costs = len(running), self.spec_costs
         speculate = self.speculator is not None and size <= SPEC_MAX_BATCH
         if speculate and costs is not None:
             speculate = costs.allows_drafts(size)
@@ -138,7 +155,7 @@ class DecodeManager:
         def allowed(source: str) -> bool:
             return costs is None or costs.pays(size, source)
 
-        for req in sched.running:
+        for req in running:
             try:
                 draft = self.proposer.propose(req) if self.proposer is not None else []
                 if not draft and speculate:
@@ -147,37 +164,36 @@ class DecodeManager:
                         draft = proposal.tokens
                         self.speculated[req.rid] = proposal.source
             except Exception as exc:
-                sched.fail_request(req, exc)
+                self.output.fail(req, exc)
                 continue
             if draft:
                 drafts[req.rid] = draft
-        sched.running = [r for r in sched.running if not r.finished]
         return drafts
 
     def _run_verify(self, reqs: list[Req], drafts: dict[str, list[int]], speculative: int) -> None:
         """A decode step that also verifies the drafts (`speculative` of their tokens are
         speculative), as one row per token (see `VerifyBatch`)."""
-        sched = self.scheduler
-        batch = VerifyBatch.plan(reqs, drafts, sched.kv.alloc)
-        logits = sched.forward(self._verify_forward_batch(reqs, batch))
+        sample = self.sampler.sample_and_append
+        batch = VerifyBatch.plan(reqs, drafts, self.kv.alloc)
+        logits = self.runner.forward(self._verify_forward_batch(reqs, batch))
         plain = batch.plain()
         if plain:
             rows = torch.tensor([item.first_row for item in plain], device=logits.device)
-            sched.sample_and_append([item.req for item in plain], logits.index_select(0, rows))
+            sample([item.req for item in plain], logits.index_select(0, rows))
         for item in batch.drafted():
             rows = logits[item.first_row : item.first_row + len(item.draft) + 1]
             source = self.speculated.get(item.req.rid)
             if source is None:
-                self.verifier.verify(item.req, item.draft, item.kept, rows, sched.sample_and_append)
+                self.verifier.verify(item.req, item.draft, item.kept, rows, sample)
                 continue
             needed = LOW_ACCEPTANCE  # the step's speculative drafts pay or not together
             if self.spec_costs is not None:
                 needed = self.spec_costs.break_even(len(reqs), speculative, source)
             verdict = self.verifier.verify(
-                item.req, item.draft, item.kept, rows, sched.sample_and_append, SPECULATION
+                item.req, item.draft, item.kept, rows, sample, SPECULATION
             )
             item.req.spec_verify_ct += 1
-            sched.counters["spec_verify_passes"] += 1
+            self.stats.spec_verify_passes += 1
             assert self.speculator is not None
             self.speculator.record(item.req, len(item.draft), verdict.accepted, needed)
 
@@ -202,31 +218,31 @@ class DecodeManager:
             positions,
             slots,
             batch.logit_rows,
-            self.scheduler.device,
+            self.runner.device,
             slot_tensors=tables,
         )
 
     def _make_room(self, drafts: dict[str, list[int]]) -> None:
-        """Drop drafts, then retract the least advanced requests, until every running request
-        has slots for its tokens without K/V."""
-        sched = self.scheduler
+        """Drop drafts, then retract the partly prefilled request and the least advanced
+        running ones, until every running request has slots for its tokens without K/V."""
 
         def need() -> int:
-            own = sum(r.num_fill - len(r.kv_slots) for r in sched.running)
-            return own + sum(len(drafts.get(r.rid, ())) for r in sched.running)
+            running = self.running()
+            own = sum(r.num_fill - len(r.kv_slots) for r in running)
+            return own + sum(len(drafts.get(r.rid, ())) for r in running)
 
         def room() -> int:
-            return sched.pool.num_free + sched.cache.evictable_size()
+            return self.runner.pool.num_free + self.kv.cache.evictable_size()
 
         if drafts and room() < need():
             drafts.clear()
         while room() < need():
-            if sched.chunked is not None:
-                req, sched.chunked = sched.chunked, None
-            elif len(sched.running) > 1:
-                req = min(sched.running, key=lambda r: (len(r.output_ids), -r.arrival_time))
-                sched.running.remove(req)
+            running = self.running()
+            if self.table.chunked is not None:
+                req = self.table.chunked
+            elif len(running) > 1:
+                req = min(running, key=lambda r: (len(r.output_ids), -r.arrival_time))
             else:
                 raise RuntimeError("KV pool exhausted by a single request (capacity check failed)")
-            sched.retract(req)
-            sched.new_token_ratio = min(1.0, sched.new_token_ratio + 0.1)
+            self.budget.retract(req)
+            self.budget.estimate_was_low()

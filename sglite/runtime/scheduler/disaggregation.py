@@ -9,41 +9,44 @@ the scheduler at the points named in their methods.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import zmq
 
+from sglite.runtime.cache.kv_pool import KVPool
+from sglite.runtime.cache.radix_cache import RadixCache
 from sglite.runtime.disaggregation.decode_side import KVReceiver
 from sglite.runtime.disaggregation.messages import KVDone
 from sglite.runtime.disaggregation.prefill_side import KVSender
-from sglite.runtime.scheduler.io import RequestOutput
+from sglite.runtime.scheduler.budget import KVBudget
+from sglite.runtime.scheduler.io import AbortKind, RequestOutput
+from sglite.runtime.scheduler.kv_manager import RequestKVManager
+from sglite.runtime.scheduler.output import OutputProcessor
 from sglite.runtime.scheduler.request import Req
-
-if TYPE_CHECKING:
-    from sglite.runtime.scheduler.scheduler import Scheduler
-
-COUNTERS = (
-    "prefill_tokens_computed",
-    "disaggregation_transfers",
-    "disaggregation_transferred_tokens",
-    "disaggregation_transfer_bytes",
-    "disaggregation_failed_transfers",
-)
+from sglite.runtime.scheduler.request_table import ReqStatus, RequestTable
+from sglite.runtime.scheduler.stats import SchedulerStats
+from sglite.runtime.server_args import ServerArgs
 
 
 class PrefillHandoff:
     """A prefill server: bootstrapped requests end after their first token, their KV sent on."""
 
-    def __init__(self, scheduler: Scheduler) -> None:
-        args = scheduler.args
-        self.scheduler = scheduler
+    def __init__(
+        self,
+        args: ServerArgs,
+        pool: KVPool,
+        cache: RadixCache,
+        output: OutputProcessor,
+        stats: SchedulerStats,
+    ) -> None:
+        self.output = output
         self.sender = KVSender(
-            scheduler.pool,
-            scheduler.cache,
+            pool,
+            cache,
             args.host,
             args.disaggregation_bootstrap_port,
             args.disaggregation_transfer_timeout,
-            scheduler.counters,
+            stats,
         )
         self.rooms: dict[str, str] = {}  # rid -> room of bootstrapped requests not handed off
 
@@ -76,9 +79,8 @@ class PrefillHandoff:
             list(req.input_top_pending),
         )
         self.sender.hand_off(room, req, done)
-        output = self.scheduler.output
-        output.append_token(req, tok, logprob, top)
-        output.finish(req, {"type": "length", "length": len(req.output_ids)})
+        self.output.append_token(req, tok, logprob, top)
+        self.output.finish(req, {"type": "length", "length": len(req.output_ids)})
 
     def ended(self, outputs: list[RequestOutput]) -> None:
         """Requests that ended before their hand-off: their decode servers are told."""
@@ -109,10 +111,7 @@ class PrefillHandoff:
     def holders(self) -> list[Any]:
         return self.sender.holders()
 
-    def requests(self) -> list[Req]:
-        return []
-
-    def remove(self, rid: str) -> Req | None:
+    def remove(self, req: Req) -> None:
         return None
 
     def close(self) -> None:
@@ -122,18 +121,26 @@ class PrefillHandoff:
 class DecodeIntake:
     """A decode server: bootstrapped requests get their prompt's KV from their prefill server."""
 
-    def __init__(self, scheduler: Scheduler) -> None:
-        args = scheduler.args
-        self.scheduler = scheduler
+    def __init__(
+        self,
+        args: ServerArgs,
+        kv: RequestKVManager,
+        output: OutputProcessor,
+        table: RequestTable,
+        budget: KVBudget,
+        stats: SchedulerStats,
+    ) -> None:
+        self.kv = kv
+        self.output = output
+        self.table = table
+        self.budget = budget
         self.receiver = KVReceiver(
-            scheduler.kv,
-            args.disaggregation_transfer_backend,
-            args.disaggregation_transfer_timeout,
-            scheduler.counters,
+            kv, args.disaggregation_transfer_backend, args.disaggregation_transfer_timeout, stats
         )
 
     def admit(self, req: Req) -> bool:
-        """Take a bootstrapped request (True); others are prefilled here as usual."""
+        """Take a bootstrapped request (True: it waits in `TRANSFER` until its pages are all
+        here); others are prefilled here as usual."""
         if req.bootstrap is None or req.params.max_new_tokens == 0:
             return False  # a prefill-only request is computed here
         self.receiver.add(req, req.bootstrap)
@@ -153,13 +160,12 @@ class DecodeIntake:
 
     def poll(self) -> None:
         """Allocate for queued requests, write arriving pages, start the complete ones."""
-        sched = self.scheduler
         if self.receiver.queued:  # the reserve sums over running requests: only when needed
-            self.receiver.admit(sched.reserved_tokens())
+            self.receiver.admit(self.budget.reserved_tokens())
         ready, failed = self.receiver.poll()
         for req, message in failed:
-            sched.kv.discard(req)  # its pages may be half-written: never cached
-            sched.output.abort(req, message)
+            self.kv.discard(req)  # its pages may be half-written: never cached
+            self.output.abort(req, message, AbortKind.UPSTREAM)
         for req, done in ready:
             self._start(req, done)
 
@@ -173,19 +179,18 @@ class DecodeIntake:
     def _start(self, req: Req, done: KVDone) -> None:
         """`req`'s prompt KV is all here: append the prefill server's first token and run it,
         as if this server had prefilled it."""
-        sched = self.scheduler
-        sched.kv.cache_unfinished(req)
+        self.kv.cache_unfinished(req)
         req.input_logprobs_pending = list(done.input_token_logprobs)
         req.input_top_pending = list(done.input_top_logprobs)
         req.input_logprobs_done = True
         req.sampling.skip_draw()  # the prefill server drew the first token's random number
         try:
-            sched.output.append_token(req, done.first_token, done.logprob, done.top_logprobs)
+            self.output.append_token(req, done.first_token, done.logprob, done.top_logprobs)
         except Exception as exc:
-            sched.fail_request(req, exc)
+            self.output.fail(req, exc)
             return
         if not req.finished:
-            sched.running.append(req)
+            self.table.move(req, ReqStatus.RUNNING)
 
     def sockets(self) -> list[zmq.Socket]:
         """The sockets whose messages `poll` reads (one per prefill server seen)."""
@@ -196,30 +201,16 @@ class DecodeIntake:
         return self.receiver.busy
 
     def holders(self) -> list[Any]:
-        return self.receiver.holders()
+        """None beside the request table: the requests receiving pages are in it."""
+        return []
 
-    def requests(self) -> list[Req]:
-        return self.receiver.requests()
-
-    def remove(self, rid: str) -> Req | None:
+    def remove(self, req: Req) -> None:
         """Take an aborted request out; its slots go back uncached."""
-        req = self.receiver.remove(rid)
-        if req is not None:
-            self.scheduler.kv.discard(req)
-        return req
+        if self.receiver.remove(req.rid) is not None:
+            self.kv.discard(req)
 
     def close(self) -> None:
         self.receiver.close()
 
 
 Disaggregation = PrefillHandoff | DecodeIntake
-
-
-def build_disaggregation(scheduler: Scheduler) -> Disaggregation | None:
-    """The scheduler's PD half for `--disaggregation-mode`, None when it is off."""
-    mode = scheduler.args.disaggregation_mode
-    if mode == "prefill":
-        return PrefillHandoff(scheduler)
-    if mode == "decode":
-        return DecodeIntake(scheduler)
-    return None

@@ -38,6 +38,7 @@ import torch
 
 from sglite.runtime.cache.kv_pool import KVPool
 from sglite.runtime.scheduler.request import Req
+from sglite.runtime.scheduler.stats import SchedulerStats
 
 # Longest draft verified in one forward (forced JSON keys are rarely longer).
 MAX_DRAFT_TOKENS = 32
@@ -153,9 +154,9 @@ SPECULATION = DraftSource(
 )
 
 
-def _tally(req: Req, counters: dict[str, int], field: str, counter: str, n: int) -> None:
+def _tally(req: Req, stats: SchedulerStats, field: str, counter: str, n: int) -> None:
     setattr(req, field, getattr(req, field) + n)
-    counters[counter] += n
+    stats.add(counter, n)
 
 
 @dataclass(frozen=True)
@@ -174,11 +175,9 @@ class Verdict:
 class DraftVerifier:
     """Checks drafts against the logits of the forward that computed them."""
 
-    def __init__(self, pool: KVPool, counters: dict[str, int]) -> None:
+    def __init__(self, pool: KVPool, stats: SchedulerStats) -> None:
         self.pool = pool
-        # The scheduler's counters (one flat dict for get_server_info); this class adds to the
-        # drafted and accepted counters of each draft's `DraftSource`.
-        self.counters = counters
+        self.stats = stats  # tallies each draft's `DraftSource` counters
 
     def verify(
         self,
@@ -198,7 +197,7 @@ class DraftVerifier:
         spare = req.kv_slots[kept:]
         del req.kv_slots[kept:]
         req.slot_mirror.truncate(kept)
-        _tally(req, self.counters, source.req_drafted, source.drafted_counter, len(draft))
+        _tally(req, self.stats, source.req_drafted, source.drafted_counter, len(draft))
         accepted = 0
         used = 0  # draft slots whose K/V now belong to an output token
         try:
@@ -210,7 +209,7 @@ class DraftVerifier:
                 matched = grew and j < len(draft) and req.output_ids[-1] == draft[j]
                 if matched:
                     accepted += 1
-                    _tally(req, self.counters, source.req_accepted, source.accepted_counter, 1)
+                    _tally(req, self.stats, source.req_accepted, source.accepted_counter, 1)
                 if req.finished or not matched:
                     break
                 # draft[j] is now an output token, so its K/V (already written) is the
@@ -226,11 +225,10 @@ class DraftVerifier:
 class RetokenizingJump:
     """SGLang's original jump-forward: the forced text's own tokens, appended unverified."""
 
-    def __init__(self, encode: Callable[[str], list[int]], counters: dict[str, int]) -> None:
+    def __init__(self, encode: Callable[[str], list[int]], stats: SchedulerStats) -> None:
         self.encode = encode  # text -> token ids, without special tokens
-        # Shared with the scheduler, as in `DraftVerifier`: drafted and accepted are both the
-        # forced tokens, none being checked.
-        self.counters = counters
+        # Drafted and accepted are both the forced tokens: none is checked.
+        self.stats = stats
 
     def forced_tokens(self, req: Req) -> list[int]:
         """The forced text, tokenized on its own, as far as the grammar takes those tokens (the
@@ -253,8 +251,8 @@ class RetokenizingJump:
         tokens = self.forced_tokens(req)
         req.jump_forward_drafted += len(tokens)
         req.jump_forward_accepted += len(tokens)
-        self.counters["jump_forward_drafted_tokens"] += len(tokens)
-        self.counters["jump_forward_accepted_tokens"] += len(tokens)
+        self.stats.jump_forward_drafted_tokens += len(tokens)
+        self.stats.jump_forward_accepted_tokens += len(tokens)
         for tok in tokens:
             if req.finished:
                 break

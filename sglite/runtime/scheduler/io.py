@@ -9,10 +9,51 @@ answered by `ControlOutput` with the same `token`.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Any
 
 from sglite.runtime.disaggregation.messages import Bootstrap
+
+
+class AbortKind(enum.Enum):
+    """Why a request ended with an abort, carrying the HTTP status the server answers it with
+    (SGLang's abort finish reason carries `status_code` and `err_type` the same way)."""
+
+    REJECTED = (400, "invalid_request_error")  # it cannot be served as asked (too long, ...)
+    CANCELLED = (400, "cancelled")  # its client aborted it or went away
+    INTERNAL = (500, "internal_error")  # the runtime failed while serving it
+    UPSTREAM = (502, "upstream_error")  # disaggregated: the other server or the link failed
+    UNAVAILABLE = (503, "unavailable")  # the server is shutting down or lost its scheduler
+    TIMEOUT = (504, "timeout")  # it ran past --request-timeout
+
+    @property
+    def status_code(self) -> int:
+        return self.value[0]
+
+    @property
+    def err_type(self) -> str:
+        return self.value[1]
+
+
+# A request's end as clients see it in `meta_info.finish_reason` (SGLang's shape):
+# {"type": "stop", "matched": ...}, {"type": "length", "length": n}, or an abort (`abort_reason`).
+FinishReason = dict[str, Any]
+
+
+def abort_reason(message: str, kind: AbortKind) -> FinishReason:
+    """The finish reason of a request ended by `kind` of abort, `message` saying why."""
+    return {
+        "type": "abort",
+        "message": message,
+        "status_code": kind.status_code,
+        "err_type": kind.err_type,
+    }
+
+
+def abort_status(reason: FinishReason) -> int:
+    """The HTTP status of an abort finish reason (400 for one without a status)."""
+    return int(reason.get("status_code") or 400)
 
 
 @dataclass
@@ -47,6 +88,7 @@ class AbortInput:
 
     rid: str
     message: str = "aborted by the client"
+    kind: AbortKind = AbortKind.CANCELLED
 
 
 @dataclass

@@ -6,9 +6,10 @@ stop regexes on the incremental text, a grammar that allows nothing but EOS, `ma
 and the context length.
 
 Invariants:
-- `finish` acts once per request: it sets `finish_reason`, hands the request's computed tokens
-  to the radix cache (`RequestKVManager.release`) and releases its sampling state. A request
-  already finished is left alone, so callers may finish without checking first.
+- `finish` acts once per request: it sets `finish_reason`, takes the request out of the request
+  table, hands its computed tokens to the radix cache (`RequestKVManager.release`) and releases
+  its sampling state. A request already finished is left alone, so callers may finish without
+  checking first.
 - Every request whose client-visible state changed since the last `collect` is in `outbox`
   (`publish` adds one whose state was changed elsewhere).
 - `req.output_text` holds no matched stop string unless the request asked for `no_stop_trim`.
@@ -16,20 +17,18 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Any
+import logging
 
-from sglite.runtime.scheduler.io import RequestOutput
+from sglite.runtime.scheduler.io import AbortKind, FinishReason, RequestOutput, abort_reason
 from sglite.runtime.scheduler.kv_manager import RequestKVManager
 from sglite.runtime.scheduler.request import Req
+from sglite.runtime.scheduler.request_table import RequestTable
+from sglite.runtime.scheduler.stats import SchedulerStats
 
-FinishReason = dict[str, Any]
+logger = logging.getLogger(__name__)
+
 # A token's top alternatives as the sampler returns them: [(logprob, token id)].
 TopLogprobs = list[tuple[float, int]]
-
-
-def abort_reason(message: str) -> FinishReason:
-    """The finish reason of a request ended by an error or by its client."""
-    return {"type": "abort", "message": message}
 
 
 class OutputProcessor:
@@ -38,16 +37,16 @@ class OutputProcessor:
     def __init__(
         self,
         kv: RequestKVManager,
+        table: RequestTable,
         eos_token_ids: list[int],
         context_len: int,
-        counters: dict[str, int],
+        stats: SchedulerStats,
     ) -> None:
         self.kv = kv
+        self.table = table
         self.eos_token_ids = eos_token_ids
         self.context_len = context_len
-        # The scheduler's own counters, shared so get_server_info reports one flat dict; this
-        # class adds to generated_tokens, finished_requests and aborted_requests.
-        self.counters = counters
+        self.stats = stats
         self.outbox: dict[str, Req] = {}
 
     def append_token(
@@ -59,7 +58,7 @@ class OutputProcessor:
         """
         req.output_ids.append(tok)
         req.sampling.on_token(tok)
-        self.counters["generated_tokens"] += 1
+        self.stats.generated_tokens += 1
         self.outbox[req.rid] = req
         if req.return_logprob:
             req.output_logprobs_pending.append((logprob, tok))
@@ -72,6 +71,7 @@ class OutputProcessor:
                 req,
                 f"internal error in constrained decoding: the grammar engine rejected token "
                 f"{tok}, which its mask allowed",
+                AbortKind.INTERNAL,
             )
         elif (tok in self.eos_token_ids and not params.ignore_eos) or tok in params.stop_token_ids:
             if params.no_stop_trim:
@@ -104,19 +104,32 @@ class OutputProcessor:
         if req.finished:
             return
         req.finish_reason = reason
+        self.table.remove(req)
         if reason["type"] == "length":  # emit bytes held back waiting for a UTF-8 continuation
             req.output_text += req.detokenizer.flush()
         if reason["type"] == "abort":
-            self.counters["aborted_requests"] += 1
+            self.stats.aborted_requests += 1
         else:
-            self.counters["finished_requests"] += 1
+            self.stats.finished_requests += 1
         self.kv.release(req)
         req.sampling.release()
         self.outbox[req.rid] = req
 
-    def abort(self, req: Req, message: str) -> None:
-        """Finish `req` with an abort naming `message`."""
-        self.finish(req, abort_reason(message))
+    def abort(self, req: Req, message: str, kind: AbortKind) -> None:
+        """Finish `req` with an abort of `kind` naming `message`."""
+        self.finish(req, abort_reason(message, kind))
+
+    def fail(self, req: Req, exc: BaseException) -> None:
+        """End one request whose own work (grammar, detokenizing, stop check) raised; the rest
+        of its batch goes on. Model failures are batch-wide (`Scheduler.fail_all`)."""
+        logger.error("request %s failed", req.rid, exc_info=exc)
+        message = f"internal error while generating this request: {type(exc).__name__}: {exc}"
+        try:
+            self.abort(req, message, AbortKind.INTERNAL)
+        except Exception:  # its state may be half-updated; answer it anyway
+            self.table.remove(req)
+            req.finish_reason = abort_reason(message, AbortKind.INTERNAL)
+            self.publish(req)
 
     def publish(self, req: Req) -> None:
         """Send `req`'s state at the next `collect` (for changes made outside this class)."""

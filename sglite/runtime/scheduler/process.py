@@ -25,11 +25,14 @@ import zmq
 from sglite.runtime.scheduler.io import (
     SERVED_TOKENS,
     AbortInput,
+    AbortKind,
     BatchOutput,
     ControlInput,
     ControlOutput,
     GenerateInput,
     ReadyMessage,
+    RequestOutput,
+    abort_reason,
 )
 from sglite.runtime.server_args import ServerArgs
 
@@ -158,7 +161,7 @@ def run_scheduler(
         scheduler = Scheduler(args, loaded, tp)
         weight_bytes = tp.gather_object(loaded.model.weight_bytes())
         # Everything allocated so far (model, tokenizer, tables) lives as long as the process:
-        # keep it out of the garbage collector's scans, which otherwise cost ~5% of a decode step.
+        # keep it out of the garbage collector's scans, which would walk it every few steps.
         gc.collect()
         gc.freeze()
     except Exception as exc:
@@ -224,14 +227,10 @@ def _loop(scheduler: Any, recv: zmq.Socket, send: zmq.Socket) -> None:
                 except Exception as exc:  # a bad request must not take the scheduler down
                     send.send_pyobj(_error_output(msg.rid, exc))
             elif isinstance(msg, AbortInput):
-                scheduler.abort(msg.rid, msg.message)
+                scheduler.abort(msg.rid, msg.message, msg.kind)
             elif isinstance(msg, ControlInput):
                 if msg.kind == "shutdown":
-                    pending = scheduler.waiting + scheduler.running + scheduler.grammars.pending
-                    if disagg is not None:
-                        pending += disagg.requests()
-                    for req in list(pending):
-                        scheduler.abort(req.rid, "the server is shutting down")
+                    scheduler.abort_all("the server is shutting down", AbortKind.UNAVAILABLE)
                     send.send_pyobj(BatchOutput(scheduler.collect_outputs()))
                     if disagg is not None:
                         disagg.close()
@@ -256,9 +255,8 @@ def _loop(scheduler: Any, recv: zmq.Socket, send: zmq.Socket) -> None:
 
 
 def _error_output(rid: str, exc: Exception) -> BatchOutput:
-    from sglite.runtime.scheduler.io import RequestOutput
-
-    reason = {"type": "abort", "message": f"{type(exc).__name__}: {exc}"}
+    """The answer to a request the scheduler could not take (its parameters were invalid)."""
+    reason = abort_reason(f"{type(exc).__name__}: {exc}", AbortKind.REJECTED)
     return BatchOutput(
         [RequestOutput(rid=rid, new_token_ids=[], new_text="", finish_reason=reason)]
     )
@@ -273,8 +271,8 @@ def main() -> None:
         return
     args = ServerArgs(**json.loads(sys.argv[1]))
     run_scheduler(args, sys.argv[2], sys.argv[3], int(sys.argv[4]))
-    # Skip the interpreter's teardown (~0.3 s of unloading torch and friends), which the parent
-    # would wait for: everything is sent and nothing else needs flushing.
+    # Skip the interpreter's teardown (unloading torch and friends), which the parent would
+    # wait for: everything is sent and nothing else needs flushing.
     logging.shutdown()
     os._exit(0)
 

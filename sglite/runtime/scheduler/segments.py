@@ -7,7 +7,7 @@ the tree's accounting, locks and eviction. A prompt is then assembled instead of
 
 1. its longest exact cached prefix is matched as usual;
 2. every segment after that prefix is copied from its cached KV into the request's slots with
-   its keys turned to their new positions (`cache/repositioning.py`);
+   its keys turned to their new positions (`model/repositioning.py`);
 3. a probe runs the first `PROBE_LAYERS` layers over everything after the exact prefix
    (CacheBlend): their K/V become the ones the full context gives, and the
    `ceil(fraction x reused tokens)` segment tokens whose K/V moved most from the copied ones are
@@ -30,17 +30,20 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from sglite.runtime.model.repositioning import reposition
+from sglite.runtime.scheduler.budget import KVBudget
 from sglite.runtime.scheduler.io import GenerateInput, RequestOutput
+from sglite.runtime.scheduler.kv_manager import RequestKVManager
+from sglite.runtime.scheduler.model_runner import ModelRunner
 from sglite.runtime.scheduler.request import Req
-
-if TYPE_CHECKING:
-    from sglite.runtime.scheduler.scheduler import Scheduler
+from sglite.runtime.scheduler.request_table import ReqStatus, RequestTable
+from sglite.runtime.scheduler.stats import SchedulerStats
+from sglite.runtime.scheduler.token_sampler import TokenSampler
+from sglite.runtime.tokenizer import Tokenizer
 
 # Internal request ids start with a character no client id can (`check_request_ids` takes any
 # string, but the HTTP layer and the Engine generate hex ids or take the client's text).
@@ -100,24 +103,41 @@ def most_deviating(positions: list[int], deviation: torch.Tensor, fraction: floa
 
 
 class SegmentAssembler:
-    """Holds segmented requests until their segments are cached, then assembles them."""
+    """Holds segmented requests (status `SEGMENTS`) until their segments are cached, then
+    assembles them."""
 
-    def __init__(self, scheduler: Scheduler, fraction: float) -> None:
-        self.scheduler = scheduler
+    def __init__(
+        self,
+        fraction: float,
+        table: RequestTable,
+        runner: ModelRunner,
+        sampler: TokenSampler,
+        kv: RequestKVManager,
+        budget: KVBudget,
+        stats: SchedulerStats,
+        tokenizer: Tokenizer,
+    ) -> None:
         self.fraction = fraction
+        self.table = table
+        self.runner = runner
+        self.sampler = sampler
+        self.kv = kv
+        self.cache = kv.cache
+        self.budget = budget
+        self.stats = stats
+        self.tokenizer = tokenizer
         # A segment is cached after the BOS a prompt starts with (a sequence without it is not
         # what the model was trained on: its first token would become the attention sink).
-        bos = scheduler.tokenizer.bos_token_id
+        bos = tokenizer.bos_token_id
         self.lead: list[int] = [] if bos is None else [int(bos)]
-        self.pending: list[Req] = []
         self.fills: set[str] = set()  # internal fill requests in flight
 
     # ------------------------------------------------------------------ intake
     def admit(self, req: Req) -> bool:
-        """Take a request with segments (True); others go the usual way."""
+        """Take a request with segments (True: it waits in `SEGMENTS`, holding no slots, until
+        they are cached); others go the usual way."""
         if not req.segments:
             return False
-        self.pending.append(req)
         self._fill(self._missing(req))
         return True
 
@@ -127,11 +147,11 @@ class SegmentAssembler:
             return "segments need the radix cache (the server runs with --disable-radix-cache)"
         if req.images or disaggregated:
             return "segments are not supported with images or disaggregated serving"
-        if self.scheduler.model.tp.enabled:  # other ranks only run broadcast forwards
+        if self.runner.tp.enabled:  # other ranks only run broadcast forwards
             return "segments are not supported with tensor parallelism (--tp-size > 1)"
         if req.wants_input_logprobs:
             return "segments: prompt logprobs (logprob_start_len >= 0) need a full prefill"
-        tables = self.scheduler.model.ropes.tables
+        tables = self.runner.model.ropes.tables
         if any(table.spec.kind() == "longrope" for table in tables):
             return "segments are not supported for longrope models (angles depend on position)"
         return None
@@ -151,35 +171,20 @@ class SegmentAssembler:
                 self.fills.discard(out.rid)
         return kept
 
-    def remove(self, rid: str) -> Req | None:
-        """Take a waiting request out (aborted); it holds no slots here."""
-        for req in self.pending:
-            if req.rid == rid:
-                self.pending.remove(req)
-                return req
-        return None
-
-    def take_pending(self) -> list[Req]:
-        """Take out every waiting request (a step failed: they are answered with an error). A
-        request whose assembly raised holds its slots: the caller discards them."""
-        pending, self.pending = self.pending, []
-        return pending
-
     @property
     def busy(self) -> bool:
-        return bool(self.pending)
+        return self.table.count(ReqStatus.SEGMENTS) > 0
 
     # ------------------------------------------------------------------ assembling
     def run_one(self) -> bool:
         """Assemble the first pending request whose segments are all cached and for which the
         pool has room: one forward pass (True), or nothing to do (False)."""
-        for req in list(self.pending):
+        for req in self.table.with_status(ReqStatus.SEGMENTS):
             missing = self._missing(req)
             if missing:
                 self._fill(missing)
                 continue
             if self._assemble(req):
-                self.pending.remove(req)
                 return True
         return False
 
@@ -188,14 +193,12 @@ class SegmentAssembler:
         return [self.lead + req.prompt_ids[s:e] for s, e in req.segments]
 
     def _missing(self, req: Req) -> list[list[int]]:
-        cache = self.scheduler.cache
         ids = self._segment_ids(req)
-        return [seg for seg in ids if len(cache.match_prefix(seg).slots) < len(seg)]
+        return [seg for seg in ids if len(self.cache.match_prefix(seg).slots) < len(seg)]
 
     def _fill(self, missing: list[list[int]]) -> None:
         """Queue a prefill-only request for each segment key in `missing` (those not cached
         whole; one request per distinct segment in flight)."""
-        sched = self.scheduler
         for ids in missing:
             # Named by content: requests sharing a passage share its one fill.
             digest = hashlib.blake2b(repr(ids).encode(), digest_size=12).hexdigest()
@@ -204,15 +207,14 @@ class SegmentAssembler:
                 continue
             fill = GenerateInput(rid, ids, {"max_new_tokens": 0}, stream=False)
             self.fills.add(rid)
-            sched.waiting.append(Req.from_input(fill, sched.tokenizer, sched.device))
+            req = Req.from_input(fill, self.tokenizer, self.runner.device)
+            self.table.add(req, ReqStatus.WAITING)
 
     def _assemble(self, req: Req) -> bool:
-        sched = self.scheduler
-        kv, cache = sched.kv, sched.cache
+        kv, cache = self.kv, self.cache
         exact = kv.match_and_lock(req)
         need = len(req.prompt_ids) - exact
-        own_reserve = int(req.remaining_new_tokens * sched.new_token_ratio)
-        if not kv.can_fit(need, sched.reserved_tokens() + own_reserve):
+        if not kv.can_fit(need, self.budget.reserved_tokens() + self.budget.own_reserve(req)):
             kv.unlock(req)
             return False
         reused = reused_spans(req.segments, exact)
@@ -230,32 +232,31 @@ class SegmentAssembler:
             "computed": plan.computed_tokens,
         }
         req.input_logprobs_done = True
-        logits = sched.forward(self._rows_batch(req, plan.rows))
-        sched.counters["prefill_tokens_computed"] += len(plan.rows)
-        sched.counters["segment_reused_tokens"] += plan.reused_tokens
-        sched.sample_and_append([req], logits)
+        logits = self.runner.forward(self._rows_batch(req, plan.rows))
+        self.stats.prefill_tokens_computed += len(plan.rows)
+        self.stats.segment_reused_tokens += plan.reused_tokens
+        self.sampler.sample_and_append([req], logits)
         if not req.finished:
-            sched.running.append(req)
+            self.table.move(req, ReqStatus.RUNNING)
         return True
 
     def _alloc_and_copy(self, req: Req, need: int, reused: list[tuple[int, int]]) -> None:
         """Give the request `need` slots after its exact prefix and copy each reused segment's
         cached K/V into them, keys turned to the segment's new place (the sources are locked:
         the allocation may evict)."""
-        sched = self.scheduler
-        lead = len(self.lead)
-        sources = [sched.cache.match_prefix(self.lead + req.prompt_ids[s:e]) for s, e in reused]
+        lead, cache = len(self.lead), self.cache
+        sources = [cache.match_prefix(self.lead + req.prompt_ids[s:e]) for s, e in reused]
         for match in sources:
-            sched.cache.lock(match.node)
+            cache.lock(match.node)
         try:
-            req.kv_slots.extend(sched.kv.alloc(need))
+            req.kv_slots.extend(self.kv.alloc(need))
             for (start, end), match in zip(reused, sources, strict=True):
                 src = list(match.slots)[lead : lead + end - start]
                 dst = req.kv_slots[start:end]
-                reposition(sched.pool, sched.model.ropes, src, dst, start - lead)
+                reposition(self.runner.pool, self.runner.model.ropes, src, dst, start - lead)
         finally:
             for match in sources:
-                sched.cache.unlock(match.node)
+                cache.unlock(match.node)
 
     def _recompute(self, req: Req, exact: int, reused: list[tuple[int, int]]) -> set[int]:
         """The reused positions to compute again: every one at fraction 1.0, none at 0, else
@@ -268,8 +269,7 @@ class SegmentAssembler:
             return set(positions)
         if self.fraction <= 0.0:
             return set()
-        sched = self.scheduler
-        pool, model = sched.pool, sched.model
+        pool, model = self.runner.pool, self.runner.model
         layer = min(PROBE_LAYERS, pool.num_layers) - 1
         slots = torch.tensor([req.kv_slots[p] for p in positions], device=pool.device)
 
@@ -284,7 +284,7 @@ class SegmentAssembler:
             [exact],
             [req.kv_slots],
             [],
-            sched.device,
+            self.runner.device,
         )
         model.forward_first_layers(batch, pool, layer + 1)
         deviation = (layer_kv() - copied).square().sum((1, 2))
@@ -299,6 +299,6 @@ class SegmentAssembler:
             rows,
             [req.kv_slots[: p + 1] for p in rows],
             [len(rows) - 1],
-            self.scheduler.device,
+            self.runner.device,
             slot_tensors=[table[: p + 1] for p in rows],
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from sglite.http.errors import APIError, ErrorResponse, invalid_request
+from sglite.runtime.tokenizing.validation import ContextLengthError
 
 # What each error status means on this server, for the OpenAPI schema.
 _DESCRIPTIONS = {
@@ -73,6 +74,6 @@ def bad_request(exc: ValueError, rename: dict[str, str] | None = None) -> APIErr
     `max_tokens` where the runtime says `max_new_tokens`), so the message names the client's field.
     """
     err = invalid_request(exc, rename)
-    if "context length" in err.message:
+    if isinstance(exc, ContextLengthError):
         err.code = "context_length_exceeded"
     return err

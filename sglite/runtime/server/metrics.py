@@ -17,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from sglite.runtime.scheduler.io import RequestOutput
+from sglite.runtime.scheduler.stats import prometheus_counters
 
 logger = logging.getLogger("sglite.runtime.server")
 
@@ -63,20 +64,11 @@ class _SchedulerCollector(Collector):
         yield from _tier_metrics(info.get("hicache") or {})
 
 
-# Scheduler counters: radix cache evictions, drafted and accepted tokens (jump-forward and
-# speculative decoding), prefill work and disaggregated KV hand-overs.
+# Scheduler counters: radix cache evictions (the cache's statistics), then every counter of the
+# scheduler's `SchedulerStats` that has a help text.
 SCHEDULER_COUNTERS = (
     ("evicted_tokens", "Tokens evicted from the radix cache (freed from the KV pool)"),
-    ("spec_draft_tokens", "Speculative draft tokens verified"),
-    ("spec_accepted_tokens", "Speculative draft tokens the model emitted as its own"),
-    ("spec_verify_passes", "Per-request verifications of a speculative draft"),
-    ("jump_forward_drafted_tokens", "Grammar-forced tokens verified (exact jump-forward)"),
-    ("jump_forward_accepted_tokens", "Grammar-forced tokens the model emitted as its own"),
-    ("prefill_tokens_computed", "Prompt tokens run through prefill passes on this server"),
-    ("disaggregation_transfers", "Requests whose KV pages were handed over (PD)"),
-    ("disaggregation_transferred_tokens", "Prompt tokens whose KV pages were sent or received"),
-    ("disaggregation_transfer_bytes", "Bytes of KV pages sent or received"),
-    ("disaggregation_failed_transfers", "KV hand-overs that failed, timed out or were cancelled"),
+    *prometheus_counters(),
 )
 
 

@@ -9,6 +9,8 @@ from fastapi import Request
 
 from sglite.http.errors import APIError, error_body
 from sglite.runtime.disaggregation.messages import Bootstrap
+from sglite.runtime.scheduler.io import FinishReason
+from sglite.runtime.scheduler.io import abort_status as status_of_abort
 from sglite.runtime.server.state import ServerState
 from sglite.runtime.tokenizer_manager import TokenizerManager
 from sglite.runtime.tokenizing.request import GenerateRequest
@@ -106,17 +108,12 @@ def constraint_of(message: str) -> str | None:
     return m.group(1) if m else None
 
 
-def abort_status(state: ServerState, message: str) -> int:
-    """HTTP status for a request the scheduler ended with an abort."""
-    if state.shutting_down or not state.client.alive or "scheduler process" in message:
+def abort_status(state: ServerState, reason: FinishReason) -> int:
+    """HTTP status for a request ended with an abort: the status its `AbortKind` carries, 503
+    while the server cannot serve (shutting down, the scheduler gone)."""
+    if state.shutting_down or not state.client.alive:
         return 503
-    if "internal error" in message:
-        return 500
-    if "--request-timeout" in message:
-        return 504
-    if "KV transfer" in message or "prefill server" in message:
-        return 502  # disaggregated serving: the other server or the link between them failed
-    return 400
+    return status_of_abort(reason)
 
 
 def raise_if_aborted(state: ServerState, result: dict[str, Any]) -> None:
@@ -124,7 +121,7 @@ def raise_if_aborted(state: ServerState, result: dict[str, Any]) -> None:
     reason = result["meta_info"].get("finish_reason") or {}
     if reason.get("type") == "abort":
         message = reason.get("message") or "the request was aborted"
-        raise APIError(abort_status(state, message), message)
+        raise APIError(abort_status(state, reason), message)
 
 
 def abort_event(state: ServerState, chunk: dict[str, Any]) -> dict[str, Any] | None:
@@ -133,4 +130,4 @@ def abort_event(state: ServerState, chunk: dict[str, Any]) -> dict[str, Any] | N
     if reason.get("type") != "abort":
         return None
     message = reason.get("message") or "the request was aborted"
-    return error_body(abort_status(state, message), message)
+    return error_body(abort_status(state, reason), message)

@@ -19,6 +19,11 @@ from sglite.runtime.server_args import ServerArgs
 from sglite.runtime.tokenizing.request import GenerateRequest
 
 
+class ContextLengthError(ValueError):
+    """The prompt (with its output budget) does not fit the model's context: OpenAI clients
+    know this 400 by its code, `context_length_exceeded`."""
+
+
 @dataclass(frozen=True)
 class RequestLimits:
     """What every request must fit: the served model's and the server's bounds (fixed for the
@@ -88,11 +93,11 @@ class RequestLimits:
             # Refuse a grammar that does not compile here (400), before it is queued.
             validate_constraint(*parsed.constraint, backend=self.grammar_backend)
         if len(ids) >= self.context_len:
-            raise ValueError(
+            raise ContextLengthError(
                 f"the prompt has {len(ids)} tokens; the context length is {self.context_len}"
             )
         if len(ids) + parsed.max_new_tokens > self.context_len:
-            raise ValueError(
+            raise ContextLengthError(
                 f"prompt ({len(ids)} tokens) + max_new_tokens ({parsed.max_new_tokens}) exceeds "
                 f"the context length ({self.context_len})"
             )
