@@ -35,7 +35,9 @@ from sglite.runtime.model.forward_batch import ForwardBatch
 from sglite.runtime.model.layers import self_attention
 from sglite.runtime.model.loader import load_model
 from sglite.runtime.scheduler import scheduler as scheduler_module
+from sglite.runtime.scheduler import token_sampler
 from sglite.runtime.scheduler.io import GenerateInput
+from sglite.runtime.scheduler.request_table import ReqStatus
 from sglite.runtime.server_args import ServerArgs
 
 TIMES: dict[str, float] = defaultdict(float)
@@ -67,8 +69,9 @@ def instrument() -> None:
         "layers in one native call", native_decode.NativeDecoder.run
     )
     ForwardBatch.build = classmethod(timed("build batch", ForwardBatch.build.__func__))
+    sampler = token_sampler.TokenSampler
+    sampler.sample_and_append = timed("sample, detokenize, stop", sampler.sample_and_append)
     sched = scheduler_module.Scheduler
-    sched.sample_and_append = timed("sample, detokenize, stop", sched.sample_and_append)
     sched.step = timed("step (total)", sched.step)
 
 
@@ -160,7 +163,7 @@ def run_decode_only(sched, args: argparse.Namespace, params: dict):
         steps, start = 0, None
         while sched.has_work:
             sched.step()
-            if start is None and not sched.waiting and sched.chunked is None:
+            if start is None and sched.table.count(ReqStatus.RUNNING) == len(sched.table):
                 start = time.perf_counter()  # every request is decoding from here on
             elif start is not None:
                 steps += 1
