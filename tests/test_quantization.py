@@ -308,23 +308,22 @@ def test_quantized_only_models_quantize_each_projection_as_it_loads(monkeypatch)
     """A model kept quantized only never holds all its dense weights: each projection is
     quantized, and its dense weight freed, as soon as its tensors are loaded (loading the
     default model with int4 peaked at 626 MiB resident instead of 936)."""
-    from sglite.runtime.model import gguf_loader
-    from sglite.runtime.model.causal_lm import CausalLM
+    from sglite.runtime.model import gguf_loader, weight_policy
 
     events: list[tuple[str, str]] = []
-    real_iter, real_quantize = gguf_loader.iter_gguf_weights, CausalLM.quantize_projection
+    real_iter, real_quantize = gguf_loader.iter_gguf_weights, weight_policy.quantize_projection
 
     def iter_logged(*args, **kwargs):
         for name, tensor in real_iter(*args, **kwargs):
             events.append(("load", name))
             yield name, tensor
 
-    def quantize_logged(self, name, *args, **kwargs):
+    def quantize_logged(model, name, *args, **kwargs):
         events.append(("quantize", name))
-        return real_quantize(self, name, *args, **kwargs)
+        return real_quantize(model, name, *args, **kwargs)
 
     monkeypatch.setattr(gguf_loader, "iter_gguf_weights", iter_logged)
-    monkeypatch.setattr(CausalLM, "quantize_projection", quantize_logged)
+    monkeypatch.setattr(weight_policy, "quantize_projection", quantize_logged)
     loaded = load_model(None, "float32", progress=False, quantization="int4")
     quantized = [name for kind, name in events if kind == "quantize"]
     assert len(quantized) == len(set(quantized)) == 4 * loaded.config.num_layers

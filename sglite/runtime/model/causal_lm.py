@@ -1,5 +1,7 @@
 """The decoder-only language model every family runs as: embeddings, `DecoderLayer`s over the
-paged KV pool, the final norm and the output projection, plus weight quantization and layouts.
+paged KV pool, the final norm and the output projection. Which weights it computes with
+(quantized copies, GGUF blocks, layouts) is decided at load time by `weight_policy.py`; the layer
+cut of a self-speculative draft is `early_exit.py`.
 
 All tokens of a batch are flattened into one `[T, hidden]` tensor so every projection is a single
 matmul regardless of how many sequences the batch holds; only attention looks at sequence
@@ -16,10 +18,7 @@ heads and MLP width); `num_heads`/`num_kv_heads` on the attention module are per
 
 from __future__ import annotations
 
-import dataclasses
-import logging
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -27,9 +26,9 @@ from torch import nn
 from sglite.runtime.cache.kv_pool import KVPool
 from sglite.runtime.distributed.parallel import SINGLE, TensorParallelGroup
 from sglite.runtime.distributed.sharding import TensorParallelPlan
-from sglite.runtime.model import kernels, row_forward
+from sglite.runtime.model import early_exit, kernels, row_forward, weight_policy
 from sglite.runtime.model.attention import AttentionPlan
-from sglite.runtime.model.checkpoint import CheckpointLoader, checkpoint_names
+from sglite.runtime.model.checkpoint import CheckpointLoader
 from sglite.runtime.model.config import ModelConfig
 from sglite.runtime.model.cpu_features import cpu_has_amx
 from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
@@ -37,32 +36,10 @@ from sglite.runtime.model.gguf_weight import GGUFWeight
 from sglite.runtime.model.layers.decoder_layer import DecoderLayer
 from sglite.runtime.model.layers.norm import RMSNorm
 from sglite.runtime.model.linear import Linear
-from sglite.runtime.model.linear_weight import LinearWeight, select_weight
+from sglite.runtime.model.linear_weight import LinearWeight
 from sglite.runtime.model.native_decode import NativeDecoder
-from sglite.runtime.model.quantization import (
-    Int4Parts,
-    Int8Weight,
-    Q8Weight,
-    QuantizedWeight,
-    make_quantized,
-)
+from sglite.runtime.model.quantization import QuantizedWeight
 from sglite.runtime.model.rope import RopeSet
-
-if TYPE_CHECKING:
-    from sglite.runtime.model.gguf_loader import BlockWeights
-
-logger = logging.getLogger(__name__)
-
-# Quantized float32 models without packed weights: output projections of up to this many rows
-# use the int8 copy.
-LM_HEAD_INT8_FLOAT32_ROWS = 32
-# A projection's quantization from the canonical names of the checkpoint tensors it is made of
-# (int8, q8_0, int4, w4a8 or none: `--quantization auto` decides per projection for a GGUF).
-KindFor = Callable[[list[str]], str]
-# The checkpoint's own quantized values of those tensors in one kind's layout (GGUF Q4 blocks as
-# int4, Q8_0/Q5_0 blocks as q8_0), so they load exactly rather than requantized; None if it has
-# none.
-QuantizedSource = Callable[[str, list[str]], list[Int4Parts] | list[Q8Weight] | None]
 
 
 def _materialize(model: nn.Module, dtype: torch.dtype, device: torch.device) -> None:
@@ -70,7 +47,7 @@ def _materialize(model: nn.Module, dtype: torch.dtype, device: torch.device) -> 
     (floating ones in `dtype`); tied parameters stay tied.
 
     `Module.to_empty` would do this through `empty_like` on meta tensors, whose Python meta
-    kernel imports sympy and torch.fx on first use: a second of every start-up.
+    kernel imports sympy and torch.fx on first use, heavy imports every start-up would pay.
     """
     made: dict[int, torch.Tensor] = {}
 
@@ -112,7 +89,8 @@ class CausalLM(nn.Module):
             self.vocab_widths = [vocab_rows]
         self.config = config
         # `_weight` skips the random init: on the meta device (`empty`) `normal_` runs a Python
-        # meta kernel whose first call imports torch._dynamo (1-3 s of every start-up).
+        # meta kernel whose first call imports torch._dynamo, a heavy import every start-up
+        # would pay.
         weight = torch.empty(vocab_rows, config.hidden_size)
         self.embed_tokens = nn.Embedding(vocab_rows, config.hidden_size, _weight=weight)
         self.layers = nn.ModuleList([DecoderLayer(config, i, tp) for i in range(config.num_layers)])
@@ -125,13 +103,14 @@ class CausalLM(nn.Module):
         self.ropes: RopeSet | None = None
         # Gemma scales its embeddings; rounded to the weights' dtype as transformers does.
         self.embedding_multiplier = config.embedding_multiplier
-        # Quantized copy of the output projection (see `quantize`) and the weight object the
-        # output projection computes with (`finalize_weights`; None: the dense weight as is).
+        # Set by weight_policy.py at load: the output projection's quantized copy and the row
+        # count up to which it serves, the weight object the logits are computed with (None:
+        # decided from those on use), and the embedding as a GGUF file stores it (None: the
+        # `embed_tokens` parameter).
         self.lm_head_quantized: QuantizedWeight | None = None
-        # The embedding as a GGUF file stores it (`use_gguf_blocks`; None: `embed_tokens`).
-        self.embedding_blocks: GGUFWeight | None = None
         self.lm_head_quantized_max_rows = 0
         self.output_weight: LinearWeight | None = None
+        self.embedding_blocks: GGUFWeight | None = None
         # Small DECODE batches run their layers in one native call (native_decode.py); built on
         # first use, after any quantization. False = not built yet; None = not available.
         self.use_native_decode = True
@@ -227,7 +206,12 @@ class CausalLM(nn.Module):
 
     def output_projection(self) -> LinearWeight:
         """The weight object the logits are computed with."""
-        return self.output_weight or self._select_output_weight(extra_layouts=False)
+        return self.output_weight or weight_policy.output_weight(self, extra_layouts=False)
+
+    def weights_changed(self) -> None:
+        """Weights or layers were replaced: the native decode step, built for the old ones'
+        pointers, is rebuilt on its next use."""
+        self._native_decoder = False
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """The input embeddings of `ids` (a fresh tensor), scaled as the family wants."""
@@ -292,20 +276,8 @@ class CausalLM(nn.Module):
 
     def _lm_head(self, h: torch.Tensor, decode: bool = False) -> torch.Tensor:
         """The logits of rows `h`; `decode`: a DECODE batch's (see `matmul_decode`)."""
-        head = self.output_weight or self._select_output_weight(extra_layouts=False)
+        head = self.output_weight or weight_policy.output_weight(self, extra_layouts=False)
         return head.matmul_decode(h) if decode else head.matmul(h)
-
-    def _select_output_weight(self, extra_layouts: bool) -> LinearWeight:
-        dense = self.lm_head_weight().data
-        rows = self.lm_head_quantized_max_rows
-        unpacked_float32 = self.dtype == torch.float32 and not extra_layouts
-        if self.lm_head_quantized is not None and unpacked_float32 and rows >= 0:
-            if kernels.native_available():
-                # Unpacked float32 GEMMs of this wide, short shape ran at ~50 GFLOP/s on 2 AVX2
-                # cores: the int8 GEMV in chunks of rows was 1.45x faster at 32 rows, 3.5x at 9
-                # (with packed weights, float32 beats it from 16 rows on).
-                rows = max(rows, LM_HEAD_INT8_FLOAT32_ROWS)
-        return select_weight(dense, self.lm_head_quantized, rows, extra_layouts)
 
     def weight_bytes(self) -> int:
         """Bytes of every copy of the weights this model holds: parameters (dense weights that
@@ -318,31 +290,17 @@ class CausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, Linear) and module is not self.lm_head:
                 total += module.kernel.nbytes()
-        head = self.output_weight or self._select_output_weight(extra_layouts=False)
+        head = self.output_projection()
         total += head.nbytes()
         embedding = self.embedding_blocks
         if embedding is not None and embedding is not getattr(head, "small", head):
             total += embedding.nbytes()
         return total
 
-    def finalize_weights(self, pack: bool) -> None:
-        """Add the dense weights' extra layouts (see `Linear.finalize`) when `pack`; call after
-        loading and quantizing. They make large and mid-size batches faster and cost memory."""
-        for module in self.modules():
-            if isinstance(module, Linear) and module is not self.lm_head:
-                module.finalize(pack)
-        self.output_weight = self._select_output_weight(extra_layouts=pack)
-        self._native_decoder = False  # weight pointers changed
-
     def keep_first_layers(self, count: int) -> None:
-        """Drop every decoder layer after the first `count` (an early exit: the kept layers,
-        then the final norm and output projection), e.g. for a self-speculative draft. Call
-        after loading, before the first forward; the config then says `count` layers."""
-        if not 1 <= count <= len(self.layers):
-            raise ValueError(f"can keep 1..{len(self.layers)} layers, not {count}")
-        self.layers = self.layers[:count]
-        self.config = dataclasses.replace(self.config, num_layers=count)
-        self._native_decoder = False  # built for the layers in place
+        """`early_exit.keep_first_layers`: drop every decoder layer after the first `count`
+        (a self-speculative draft's cut; scheduler/draft_model.py calls it)."""
+        early_exit.keep_first_layers(self, count)
 
     def load_weights(
         self,
@@ -351,125 +309,13 @@ class CausalLM(nn.Module):
         provided: frozenset[str] = frozenset(),
     ) -> None:
         """Copy canonical-named tensors into the (fused) parameters (`CheckpointLoader.load`);
-        `provided`: parameters already held otherwise (`use_gguf_blocks`), not expected."""
+        `provided`: parameters already held otherwise (`weight_policy.use_gguf_blocks`), not
+        expected."""
         loader = CheckpointLoader(self, self.tp_plan, self.lm_head is None)
         loader.load(weights, on_loaded, provided)
-        self._native_decoder = False
-
-    def use_gguf_blocks(self, blocks: BlockWeights) -> frozenset[str]:
-        """Hold the projections, embedding and output projection `blocks` has as GGUF blocks
-        (their dense parameters emptied, never filled); returns the parameter names they
-        stand for, which the dense load then skips."""
-        self._native_decoder = False
-        provided = set()
-        for path, weight in blocks.projections.items():
-            module = self.get_submodule(path)
-            assert isinstance(module, Linear)
-            module.set_quantized(weight, -1)
-            provided.add(f"{path}.weight")
-        if blocks.embedding is not None:
-            self.embedding_blocks = blocks.embedding
-            empty = self.embed_tokens.weight.data.new_empty(0)
-            self.embed_tokens.weight = nn.Parameter(empty, requires_grad=False)
-            provided.add("embed_tokens.weight")
-        if blocks.head is not None:
-            self.lm_head_quantized = blocks.head
-            self.lm_head_quantized_max_rows = -1
-            if self.lm_head is not None:
-                empty = self.lm_head.weight.data.new_empty(0)
-                self.lm_head.weight = nn.Parameter(empty, requires_grad=False)
-                provided.add("lm_head.weight")
-        return frozenset(provided)
-
-    def quantize(
-        self,
-        kind_for: KindFor,
-        max_rows: int,
-        source: QuantizedSource | None = None,
-        head: Q8Weight | None = None,
-    ) -> None:
-        """Give every projection a quantized copy of the kind `kind_for` names for it (int8,
-        int4 or w4a8; none leaves it dense) used for matmuls of at most `max_rows` rows (-1: all,
-        and the dense weights are freed), and the output projection an 8-bit copy (4-bit logits
-        lose too much): `head` (the checkpoint's own, e.g. GGUF Q8_0) when given and of the
-        right shape, else per-channel int8.
-
-        `source(kind, names)` may return the checkpoint's own values in that kind's layout for
-        each of the canonical tensors `names` that make up one projection (GGUF Q4_0/Q4_1/Q4_K
-        for int4, Q8_0/Q5_0 for q8_0), so they are not requantized (with tensor parallelism,
-        this rank's part of int4 values; q8_0 values are then requantized from the shard).
-        """
-        self._native_decoder = False  # its weight pointers change
-        for name, module in self.named_modules():
-            if isinstance(module, Linear) and name != "lm_head" and module.quantized is None:
-                self.quantize_projection(name, kind_for, max_rows, source)
-        self.output_weight = None
-        if isinstance(self.lm_head_quantized, GGUFWeight):  # held as the file's blocks
-            return
-        dense_head = self.lm_head_weight().data
-        fits = head is not None and head.values.shape == dense_head.shape
-        self.lm_head_quantized = head if fits else Int8Weight(dense_head, self.dtype)
-        self.lm_head_quantized_max_rows = max_rows
-        if max_rows < 0 and self.lm_head is not None:  # an untied projection has no other use
-            self.lm_head.weight = nn.Parameter(dense_head.new_empty(0), requires_grad=False)
-
-    def quantize_projection(
-        self,
-        name: str,
-        kind_for: KindFor,
-        max_rows: int,
-        source: QuantizedSource | None = None,
-    ) -> None:
-        """`quantize` for the one projection `name` (a Linear other than the output
-        projection); with `max_rows` -1 its dense weight is freed at once."""
-        module = self.get_submodule(name)
-        assert isinstance(module, Linear) and name != "lm_head"
-        kind = kind_for(checkpoint_names(self, name))
-        if kind == "none":
-            return
-        parts = self._source_parts(source, kind, name) if source else None
-        weight = make_quantized(kind, module.weight.data, self.dtype, parts)
-        if weight is None:
-            shape = tuple(module.weight.shape)
-            logger.warning("%s: shape %s cannot be %s-quantized", name, shape, kind)
-            return
-        module.set_quantized(weight, max_rows)
-        self._native_decoder = False
-
-    def quantized_kinds(self) -> list[str]:
-        """The quantized formats the projections use (int4, int8, w4a8), sorted (empty: all
-        dense)."""
-        kinds = {
-            kind
-            for m in self.modules()
-            if isinstance(m, Linear) and m is not self.lm_head and m.quantized is not None
-            for kind in m.quantized.kind.split("+")
-        }
-        return sorted(kinds)
+        self.weights_changed()
 
     def weight_layouts(self) -> list[str]:
-        """The layouts the projections and the output projection compute with (the kinds of
-        their weight objects, e.g. "panels", "int4", "int4 up to 8 rows, else blocked"),
-        sorted."""
-        head = self.output_weight or self._select_output_weight(extra_layouts=False)
-        kinds = {head.kind}
-        for module in self.modules():
-            if isinstance(module, Linear) and module is not self.lm_head:
-                kinds.add(module.kernel.kind)
-        return sorted(kinds)
-
-    def _source_parts(
-        self, source: QuantizedSource, kind: str, module: str
-    ) -> Int4Parts | Q8Weight | None:
-        names = checkpoint_names(self, module)
-        parts = source(kind, names)
-        if not parts:
-            return None
-        if kind == "q8_0":
-            return None if self.tp_plan is not None else Q8Weight.concat(parts)  # type: ignore
-        if self.tp_plan is not None:
-            sharded = [self.tp_plan.shard_int4(n, p) for n, p in zip(names, parts, strict=True)]
-            if any(p is None for p in sharded):
-                return None
-            parts = sharded  # type: ignore[assignment]
-        return Int4Parts.concat(parts)  # type: ignore[arg-type]
+        """`weight_policy.weight_layouts`: the layouts the projections and the output
+        projection compute with, sorted (scheduler/process.py reports them)."""
+        return weight_policy.weight_layouts(self)

@@ -18,7 +18,6 @@ import torch
 from torch import nn
 
 from sglite.runtime.distributed.sharding import TensorParallelPlan
-from sglite.runtime.model.causal_lm import QuantizedSource
 from sglite.runtime.model.checkpoint import checkpoint_names
 from sglite.runtime.model.config import ModelConfig
 from sglite.runtime.model.gguf_index import GGUFFile
@@ -34,6 +33,7 @@ from sglite.runtime.model.quantization import (
     q8_weight_from_gguf,
     q8_weight_from_gguf_type,
 )
+from sglite.runtime.model.weight_policy import QuantizedSource
 
 logger = logging.getLogger(__name__)
 

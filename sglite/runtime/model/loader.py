@@ -14,8 +14,9 @@ import torch
 
 from sglite.runtime.distributed.parallel import SINGLE, TensorParallelGroup
 from sglite.runtime.distributed.sharding import TensorParallelPlan
+from sglite.runtime.model import weight_policy
 from sglite.runtime.model.catalog import default_model_path  # noqa: F401 (re-exported)
-from sglite.runtime.model.causal_lm import CausalLM, KindFor, QuantizedSource
+from sglite.runtime.model.causal_lm import CausalLM
 from sglite.runtime.model.config import ModelConfig
 from sglite.runtime.model.cpu_features import cpu_flags
 from sglite.runtime.model.linear import Linear
@@ -26,6 +27,11 @@ from sglite.runtime.model.tokenizer_files import (
     load_gguf_tokenizer,
     load_tokenizer_files,
     single_gguf_in,
+)
+from sglite.runtime.model.weight_policy import (
+    KindFor,
+    QuantizedSource,
+    auto_quantized_max_rows,
 )
 from sglite.runtime.tokenizer import Tokenizer
 
@@ -93,32 +99,6 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device | str = "cpu") 
     return _DTYPES[name]
 
 
-# The extra layouts double (float32) or triple (bf16) the dense weights in memory: auto keeps them
-# for small models only.
-AUTO_PACK_MAX_BYTES = 1 << 30
-
-
-def _should_pack(setting: str, model: CausalLM) -> bool:
-    if setting not in ("auto", "on", "off"):
-        raise ValueError(f"gemm_packing must be auto, on or off, got {setting!r}")
-    if setting != "auto":
-        return setting == "on"
-    dense = sum(p.numel() * p.element_size() for p in model.parameters())
-    return dense <= AUTO_PACK_MAX_BYTES
-
-
-def auto_quantized_max_rows(dtype: torch.dtype, device: torch.device) -> int:
-    """-1 (quantized weights only) where the native quantized GEMM serves every batch size
-    (float32 on CPU): it matched or beat the dense float32 copy from 9 to 32 rows and at
-    prefill, so that copy would only cost memory. Elsewhere 8 (bf16: the quantized kernels
-    take a few rows, the dense copy serves the rest)."""
-    from sglite.runtime.model import kernels
-
-    if device.type == "cpu" and dtype == torch.float32 and kernels.native_available():
-        return -1
-    return 8
-
-
 def _quantize_when_loaded(
     model: CausalLM,
     kind_for: KindFor,
@@ -137,7 +117,8 @@ def _quantize_when_loaded(
 
     def on_loaded(target: str) -> None:
         if target in projections:
-            model.quantize_projection(target.removesuffix(".weight"), kind_for, max_rows, source)
+            name = target.removesuffix(".weight")
+            weight_policy.quantize_projection(model, name, kind_for, max_rows, source)
 
     return on_loaded
 
@@ -272,13 +253,13 @@ def load_model(
     """Load weights, config and tokenizer. `model_path=None` loads the default model.
 
     `quantization` (none, int8, int4) adds weight-only quantized copies of the projections for
-    matmuls of at most `quantized_max_rows` rows (see `CausalLM.quantize`; -1: every matmul,
+    matmuls of at most `quantized_max_rows` rows (see `weight_policy.quantize`; -1: every matmul,
     and the dense weights are freed; None: `auto_quantized_max_rows`); int4 takes a GGUF's own
     Q4_0/Q4_1/Q4_K values where the file has them; auto picks by the file
     (`resolve_quantization`), and the returned model records what was picked.
     `gemm_packing` (auto, on, off) adds GEMM-friendly copies of the dense weights (see
     `linear.py`) for batches and prefill; auto adds them for models whose weights take at most
-    `AUTO_PACK_MAX_BYTES`.
+    `weight_policy.AUTO_PACK_MAX_BYTES`.
     `gguf_activations` (auto, int8, float): how a GGUF's own blocks take their activations
     (`resolve_gguf_activations`; int8 rounds every product's x rows as llama.cpp does).
     With a tensor-parallel group `tp`, only this rank's shard of every weight is kept (each
@@ -325,7 +306,8 @@ def load_model(
             blocks = gguf_loader.gguf_block_weights(
                 gguf_file, model, config, plan, round_activations=activations == "int8"
             )
-            provided, consumed = model.use_gguf_blocks(blocks), frozenset(blocks.consumed)
+            provided = weight_policy.use_gguf_blocks(model, blocks)
+            consumed = frozenset(blocks.consumed)
         weights = gguf_loader.iter_gguf_weights(gguf_file, config, progress, consumed)
     quantized_rows = source = head = None
     if kind_for is not None:
@@ -343,8 +325,9 @@ def load_model(
     model.load_weights(weights, on_loaded, provided)
     if kind_for is not None:
         assert quantized_rows is not None
-        model.quantize(kind_for, quantized_rows, source, head)  # what loading has not done
-    model.finalize_weights(pack=_should_pack(gemm_packing, model))
+        # What loading has not done.
+        weight_policy.quantize(model, kind_for, quantized_rows, source, head)
+    weight_policy.finalize(model, pack=weight_policy.should_pack(gemm_packing, model))
     tokenizer = tokenizer_job.result()
     _apply_family_tokens(tokenizer, family, config)  # the model's, whatever the tokenizer's
     if not provided:
@@ -358,6 +341,6 @@ def load_model(
         torch_dtype,
         dev,
         quantized_rows if kind_for is not None else None,
-        "+".join(model.quantized_kinds()) or "none",
+        "+".join(weight_policy.quantized_kinds(model)) or "none",
         activations,
     )
