@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sglite.runtime.multimodal.image_input import ImageLimits, load_image
+from sglite.runtime.multimodal.image_input import ImageInputError, ImageLimits, load_image
 from sglite.runtime.multimodal.spec import VisionSpec
 
 if TYPE_CHECKING:  # the HTTP process imports torch only when an image arrives
@@ -93,7 +93,7 @@ class ImagePromptBuilder:
         image is bad or the images do not match the prompt's image tokens. A prompt without
         image tokens gets its images at the start."""
         if len(images) > self.limits.max_images:
-            raise ValueError(
+            raise ImageInputError(
                 f"{where}: {len(images)} images, more than the {self.limits.max_images} a "
                 "request may have (--max-images-per-request)"
             )
@@ -101,7 +101,7 @@ class ImagePromptBuilder:
         if not marks and images:
             ids, marks = [self.spec.image_token_id] * len(images) + ids, list(range(len(images)))
         if len(marks) != len(images):
-            raise ValueError(
+            raise ImageInputError(
                 f"{where}: the prompt has {len(marks)} image tokens ({self.image_token}) for "
                 f"{len(images)} images"
             )
@@ -138,7 +138,8 @@ class ImagePromptBuilder:
                 text=self.image_token, images=[image], return_tensors="pt", add_special_tokens=False
             )
         except Exception as exc:  # the processor's own checks (sizes, modes)
-            raise ValueError(f"{where}: the model's processor refused the image ({exc})") from None
+            message = f"{where}: the model's processor refused the image ({exc})"
+            raise ImageInputError(message) from None
         span = processed["input_ids"][0].tolist()
         inputs = {k: v for k, v in processed.items() if k not in TEXT_KEYS}
         import torch

@@ -29,6 +29,7 @@ from sglite.http.streaming import (
     sse_response_content,
     to_json,
 )
+from sglite.runtime.multimodal.image_input import ImageInputError
 from sglite.runtime.server import chat_tools
 from sglite.runtime.server.errors import bad_request, error_responses
 from sglite.runtime.server.native_protocol import (
@@ -118,7 +119,7 @@ async def generate(body: GenerateRequestIn, request: Request) -> Any:
         constraint = constraint_of(err.message)
         if constraint is not None:  # an invalid grammar: the message is the parser's
             err.param = f"sampling_params.{constraint}"
-        elif err.message.startswith("image_data"):
+        elif isinstance(exc, ImageInputError):
             err.param = "image_data"
         elif err.param is None:  # prompt problems: name the field the prompt came in
             err.param = "input_ids" if body.input_ids is not None else "text"

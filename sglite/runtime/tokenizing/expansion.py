@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sglite.runtime.multimodal.image_input import ImageInputError
 from sglite.runtime.tokenizing.request import GenerateRequest
 
 
@@ -40,7 +41,7 @@ def per_prompt_images(image_data: Any, n: int, is_batch: bool) -> list[list[Any]
     if not is_batch:
         return [image_data if isinstance(image_data, list) else [image_data]]
     if not isinstance(image_data, list) or len(image_data) != n:
-        raise ValueError(f"image_data: a batch of {n} prompts needs a list of {n} entries")
+        raise ImageInputError(f"image_data: a batch of {n} prompts needs a list of {n} entries")
     return [[] if d is None else d if isinstance(d, list) else [d] for d in image_data]
 
 
