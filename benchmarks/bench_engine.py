@@ -19,11 +19,16 @@ same thread count for all:
   `benchmarks/build_llama_cpp.sh` built it;
 - transformers (same GGUF, float32 and bfloat16): prefill and batch-1 decode.
 Each figure is printed beside its target (`targets`: shares of the machine's limits, ratios to
-llama.cpp and transformers), and llama.cpp's row names the build that ran (a crash is reported,
-not left blank). Ratios are what to quote; absolute times on a shared machine are noisy.
+llama.cpp and transformers). llama.cpp is the build `runners.llama_cpp.find_llama_server` picks
+(`--llama-server PATH`, else the build script's best configuration for the host, else PATH),
+named in its rows and in the report's `llama.cpp:` line (the script's `BUILD` record). A run
+that crashes is a row of its own, "crashed at start-up (exit -11 SIGSEGV, log: PATH)", and a
+line under "Not measured or crashed"; when llama-bench crashes, it is measured again with
+`--repack 0` and those rows say "fallback: --repack 0, the default crashed", never silently.
+Ratios are what to quote; absolute times on a shared machine are noisy.
 
 Run: python -m benchmarks.bench_engine [--model PATH.gguf] [--quick] [--skip-llama-cpp]
-[--skip-transformers]
+[--skip-transformers] [--llama-server PATH]
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from dataclasses import dataclass
 import torch
 
 import sglite
-from benchmarks.common import add_json_option
+from benchmarks.common import PeerStatus, add_json_option, add_llama_server_option
 from sglite.runtime.model.loader import default_model_path
 
 
@@ -77,6 +82,16 @@ class Row:
     system: str
     value: float
     unit: str
+    status: str = ""  # instead of a value: why there is none (a peer's `PeerStatus.cell()`)
+
+    def value_cell(self) -> str:
+        """The value, or the status standing in for it."""
+        return self.status or f"{self.value:,.2f}"
+
+
+def status_row(metric: str, system: str, status: PeerStatus) -> Row:
+    """A row saying why `system` has no figure for `metric` (it crashed, ...)."""
+    return Row(metric, system, float("nan"), "", status.cell())
 
 
 class EchoList(list):
@@ -84,7 +99,7 @@ class EchoList(list):
 
     def append(self, row: Row) -> None:
         """Add and print."""
-        print(f"  {row.metric} | {row.system} | {row.value:,.2f} {row.unit}", flush=True)
+        print(f"  {row.metric} | {row.system} | {row.value_cell()} {row.unit}", flush=True)
         super().append(row)
 
 
@@ -337,74 +352,109 @@ def bench_accuracy(args: argparse.Namespace, rows: list[Row]) -> None:
 
 
 # ------------------------------------------------------------------------------ llama.cpp
-def bench_llama_cpp(args: argparse.Namespace, rows: list[Row]) -> list[str]:
-    """llama-bench prefill/decode and llama-server on the shared-prefix workload, with the
-    build the script installed (named in the rows); returns notes on runs that crashed."""
-    from benchmarks.runners.llama_cpp import llama_binaries, llama_build
+LLAMA_BENCH_METRICS = ("prefill 1000 tokens", "batch-1 decode", LONG_DECODE)
+REPACK_FALLBACK = "fallback: --repack 0, the default crashed"
 
-    bench, server = llama_binaries()
+
+def bench_llama_cpp(args: argparse.Namespace, rows: list[Row]) -> list[str]:
+    """llama-bench prefill/decode and llama-server on the shared-prefix workload, with the build
+    `find_llama_server` picks (named in the rows); a run that crashes gets a status row and a
+    note (returned), a fallback configuration is named as one."""
+    from benchmarks.runners.llama_cpp import llama_binaries, llama_build, llama_build_line
+
+    bench, server = llama_binaries(args.llama_server)
     if bench is None:
-        return ["llama.cpp not built (bash benchmarks/build_llama_cpp.sh): not measured"]
+        return ["llama.cpp not found (bash benchmarks/build_llama_cpp.sh): not measured"]
     threads = str(args.threads)
     build = llama_build(bench)
+    args.llama_build = llama_build_line(bench)
+    name = f"llama.cpp {build}"
     notes: list[str] = []
     extra: tuple[str, ...] = ()
     results, failure = _llama_bench(bench, args.model, threads, ())
     if results is None:
-        # Its AMX path crashes on some CPUs; a build by the script avoids it, another may not.
-        notes.append(f"llama.cpp ({build}) crashed: {failure}; measured again with --repack 0")
+        # Its AMX path crashes on some CPUs; the script's build avoids it, another may not.
+        for metric in LLAMA_BENCH_METRICS:
+            rows.append(status_row(metric, name, failure))
+        notes.append(f"llama.cpp {failure.line()}; measured again with --repack 0")
         extra = ("--repack", "0")
         results, failure = _llama_bench(bench, args.model, threads, extra)
+        name = f"{name} ({REPACK_FALLBACK})"
     if results is None:
-        return [*notes, f"llama.cpp ({build}) crashed with --repack 0 too: {failure}"]
-    name = f"llama.cpp {build}" + (", repack off" if extra else "")
+        for metric in LLAMA_BENCH_METRICS:
+            rows.append(status_row(metric, name, failure))
+        return [*notes, f"llama.cpp with --repack 0 {failure.line()}"]
     for result in results:
         if result.get("n_prompt"):
             rows.append(Row("prefill 1000 tokens", name, result["avg_ts"], "tok/s"))
         elif result.get("n_gen"):
             metric = LONG_DECODE if result.get("n_depth") else "batch-1 decode"
             rows.append(Row(metric, name, result["avg_ts"], "tok/s"))
+    if failure is not None:  # the run at depth crashed after the first succeeded
+        rows.append(status_row(LONG_DECODE, name, failure))
+        notes.append(f"llama.cpp at depth {LONG_CONTEXT} {failure.line()}")
     if server is None or args.quick:
         return notes
-    from benchmarks.common import post_json, stop_process
-    from benchmarks.runners.llama_cpp import start_llama_server
+    return notes + _llama_server_shared_prefix(args, rows, server, build, extra)
+
+
+def _llama_server_shared_prefix(
+    args: argparse.Namespace, rows: list[Row], server: str, build: str, extra: tuple[str, ...]
+) -> list[str]:
+    """llama-server (16 slots, `cache_prompt`) on the shared-prefix workload: its rows, or
+    status rows and a note when it crashes or its calls fail."""
+    from benchmarks.common import PeerCrashed, post_json, stop_process
+    from benchmarks.runners.llama_cpp import llama_failure, start_llama_server
     from sglite.runtime.model.loader import load_tokenizer
 
     tok = load_tokenizer(args.model)
     work = shared_prefix_workload(tok, args.requests)
     server_extra = ("--no-repack",) if extra else ()
-    with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as log:
-        proc, base = start_llama_server(
-            server, args.model, args.threads, 16, 2048, log, server_extra
-        )
-    try:
-        body = {"temperature": 0, "n_predict": args.new_tokens, "ignore_eos": True}
-        body["cache_prompt"] = True
+    name = f"llama.cpp server {build} (16 slots)" + (f" ({REPACK_FALLBACK})" if extra else "")
+    metrics = ("shared-prefix workload", "shared-prefix cache hit rate")
+    proc = None
+    with tempfile.NamedTemporaryFile(
+        "w", suffix=".log", prefix="llama-server-", delete=False
+    ) as log:
+        try:
+            proc, base = start_llama_server(
+                server, args.model, args.threads, 16, 2048, log, server_extra
+            )
+            body = {"temperature": 0, "n_predict": args.new_tokens, "ignore_eos": True}
+            body["cache_prompt"] = True
 
-        def one(ids: list[int]) -> dict:
-            return post_json(base + "/completion", {**body, "prompt": ids})
+            def one(ids: list[int]) -> dict:
+                return post_json(base + "/completion", {**body, "prompt": ids})
 
-        start = time.perf_counter()
-        with ThreadPoolExecutor(16) as pool:
-            answers = list(pool.map(one, work))
-        elapsed = time.perf_counter() - start
-        out_tokens = sum(a["timings"]["predicted_n"] for a in answers)
-        cached = sum(a["timings"].get("cache_n", 0) for a in answers)
-        prompt = sum(a["timings"].get("cache_n", 0) + a["timings"]["prompt_n"] for a in answers)
-        name = f"llama.cpp server {build} (16 slots)" + (", repack off" if extra else "")
-        rows.append(Row("shared-prefix workload", name, out_tokens / elapsed, "out tok/s"))
-        rows.append(Row("shared-prefix cache hit rate", name, 100 * cached / prompt, "%"))
-    finally:
-        stop_process(proc, timeout=30)
-    return notes
+            start = time.perf_counter()
+            with ThreadPoolExecutor(16) as pool:
+                answers = list(pool.map(one, work))
+            elapsed = time.perf_counter() - start
+        except (PeerCrashed, OSError, ValueError) as exc:
+            status = llama_failure(server, proc, log.name, exc)
+            for metric in metrics:
+                rows.append(status_row(metric, name, status))
+            return [f"llama.cpp server {status.line()}"]
+        finally:
+            if proc is not None:
+                stop_process(proc, timeout=30)
+    os.unlink(log.name)
+    out_tokens = sum(a["timings"]["predicted_n"] for a in answers)
+    cached = sum(a["timings"].get("cache_n", 0) for a in answers)
+    prompt = sum(a["timings"].get("cache_n", 0) + a["timings"]["prompt_n"] for a in answers)
+    rows.append(Row(metrics[0], name, out_tokens / elapsed, "out tok/s"))
+    rows.append(Row(metrics[1], name, 100 * cached / prompt, "%"))
+    return []
 
 
 def _llama_bench(
     bench: str, model: str, threads: str, extra: tuple[str, ...]
-) -> tuple[list[dict] | None, str]:
+) -> tuple[list[dict] | None, PeerStatus | None]:
     """llama-bench pp1000 / tg128, then tg128 after LONG_CONTEXT tokens (`-d`), on the GGUF:
-    (results, "") or (None, how the first run failed); the second is left out when only it
-    fails."""
+    (results, None); (None, the crash) when the first run fails; (the first's results, the
+    crash) when only the second does. A failed run's output is kept in a log the status names."""
+    from benchmarks.runners.llama_cpp import llama_status
+
     runs = [
         ["-p", "1000", "-n", "128"],
         ["-p", "0", "-n", "128", "-d", str(LONG_CONTEXT)],
@@ -414,13 +464,16 @@ def _llama_bench(
         cmd = [bench, "-m", model, *run, "-t", threads, *extra]
         done = subprocess.run([*cmd, "-o", "json"], capture_output=True, text=True, timeout=1800)
         if done.returncode != 0:
-            failure = f"{os.path.basename(bench)} {' '.join(run)} exited with {done.returncode}"
-            print(failure)
-            if i == 0:
-                return None, failure
-            continue
+            with tempfile.NamedTemporaryFile(
+                "w", prefix="llama-bench-", suffix=".log", delete=False
+            ) as log:
+                log.write(f"$ {' '.join(cmd)} -o json\n{done.stdout}\n{done.stderr}")
+            status = llama_status(bench, "crashed", exit_code=done.returncode, log=log.name)
+            status.name = f"llama-bench {' '.join(run)}"
+            print(status.line(), flush=True)
+            return (None if i == 0 else results), status
         results += json.loads(done.stdout)
-    return results, ""
+    return results, None
 
 
 # ------------------------------------------------------------------------------ transformers
@@ -450,8 +503,22 @@ def bench_transformers(args: argparse.Namespace, rows: list[Row], dtype: torch.d
 
 # ------------------------------------------------------------------------------ report
 def _value(rows: list[Row], metric: str, system_prefix: str) -> float | None:
-    values = [r.value for r in rows if r.metric == metric and r.system.startswith(system_prefix)]
+    values = [
+        r.value
+        for r in rows
+        if r.metric == metric and r.system.startswith(system_prefix) and not r.status
+    ]
     return max(values) if values else None
+
+
+def _why_missing(rows: list[Row], metric: str, system_prefix: str) -> str:
+    """Why a system has no figure for a metric, from its status rows ("" if none says)."""
+    cells = [
+        f"{r.system} {r.status}"
+        for r in rows
+        if r.metric == metric and r.system.startswith(system_prefix) and r.status
+    ]
+    return "; ".join(cells)
 
 
 def targets(rows: list[Row], machine: dict[str, float]) -> list[str]:
@@ -459,9 +526,10 @@ def targets(rows: list[Row], machine: dict[str, float]) -> list[str]:
     format against llama.cpp's best build and transformers' best dtype)."""
     lines = []
 
-    def check(label: str, ours: float | None, bar: float | None, how: str) -> None:
+    def check(label: str, ours: float | None, bar: float | None, how: str, why: str = "") -> None:
         if ours is None or bar is None:
-            lines.append(f"- {label}: not measured in this run ({how})")
+            because = f": {why}" if why and bar is None else ""
+            lines.append(f"- {label}: not measured in this run ({how}){because}")
             return
         status = "MET" if ours >= bar else "MISSED"
         lines.append(f"- {label}: {status} ({ours:,.1f} vs target {bar:,.1f}; {how})")
@@ -475,13 +543,20 @@ def targets(rows: list[Row], machine: dict[str, float]) -> list[str]:
         f"limit {limit:,.1f} tok/s = read GB/s / weight bytes per token",
     )
     llama = _value(rows, "batch-1 decode", "llama.cpp")
-    check("batch-1 decode >= 1.1x llama.cpp", decode, llama and 1.1 * llama, "tg128")
+    check(
+        "batch-1 decode >= 1.1x llama.cpp",
+        decode,
+        llama and 1.1 * llama,
+        "tg128",
+        _why_missing(rows, "batch-1 decode", "llama.cpp"),
+    )
     llama_long = _value(rows, LONG_DECODE, "llama.cpp")
     check(
         f"batch-1 decode at {LONG_CONTEXT}-token context >= 1.25x llama.cpp",
         _value(rows, LONG_DECODE, "sglite"),
         llama_long and 1.25 * llama_long,
         f"tg128 at depth {LONG_CONTEXT}",
+        _why_missing(rows, LONG_DECODE, "llama.cpp"),
     )
     prefill = _value(rows, "prefill 1000 tokens", "sglite")
     check(
@@ -509,12 +584,12 @@ def report(
         f"model: {os.path.basename(args.model)}",
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
         f"{args.threads} threads, torch {torch.__version__}",
-        "",
-        "| metric | system | value | unit |",
-        "|---|---|---:|---|",
     ]
+    if getattr(args, "llama_build", None):
+        lines.append(f"llama.cpp: {args.llama_build}")
+    lines += ["", "| metric | system | value | unit |", "|---|---|---:|---|"]
     for r in rows:
-        lines.append(f"| {r.metric} | {r.system} | {r.value:,.2f} | {r.unit} |")
+        lines.append(f"| {r.metric} | {r.system} | {r.value_cell()} | {r.unit} |")
     lines += ["", "Targets:", "", *targets(rows, machine)]
     if notes:
         lines += ["", "Not measured or crashed:", "", *(f"- {note}" for note in notes)]
@@ -543,6 +618,7 @@ def main() -> None:
     parser.add_argument("--accuracy-tokens", type=int, default=24)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-llama-cpp", action="store_true")
+    add_llama_server_option(parser)
     parser.add_argument("--skip-transformers", action="store_true")
     parser.add_argument("--skip-accuracy", action="store_true")
     add_json_option(parser)

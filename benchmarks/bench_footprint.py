@@ -15,8 +15,11 @@ llama-server `-c 16384 -np 4`) and are started, in alternating order, a FIRST an
   (`smaps_rollup`): a file page mapped by two processes counts once in PSS, twice in RSS.
 
 A server whose tree's RSS passes `--max-rss-gb` (or that leaves less than `--min-available-gb`
-of the machine's memory) is killed and reported as "exceeded"; one that exits is "crashed"; a
-missing llama-server is "missing". No peer is dropped silently.
+of the machine's memory) is killed and reported as "exceeded"; one that exits is "crashed (exit
+code -11 SIGSEGV; log PATH)", in the table and the list under it; a missing llama-server is
+"missing". No peer is dropped silently. llama-server is the binary `find_llama_server` picks
+(`--llama-server`, else the build script's best configuration for the host, else PATH), its
+build named in the preamble.
 
     python -m benchmarks.bench_footprint --model /path/a.gguf [--model NAME ...] [--synthetic-7b]
 """
@@ -41,6 +44,7 @@ from pathlib import Path
 from benchmarks.common import (
     add_json_option,
     add_llama_server_option,
+    exit_text,
     free_port,
     get_json,
     git_revision,
@@ -49,7 +53,7 @@ from benchmarks.common import (
     post_json,
 )
 from benchmarks.host import cpu_line
-from benchmarks.runners.llama_cpp import find_llama_server, llama_version
+from benchmarks.runners.llama_cpp import find_llama_server, llama_build_line, llama_version
 
 KV_TOKENS = 16384
 LLAMA_SLOTS = 4
@@ -329,7 +333,7 @@ def measure_start(sc: ServerCommand, model: str, kind: str, args: argparse.Names
             stop_server(proc)
             log.close()
     if start.status == "crashed":
-        start.detail = f"exit code {proc.returncode}; log {log.name}"
+        start.detail = f"exit code {exit_text(proc.returncode)}; log {log.name}"
     elif start.status != "ok":
         start.detail = (start.detail + f"; log {log.name}").lstrip("; ")
     else:
@@ -437,7 +441,10 @@ def summarize(starts: list[Start]) -> list[Row]:
     for model, server in keys:
         mine = [s for s in starts if (s.model, s.server) == (model, server)]
         ok = [s for s in mine if s.status == "ok"]
-        bad = sorted({s.status for s in mine if s.status != "ok"})
+        # A crash names its exit code and log in the table too, not only in the list below it.
+        bad = sorted(
+            {s.status if s.status != "crashed" else f"crashed ({s.detail})" for s in mine} - {"ok"}
+        )
         status = "ok" if not bad else ("ok, " if ok else "") + "/".join(bad)
         mem = [s for s in ok if s.kind == "second"] or ok
         rows.append(
@@ -566,7 +573,11 @@ def preamble(args: argparse.Namespace, llama: str | None) -> list[str]:
     cleared = "SGLITE_CACHE_DIR (tokenizer conversion, GGUF index)"
     if not args.warm_kernels:
         cleared += " and SGLITE_KERNEL_CACHE (C kernels compiled with gcc)"
-    peer = f"{llama} ({llama_version(llama)})" if llama else f"missing: {args.llama_why}"
+    peer = (
+        f"{llama} ({llama_version(llama)}; {llama_build_line(llama)})"
+        if llama
+        else f"missing: {args.llama_why}"
+    )
     return [
         f"host: {cpu_line()}; sglite {git_revision()}",
         f"llama-server: {peer}",

@@ -16,7 +16,10 @@ with another for the cores), all greedy with the same dtype, threads and `--max-
 - unconstrained: the same prompts without a constraint (valid = parses and fits the schema);
 - llama.cpp: `llama-server` on the same GGUF with grammar-constrained sampling (`json_schema` /
   a GBNF `grammar` equivalent to the regex on `/completion`), `-np` parallel slots driven
-  concurrently; run only when `--llama-server PATH` is given or `llama-server` is on PATH. Note
+  concurrently; run when a binary is found (`--llama-server PATH`, else the best configuration
+  for the host that `benchmarks/build_llama_cpp.sh` built, else on PATH; its build is printed
+  beside the table). A llama-server that crashes gets a row saying "crashed at start-up (exit
+  -11 SIGSEGV, log: PATH)" per variant and a line in the summary. Note
   that llama.cpp computes in the GGUF's quantized format and its JSON schemas allow free
   whitespace, while sglite dequantizes (bf16 or fp32) and uses fixed separators.
 
@@ -45,6 +48,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 from benchmarks.common import (
+    PeerCrashed,
     add_json_option,
     add_llama_server_option,
     command_line,
@@ -55,7 +59,12 @@ from benchmarks.common import (
     post_json,
     stop_process,
 )
-from benchmarks.runners.llama_cpp import find_llama_server, start_llama_server
+from benchmarks.runners.llama_cpp import (
+    find_llama_server,
+    llama_build_line,
+    llama_failure,
+    start_llama_server,
+)
 
 COMMAND = "benchmarks.bench_json"
 CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
@@ -361,6 +370,7 @@ class Run:
     differ_text: int | None = None
     differ_ids: int | None = None
     notes: list[str] = field(default_factory=list)
+    status: str = ""  # why there are no figures (a peer's `PeerStatus.cell()`): not measured
 
 
 def score(run: Run, docs: list[Doc]) -> None:
@@ -520,6 +530,11 @@ def _llama_once(
             outs = list(pool.map(post_json, [url] * len(bodies), bodies))
         wall = time.perf_counter() - start
         cpu = _delta(cpu_seconds(proc.pid), cpu0)
+    except (OSError, ValueError) as exc:
+        status = llama_failure(binary, proc, log.name, exc)
+        if status.state == "crashed":
+            raise PeerCrashed(status) from exc
+        raise
     finally:
         stop_process(proc, timeout=30)
     tokens = [
@@ -530,18 +545,30 @@ def _llama_once(
 
 
 def bench_llama(binary: str, args: argparse.Namespace, docs: list[Doc]) -> list[Run]:
-    """Each variant on a freshly started llama-server (an empty prompt cache, as sglite's)."""
+    """Each variant on a freshly started llama-server (an empty prompt cache, as sglite's); a
+    variant whose server crashes is a `Run` with that status (its log kept and named)."""
     slots = args.llama_parallel or min(len(docs), 64)
     runs = []
+    crashed = False
     with tempfile.NamedTemporaryFile(
         "w", prefix="llama-server-", suffix=".log", delete=False
     ) as log:
         for variant in args.variants:
-            tries = []
-            for _ in range(args.repeats):
-                tries.append(_llama_once(binary, args, docs, variant, slots, log))
+            try:
+                tries = [
+                    _llama_once(binary, args, docs, variant, slots, log)
+                    for _ in range(args.repeats)
+                ]
+            except PeerCrashed as exc:
+                crashed = True
+                runs.append(Run("llama", variant, float("nan"), len(docs), 0, []))
+                runs[-1].status = exc.status.cell()
+                print(f"  [llama/{variant}] {exc}", flush=True)
+                continue
             runs.append(best_of(tries))
             print(f"  [llama/{variant}] {runs[-1].wall_s:.1f} s", flush=True)
+    if not crashed:
+        os.unlink(log.name)
     return runs
 
 
@@ -562,6 +589,10 @@ def table(runs: list[Run]) -> str:
     ]  # fmt: skip
     rows = []
     for r in runs:
+        if r.status:
+            label = [LABELS[r.config], "none" if r.variant == "free" else r.variant]
+            rows.append([*label, r.status, *["-"] * (len(heads) - 3)])
+            continue
         b = base.get(r.variant)
         speed = passes = cpu = None
         if b is not None:
@@ -659,13 +690,13 @@ def main(argv: list[str] | None = None) -> None:
             if llama is None:
                 print("[llama] skipped: no llama-server binary")
                 continue
-            print(f"[llama] {llama}, {len(docs)} documents ...", flush=True)
+            print(f"[llama] {llama} ({llama_build_line(llama)}), {len(docs)} documents ...")
             runs += bench_llama(llama, args, docs)
         else:
             print(f"[{config}] {LABELS[config]}, {len(docs)} documents ...", flush=True)
             runs += bench_sglite(config, args, docs)
     base = {r.variant: r for r in runs if r.config == "none"}
-    for r in runs:
+    for r in (r for r in runs if not r.status):
         score(r, docs)
         if r.config in ("exact", "retokenize") and r.variant in base:
             compare(r, base[r.variant], docs)
@@ -683,6 +714,10 @@ def main(argv: list[str] | None = None) -> None:
         f"{os.getloadavg()[0] if hasattr(os, 'getloadavg') else float('nan'):.1f} at end"
     )
     print(table(runs))
+    if llama is not None and "llama" in args.configs:
+        crashes = [r for r in runs if r.config == "llama" and r.status]
+        state = "; ".join(f"{r.variant}: {r.status}" for r in crashes) or "ok"
+        print(f"llama.cpp: {llama}, build {llama_build_line(llama)}: {state}")
     print(
         "valid: fits the constraint (jsonschema / re.fullmatch; for unconstrained, the schema). "
         "fields right: extracted values equal to the document's. differ: outputs unlike "

@@ -27,6 +27,11 @@ PD / co-located ratio row.
 
     python -m benchmarks.bench_pd                                     # 2 rounds x 30 s each
     python -m benchmarks.bench_pd --duration 5 --rounds 1 --long-prompt-tokens 300  # smoke run
+
+Its peers are sglite's own processes (no llama.cpp). One that exits is reported with
+`benchmarks.common.PeerStatus`: at start-up the run stops with "<name>: crashed at start-up
+(exit -11 SIGSEGV, log: PATH)" for it (and the others' states); after the rounds, a process that
+exited during them is named the same way above the table and in its setup's row.
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ from dataclasses import dataclass, field
 import httpx
 
 from benchmarks.common import (
+    PeerCrashed,
+    PeerStatus,
     PromptMaker,
     command_line,
     flush_cache,
@@ -54,6 +61,7 @@ from benchmarks.common import (
     make_parser,
     markdown_table,
     percentile,
+    process_status,
     stop_process,
     wait_healthy,
 )
@@ -280,6 +288,14 @@ def pd_counters(servers: dict[str, str]) -> dict[str, int]:
     return counts
 
 
+def statuses(procs: list[Proc]) -> list[PeerStatus]:
+    """Each process's state now: ok while it runs, else crashed (its exit code and log)."""
+    return [process_status(p.name, p.proc, p.log) for p in procs]
+
+
+SETUP_PROCS = {"co-located": ("colo",), "PD": ("prefill", "decode", "router")}
+
+
 def log_problems(procs: list[Proc]) -> list[str]:
     """Lines of the processes' logs that look like warnings, errors or tracebacks."""
     found = []
@@ -339,8 +355,10 @@ def triple(values: tuple[float, float, float], digits: int = 0) -> str:
     return "/".join(f"{v:.{digits}f}" for v in values)
 
 
-def print_table(summaries: dict[str, Summary]) -> None:
-    """Markdown table, one row per setup and a PD / co-located ratio row."""
+def print_table(summaries: dict[str, Summary], crashed: dict[str, str] | None = None) -> None:
+    """Markdown table, one row per setup and a PD / co-located ratio row; a setup in `crashed`
+    (one of its processes exited) has that in its errors cell."""
+    crashed = crashed or {}
     heads = [
         "setup", "short TTFT p50/p90/p99 ms", "ITL p50/p90/p99 ms", "event gap p50/p90/p99 ms",
         "max gap ms", "long TTFT p50 ms", "short req/s done", "decode tok/s", "errors",
@@ -348,7 +366,7 @@ def print_table(summaries: dict[str, Summary]) -> None:
     rows = [
         [s.setup, triple(s.ttft), triple(s.itl, 1), triple(s.gap, 1), f"{s.max_gap:.0f}",
          f"{s.long_ttft_p50:.0f}", f"{s.short_per_s:.2f}", f"{s.tokens_per_s:.1f}",
-         f"{s.errors} of {s.requests}"]
+         f"{s.errors} of {s.requests}" + (f"; {crashed[s.setup]}" if s.setup in crashed else "")]
         for s in summaries.values()
     ]  # fmt: skip
     pd, co = summaries["PD"], summaries["co-located"]
@@ -452,7 +470,13 @@ def main(argv: list[str] | None = None) -> None:
     started = time.monotonic()
     try:
         print(f"load average before: {os.getloadavg()}; logs in {log_dir}", flush=True)
-        start_all(args, pin, log_dir, procs)
+        try:
+            start_all(args, pin, log_dir, procs)
+        except PeerCrashed as exc:
+            print(f"could not start: {exc}", flush=True)
+            for status in statuses(procs):
+                print(f"- {status.line()}")
+            raise SystemExit(1) from None
         colo, prefill, decode, router = procs
         urls = {"co-located": colo.url, "PD": router.url}
         info = httpx.get(colo.url + "/get_server_info", timeout=60).json()
@@ -460,6 +484,7 @@ def main(argv: list[str] | None = None) -> None:
         for url in urls.values():
             warm_up(url, maker, args)
         rounds = measure(args, urls, {"prefill": prefill.url, "decode": decode.url})
+        after = statuses(procs)  # before the stop below ends them
     finally:
         for p in reversed(procs):  # the router first
             stop_process(p.proc)
@@ -477,7 +502,14 @@ def main(argv: list[str] | None = None) -> None:
     problems = log_problems(procs)
     print(f"server/router log lines with warnings or errors: {len(problems)}")
     print(*problems[:10], sep="\n")
-    print_table({s: summarize(s, rounds[s]) for s in SETUPS})
+    print("processes: " + "; ".join(s.line() for s in after))
+    crashed = {
+        setup: "; ".join(f"{s.name} {s.cell()}" for s in after if s.name in names and not s.ok)
+        for setup, names in SETUP_PROCS.items()
+    }
+    print_table(
+        {s: summarize(s, rounds[s]) for s in SETUPS}, {k: v for k, v in crashed.items() if v}
+    )
 
 
 if __name__ == "__main__":

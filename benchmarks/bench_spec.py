@@ -24,8 +24,9 @@ The "n-gram ceiling" column is what any n-gram drafter could reach on the plain 
 tokens per forward: where it is below 2, the answer copies too little for n-gram drafts to
 double the decode rate.
 
-With llama.cpp's `llama-server` found (`--llama-server PATH`, on PATH, or built by
-`benchmarks/build_llama_cpp.sh`), the same rounds also run it on the same GGUF and prompts,
+With llama.cpp's `llama-server` found (`--llama-server PATH`, else the best configuration for
+the host that `benchmarks/build_llama_cpp.sh` built, else on PATH; its build is printed under the
+table), the same rounds also run it on the same GGUF and prompts,
 one slot, greedy, prompt cached: without speculation and with each of its n-gram draft types in
 `LLAMA_SPEC` (its decode rate is its own `timings.predicted_per_second`, which excludes the
 prompt), each server restarted before each round so that it drafts only from the request's own
@@ -35,7 +36,9 @@ text, as sglite does (`ngram-mod` otherwise drafts the earlier rounds' answers).
 default 3); a configuration whose timings show no drafted token says so in the table. The
 table shows its plain rate, the n-gram ceiling of its own plain answer (its kernels round
 activations to 8 bits, so its greedy text can differ from sglite's) and its best speculative
-configuration per workload.
+configuration per workload. A llama-server that crashes (at a start or during a round) is
+dropped from the later rounds and reported: its cells say "crashed at start-up (exit -11
+SIGSEGV, log: PATH)" and the lines under the table give every configuration's status.
 
 Run: python -m benchmarks.bench_spec [--model M] [--rounds 3] [--tokens 96] [--quantization auto]
      [--algorithm ngram|draft] [--draft-model-path P] [--draft-quantization Q]
@@ -54,8 +57,21 @@ from dataclasses import dataclass, field
 import torch
 
 import sglite
-from benchmarks.common import add_llama_server_option, make_parser, markdown_table, post_json
-from benchmarks.runners.llama_cpp import find_llama_server, llama_version, start_llama_server
+from benchmarks.common import (
+    PeerCrashed,
+    PeerStatus,
+    add_llama_server_option,
+    make_parser,
+    markdown_table,
+    post_json,
+)
+from benchmarks.runners.llama_cpp import (
+    find_llama_server,
+    llama_build_line,
+    llama_failure,
+    llama_version,
+    start_llama_server,
+)
 from sglite.runtime.model.catalog import resolve_model_path
 from sglite.runtime.server_args import ServerArgs
 
@@ -240,18 +256,58 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def start_llama(args: argparse.Namespace, model_path: str) -> dict[str, LlamaServer]:
-    """llama-server without speculation ("off") and with each `LLAMA_SPEC` configuration."""
+@dataclass
+class Peers:
+    """llama.cpp's servers by configuration ("off" and the speculative ones) and how each fared
+    (a configuration that crashed has a status and no server from then on)."""
+
+    servers: dict[str, LlamaServer] = field(default_factory=dict)
+    status: dict[str, PeerStatus] = field(default_factory=dict)
+    about: str = ""  # the binary, its version and build
+
+    def failed(self, config: str, status: PeerStatus) -> None:
+        """Drop `config`'s server, keeping why."""
+        server = self.servers.pop(config, None)
+        if server is not None:
+            server.close()
+        status.name, status.build = f"llama.cpp {config}", ""  # `about` names the build
+        self.status[config] = status
+        print(f"  {status.line()}", flush=True)
+
+    def close(self) -> None:
+        for server in self.servers.values():
+            server.close()
+
+    def summary(self) -> list[str]:
+        """The lines under the table: the build, then each configuration's status."""
+        if not self.status:
+            return []
+        return [self.about, *(f"- {s.line()}" for s in self.status.values())]
+
+
+def start_llama(args: argparse.Namespace, model_path: str) -> Peers:
+    """llama-server without speculation ("off") and with each `LLAMA_SPEC` configuration; one
+    that crashes at start-up is recorded, not raised."""
+    peers = Peers()
     if args.no_llama:
-        return {}
+        return peers
     binary, why = find_llama_server(args.llama_server)
     if binary is None:
         print(f"llama.cpp skipped: {why}")
-        return {}
-    print(f"llama.cpp {llama_version(binary)} ({why}): {binary}")
+        return peers
+    peers.about = (
+        f"llama.cpp {llama_version(binary)} ({why}): {binary}; build: {llama_build_line(binary)}"
+    )
+    print(peers.about, flush=True)
     threads = torch.get_num_threads()
     configs = {"off": (), **llama_speculation(args, threads)}
-    return {name: LlamaServer(binary, model_path, threads, cfg) for name, cfg in configs.items()}
+    for name, cfg in configs.items():
+        try:
+            peers.servers[name] = LlamaServer(binary, model_path, threads, cfg)
+            peers.status[name] = PeerStatus(f"llama.cpp {name}")
+        except PeerCrashed as exc:
+            peers.failed(name, exc.status)
+    return peers
 
 
 def llama_speculation(args: argparse.Namespace, threads: int) -> dict[str, tuple[str, ...]]:
@@ -301,9 +357,8 @@ def main() -> None:
     finally:
         plain.shutdown()
         spec.shutdown()
-        for server in llama.values():
-            server.close()
-    print_table(args, rows, bool(llama))
+        llama.close()
+    print_table(args, rows, llama)
 
 
 @dataclass
@@ -326,15 +381,16 @@ def run_workload(
     args: argparse.Namespace,
     plain: sglite.Engine,
     spec: sglite.Engine,
-    llama: dict[str, LlamaServer],
+    llama: Peers,
     name: str,
     reask: bool,
 ) -> WorkloadResult:
     """Alternate sglite without and with speculation and each llama-server, `args.rounds`
-    times; every llama-server is restarted before its round (see `LlamaServer`)."""
+    times; every llama-server is restarted before its round (see `LlamaServer`), and one that
+    crashes is dropped (`Peers.failed`)."""
     prompt = WORKLOADS[name]
     off, on, ratios, emitted, same = Tally(), Tally(), [], 0, True
-    peers = {peer: Tally() for peer in llama}
+    peers = {peer: Tally() for peer in llama.servers}
     answer: list[int] = []
     peer_answer: list[int] = []  # llama.cpp's, without speculation
     for _ in range(args.rounds):
@@ -347,9 +403,14 @@ def run_workload(
         on.accepted += meta["spec_accepted_tokens"]
         emitted += meta["completion_tokens"]
         same = same and ids_on == answer
-        for peer, server in llama.items():
-            server.restart()
-            rate, drafted, accepted, ids = server.decode_run(prompt, args.tokens, reask)
+        for peer, server in list(llama.servers.items()):
+            try:
+                server.restart()
+                rate, drafted, accepted, ids = server.decode_run(prompt, args.tokens, reask)
+            except (PeerCrashed, OSError, ValueError, KeyError) as exc:
+                status = llama_failure(server.binary, server.proc, server.log.name, exc)
+                llama.failed(peer, status)
+                continue
             if peer == "off":
                 peer_answer = ids
             peers[peer].rates.append(rate)
@@ -365,16 +426,20 @@ def run_workload(
         same,
         None if reask else ngram_ceiling(context, answer, args.num_draft_tokens),
     )
-    if llama:
-        best = max((peer for peer in peers if peer != "off"), key=lambda p: peers[p].rate)
-        result.peer_off, result.peer = peers["off"], (best, peers[best])
+    measured = {peer: tally for peer, tally in peers.items() if tally.rates}
+    spec_peers = [peer for peer in measured if peer != "off"]
+    if "off" in measured and spec_peers:
+        best = max(spec_peers, key=lambda p: measured[p].rate)
+        result.peer_off, result.peer = measured["off"], (best, measured[best])
         if not reask and peer_answer:
             result.peer_ceiling = ngram_ceiling(context, peer_answer, args.num_draft_tokens)
     return result
 
 
-def print_table(args: argparse.Namespace, rows: list[WorkloadResult], with_llama: bool) -> None:
-    """Markdown table, one row per workload; llama.cpp's columns when it ran."""
+def print_table(args: argparse.Namespace, rows: list[WorkloadResult], llama: Peers) -> None:
+    """Markdown table, one row per workload; llama.cpp's columns when it was run (its status
+    where it crashed), its build and each configuration's status under the table."""
+    with_llama = bool(llama.status)
     heads = [
         "workload", "off (tok/s)", f"{args.algorithm} (tok/s)", "speedup (median)", "acceptance",
         "tokens per forward", "n-gram ceiling", "same output",
@@ -386,11 +451,16 @@ def print_table(args: argparse.Namespace, rows: list[WorkloadResult], with_llama
             "llama.cpp best speculation (tok/s, config, acceptance)", "vs llama.cpp's best",
         ]  # fmt: skip
         right |= {8, 9, 11}
-    print("\n" + markdown_table(heads, [row_cells(row) for row in rows], right, pad=False))
+    why = "; ".join(f"{s.name} {s.cell()}" for s in llama.status.values() if not s.ok)
+    cells = [row_cells(row, len(heads), why) for row in rows]
+    print("\n" + markdown_table(heads, cells, right, pad=False))
+    for line in llama.summary():
+        print(line)
 
 
-def row_cells(row: WorkloadResult) -> list[str]:
-    """One workload's cells (llama.cpp's only when it ran)."""
+def row_cells(row: WorkloadResult, width: int, peer_status: str = "") -> list[str]:
+    """One workload's cells, `width` in all: llama.cpp's when it ran, else `peer_status` (why
+    not: its crashes)."""
     ceiling = "-" if row.ceiling is None else f"{row.ceiling:.2f}"
     cells = [
         row.name, f"{row.off.rate:.1f}", f"{row.on.rate:.1f}", f"{row.ratio:.2f}x",
@@ -404,7 +474,9 @@ def row_cells(row: WorkloadResult) -> list[str]:
             f"{row.peer_off.rate:.1f}", peer_ceiling, f"{best.rate:.1f} ({config}, {drafted})",
             f"{row.on.rate / best.rate:.2f}x",
         ]  # fmt: skip
-    return cells
+    elif peer_status and len(cells) < width:
+        cells.append(peer_status)
+    return cells + ["-"] * (width - len(cells))
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from typing import IO
 
 LOCALHOST = "127.0.0.1"
@@ -94,6 +95,92 @@ def healthy(base_url: str) -> bool:
         return False
 
 
+# ---------------------------------------------------------------------------- peers
+def exit_text(code: int) -> str:
+    """A process's exit code as a table reads it: "-11 SIGSEGV" for a signal, else "3"."""
+    if code < 0:
+        try:
+            return f"{code} {signal.Signals(-code).name}"
+        except ValueError:
+            pass
+    return str(code)
+
+
+@dataclass
+class PeerStatus:
+    """How a peer fared: a process a benchmark runs beside (or as) the system under test, such as
+    llama.cpp's llama-server or a launched sglite server. `state` is "ok", "crashed" (it exited:
+    `exit_code`, `log`, `when`: "at start-up" or "mid-run"), "failed" (it runs, but calls to it
+    failed: `reason`), "skipped" (not run: `reason`) or "fallback" (measured in another
+    configuration than asked: `reason` says which and why). `build` names the binary's build
+    (for llama.cpp, `runners.llama_cpp.llama_build_line`). Every benchmark shows it with
+    `cell()` in its table and `line()` in its summary, so no peer is left blank or dropped."""
+
+    name: str
+    state: str = "ok"
+    exit_code: int | None = None
+    log: str | None = None
+    when: str = ""
+    reason: str = ""
+    build: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """Whether the peer ran as asked (its figures stand)."""
+        return self.state == "ok"
+
+    def cell(self) -> str:
+        """The table cell: "ok", "crashed at start-up (exit -11 SIGSEGV, log: PATH)",
+        "failed (why)", "skipped (why)", "fallback (what)"."""
+        if self.state == "crashed":
+            code = "?" if self.exit_code is None else exit_text(self.exit_code)
+            where = f", log: {self.log}" if self.log else ""
+            when = f" {self.when}" if self.when else ""
+            return f"crashed{when} (exit {code}{where})"
+        return f"{self.state} ({self.reason})" if self.reason else self.state
+
+    def line(self) -> str:
+        """The summary line: "name [build]: cell"."""
+        build = f" [{self.build}]" if self.build else ""
+        return f"{self.name}{build}: {self.cell()}"
+
+
+class PeerCrashed(RuntimeError):
+    """A peer's process exited while the benchmark needed it; `status` says how."""
+
+    def __init__(self, status: PeerStatus) -> None:
+        super().__init__(status.line())
+        self.status = status
+
+    def __str__(self) -> str:  # the status may gain its build after the raise
+        return self.status.line()
+
+
+def peer_failure(
+    name: str, proc: subprocess.Popen | None, log: str | None, exc: BaseException
+) -> PeerStatus:
+    """The status of a peer after a call to it raised `exc`: "crashed" mid-run when its process
+    has exited (waiting briefly: a dying process closes its socket first), else "failed"."""
+    if isinstance(exc, PeerCrashed):
+        return exc.status
+    if proc is not None:
+        try:
+            proc.wait(2)
+        except subprocess.TimeoutExpired:
+            pass
+        if proc.returncode is not None:
+            return PeerStatus(name, "crashed", proc.returncode, log, "mid-run")
+    return PeerStatus(name, "failed", reason=f"{type(exc).__name__}: {str(exc)[:200]}")
+
+
+def process_status(name: str, proc: subprocess.Popen, log: str | None) -> PeerStatus:
+    """A peer that should still be running: "ok" while it is, else "crashed" mid-run."""
+    code = proc.poll()
+    if code is None:
+        return PeerStatus(name)
+    return PeerStatus(name, "crashed", code, log, "mid-run")
+
+
 def wait_healthy(
     proc: subprocess.Popen,
     base_url: str,
@@ -101,13 +188,12 @@ def wait_healthy(
     name: str = "the server",
     log: str | None = None,
 ) -> None:
-    """Until `base_url` is healthy; raises if `proc` exits first (naming its log) or time runs
-    out (the process is then killed)."""
+    """Until `base_url` is healthy; raises `PeerCrashed` if `proc` exits first (its exit code and
+    log) or TimeoutError when time runs out (the process is then killed)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            see = f"; see {log}" if log else ""
-            raise RuntimeError(f"{name} exited with {proc.returncode} during start-up{see}")
+            raise PeerCrashed(PeerStatus(name, "crashed", proc.returncode, log, "at start-up"))
         if healthy(base_url):
             return
         time.sleep(0.5)

@@ -13,6 +13,13 @@ of `docs/benchmarks.md` and saves `docs/benchmarks_speedup.png`.
 
 Targets: sglite >= 5x transformers on workloads with shared prefixes, ahead of
 llama.cpp on each workload, cache hit rate within 5 points of the ideal.
+
+llama.cpp is the build `runners.llama_cpp.find_llama_server` picks (`--llama-server PATH`, else
+the one `benchmarks/build_llama_cpp.sh` built, its best configuration for the host, else PATH);
+the section's Systems line names it (the script's `BUILD` record). A system that cannot start or
+crashes during a workload keeps its rows: the table says "crashed at start-up (exit -11 SIGSEGV,
+log: PATH)" (or why it failed) where its figures would be, the targets name it, and the section
+opens with "Incomplete run", so the docs never read as complete when a peer crashed.
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ from dataclasses import asdict
 from typing import Any
 
 from benchmarks.common import (
+    PeerCrashed,
+    PeerStatus,
     add_json_option,
     add_llama_server_option,
     command_line,
@@ -58,18 +67,27 @@ def _ratio(rows: dict[tuple[str, str], ResultRow], r: ResultRow, base: str) -> f
     return r.programs_per_s / other.programs_per_s
 
 
-def table(results: list[ResultRow]) -> str:
-    """The Markdown table of every row."""
+# (workload, system) -> why that system has no row for it (`PeerStatus.cell()`).
+Missing = dict[tuple[str, str], str]
+
+
+def table(results: list[ResultRow], missing: Missing | None = None) -> str:
+    """The Markdown table of every row; a (workload, system) in `missing` gets a row that says
+    why it has no figures (a crash, with its exit code and log) instead of none."""
+    missing = missing or {}
     by = {(r.workload, r.system): r for r in results}
-    workloads = list(dict.fromkeys(r.workload for r in results))
+    workloads = list(dict.fromkeys([r.workload for r in results] + [w for w, _ in missing]))
     order = {name: i for i, name in enumerate(ALL_SYSTEMS)}
-    results = sorted(
-        results, key=lambda r: (workloads.index(r.workload), order.get(r.system, len(order)))
-    )
+    keys = [(r.workload, r.system) for r in results] + [k for k in missing if k not in by]
+    keys.sort(key=lambda k: (workloads.index(k[0]), order.get(k[1], len(order))))
     heads = ["workload", "system", "ok", "programs/s", "out tok/s", "p50 latency s", "cache hit",
              "ideal hit", "vs transformers", "vs llama.cpp"]  # fmt: skip
     rows = []
-    for r in results:
+    for key in keys:
+        r = by.get(key)
+        if r is None:
+            rows.append([*key, missing[key], *["-"] * (len(heads) - 3)])
+            continue
         vs = [_ratio(by, r, b) for b in ("transformers", "llama.cpp")]
         cells = [
             r.workload, r.system, f"{r.ok}/{r.programs}", f"{r.programs_per_s:.3f}",
@@ -80,15 +98,24 @@ def table(results: list[ResultRow]) -> str:
     return markdown_table(heads, rows, right=range(2, len(heads)), pad=False)
 
 
-def targets(results: list[ResultRow]) -> list[str]:
+def targets(results: list[ResultRow], missing: Missing | None = None) -> list[str]:
     """One line per target and workload: MET / MISSED (or why it could not be judged)."""
+    missing = missing or {}
     by = {(r.workload, r.system): r for r in results}
     lines = []
+
+    def unmeasured(workload: str, system: str) -> str:
+        why = missing.get((workload, system))
+        return f"not measured: {system} {why}" if why else "not measured"
+
     for r in (x for x in results if x.system == "sglite"):
         hf = _ratio(by, r, "transformers")
         if r.shared_prefix:
             if hf is None:
-                lines.append(f"- {r.workload}: >= {TARGET_HF:.0f}x transformers: not measured")
+                lines.append(
+                    f"- {r.workload}: >= {TARGET_HF:.0f}x transformers: "
+                    + unmeasured(r.workload, "transformers")
+                )
             else:
                 verdict = "MET" if hf >= TARGET_HF else "MISSED"
                 lines.append(
@@ -96,7 +123,9 @@ def targets(results: list[ResultRow]) -> list[str]:
                 )
         ll = _ratio(by, r, "llama.cpp")
         if ll is None:
-            lines.append(f"- {r.workload}: ahead of llama.cpp: not measured")
+            lines.append(
+                f"- {r.workload}: ahead of llama.cpp: {unmeasured(r.workload, 'llama.cpp')}"
+            )
         else:
             lines.append(
                 f"- {r.workload}: ahead of llama.cpp: {'MET' if ll > 1 else 'MISSED'} ({ll:.2f}x)"
@@ -161,11 +190,26 @@ def versions(llama: str | None) -> str:
     return ", ".join(parts)
 
 
-def report(results: list[ResultRow], meta: dict[str, Any], notes: list[str]) -> str:
-    """The docs section: context, the table, the targets, notes."""
-    out = [
-        SECTION,
-        "",
+def report(
+    results: list[ResultRow],
+    meta: dict[str, Any],
+    notes: list[str],
+    peers: list[PeerStatus] | None = None,
+    missing: Missing | None = None,
+) -> str:
+    """The docs section: context (an "Incomplete run" line first when a system crashed or could
+    not start), the table, the targets, each peer's status, notes."""
+    peers = peers or []
+    bad = [p for p in peers if not p.ok]
+    out = [SECTION, ""]
+    if bad:
+        out += [
+            "**Incomplete run**: "
+            + "; ".join(f"{p.name} {p.cell()}" for p in bad)
+            + ". Its rows say so below; the figures it has are not comparable to a full run.",
+            "",
+        ]
+    out += [
         f"Command: `{meta['command']}`, run on {meta['date']} (commit `{git_revision()}`), "
         f"{meta['elapsed']:.0f} s in all. Machine: {machine()}; load average "
         f"{meta['load'][0]:.1f} at start, {meta['load'][1]:.1f} at end. Versions: "
@@ -190,12 +234,14 @@ def report(results: list[ResultRow], meta: dict[str, Any], notes: list[str]) -> 
         "`select` as one forced-grammar call per choice in turn with `n_probs` (llama-server "
         "returns no prompt logprobs).",
         "",
-        table(results),
+        table(results, missing),
         "",
         "Targets:",
         "",
-        *targets(results),
+        *targets(results, missing),
     ]
+    if peers:
+        out += ["", "Systems' status:", "", *(f"- {p.line()}" for p in peers)]
     if notes:
         out += ["", "Notes:", "", *(f"- {n}" for n in notes)]
     if os.path.exists(os.path.join(DOC, CHART)):
@@ -262,6 +308,14 @@ def chart(results: list[ResultRow], path: str = os.path.join(DOC, CHART)) -> boo
 
 
 # ---------------------------------------------------------------------------- driver
+def start_failure(name: str, system: Any, exc: Exception) -> PeerStatus:
+    """A system that could not start: its crash (exit code, log, build) or the error."""
+    if isinstance(exc, PeerCrashed):
+        return PeerStatus(**{**vars(exc.status), "name": name})
+    build = getattr(system, "build", "")
+    return PeerStatus(name, "failed", reason=f"{type(exc).__name__}: {str(exc)[:200]}", build=build)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options."""
     p = make_parser(__doc__)
@@ -310,22 +364,34 @@ def main(argv: list[str] | None = None) -> list[ResultRow]:
     results: list[ResultRow] = []
     notes: list[str] = []
     described: list[str] = []
+    peers: list[PeerStatus] = []  # one per system: how it fared
+    missing: Missing = {}
     llama_version = None
     for name in (s.strip() for s in systems if s.strip()):
         if name == "llama.cpp" and llama is None:
             print(f"[llama.cpp] skipped: {why}", flush=True)
-            notes.append(f"llama.cpp skipped: {why}")
+            peers.append(PeerStatus(name, "skipped", reason=why))
+            missing.update({(w.name, name): f"skipped ({why})" for w in workloads})
             continue
+        system = None
         try:
             system = make_system(name, args.threads, llama, args.hf_dtype)
             start = time.perf_counter()
             system.start()
             system.warm_up()
         except Exception as exc:  # one system that cannot start never stops the suite
-            print(f"[{name}] could not start: {exc}", flush=True)
-            traceback.print_exc()
-            notes.append(f"{name} could not start: {exc}")
+            status = start_failure(name, system, exc)
+            print(f"[{name}] could not start: {status.cell()}", flush=True)
+            if not isinstance(exc, PeerCrashed):
+                traceback.print_exc()
+            if system is not None:
+                described.append(f"{name} = {system.description}")
+                llama_version = getattr(system, "version", llama_version)
+                system.stop()
+            peers.append(status)
+            missing.update({(w.name, name): status.cell() for w in workloads})
             continue
+        status = PeerStatus(name, build=getattr(system, "build", ""))
         llama_version = getattr(system, "version", llama_version)
         dtype = getattr(system, "resolved_dtype", "")
         extra = f" ({dtype})" if dtype and dtype not in system.description else ""
@@ -338,10 +404,16 @@ def main(argv: list[str] | None = None) -> list[ResultRow]:
                 )
                 try:
                     row = system.run(w, n, args.seed)
+                except PeerCrashed as exc:
+                    print(f"[{name}/{w.name}] {exc}", flush=True)
+                    status = PeerStatus(**{**vars(exc.status), "name": name})
+                    missing[(w.name, name)] = exc.status.cell()
+                    continue
                 except Exception as exc:
                     print(f"[{name}/{w.name}] failed: {exc}", flush=True)
                     traceback.print_exc()
                     notes.append(f"{name} / {w.name} failed: {exc}")
+                    missing[(w.name, name)] = f"failed ({type(exc).__name__}: {str(exc)[:120]})"
                     continue
                 results.append(row)
                 print(
@@ -353,6 +425,7 @@ def main(argv: list[str] | None = None) -> list[ResultRow]:
                 )
         finally:
             system.stop()
+            peers.append(status)
             notes.extend(system.notes)
             sizes = getattr(system, "batch_sizes", None)
             if sizes:
@@ -371,7 +444,7 @@ def main(argv: list[str] | None = None) -> list[ResultRow]:
     }
     if not args.no_write and results:
         chart(results)
-    text = report(results, meta, notes)
+    text = report(results, meta, notes, peers, missing)
     print()
     print(text)
     if not args.no_write and results:

@@ -69,3 +69,74 @@ def test_the_llama_cpp_build_is_named_from_the_build_scripts_record(tmp_path, co
     if content is not None:
         (tmp_path / "BUILD").write_text(content)
     assert llama_build(str(binary)) == name
+
+
+# ---------------------------------------------------------------------------- crashed peers
+@pytest.fixture(autouse=True)
+def _logs_in_tmp(tmp_path, monkeypatch):
+    """The crash logs the benchmarks keep (and name) land in the test's folder."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+
+def _segfaulting_llama(folder) -> str:
+    """llama-server and llama-bench that segfault (real processes), with the build script's
+    record of the configuration."""
+    folder.mkdir()
+    for name in ("llama-server", "llama-bench"):
+        (folder / name).write_text("#!/bin/sh\nkill -SEGV $$\n")
+        (folder / name).chmod(0o755)
+    (folder / "BUILD").write_text("native crashed; -DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF\n")
+    return str(folder / "llama-server")
+
+
+def test_bench_engine_reports_a_crashed_llama_cpp_and_its_fallback(tmp_path):
+    import argparse
+
+    from benchmarks.bench_engine import bench_llama_cpp, report
+
+    args = argparse.Namespace(
+        llama_server=_segfaulting_llama(tmp_path / "bin"),
+        model=default_model_path(),
+        threads=1,
+        quick=True,
+    )
+    rows: list[Row] = []
+    notes = bench_llama_cpp(args, rows)
+    machine = {"decode_limit": 10.0, "prefill_roofline": 10.0, "batch32_roofline": 10.0}
+    text = report(rows, machine, args, notes)
+    assert "llama.cpp: build without AMX: native crashed; -DGGML_NATIVE=OFF" in text
+    table = [line for line in text.splitlines() if line.startswith("| batch-1 decode |")]
+    # The default configuration's crash and the --repack 0 fallback's, each a row of its own.
+    assert len(table) == 2 and all("crashed (exit -11 SIGSEGV, log: " in x for x in table)
+    assert "fallback: --repack 0, the default crashed" in table[1]
+    target = next(x for x in text.splitlines() if "1.1x llama.cpp" in x)
+    assert "not measured" in target and "exit -11 SIGSEGV" in target
+    assert any("measured again with --repack 0" in n for n in notes)
+
+
+def test_run_all_reports_a_crashed_llama_cpp_in_its_table_and_summary(tmp_path, capsys):
+    from benchmarks.run_all import main
+
+    server = _segfaulting_llama(tmp_path / "bin")
+    argv = ["--systems", "llama.cpp", "--workloads", "mmlu", "--num-requests", "1"]
+    assert main([*argv, "--no-write", "--llama-server", server]) == []
+    out = capsys.readouterr().out
+    assert "**Incomplete run**: llama.cpp crashed at start-up (exit -11 SIGSEGV" in out
+    row = next(line for line in out.splitlines() if line.startswith("| mmlu | llama.cpp |"))
+    assert "crashed at start-up (exit -11 SIGSEGV, log: " in row
+    status = next(line for line in out.splitlines() if line.startswith("- llama.cpp ["))
+    assert "build without AMX: native crashed" in status and "exit -11 SIGSEGV" in status
+
+
+def test_run_all_reports_a_llama_cpp_that_crashes_mid_run(tmp_path, capsys):
+    from benchmarks.run_all import main
+    from tests.test_bench_runner import SEGFAULT_ON_REQUEST, _fake_llama
+
+    server = _fake_llama(tmp_path / "midrun", SEGFAULT_ON_REQUEST)
+    argv = ["--systems", "llama.cpp", "--workloads", "mmlu", "--num-requests", "1"]
+    assert main([*argv, "--no-write", "--llama-server", server]) == []
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("| mmlu | llama.cpp |"))
+    assert "crashed mid-run (exit -11 SIGSEGV, log: " in row

@@ -191,3 +191,137 @@ def test_llama_cpp_runs_the_same_draft_model_pair_or_its_ngram_types(tmp_path):
     assert configs["draft model, n-max 6"][-2:] == ("--spec-draft-n-max", "6")
     ngram = argparse.Namespace(algorithm="ngram", draft_model_path=None, num_draft_tokens=8)
     assert llama_speculation(ngram, threads=2) == LLAMA_SPEC
+
+
+# ---------------------------------------------------------------------------- crashed peers
+# Real processes standing in for llama.cpp: one that segfaults at once (as llama.cpp's native
+# build does in its AMX path on some Intel hosts), one that answers /health and then segfaults
+# on its first request (a crash mid-run).
+SEGFAULT_NOW = "#!/bin/sh\nkill -SEGV $$\n"
+SEGFAULT_ON_REQUEST = """\
+import http.server, os, signal, sys
+
+port = int(sys.argv[sys.argv.index("--port") + 1])
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def do_POST(self):
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+    def log_message(self, *args):
+        pass
+
+
+http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+
+def _fake_llama(folder, script: str, build: str | None = None) -> str:
+    """A folder holding `llama-server` and `llama-bench` running `script` (and a BUILD record)."""
+    import sys
+
+    folder.mkdir(parents=True, exist_ok=True)
+    if not script.startswith("#!"):
+        script = f"#!{sys.executable}\n{script}"
+    for name in ("llama-server", "llama-bench"):
+        (folder / name).write_text(script)
+        (folder / name).chmod(0o755)
+    if build is not None:
+        (folder / "BUILD").write_text(build)
+    return str(folder / "llama-server")
+
+
+@pytest.fixture
+def crashing_llama(tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the kept crash logs land here
+    return _fake_llama(tmp_path / "crash", SEGFAULT_NOW, "native crashed; -DGGML_NATIVE=OFF\n")
+
+
+def test_peer_status_names_the_exit_signal_and_the_log():
+    from benchmarks.common import PeerStatus
+
+    crashed = PeerStatus("llama-server", "crashed", -11, "/tmp/x.log", "at start-up", build="b")
+    assert crashed.cell() == "crashed at start-up (exit -11 SIGSEGV, log: /tmp/x.log)"
+    assert crashed.line() == "llama-server [b]: " + crashed.cell() and not crashed.ok
+    assert PeerStatus("x", "skipped", reason="no binary").cell() == "skipped (no binary)"
+    assert PeerStatus("x").cell() == "ok"
+
+
+def test_the_build_scripts_llama_cpp_comes_before_one_on_path(tmp_path, monkeypatch):
+    from benchmarks.runners.llama_cpp import find_llama_server, llama_build_line
+
+    built = _fake_llama(tmp_path / "sglite" / "llama.cpp" / "bin", SEGFAULT_NOW, "native crashed\n")
+    on_path = _fake_llama(tmp_path / "path", SEGFAULT_NOW)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path / "path"))
+    assert find_llama_server(None) == (built, "built by benchmarks/build_llama_cpp.sh")
+    assert llama_build_line(built) == "build without AMX: native crashed"
+    assert "configuration unknown" in llama_build_line(on_path)
+
+
+def test_bench_spec_reports_a_llama_server_that_crashes_at_start(crashing_llama, capsys):
+    from benchmarks.bench_spec import Tally, WorkloadResult, print_table, start_llama
+
+    args = argparse.Namespace(
+        no_llama=False, llama_server=crashing_llama, algorithm="ngram", draft_model_path=None
+    )
+    peers = start_llama(args, "model.gguf")
+    assert not peers.servers and set(peers.status) == {"off", *LLAMA_SPEC}
+    row = WorkloadResult("copy", Tally([10.0]), Tally([20.0]), 2.0, 1.5, True, 2.0)
+    print_table(args, [row], peers)
+    out = capsys.readouterr().out
+    table_row = next(line for line in out.splitlines() if line.startswith("| copy"))
+    assert "llama.cpp off crashed at start-up (exit -11 SIGSEGV, log: " in table_row
+    assert "build without AMX: native crashed; -DGGML_NATIVE=OFF" in out  # the build, named
+    assert out.count("crashed at start-up (exit -11") >= 1 + len(peers.status)  # and each one
+
+
+def test_bench_serving_reports_a_launched_llama_server_that_crashes(crashing_llama, capsys):
+    from benchmarks.bench_serving import main
+
+    code = main(["--launch-llama-cpp", "--llama-server", crashing_llama, "--workload", "random"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "server: llama-server [build without AMX: native crashed" in out
+    row = next(line for line in out.splitlines() if line.startswith("| random"))
+    assert "crashed at start-up (exit -11 SIGSEGV, log: " in row
+
+
+def test_bench_serving_reports_a_server_that_crashes_mid_run(tmp_path, capsys, monkeypatch):
+    import tempfile
+
+    from benchmarks.bench_serving import main
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    server = _fake_llama(tmp_path / "midrun", SEGFAULT_ON_REQUEST)
+    argv = ["--launch-llama-cpp", "--llama-server", server, "--workload", "random"]
+    code = main([*argv, "--num-prompts", "2", "--random-input-len", "8"])
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("| random"))
+    assert code == 1 and "crashed mid-run (exit -11 SIGSEGV, log: " in row
+
+
+def test_bench_pd_names_a_process_that_exited(tmp_path):
+    import subprocess
+
+    from benchmarks.bench_pd import Proc, statuses
+
+    script = _fake_llama(tmp_path / "pd", SEGFAULT_NOW)
+    dead = subprocess.Popen([script])
+    dead.wait()
+    alive = subprocess.Popen(["sleep", "30"])
+    try:
+        got = statuses([Proc("decode", dead, "u", "/tmp/d.log"), Proc("colo", alive, "u", "l")])
+    finally:
+        alive.kill()
+        alive.wait()
+    assert got[0].cell() == "crashed mid-run (exit -11 SIGSEGV, log: /tmp/d.log)"
+    assert got[1].ok

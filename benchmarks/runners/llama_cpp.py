@@ -16,8 +16,15 @@ stays in Python (sglite's interpreter), one `/completion` call per `gen`:
 
 The hit rate comes from each answer's `timings` (`cache_n` of `cache_n + prompt_n` prompt
 tokens). The server is restarted for every workload, so each starts on a cold cache.
-Skipped with a message when no binary is found (`--llama-server PATH`, `llama-server` on PATH,
-or where `benchmarks/build_llama_cpp.sh` puts it).
+Skipped with a message when no binary is found (`--llama-server PATH`, else the one
+`benchmarks/build_llama_cpp.sh` built, else `llama-server` on PATH).
+
+Every benchmark with llama.cpp as a peer finds it here (`find_llama_server`: the build script's
+binary before one on PATH, since the script installs the best configuration that runs on this
+host and a packaged native build can crash, e.g. in the AMX path), names its build with
+`llama_build_line` (the script's `BUILD` record) beside its figures, and reports a server that
+exits as a `benchmarks.common.PeerStatus` ("crashed at start-up (exit -11 SIGSEGV, log: PATH)")
+in its table and summary rather than an empty column.
 """
 
 from __future__ import annotations
@@ -30,7 +37,16 @@ import tempfile
 import threading
 from typing import IO, Any
 
-from benchmarks.common import LOCALHOST, free_port, post_json, stop_process, wait_healthy
+from benchmarks.common import (
+    LOCALHOST,
+    PeerCrashed,
+    PeerStatus,
+    free_port,
+    peer_failure,
+    post_json,
+    stop_process,
+    wait_healthy,
+)
 from benchmarks.ideal_cache import CallLog
 from benchmarks.runners.common import ResultRow, System, default_threads
 from benchmarks.runners.gbnf import literal_gbnf, regex_to_gbnf
@@ -50,26 +66,28 @@ def built_llama_server() -> str:
 
 
 def find_llama_server(path: str | None = None) -> tuple[str | None, str]:
-    """(binary or None, why): `path`, else `llama-server` on PATH, else the build script's."""
+    """(binary or None, why): `path`, else the build script's (its best configuration that runs
+    here), else `llama-server` on PATH."""
     if path:
         if os.path.isfile(path) and os.access(path, os.X_OK):
             return path, "given"
         return None, f"--llama-server {path!r} is not an executable file"
-    on_path = shutil.which("llama-server")
-    if on_path:
-        return on_path, "on PATH"
     built = built_llama_server()
     if os.access(built, os.X_OK):
         return built, "built by benchmarks/build_llama_cpp.sh"
+    on_path = shutil.which("llama-server")
+    if on_path:
+        return on_path, "on PATH"
     return None, (
-        "no llama-server: give --llama-server PATH, put it on PATH, or run "
-        "`bash benchmarks/build_llama_cpp.sh`"
+        "no llama-server: give --llama-server PATH, run `bash benchmarks/build_llama_cpp.sh`, "
+        "or put it on PATH"
     )
 
 
-def llama_binaries() -> tuple[str | None, str | None]:
-    """(llama-bench, llama-server) from PATH or the build script's folder."""
-    server, _ = find_llama_server(None)
+def llama_binaries(path: str | None = None) -> tuple[str | None, str | None]:
+    """(llama-bench, llama-server): the server `find_llama_server(path)` picks and the
+    llama-bench beside it."""
+    server, _ = find_llama_server(path)
     if server is None:
         return None, None
     bench = os.path.join(os.path.dirname(server), "llama-bench")
@@ -93,10 +111,29 @@ def start_llama_server(
         "-t", str(threads), "-tb", str(threads), "-np", str(slots),
         "-c", str(slots * ctx_per_slot), "-ngl", "0", *extra,
     ]  # fmt: skip
+    log.flush()
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://{LOCALHOST}:{port}"
-    wait_healthy(proc, base, timeout=300, name="llama-server", log=log.name)
+    try:
+        wait_healthy(proc, base, timeout=300, name="llama-server", log=log.name)
+    except PeerCrashed as exc:
+        exc.status.build = llama_build_line(binary)
+        raise
     return proc, base
+
+
+def llama_status(binary: str, state: str = "ok", **kw) -> PeerStatus:
+    """A llama-server peer's status, its build named."""
+    return PeerStatus("llama-server", state, build=llama_build_line(binary), **kw)
+
+
+def llama_failure(
+    binary: str, proc: subprocess.Popen | None, log: str | None, exc: BaseException
+) -> PeerStatus:
+    """`peer_failure` of a llama-server (crashed mid-run, or a failed call), its build named."""
+    status = peer_failure("llama-server", proc, log, exc)
+    status.build = status.build or llama_build_line(binary)
+    return status
 
 
 def llama_build(binary: str) -> str:
@@ -108,6 +145,18 @@ def llama_build(binary: str) -> str:
     except OSError:
         return "build"
     return "build without AMX" if "crashed" in config else "native build"
+
+
+def llama_build_line(binary: str) -> str:
+    """The build for tables and summaries: `llama_build`'s name and the script's record, e.g.
+    "build without AMX: native crashed; -DGGML_NATIVE=OFF ..."; a binary without the record
+    (on PATH, or given) says its configuration is unknown, with its path."""
+    try:
+        with open(os.path.join(os.path.dirname(binary), "BUILD")) as f:
+            record = f.read().strip()
+    except OSError:
+        return f"not built by benchmarks/build_llama_cpp.sh, configuration unknown: {binary}"
+    return f"{llama_build(binary)}: {record}"
 
 
 def llama_version(binary: str) -> str:
@@ -244,10 +293,12 @@ class LlamaServerSystem(System):
         self.binary = binary
         self.threads = threads or default_threads()
         self.version = llama_version(binary)
+        self.build = llama_build_line(binary)
         self.description = (
-            f"llama-server {self.version}: -t {self.threads} -np {SLOTS} "
+            f"llama-server {self.version} ({self.build}): -t {self.threads} -np {SLOTS} "
             f"-c {SLOTS * CTX_PER_SLOT}, cache_prompt"
         )
+        self.status: PeerStatus | None = None  # set once it crashed (then its log is kept)
         self.proc: subprocess.Popen | None = None
         self._log = tempfile.NamedTemporaryFile(
             "w", prefix="llama-server-", suffix=".log", delete=False
@@ -262,9 +313,13 @@ class LlamaServerSystem(System):
 
     def _restart(self) -> None:
         self._kill()
-        self.proc, base = start_llama_server(
-            self.binary, self.model_path, self.threads, SLOTS, CTX_PER_SLOT, self._log
-        )
+        try:
+            self.proc, base = start_llama_server(
+                self.binary, self.model_path, self.threads, SLOTS, CTX_PER_SLOT, self._log
+            )
+        except PeerCrashed as exc:
+            self.status = exc.status
+            raise
         self.backend = LlamaServerBackend(base, self.tokenizer, self.model_path)
 
     def _kill(self) -> None:
@@ -275,12 +330,13 @@ class LlamaServerSystem(System):
     def stop(self) -> None:
         self._kill()
         self.backend = None
-        # The server's log is kept only when start-up failed (the error names it).
+        # The server's log is kept only when it crashed (its status names it).
         self._log.close()
-        try:
-            os.unlink(self._log.name)
-        except OSError:
-            pass
+        if self.status is None:
+            try:
+                os.unlink(self._log.name)
+            except OSError:
+                pass
 
     def flush(self) -> None:
         self._restart()  # the only way to empty every slot and the server's RAM prompt cache
@@ -291,8 +347,34 @@ class LlamaServerSystem(System):
     def instrument(self, log: CallLog) -> None:
         self.backend.log = log
 
+    def _checked(self, fn: Any, *args: Any) -> Any:
+        """`fn(*args)`, raising `PeerCrashed` when the server exited at a restart or during the
+        call (programs that then fail would otherwise read as slow, wrong answers)."""
+        try:
+            out = fn(*args)
+        except PeerCrashed:
+            raise
+        except Exception as exc:
+            status = llama_failure(self.binary, self.proc, self._log.name, exc)
+            if status.state == "crashed":
+                self.status = status
+                raise PeerCrashed(status) from exc
+            raise
+        if self.proc is not None and self.proc.poll() is not None:
+            # Programs record their errors instead of raising: a crash shows as failed checks.
+            self.status = llama_status(
+                self.binary, "crashed", exit_code=self.proc.returncode, log=self._log.name,
+                when="mid-run",
+            )  # fmt: skip
+            raise PeerCrashed(self.status)
+        return out
+
+    def warm_up(self) -> None:
+        self._checked(super().warm_up)
+
     def run(self, workload: Any, num_requests: int, seed: int = 0) -> ResultRow:
-        row = super().run(workload, num_requests, seed)
+        """One workload; raises `PeerCrashed` when the server exits (see `_checked`)."""
+        row = self._checked(super().run, workload, num_requests, seed)
         if self.backend.unconstrained_calls:
             self.notes.append(
                 f"{workload.name}: {self.backend.unconstrained_calls} regex generations ran "
