@@ -205,6 +205,47 @@ def test_openai_chat_with_image_url_parts_over_http(llava_dir, engine, sglite_se
     assert "takes text only" in r.json()["error"]["message"]
 
 
+def test_llava_chatml_image_part_over_openai_chat_matches_transformers(tmp_path):
+    """LLaVA-1.5 at 56 px in 14-pixel patches (`num_additional_image_tokens=1`, the "default"
+    strategy drops CLS: 16 image positions) whose ChatML-style template writes an image part as
+    `<image>\\n` (issue 49): the chat route gives the template the image part, as transformers'
+    processor does, so the prompt is transformers' to the token and so is the greedy answer."""
+    import openai
+    from server_fixtures import ServerProcess
+    from transformers import AutoTokenizer
+
+    shape = TinyLlavaShape(image_size=56, patch_size=14, vision_layers=2)
+    model_dir = build_tiny_llava(str(tmp_path / "model"), shape, chatml=True)
+    png = _png(3, (64, 80))  # 80x64
+    question = "describe the picture"
+    content = [{"type": "image"}, {"type": "text", "text": question}]
+    _hf_greedy(model_dir, "<image>", png, 1)  # loads the reference model and processor
+    prompt = _REFERENCES[model_dir][1].apply_chat_template(
+        [{"role": "user", "content": content}], add_generation_prompt=True
+    )
+    assert "<image>\n" in prompt, prompt
+    want, ref = _hf_greedy(model_dir, prompt, png, GREEDY["max_new_tokens"])
+    assert ref["prompt_tokens"] == shape.image_tokens + 12, ref["prompt_tokens"]
+    server = ServerProcess("--model-path", model_dir)
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        parts = [{"type": "image_url", "image_url": {"url": data_url(png)}},
+                 {"type": "text", "text": question}]  # fmt: skip
+        got = client.chat.completions.create(
+            model="llava", messages=[{"role": "user", "content": parts}], temperature=0,
+            max_tokens=GREEDY["max_new_tokens"], logprobs=True, extra_body={"ignore_eos": True},
+        )  # fmt: skip
+    finally:
+        assert server.stop() == 0
+    assert got.usage.prompt_tokens == ref["prompt_tokens"]
+    tokens = got.choices[0].logprobs.content
+    assert [t.token for t in tokens] == AutoTokenizer.from_pretrained(
+        model_dir
+    ).convert_ids_to_tokens(want)
+    theirs = [float(ref["logprobs"][i, t]) for i, t in enumerate(want)]
+    assert np.allclose([t.logprob for t in tokens], theirs, atol=1e-3), tokens
+
+
 def test_sgl_image_in_a_program(engine, tmp_path):
     png = _png(4)
     path = tmp_path / "picture.png"

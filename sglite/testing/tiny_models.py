@@ -26,6 +26,24 @@ IMAGE_TOKEN_ID = 3
 IDEFICS3_WORDS = ["<fake_token_around_image>", "<global-img>"] + [
     f"<row_{r}_col_{c}>" for r in range(1, 4) for c in range(1, 4)
 ]
+# The messages' texts one after another, an image part written as `<image> `.
+PLAIN_TEMPLATE = (
+    "{% for m in messages %}{% if m['content'] is string %}{{ m['content'] }}{% else %}"
+    "{% for part in m['content'] %}{% if part['type'] == 'image' %}<image> {% else %}"
+    "{{ part['text'] }} {% endif %}{% endfor %}{% endif %} {% endfor %}"
+)
+# A ChatML-style conversation's tokens ("\n" is a token there, as in real vocabularies).
+CHATML_SPECIAL = ["<|im_start|>", "<|im_end|>"]
+CHATML_WORDS = [*CHATML_SPECIAL, "\n", "user", "assistant", "system"]
+# A ChatML-style chat template that writes an image part as `<image>\n` (the configuration
+# of issue 49, point 1).
+CHATML_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['content'] is string %}"
+    "{{ m['content'] }}{% else %}{% for part in m['content'] %}{% if part['type'] == 'image' %}"
+    "<image>\n{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}"
+    "{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% endif %}"
+)
 
 
 @dataclass(frozen=True)
@@ -46,9 +64,13 @@ class TinyLlavaShape:
         return (self.image_size // self.patch_size) ** 2
 
 
-def build_tiny_llava(path: str, shape: TinyLlavaShape = TinyLlavaShape(), seed: int = 0) -> str:
+def build_tiny_llava(
+    path: str, shape: TinyLlavaShape = TinyLlavaShape(), seed: int = 0, chatml: bool = False
+) -> str:
     """Save a random LlavaForConditionalGeneration with its tokenizer (`_tokenizer`) and
-    processor."""
+    processor (`num_additional_image_tokens=1`, `vision_feature_select_strategy="default"`: the
+    CLS position is dropped). `chatml`: a vocabulary with ChatML's tokens and "\n", and
+    `CHATML_TEMPLATE` as the chat template (the processor's and the tokenizer's)."""
     import torch
     from transformers import (
         CLIPImageProcessor,
@@ -58,8 +80,9 @@ def build_tiny_llava(path: str, shape: TinyLlavaShape = TinyLlavaShape(), seed: 
         LlavaProcessor,
     )
 
-    tokenizer = _tokenizer(WORDS)
-    text = _text_config(len(WORDS), shape.text_hidden, shape.text_layers)
+    words = WORDS + CHATML_WORDS if chatml else WORDS
+    tokenizer = _tokenizer(words, CHATML_SPECIAL if chatml else (), chatml)
+    text = _text_config(len(words), shape.text_hidden, shape.text_layers)
     vision = CLIPVisionConfig(
         hidden_size=shape.vision_hidden, intermediate_size=2 * shape.vision_hidden,
         num_hidden_layers=shape.vision_layers, num_attention_heads=4,
@@ -166,26 +189,28 @@ def _text_config(vocab_size: int, hidden: int = 64, layers: int = 2) -> LlamaCon
 
 
 def _tokenizer(
-    words: list[str], extra_special: tuple[str, ...] | list[str] = ()
+    words: list[str], extra_special: tuple[str, ...] | list[str] = (), chatml: bool = False
 ) -> PreTrainedTokenizerFast:
     """A word-level tokenizer over `words` (`<image>` and `extra_special` special tokens) with
-    a chat template that writes image parts as `<image>`."""
+    `PLAIN_TEMPLATE` as its chat template (`chatml`: `CHATML_TEMPLATE`, and "\n" is a token)."""
+    from tokenizers import Regex
     from tokenizers import Tokenizer as RawTokenizer
     from tokenizers.models import WordLevel
-    from tokenizers.pre_tokenizers import Whitespace
+    from tokenizers.pre_tokenizers import Split, Whitespace
     from transformers import PreTrainedTokenizerFast
 
     raw = RawTokenizer(WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    raw.pre_tokenizer = Whitespace()
+    # Whitespace's words and punctuation; with `chatml`, each "\n" a word too.
+    raw.pre_tokenizer = (
+        Split(Regex(r"\n|\w+|[^\w\s]+"), behavior="removed", invert=True)
+        if chatml
+        else Whitespace()
+    )
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=raw, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
     )
     tokenizer.add_special_tokens({"additional_special_tokens": ["<image>", *extra_special]})
-    tokenizer.chat_template = (
-        "{% for m in messages %}{% if m['content'] is string %}{{ m['content'] }}{% else %}"
-        "{% for part in m['content'] %}{% if part['type'] == 'image' %}<image> {% else %}"
-        "{{ part['text'] }} {% endif %}{% endfor %}{% endif %} {% endfor %}"
-    )
+    tokenizer.chat_template = CHATML_TEMPLATE if chatml else PLAIN_TEMPLATE
     return tokenizer
 
 

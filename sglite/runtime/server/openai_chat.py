@@ -64,16 +64,17 @@ router = APIRouter(prefix="/v1")
 _GENERATE_ERRORS = error_responses(*GENERATE_ERRORS_CODES)
 
 
-def _content_text(
+def _content_parts(
     state: ServerState, content: list[Any], i: int, images: list[dict[str, str]]
-) -> str:
-    """A content part list as text; each `image_url` part becomes the model's image token and
-    its source is appended to `images` (labelled with where it came from)."""
+) -> list[dict[str, str]]:
+    """A content part list as the chat template's parts (`{"type": "text", "text": ...}` and,
+    for each `image_url` part, `{"type": "image"}`, as transformers' processors give templates);
+    each image's source is appended to `images` (labelled with where it came from)."""
     builder = state.tokenizer_manager.images
     parts = []
     for j, part in enumerate(content):
         if part.type == "text" and part.text is not None:
-            parts.append(part.text)
+            parts.append({"type": "text", "text": part.text})
             continue
         where = f"messages.{i}.content.{j}"
         if part.type == "image_url" and builder is not None:
@@ -82,7 +83,7 @@ def _content_text(
             if not isinstance(url, str) or not url:
                 raise APIError(400, f"{where}: image_url needs a url", param=where)
             images.append({"url": url, "label": where})
-            parts.append(builder.image_token)
+            parts.append({"type": "image"})
             continue
         kind = "text and image_url" if builder is not None else "text"
         raise APIError(
@@ -92,7 +93,37 @@ def _content_text(
             param=f"messages.{i}.content",
             code="not_supported",
         )
-    return "".join(parts)
+    return parts
+
+
+def _flatten(parts: list[dict[str, str]], image_token: str | None) -> str:
+    """Parts as one text, each image part the model's image token (for templates that take a
+    string content)."""
+    return "".join(p["text"] if p["type"] == "text" else (image_token or "") for p in parts)
+
+
+_PROBE_TEXT = "sglite-probe-text"
+_TEMPLATE_TAKES_PARTS: dict[str, bool] = {}  # chat template -> whether it renders image parts
+
+
+def _template_takes_parts(state: ServerState, image_token: str) -> bool:
+    """Whether the chat template writes a message's image parts itself (`{"type": "image"}` in
+    a content list, as LLaVA's templates do, e.g. as `<image>\\n`): tried once per template on
+    one user message of an image and a text."""
+    template = state.tokenizer.chat_template
+    if template is None:
+        return False
+    if template not in _TEMPLATE_TAKES_PARTS:
+        probe = [{"type": "image"}, {"type": "text", "text": _PROBE_TEXT}]
+        try:
+            text = state.tokenizer.apply_chat_template(
+                [{"role": "user", "content": probe}], add_generation_prompt=True
+            )
+            takes = text.count(image_token) == 1 and _PROBE_TEXT in text and "'type'" not in text
+        except Exception:  # a template that cannot render parts takes text
+            takes = False
+        _TEMPLATE_TAKES_PARTS[template] = takes
+    return _TEMPLATE_TAKES_PARTS[template]
 
 
 def _render_messages(
@@ -102,10 +133,20 @@ def _render_messages(
     the messages marked `"reuse": true` (their content is a reusable segment)."""
     messages = []
     images: list[dict[str, str]] = []
+    builder = state.tokenizer_manager.images
+    image_token = builder.image_token if builder is not None else None
     for i, msg in enumerate(body.messages):
         content: Any = msg.content
         if isinstance(content, list):
-            content = _content_text(state, content, i, images)
+            parts = _content_parts(state, content, i, images)
+            # A message with images goes to a template that renders image parts as its parts
+            # (the template places the image token and what surrounds it, as transformers'
+            # processor does); otherwise as text with the image token where each image was.
+            with_image = any(p["type"] == "image" for p in parts)
+            if with_image and _template_takes_parts(state, image_token):
+                content = parts
+            else:
+                content = _flatten(parts, image_token)
         entry: dict[str, Any] = {"role": msg.role, "content": content or ""}
         for key in ("name", "tool_calls", "tool_call_id"):
             value = getattr(msg, key)
