@@ -261,3 +261,32 @@ def test_invalid_regex_message_is_the_parsers_and_server_keeps_serving(url, clie
     info = requests.get(url + "/get_server_info", timeout=30).json()
     assert info["kv_invariants"]["ok"], info["kv_invariants"]
     assert info["grammar_backend"] == "llguidance"
+
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+}
+
+
+def _generate_json(url: str, budget: int, close: bool) -> tuple[str, dict]:
+    params = {"max_new_tokens": budget, "temperature": 0, "json_schema": json.dumps(PERSON)}
+    if close:
+        params["close_structure_on_length"] = True
+    body = {"text": "Describe a person as JSON:", "sampling_params": params}
+    out = requests.post(url + "/generate", json=body, timeout=60).json()
+    return out["text"], out["meta_info"]["finish_reason"]
+
+
+def test_a_cut_json_answer_closes_its_structure_when_asked(url):
+    """max_new_tokens cuts the model's JSON mid-value; with close_structure_on_length the
+    answer still parses and validates, and says it was cut (finish reason length)."""
+    cut, reason = _generate_json(url, 12, close=False)
+    assert reason["type"] == "length"
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(cut)
+    for budget in (12, 13, 14, 15):
+        text, reason = _generate_json(url, budget, close=True)
+        jsonschema.validate(json.loads(text), PERSON)
+        assert reason["type"] == "length", (budget, reason, text)

@@ -311,3 +311,42 @@ def test_native_parse_function_call(sglite_server):
     }
     bad = requests.post(url + "/parse_function_call", json={**body, "tool_call_parser": "x"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tool_call_parser"
+
+
+PERSON_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "save_person",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "age": {"type": "integer"},
+                "city": {"type": "string"},
+            },
+            "required": ["name", "age", "city"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def test_a_call_cut_by_max_tokens_is_closed_when_asked(client, model):
+    """A forced call that max_tokens cuts before its end has no call (its arguments do not
+    parse); with close_structure_on_length the call comes back whole, its arguments valid
+    under the schema, and finish_reason stays length."""
+    ask = [{"role": "user", "content": "Save the person Alice Wonderland, 42, from Paris."}]
+    choice = {"type": "function", "function": {"name": "save_person"}}
+    request = dict(
+        model=model, messages=ask, tools=[PERSON_TOOL], tool_choice=choice, max_tokens=36,
+        temperature=0,
+    )  # fmt: skip
+    cut = client.chat.completions.create(**request).choices[0]
+    assert cut.finish_reason == "length" and not cut.message.tool_calls
+    closed = client.chat.completions.create(
+        **request, extra_body={"close_structure_on_length": True}
+    ).choices[0]
+    assert closed.finish_reason == "length"
+    (call,) = closed.message.tool_calls
+    assert call.function.name == "save_person"
+    jsonschema.validate(json.loads(call.function.arguments), PERSON_TOOL["function"]["parameters"])

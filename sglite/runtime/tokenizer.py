@@ -166,6 +166,10 @@ class Tokenizer:
                 text = text.replace(before, after)
         return text
 
+    def decode_each(self, ids: list[int]) -> list[str]:
+        """The text of each id on its own (special tokens as empty text), in one batched call."""
+        return self.backend.decode_batch([[int(i)] for i in ids], skip_special_tokens=True)
+
     def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
         """Vocabulary strings of `ids` (byte-level BPE pieces such as 'Ġworld')."""
         return [self.backend.id_to_token(int(i)) for i in ids]

@@ -13,6 +13,12 @@ def allocate_bitmask(
     return torch.full((batch, (vocab_size + 31) // 32), -1, dtype=torch.int32, device=device)
 
 
+def allowed_tokens(row: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """bool `[vocab_size]`: the tokens one bitmask row allows."""
+    shifts = torch.arange(32, dtype=torch.int32, device=row.device)
+    return ((row.unsqueeze(-1) >> shifts) & 1).view(-1)[:vocab_size].bool()
+
+
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> None:
     """Set disallowed tokens of `logits[rows]` to -inf, in place, in one vectorised op.
 

@@ -49,6 +49,9 @@ class SamplingParams:
     json_schema: str | None = None
     ebnf: str | None = None
     seed: int | None = None
+    # A constrained request whose output budget is nearly spent closes its structure (strings,
+    # arrays, objects) so that an answer cut by max_new_tokens still parses (finish "length").
+    close_structure_on_length: bool = False
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> SamplingParams:
@@ -246,4 +249,5 @@ _PARSERS = {
     "json_schema": _json_schema,
     "ebnf": _str,
     "seed": _seed,
+    "close_structure_on_length": _bool,
 }

@@ -103,6 +103,8 @@ class OutputProcessor:
         """End `req` with `reason` (see module invariants); a no-op when it already ended."""
         if req.finished:
             return
+        if reason["type"] == "stop" and req.closing_structure:  # closed because of the budget
+            reason = {"type": "length", "length": len(req.output_ids)}
         req.finish_reason = reason
         self.table.remove(req)
         if reason["type"] == "length":  # emit bytes held back waiting for a UTF-8 continuation

@@ -91,6 +91,9 @@ class Req:
     # Constrained decoding: the matcher has consumed exactly `output_ids` (ticket while compiling).
     grammar: GrammarMatcher | None = None
     grammar_ticket: GrammarTicket | None = None
+    # Its structure is being closed before the budget runs out (`structure_closing.py`): it
+    # ends as cut by length, whatever ends it.
+    closing_structure: bool = False
     jump_forward_drafted: int = 0  # forced tokens proposed to the model
     jump_forward_accepted: int = 0  # of those, the ones emitted
     spec_drafted: int = 0  # speculative (n-gram) draft tokens proposed to the model

@@ -54,6 +54,7 @@ from sglite.runtime.scheduler.request_table import ReqStatus, RequestTable
 from sglite.runtime.scheduler.segments import SegmentAssembler
 from sglite.runtime.scheduler.speculation import build_speculator
 from sglite.runtime.scheduler.stats import SchedulerStats
+from sglite.runtime.scheduler.structure_closing import StructureCloser
 from sglite.runtime.scheduler.token_sampler import TokenSampler
 from sglite.runtime.server_args import ServerArgs
 from sglite.runtime.tokenizer import Tokenizer
@@ -122,6 +123,7 @@ class Scheduler:
             self.config.vocab_size,
             self.eos_token_ids,
             self.output,
+            StructureCloser(self.tokenizer, self.config.vocab_size, self.eos_token_ids),
             self.disagg if isinstance(self.disagg, PrefillHandoff) else None,
             self._build_retokenizer(),
         )

@@ -1,8 +1,9 @@
 """Sampling a batch's logits into its requests: grammar masks, the sampler, then the output.
 
-Row i of the logits is sampled for request i and the token appended (`OutputProcessor`). A
-request whose own part fails (its grammar, NaN logits, detokenizing) ends alone with an
-internal-error abort; the rest of the batch goes on.
+Row i of the logits is sampled for request i and the token appended (`OutputProcessor`); a
+constrained request near the end of its budget that asked for it is steered to close its
+structure (`structure_closing.py`). A request whose own part fails (its grammar, NaN logits,
+detokenizing) ends alone with an internal-error abort; the rest of the batch goes on.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from sglite.runtime.scheduler.drafts import RetokenizingJump
 from sglite.runtime.scheduler.grammar import apply_grammar_masks
 from sglite.runtime.scheduler.output import OutputProcessor, TopLogprobs
 from sglite.runtime.scheduler.request import Req
+from sglite.runtime.scheduler.structure_closing import StructureCloser
 
 
 class FirstTokenTaker(Protocol):
@@ -38,10 +40,12 @@ class TokenSampler:
         vocab_size: int,
         eos_token_ids: list[int],
         output: OutputProcessor,
+        closer: StructureCloser | None = None,
         first_token_taker: FirstTokenTaker | None = None,
         retokenizer: RetokenizingJump | None = None,
     ) -> None:
         self.sampler = sampler
+        self.closer = closer
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
         self.output = output
@@ -51,6 +55,12 @@ class TokenSampler:
     def sample_and_append(self, reqs: list[Req], logits: torch.Tensor) -> None:
         """Sample row i of `logits` for reqs[i] and append it (see module docstring)."""
         failed = apply_grammar_masks(reqs, logits, self.vocab_size)
+        if self.closer is not None:
+            for i, req in enumerate(reqs):
+                in_string = None if i in failed else self.closer.closing(req)
+                if in_string is not None:
+                    self.closer.favour(logits, i, in_string)
+                    req.closing_structure = True
         result = self.sampler.sample(
             logits,
             [r.sampling for r in reqs],

@@ -217,7 +217,8 @@ def calls_json(calls: list[ToolCall]) -> list[dict[str, Any]]:
 
 def parse_answer(plan: ToolPlan, text: str) -> ParsedOutput:
     """The answer's text and calls (no calls without a format). An enforced answer cut short
-    (max_tokens) keeps the calls it closed: the grammar made each of them well formed."""
+    (max_tokens) keeps the calls whose arguments are whole: the grammar made each of them well
+    formed (`close_structure_on_length` makes the last one whole before the cut)."""
     if plan.fmt is None:
         return ParsedOutput(text, [])
     parsed = plan.fmt.parse(text)
@@ -229,7 +230,7 @@ def parse_answer(plan: ToolPlan, text: str) -> ParsedOutput:
     if parsed.calls or not plan.eager or start is None:
         return parsed
     region = plan.fmt.parse_region(text[start:])
-    return ParsedOutput(text[:start].rstrip(), region.calls[: region.closed])
+    return ParsedOutput(text[:start].rstrip(), region.whole_calls)
 
 
 def delta_calls_json(delta: StreamDelta) -> list[dict[str, Any]]:

@@ -49,6 +49,13 @@ class SamplingParamsIn(BaseModel):
         None, description="constrain the output to this grammar (GBNF `root ::= ...`, or Lark)"
     )
     seed: Int | None = None
+    close_structure_on_length: Bool | None = Field(
+        None,
+        description=(
+            "when max_new_tokens nearly runs out, a constrained output closes its structure "
+            "(strings, arrays, objects) so that it still parses"
+        ),
+    )
 
 
 class GenerateRequestIn(BaseModel):

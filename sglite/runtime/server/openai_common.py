@@ -111,6 +111,7 @@ def sampling_params(
         "spaces_between_special_tokens": body.spaces_between_special_tokens,
         "no_stop_trim": body.no_stop_trim,
         "seed": body.seed,
+        "close_structure_on_length": body.close_structure_on_length,
     }
     if constraint is not None:
         params[constraint.kind] = constraint.text

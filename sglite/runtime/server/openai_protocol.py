@@ -79,6 +79,13 @@ class _SamplingExtras(BaseModel):
     response_format: ResponseFormat | None = Field(
         None, description="json_object / json_schema constrain the output to JSON"
     )
+    close_structure_on_length: Bool | None = Field(
+        None,
+        description=(
+            "when max_tokens nearly runs out, a constrained answer (JSON, tool call) closes its "
+            "structure so that it still parses (finish_reason stays length)"
+        ),
+    )
     rid: str | None = Field(None, description="request id (SGLang extra)")
     # Disaggregated serving (SGLang extras; the PD router sets them): docs/pd.md.
     bootstrap_host: str | None = None

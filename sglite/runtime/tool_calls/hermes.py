@@ -40,7 +40,8 @@ class HermesFormat(ToolCallFormat):
                 return RegionParse(calls, closed, False)
             after = _GAP.match(region, end).end()  # type: ignore[union-attr]
             if not region.startswith(CLOSE, after):
-                return RegionParse(calls, closed, False)
+                cut = CLOSE.startswith(region[after:])  # the output ended before the marker
+                return RegionParse(calls, closed, False, len(calls) if cut else None)
             pos = after + len(CLOSE)
 
     def grammar(self, tools: list[dict[str, Any]], parallel: bool, allow_text: bool) -> str:

@@ -32,11 +32,19 @@ class ParsedOutput:
 class RegionParse:
     """The calls of a call region so far (the last possibly cut short, with what is known of
     it), how many of them are closed, and whether the whole region is finished and well formed.
+    `complete` also counts a last call whose arguments are whole but whose end marker never
+    came (the output was cut there); None when it equals `closed`.
     """
 
     calls: list[ToolCall]
     closed: int
     ok: bool
+    complete: int | None = None
+
+    @property
+    def whole_calls(self) -> list[ToolCall]:
+        """The calls whose arguments are whole (closed, or cut only before the end marker)."""
+        return self.calls[: self.closed if self.complete is None else self.complete]
 
 
 @dataclass
