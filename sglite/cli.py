@@ -110,6 +110,8 @@ HELP = {
     "log_level": "debug, info, warning or error",
     "max_n": "most choices (n) one request may ask for",
     "max_new_tokens_limit": "cap on max_new_tokens / max_tokens (default: the context length)",
+    "default_max_tokens": "new tokens for a chat or Responses request that sets no max_tokens "
+    "(at most the rest of the context; 0: the rest of the context, as OpenAI)",
     "request_timeout": "seconds after which a request ends with an error (default: none)",
     "max_request_body_bytes": "larger request bodies are refused with 413",
     "allow_origins": "enable CORS for these comma-separated origins ('*' for any); off by default",

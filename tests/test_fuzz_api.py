@@ -158,6 +158,10 @@ def test_server_survives_fuzzing(sglite_server: Any, record_property: Any) -> No
         timeout=60,
     )
     assert r.status_code == 200, r.text
+    spec = requests.get(url + "/openapi.json", timeout=30).json()
+    methods = {"get", "post", "put", "patch", "delete"}
+    routes = {f"{m.upper()} {p}" for p, item in spec["paths"].items() for m in item if m in methods}
+    assert routes - set(CASES) == set(), "documented routes the fuzzer did not reach"
     record_property("fuzz_cases", sum(CASES.values()))
     print(
         f"\nfuzz cases sent: {sum(CASES.values())} ({dict(sorted(PHASES.items()))}) over "

@@ -25,6 +25,7 @@ def limited_server():
     server = ServerProcess(
         "--request-timeout", "6", "--max-request-body-bytes", "200000", "--max-n", "4",
         "--max-new-tokens-limit", "2000", "--allow-origins", ORIGIN, "--restart-on-failure",
+        "--default-max-tokens", "24",
     )  # fmt: skip
     yield server
     assert server.stop() == 0, server.output()[-3000:]
@@ -94,6 +95,24 @@ def test_chat_without_max_tokens_is_capped_not_refused(limited_server):
         assert r.status_code == 200, r.text
         first = next(line for line in r.iter_lines() if line)
     assert b"chat.completion.chunk" in first, first
+
+
+def test_a_request_without_a_budget_gets_the_default_one(limited_server):
+    """A chat or Responses request that sets no max_tokens ends at --default-max-tokens (24
+    here), not at the context's end: a request that never stops (ignore_eos) stays cheap."""
+    url = limited_server.url
+    ask = [{"role": "user", "content": "Tell me a long story."}]
+    chat = {"messages": ask, "temperature": 0, "ignore_eos": True}
+    r = requests.post(url + "/v1/chat/completions", json=chat, timeout=120)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 24
+    assert r.json()["choices"][0]["finish_reason"] == "length"
+    r = requests.post(url + "/v1/responses", json={"input": ""}, timeout=120)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["output_tokens"] <= 24
+    explicit = {**chat, "max_tokens": 40}  # an explicit budget is the client's, past the default
+    r = requests.post(url + "/v1/chat/completions", json=explicit, timeout=120)
+    assert r.json()["usage"]["completion_tokens"] == 40
 
 
 def test_request_timeout_ends_requests_with_504_and_frees_slots(limited_server):

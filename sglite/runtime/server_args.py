@@ -138,6 +138,9 @@ class ServerArgs:
     # Limits on what one request may ask for (past them: HTTP 400 / ValueError).
     max_n: int = 64  # most choices (`n`) per request
     max_new_tokens_limit: int | None = None  # cap on max_new_tokens; None = the context length
+    # New tokens a chat or Responses request gets when it sets no budget (at most the rest of
+    # the context); 0 = the rest of the context, as OpenAI's API does.
+    default_max_tokens: int = 4096
     request_timeout: float | None = None  # seconds; a longer request ends with an error
     # Vision-language models: most images per request, and whether http(s) image URLs are
     # fetched (off: only data: URLs, base64 and local files are read).
@@ -292,6 +295,8 @@ class ServerArgs:
                 raise ValueError(f"{name} must be positive, got {value}")
         if self.graceful_shutdown_timeout < 0:
             raise ValueError("graceful_shutdown_timeout must be >= 0")
+        if self.default_max_tokens < 0:
+            raise ValueError(f"default_max_tokens must be >= 0, got {self.default_max_tokens}")
         self._validate_hicache()
         if self.context_length is not None and self.context_length <= 1:
             raise ValueError(f"context_length must be > 1, got {self.context_length}")

@@ -57,6 +57,7 @@ from sglite.runtime.server.openai_protocol import (
 )
 from sglite.runtime.server.serving import bootstrap_of, get_state
 from sglite.runtime.server.state import ServerState
+from sglite.runtime.server_args import ServerArgs
 from sglite.runtime.tokenizing.request import GenerateRequest
 from sglite.runtime.tool_calls.types import ToolCall
 
@@ -320,10 +321,8 @@ async def prepare_chat(state: ServerState, body: ChatCompletionRequest) -> Prepa
         except ValueError as exc:
             raise APIError(400, str(exc), param="messages") from None
     max_tokens = body.max_completion_tokens if body.max_tokens is None else body.max_tokens
-    if max_tokens is None:  # the rest of the context (or of the KV pool, if smaller)
-        max_tokens = max(0, min(tm.context_len, tm.max_total_tokens) - len(ids))
-        if state.args.max_new_tokens_limit is not None:
-            max_tokens = min(max_tokens, state.args.max_new_tokens_limit)
+    if max_tokens is None:
+        max_tokens = default_budget(state.args, len(ids), min(tm.context_len, tm.max_total_tokens))
     base_id = body.rid or f"chatcmpl-{uuid.uuid4().hex}"
     params = sampling_params(body, max_tokens, constraint)
     if special_markers(state, plan):
@@ -348,6 +347,16 @@ async def prepare_chat(state: ServerState, body: ChatCompletionRequest) -> Prepa
     )
     reasoning = _reasoning_format(state, body)
     return PreparedChat(reqs, plan, reasoning, body.n or 1, base_id, want_logprobs, num_top, ids)
+
+
+def default_budget(args: ServerArgs, prompt_tokens: int, room: int) -> int:
+    """New tokens for a chat without max_tokens: the rest of the context (or of the KV pool,
+    `room`), at most `--default-max-tokens` (0: no cap) and `--max-new-tokens-limit`."""
+    budget = max(0, room - prompt_tokens)
+    for cap in (args.default_max_tokens or None, args.max_new_tokens_limit):
+        if cap is not None:
+            budget = min(budget, cap)
+    return budget
 
 
 def _finish(reason: str | None, calls: bool) -> str | None:
