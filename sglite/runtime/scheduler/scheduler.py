@@ -32,7 +32,6 @@ from sglite.runtime.cache.tiered_cache import TieredRadixCache
 from sglite.runtime.cache.tree_view import snapshot_tree
 from sglite.runtime.constrained import GrammarError, GrammarManager, create_backend
 from sglite.runtime.distributed.parallel import SINGLE, TensorParallelGroup
-from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from sglite.runtime.model.loader import LoadedModel
 from sglite.runtime.multimodal.processor import is_pad
 from sglite.runtime.multimodal.spec import vision_spec
@@ -47,8 +46,7 @@ from sglite.runtime.scheduler.io import AbortKind, GenerateInput, RequestOutput,
 from sglite.runtime.scheduler.kv_manager import RequestKVManager
 from sglite.runtime.scheduler.model_runner import ModelRunner
 from sglite.runtime.scheduler.output import OutputProcessor
-from sglite.runtime.scheduler.policy import order_waiting, shares_with_batch
-from sglite.runtime.scheduler.prefill import PrefillBatch, collect_input_logprobs
+from sglite.runtime.scheduler.prefill_manager import PrefillManager
 from sglite.runtime.scheduler.request import Req
 from sglite.runtime.scheduler.request_table import ReqStatus, RequestTable
 from sglite.runtime.scheduler.segments import SegmentAssembler
@@ -144,6 +142,18 @@ class Scheduler:
         self.vision: VisionEncoder | None = None
         if spec is not None:
             self.vision = VisionEncoder(spec, self.device, args.vision_cache_images)
+        self.prefill = PrefillManager(
+            args,
+            self.table,
+            self.runner,
+            self.sampler,
+            self.output,
+            self.kv,
+            self.budget,
+            self.stats,
+            self.vision,
+            self.disagg,
+        )
         self.segments = SegmentAssembler(
             args.segment_recompute_fraction,
             self.table,
@@ -276,123 +286,14 @@ class Scheduler:
         with torch.inference_mode():
             if self.segments.busy and self.segments.run_one():
                 return self.collect_outputs()
-            prefill = self._schedule_prefill()
+            prefill = self.prefill.schedule()
             if prefill:
-                self._run_prefill(prefill)
+                self.prefill.run(prefill)
             elif self.table.count(ReqStatus.RUNNING):
                 self.decode.run()
             elif self.grammars.pending:
                 time.sleep(0.001)  # only grammars compiling (on worker threads): do not spin
         return self.collect_outputs()
-
-    def _schedule_prefill(self) -> list[tuple[Req, int]]:
-        """The prefill batch, (request, new tokens) each, its requests moved to `PREFILLING`:
-        the partly prefilled request's next chunk, then waiting requests in policy order."""
-        # New tokens in the whole batch: a longer prompt is prefilled in chunks (as SGLang,
-        # both limits bound the batch).
-        budget = min(self.args.chunked_prefill_size, self.args.max_prefill_tokens)
-        batch: list[tuple[Req, int]] = []
-        # One request at a time is partly prefilled: while one continues, no other is cut.
-        chunking = False
-        chunked = self.table.chunked
-        if chunked is not None:
-            n = min(budget, chunked.num_fill - len(chunked.kv_slots))
-            if not self.kv.can_fit(n, self.budget.reserved_tokens()):
-                self.budget.retract(chunked)
-            else:
-                chunked.kv_slots.extend(self.kv.alloc(n))
-                self.table.move(chunked, ReqStatus.PREFILLING)
-                batch.append((chunked, n))
-                budget -= n
-                chunking = True
-        waiting = self.table.with_status(ReqStatus.WAITING)
-        if not waiting:
-            return batch
-        cache = self.cache if self.cache_enabled else None
-        args = self.args
-        now = time.monotonic()
-        ordered = order_waiting(waiting, args.schedule_policy, cache, now, args.starvation_timeout)
-        reserved = self.budget.reserved_tokens()
-        room_for = self.args.max_running_requests - self.table.count(ReqStatus.RUNNING)
-        for req in ordered:
-            if budget <= 0 or len(batch) >= room_for:
-                break
-            matched = self.kv.match_and_lock(req)
-            if shares_with_batch(req, matched, batch):
-                self.kv.unlock(req)
-                continue
-            extend = req.num_fill - matched
-            n = min(extend, budget)
-            if n < extend and chunking:
-                self.kv.unlock(req)
-                break
-            own_reserve = self.budget.own_reserve(req)
-            if not self.kv.can_fit(n, reserved + own_reserve):
-                self.kv.unlock(req)
-                break
-            reserved += own_reserve
-            req.kv_slots.extend(self.kv.alloc(n))
-            self.table.move(req, ReqStatus.PREFILLING)
-            if not req.admitted_once:
-                req.cached_tokens = matched
-                req.admitted_once = True
-                self.cache.record_query(len(req.prompt_ids), matched)
-                self.kv.record_admission(req)
-            chunking = n < extend
-            batch.append((req, n))
-            budget -= n
-        return batch
-
-    # ------------------------------------------------------------------ prefill
-    def _run_prefill(self, batch: list[tuple[Req, int]]) -> None:
-        """Compute the admitted chunks; requests whose prompt is now complete start running,
-        a request with more to prefill becomes the partly prefilled one."""
-        plan = PrefillBatch.plan(batch)
-        fb = ForwardBatch.build(
-            ForwardMode.EXTEND,
-            plan.token_ids,
-            plan.prefix_lens,
-            [req.kv_slots for req, _ in batch],
-            plan.logit_rows,
-            self.device,
-        )
-        if self.vision is not None:
-            fb.input_embeds = self.vision.input_embeds(plan)
-        if plan.hidden_rows:
-            rows = plan.hidden_rows
-            fb.hidden_rows = torch.tensor(rows, dtype=torch.long, device=fb.input_ids.device)
-        start_time = time.perf_counter()
-        logits = self.runner.forward(fb)
-        for item in plan.items:
-            if item.req.pooling is not None and fb.hidden is not None:
-                item.req.pooling.add(fb.hidden[item.hidden[0] : item.hidden[1]])
-        self.kv.observe_prefill(plan.num_tokens, time.perf_counter() - start_time)
-        self.stats.prefill_passes += 1
-        self.stats.prefill_tokens_computed += plan.num_tokens
-        to_sample: list[tuple[Req, int]] = []
-        for item in plan.items:
-            req = item.req
-            if req.wants_input_logprobs:
-                collect_input_logprobs(item, logits, self.sampler.sampler)
-            if len(req.kv_slots) < req.num_fill:
-                self.kv.cache_unfinished(req)
-                self.table.move(req, ReqStatus.CHUNKED)
-                if self.disagg is not None:
-                    self.disagg.prefilled_chunk(req)
-                continue
-            req.input_logprobs_done = True
-            if req.params.max_new_tokens == 0:
-                self.output.finish(req, {"type": "length", "length": 0})
-                continue
-            self.kv.cache_unfinished(req)
-            to_sample.append((req, item.last_row))
-        if to_sample:
-            rows_t = torch.tensor([row for _, row in to_sample], device=logits.device)
-            reqs = [req for req, _ in to_sample]
-            self.sampler.sample_and_append(reqs, logits.index_select(0, rows_t))
-            for req in reqs:
-                if not req.finished:
-                    self.table.move(req, ReqStatus.RUNNING)
 
     def stop_followers(self) -> None:
         """Tell the other tensor-parallel ranks to exit (they wait in a broadcast)."""
