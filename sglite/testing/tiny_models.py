@@ -35,8 +35,8 @@ PLAIN_TEMPLATE = (
 # A ChatML-style conversation's tokens ("\n" is a token there, as in real vocabularies).
 CHATML_SPECIAL = ["<|im_start|>", "<|im_end|>"]
 CHATML_WORDS = [*CHATML_SPECIAL, "\n", "user", "assistant", "system"]
-# A ChatML-style chat template that writes an image part as `<image>\n` (the configuration
-# of issue 49, point 1).
+# A ChatML-style chat template that writes an image part as `<image>\n`, as LLaVA-1.5
+# checkpoints converted with such a template do.
 CHATML_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['content'] is string %}"
     "{{ m['content'] }}{% else %}{% for part in m['content'] %}{% if part['type'] == 'image' %}"
