@@ -26,6 +26,7 @@ from sglite.runtime.constrained import GrammarMatcher
 from sglite.runtime.constrained.bitmask import allocate_bitmask, allowed_tokens
 from sglite.runtime.scheduler.request import Req
 from sglite.runtime.tokenizer import Tokenizer
+from sglite.runtime.tool_calls.json_scan import JsonNesting
 
 # Tokens kept beyond the measured closing path (the model may need a token to leave a place
 # the walk left at once, such as a number's last digit).
@@ -38,27 +39,6 @@ WINDOW = 64
 CLOSING_BIAS = 1.0e4
 SEPARATOR_BIAS = 0.5e4
 _CLOSING_CHARS = frozenset('"}]')
-
-
-def open_structures(text: str) -> tuple[int, bool]:
-    """(how many arrays and objects `text` leaves open, whether it ends inside a string): a
-    JSON-style scan, in which brackets inside strings and escaped quotes do not count."""
-    depth, in_string, escaped = 0, False, False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "{[":
-            depth += 1
-        elif ch in "}]" and depth > 0:
-            depth -= 1
-    return depth, in_string
 
 
 class StructureCloser:
@@ -83,7 +63,7 @@ class StructureCloser:
             remaining = req.remaining_new_tokens
             if remaining > WINDOW or remaining > self.closing_cost(req) + CLOSE_MARGIN:
                 return None
-        return open_structures(req.output_text)[1]
+        return JsonNesting.of(req.output_text).in_string
 
     def favour(self, logits: torch.Tensor, row: int, in_string: bool) -> None:
         """Raise the closing tokens of `logits[row]`, in place."""
@@ -97,7 +77,7 @@ class StructureCloser:
         matcher: GrammarMatcher = req.grammar.copy()
         outside, inside = self.closing_biases()
         texts = self._texts
-        _, in_string = open_structures(req.output_text)
+        in_string = JsonNesting.of(req.output_text).in_string
         bitmask = allocate_bitmask(1, self.vocab_size)
         for steps in range(WINDOW):
             if matcher.is_terminated():
@@ -155,6 +135,5 @@ class StructureCloser:
 
 
 def _ends_in_string(text: str, in_string: bool) -> bool:
-    """Whether a JSON-style scan that starts inside a string or not ends inside one after
-    `text`."""
-    return open_structures(('"' if in_string else "") + text)[1]
+    """Whether JSON text that is (or is not) inside a string is inside one after `text`."""
+    return JsonNesting.of(('"' if in_string else "") + text).in_string

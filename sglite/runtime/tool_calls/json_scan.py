@@ -10,27 +10,51 @@ _NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _ARGS = re.compile(r',\s*"(?:arguments|parameters)"\s*:\s*')
 
 
+@dataclass
+class JsonNesting:
+    """Where JSON text read so far stands: how many arrays and objects are open, and whether
+    it is inside a string (brackets inside strings and escaped quotes do not count; the text is
+    not otherwise validated)."""
+
+    depth: int = 0
+    in_string: bool = False
+    escaped: bool = False
+
+    def read(self, ch: str) -> None:
+        """Take the next character."""
+        if self.in_string:
+            if self.escaped:
+                self.escaped = False
+            elif ch == "\\":
+                self.escaped = True
+            elif ch == '"':
+                self.in_string = False
+        elif ch == '"':
+            self.in_string = True
+        elif ch in "{[":
+            self.depth += 1
+        elif ch in "}]" and self.depth > 0:
+            self.depth -= 1
+
+    @classmethod
+    def of(cls, text: str) -> JsonNesting:
+        """The nesting after `text`."""
+        nesting = cls()
+        for ch in text:
+            nesting.read(ch)
+        return nesting
+
+
 def value_end(text: str, start: int) -> int | None:
     """The index just past the JSON object or array starting at `text[start]`, or None while it
-    is not closed yet (strings and nesting tracked; the value is not otherwise validated)."""
-    depth, in_string, escaped = 0, False, False
+    is not closed yet, or there is none (see `JsonNesting`)."""
+    if start >= len(text) or text[start] not in "{[":
+        return None
+    nesting = JsonNesting()
     for i in range(start, len(text)):
-        ch = text[i]
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "{[":
-            depth += 1
-        elif ch in "}]":
-            depth -= 1
-            if depth == 0:
-                return i + 1
+        nesting.read(text[i])
+        if nesting.depth == 0 and not nesting.in_string and text[i] in "}]":
+            return i + 1
     return None
 
 
