@@ -29,7 +29,12 @@ CONSTRAINT_KINDS = ("regex", "json_schema", "ebnf")
 
 
 class GrammarError(ValueError):
-    """A constraint that does not compile; the message is the grammar parser's own."""
+    """A constraint that does not compile; the message is the grammar parser's own, `kind` the
+    constraint it is about (`regex`, `json_schema`, `ebnf`; None when not known)."""
+
+    def __init__(self, message: str, kind: str | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,11 @@ def validate_constraint(kind: str, text: str, backend: str = "llguidance") -> No
         from sglite.runtime.constrained.xgrammar_backend import validate_constraint as check
     else:
         from sglite.runtime.constrained.llguidance_backend import validate_constraint as check
-    check(constraint)
+    try:
+        check(constraint)
+    except GrammarError as exc:
+        exc.kind = exc.kind or kind
+        raise
 
 
 @dataclass

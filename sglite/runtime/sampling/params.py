@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from sglite.runtime.constrained.base import GrammarError
+
 # Below this temperature sampling is indistinguishable from argmax, and dividing by it would
 # overflow float32 logits; SGLang uses the same cut.
 GREEDY_TEMPERATURE_EPS = 1e-6
@@ -121,15 +123,16 @@ class SamplingParams:
             )
         constraints = [k for k in ("regex", "json_schema", "ebnf") if getattr(self, k) is not None]
         if len(constraints) > 1:
-            raise ValueError(
+            raise GrammarError(
                 f"{constraints[0]}: at most one of regex, json_schema and ebnf may be set "
-                f"(got {', '.join(constraints)})"
+                f"(got {', '.join(constraints)})",
+                constraints[0],
             )
         if self.json_schema is not None:
             try:
                 json.loads(self.json_schema)
             except ValueError as e:
-                raise ValueError(f"json_schema: not valid JSON: {e}") from None
+                raise GrammarError(f"json_schema: not valid JSON: {e}", "json_schema") from None
 
     def to_dict(self) -> dict[str, Any]:
         """Every field as plain JSON-able values; `from_dict(p.to_dict()) == p`."""

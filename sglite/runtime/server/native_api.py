@@ -29,6 +29,7 @@ from sglite.http.streaming import (
     sse_response_content,
     to_json,
 )
+from sglite.runtime.constrained.base import GrammarError
 from sglite.runtime.multimodal.image_input import ImageInputError
 from sglite.runtime.server import chat_tools
 from sglite.runtime.server.errors import bad_request, error_responses
@@ -51,7 +52,6 @@ from sglite.runtime.server.native_protocol import (
 from sglite.runtime.server.serving import (
     abort_event,
     bootstrap_of,
-    constraint_of,
     get_state,
     prepare_requests,
     raise_if_aborted,
@@ -116,9 +116,8 @@ async def generate(body: GenerateRequestIn, request: Request) -> Any:
         )
     except ValueError as exc:
         err = bad_request(exc)
-        constraint = constraint_of(err.message)
-        if constraint is not None:  # an invalid grammar: the message is the parser's
-            err.param = f"sampling_params.{constraint}"
+        if isinstance(exc, GrammarError) and exc.kind:  # the message is the parser's
+            err.param = f"sampling_params.{exc.kind}"
         elif isinstance(exc, ImageInputError):
             err.param = "image_data"
         elif err.param is None:  # prompt problems: name the field the prompt came in

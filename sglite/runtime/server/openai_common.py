@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglite.http.errors import APIError
+from sglite.runtime.constrained.base import GrammarError
 from sglite.runtime.server.errors import bad_request
 from sglite.runtime.server.openai_protocol import ResponseFormat, _SamplingExtras
-from sglite.runtime.server.serving import constraint_of, prepare_requests
+from sglite.runtime.server.serving import prepare_requests
 from sglite.runtime.server.state import ServerState
 from sglite.runtime.tokenizing.request import GenerateRequest
 
@@ -127,7 +128,8 @@ def prepare(
         reqs, _ = prepare_requests(state, **kwargs)
     except ValueError as exc:
         err = bad_request(exc, _RENAME)
-        if constraint is not None and constraint_of(err.message) == constraint.kind:
+        grammar = isinstance(exc, GrammarError) and constraint is not None
+        if grammar and exc.kind == constraint.kind:  # type: ignore[union-attr]
             # An invalid grammar: keep the parser's message, name the field the client set.
             err.param = constraint.field
             if constraint.field != constraint.kind:

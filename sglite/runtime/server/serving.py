@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from fastapi import Request
@@ -14,10 +13,6 @@ from sglite.runtime.scheduler.io import abort_status as status_of_abort
 from sglite.runtime.server.state import ServerState
 from sglite.runtime.tokenizer_manager import TokenizerManager
 from sglite.runtime.tokenizing.request import GenerateRequest
-
-# A constraint's name in the head of a validation message ("invalid regex: ...",
-# "json_schema is not valid JSON: ...", "ebnf: ..."); the head is the text before the first colon.
-_CONSTRAINT_IN_HEAD = re.compile(r"\b(regex|json_schema|ebnf)\b")
 
 
 def get_state(request: Request) -> ServerState:
@@ -96,16 +91,6 @@ def check_request_ids(tm: TokenizerManager, reqs: list[GenerateRequest]) -> None
     for r in rids:
         if r in tm.in_flight:
             raise APIError(400, f"rid: a request with id {r!r} is already running", param="rid")
-
-
-def constraint_of(message: str) -> str | None:
-    """The constraint (`regex`, `json_schema`, `ebnf`) a validation message is about, else None.
-
-    Grammar errors carry the parser's own text after a head naming the constraint, e.g.
-    `invalid regex: at 1(8): ... unclosed character class`.
-    """
-    m = _CONSTRAINT_IN_HEAD.search(message.split(":", 1)[0])
-    return m.group(1) if m else None
 
 
 def abort_status(state: ServerState, reason: FinishReason) -> int:
