@@ -17,7 +17,8 @@ measured passes send them in the second order (always different from the first f
 so exact-prefix caching gets no free repeat of a whole prompt, only what a shared beginning
 (header, maybe the first document) gives it.
 
-Configurations, one engine each (default model or `--model-path`, float32), started one at a
+Configurations, one engine each (default model or `--model-path`, `--dtype`, float32 unless
+given: in bfloat16 the reference itself moves with batch and cache), started one at a
 time and shut down before the next: "no cache" (`disable_radix_cache=True`), "exact prefix"
 (radix cache, no segments), and "segments f" (radix cache, segments,
 `segment_recompute_fraction=f`) for each f in `--fractions`. Per configuration:
@@ -255,7 +256,7 @@ def flush(engine: sglite.Engine, name: str) -> None:
 
 def run_config(cfg: Config, work: Workload, args: argparse.Namespace) -> Outcome:
     model = {"model_path": args.model_path} if args.model_path else {}
-    engine = sglite.Engine(dtype="float32", log_level="error", **model, **cfg.engine_kwargs)
+    engine = sglite.Engine(dtype=args.dtype, log_level="error", **model, **cfg.engine_kwargs)
     warm_params = {"max_new_tokens": 1, "temperature": 0}
     answer_params = {"max_new_tokens": args.answer_tokens, "temperature": 0}
     try:
@@ -368,7 +369,8 @@ def report(outcomes: list[Outcome], work: Workload, args: argparse.Namespace) ->
     print(
         f"{len(work.requests)} requests, {len(work.docs)} documents of {doc_tokens:.0f} tokens "
         f"(mean), prompts of {prompt_tokens:.0f} tokens (mean); "
-        f"{os.path.basename(args.model_path) if args.model_path else 'default model'}, float32; "
+        f"{os.path.basename(args.model_path) if args.model_path else 'default model'}, "
+        f"{args.dtype}; "
         f"{args.answer_tokens} answer tokens; reference = exact prefix (full prefill)"
     )
     print(
@@ -400,6 +402,7 @@ def main() -> None:
     parser.add_argument("--kl-tokens", type=int, default=4)
     parser.add_argument("--passages", type=int, default=12, help="documents in the pool")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16")
     parser.add_argument(
         "--model-path", default=None, help="a GGUF or model directory (default: the default model)"
     )
