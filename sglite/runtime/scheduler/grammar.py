@@ -1,7 +1,8 @@
 """The scheduler's side of constrained decoding: waiting for grammars, and vocabulary masks.
 
-Requests whose grammar is still compiling wait in `GrammarQueue` (compiling runs on worker
-threads, so it never stalls other requests' forward passes). Each sampling step masks the rows
+Requests whose grammar is still compiling wait in the request table's `GRAMMAR` status;
+`GrammarQueue` submits their compilation (on worker threads, so it never stalls other requests'
+forward passes) and tells which are done. Each sampling step masks the rows
 of constrained requests in one vectorised op. Jump-forward, which drafts the tokens a grammar
 forces, lives in `drafts.py`.
 """
@@ -16,43 +17,30 @@ from sglite.runtime.scheduler.request import Req
 
 
 class GrammarQueue:
-    """Requests whose grammar is still compiling; `poll` releases them when it is ready."""
+    """Starts requests' grammar compilations and tells which are done (`poll`)."""
 
     def __init__(self, manager: GrammarManager, timeout_s: float) -> None:
         self.manager = manager
         self.timeout_s = timeout_s
-        self.pending: list[Req] = []
 
     def add(self, req: Req, constraint: tuple[str, str]) -> None:
         """Start compiling `req`'s constraint; raises GrammarError for an unknown kind."""
         req.grammar_ticket = self.manager.submit(Constraint(*constraint))
-        self.pending.append(req)
 
-    def poll(self) -> tuple[list[Req], list[tuple[Req, str]]]:
-        """(requests now holding their matcher, (request, error message) for failed ones)."""
+    def poll(self, compiling: list[Req]) -> tuple[list[Req], list[tuple[Req, str]]]:
+        """Of the `compiling` requests, (those now holding their matcher, (request, error
+        message) for those whose grammar failed); the others are still compiling."""
         ready: list[Req] = []
         failed: list[tuple[Req, str]] = []
-        still: list[Req] = []
-        for req in self.pending:
+        for req in compiling:
             assert req.grammar_ticket is not None
             result = req.grammar_ticket.result(self.timeout_s)
-            if result is None:
-                still.append(req)
-            elif isinstance(result, GrammarError):
+            if isinstance(result, GrammarError):
                 failed.append((req, str(result)))
-            else:
+            elif result is not None:
                 req.grammar, req.grammar_ticket = result, None
                 ready.append(req)
-        self.pending = still
         return ready, failed
-
-    def remove(self, rid: str) -> Req | None:
-        """Take a request out (aborted while compiling)."""
-        for req in self.pending:
-            if req.rid == rid:
-                self.pending.remove(req)
-                return req
-        return None
 
 
 def apply_grammar_masks(

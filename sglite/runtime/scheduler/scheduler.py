@@ -181,10 +181,6 @@ class Scheduler:
         encode = lambda text: self.tokenizer.encode(text, add_special_tokens=False)
         return RetokenizingJump(encode, self.stats)
 
-    @property
-    def model(self) -> torch.nn.Module:
-        return self.runner.model
-
     # ------------------------------------------------------------------ intake
     def add_request(self, inp: GenerateInput) -> None:
         """Take a request; an invalid one finishes at once with an abort naming the problem."""
@@ -213,9 +209,10 @@ class Scheduler:
 
     def _admit_compiled_grammars(self) -> None:
         """Queue requests whose grammar compiled; fail those whose grammar did not."""
-        if not self.grammars.pending:
+        compiling = self.table.with_status(ReqStatus.GRAMMAR)
+        if not compiling:
             return
-        ready, failed = self.grammars.poll()
+        ready, failed = self.grammars.poll(compiling)
         for req in ready:
             self._enqueue(req)
         for req, message in failed:
@@ -259,10 +256,7 @@ class Scheduler:
         req = self.table.get(rid)
         if req is None:
             return
-        status = self.table.status(req)
-        if status is ReqStatus.GRAMMAR:
-            self.grammars.remove(rid)
-        elif status is ReqStatus.TRANSFER and self.disagg is not None:
+        if self.table.status(req) is ReqStatus.TRANSFER and self.disagg is not None:
             self.disagg.remove(req)
         self.output.abort(req, message, kind)
 
@@ -291,7 +285,7 @@ class Scheduler:
                 self.prefill.run(prefill)
             elif self.table.count(ReqStatus.RUNNING):
                 self.decode.run()
-            elif self.grammars.pending:
+            elif self.table.count(ReqStatus.GRAMMAR):
                 time.sleep(0.001)  # only grammars compiling (on worker threads): do not spin
         return self.collect_outputs()
 
@@ -305,7 +299,6 @@ class Scheduler:
         KV written by the failed pass cannot be trusted, so requests' own slots are freed
         uncached (`RequestKVManager.discard`); prefixes already in the cache stay valid.
         """
-        self.grammars.pending = []
         if self.decode.speculator is not None:
             self.decode.speculator.forget(set())
         for req in self.table:

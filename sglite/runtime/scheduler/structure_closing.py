@@ -51,7 +51,7 @@ class StructureCloser:
         # Built on first use (they decode the vocabulary): each token's text and its length,
         # and the biases outside a string and inside one.
         self._texts: list[str] = []
-        self._lengths = torch.zeros(vocab_size, dtype=torch.long)
+        self._lengths = torch.zeros(0, dtype=torch.long)
         self._biases: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def closing(self, req: Req) -> bool | None:
@@ -114,6 +114,7 @@ class StructureCloser:
         if self._biases is None:
             ids = list(range(min(self.vocab_size, self.tokenizer.vocab_size)))
             self._texts = self.tokenizer.decode_each(ids)
+            self._lengths = torch.zeros(self.vocab_size, dtype=torch.long)
             self._lengths[: len(ids)] = torch.tensor([len(t) for t in self._texts])
             outside = torch.zeros(self.vocab_size)
             inside = torch.zeros(self.vocab_size)
