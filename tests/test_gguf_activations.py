@@ -12,7 +12,7 @@ import torch
 
 import sglite as sgl
 from sglite.runtime.model import kernels
-from sglite.runtime.model.gguf_weight import AMX_MIN_ROWS, GGUFPart, GGUFWeight
+from sglite.runtime.model.gguf_weight import GGUFPart, GGUFWeight
 from sglite.runtime.model.loader import resolve_gguf_activations
 from sglite.runtime.server_args import ServerArgs
 
@@ -107,17 +107,17 @@ def test_a_rows_result_is_the_same_alone_and_in_any_batch(dtype, type_name):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_decode_products_round_and_prefill_products_keep_x(dtype):
-    """A DECODE batch's product (`matmul_decode`) is the int8 kernel's below AMX_MIN_ROWS
-    rows (and at any row count without AMX); from there a bf16 batch on an AMX CPU takes the
-    AMX kernel, as prefill does. An EXTEND pass's (`matmul`) keeps x: what the weight without
-    rounding computes."""
+    """A DECODE batch's product (`matmul_decode`) is the int8 kernel's below the weight's
+    `amx_min_rows` (and at any row count without AMX); from there a bf16 batch on an AMX CPU
+    takes the AMX kernel, as prefill does. An EXTEND pass's (`matmul`) keeps x: what the weight
+    without rounding computes."""
     rng = np.random.default_rng(5)
     blocks = _blocks("Q4_K", 64, 512, rng)
     rounding = GGUFWeight([GGUFPart("Q4_K", blocks)], 512, None, True)
     keeping = GGUFWeight([GGUFPart("Q4_K", blocks)], 512, None, False)
     for rows in (1, 4, 40):
         x = torch.randn(rows, 512).to(dtype)
-        amx = dtype == torch.bfloat16 and rows >= AMX_MIN_ROWS and kernels.amx_available()
+        amx = dtype == torch.bfloat16 and rows >= rounding.amx_min_rows and kernels.amx_available()
         if amx:
             assert torch.equal(rounding.matmul_decode(x), keeping.matmul(x))
         else:

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from sglite.runtime.model import kernels
 from sglite.runtime.model.gguf_weight import GGUFPart, GGUFWeight
+from sglite.runtime.model.kernels.abi import ABI
 from tests.test_gguf_activations import _blocks
 
 pytestmark = pytest.mark.skipif(
@@ -81,7 +82,7 @@ def test_a_rows_result_depends_on_that_row_alone():
 
 
 def test_bf16_batches_past_the_gemv_take_it_and_float32_never_does():
-    """`matmul` sends a bf16 batch of AMX_MIN_ROWS or more rows to the AMX kernel (the same
+    """`matmul` sends a bf16 batch of `amx_min_rows` or more rows to the AMX kernel (the same
     values) and keeps float32 batches on the exact float32 GEMM."""
     rng = np.random.default_rng(14)
     weight = GGUFWeight([GGUFPart("Q6_K", _blocks("Q6_K", 48, 256, rng))], 256)
@@ -91,3 +92,24 @@ def test_bf16_batches_past_the_gemv_take_it_and_float32_never_does():
     assert kernels.gguf_gemm_amx(x, weight.address, 48) is None  # float32: not this kernel
     exact = F.linear(x.double(), weight.decoded(torch.float32).double())
     assert (weight.matmul(x).double() - exact).abs().max().item() < 1e-4
+
+
+def test_weights_mostly_of_q6_k_take_the_tiles_later():
+    """Q6_K decodes to bf16 slower than Q4_K, so a weight mostly of Q6_K rows keeps the
+    GEMVs to AMX_MIN_ROWS_Q6_K rows; a Q4_K weight, or a fused one with a Q6_K minority (a
+    Q4_K_M file's q/k/v), switches at AMX_MIN_ROWS. `matmul` follows the weight's threshold."""
+    rng = np.random.default_rng(21)
+    q4k = GGUFPart("Q4_K", _blocks("Q4_K", 64, 256, rng))
+    q6k = GGUFPart("Q6_K", _blocks("Q6_K", 48, 256, rng))
+    low, high = ABI.constants["AMX_MIN_ROWS"], ABI.constants["AMX_MIN_ROWS_Q6_K"]
+    assert low < high
+    assert GGUFWeight([q4k], 256).amx_min_rows == low
+    assert GGUFWeight([q4k, q6k], 256).amx_min_rows == low
+    assert GGUFWeight([q6k], 256).amx_min_rows == high
+    assert GGUFWeight([q6k, GGUFPart("Q4_K", q4k.data[:16])], 256).amx_min_rows == high
+    weight = GGUFWeight([q6k], 256)
+    x = torch.randn(high, 256).to(torch.bfloat16)
+    below = weight.matmul(x[: high - 1])
+    assert torch.equal(below, kernels.gguf_gemv(x[: high - 1].contiguous(), weight.address, 48))
+    if kernels.amx_available():
+        assert torch.equal(weight.matmul(x), kernels.gguf_gemm_amx(x, weight.address, 48))

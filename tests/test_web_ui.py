@@ -139,6 +139,30 @@ def test_the_cache_view_draws_a_prompt_sent_through_the_api(page, sglite_server)
     assert "came from the cache" in _text(page, "last-request")
 
 
+def test_the_cache_view_shows_segment_reuse(page, sglite_server):
+    """A passage marked for reuse, sent in two prompts at different places: the second takes
+    its KV from the cached segment, and the page says so (the counter and the last request)."""
+    client = openai.OpenAI(base_url=sglite_server.url + "/v1", api_key="unused", max_retries=0)
+    passage = "Wombats leave cube-shaped droppings, which they stack to mark their ground. "
+    for lead in ("Answer briefly.", "Answer from the passage, in a few words."):
+        messages = [
+            {"role": "system", "content": lead},
+            {"role": "user", "content": passage, "reuse": True},
+            {"role": "user", "content": "What shape are the droppings?"},
+        ]
+        client.chat.completions.create(model="m", messages=messages, max_tokens=4, temperature=0)
+    info = requests.get(sglite_server.url + "/get_server_info", timeout=30).json()
+    assert info["segment_reused_tokens"] > 0
+    last = lambda: _text(page, "last-request")  # noqa: E731
+    note = wait_for(
+        lambda: "Reused segments gave" in last() and last(), what="the last segment reuse"
+    )
+    reused = int(note.split("Reused segments gave ")[1].split()[0])
+    assert reused > 0
+    shown = _text(page, "segment-reused").split()[0]
+    assert int(shown) >= reused
+
+
 def test_model_output_containing_html_shows_as_text(page):
     markup = '<script>window.pwned=1;</script><img src=x onerror="window.pwned=2">'
     Select(page.find_element(By.ID, "constraint-kind")).select_by_value("regex")

@@ -12,10 +12,10 @@ cache and takes their dot products with a few x rows; float32 batches past it go
 quantized GEMM (`quant_gemm`, rows decoded once per call), bfloat16 ones too up to
 `BF16_QUANT_GEMM_MAX_ROWS` rows (in float32); larger bfloat16 batches decode the weight into a
 scratch buffer the model owns (`DecodeScratch`, reused by every layer) and call PyTorch's GEMM.
-On CPUs with AMX, bfloat16 batches of `AMX_MIN_ROWS` rows or more take `kernels/gguf_amx.c`
-instead: the weight decoded to bfloat16 a block at a time into cache, multiplied on the tiles
-(no scratch, no oneDNN reorder of it per call). Those products keep the activations as they
-are.
+On CPUs with AMX, bfloat16 batches of `amx_min_rows` rows or more (`AMX_MIN_ROWS`, later for a
+weight mostly of Q6_K blocks, whose decoding costs more) take `kernels/gguf_amx.c` instead: the
+weight decoded to bfloat16 a block at a time into cache, multiplied on the tiles (no scratch, no
+oneDNN reorder of it per call). Those products keep the activations as they are.
 
 With `round_activations` (the loader's choice where the CPU has integer dot products: see
 `loader.resolve_gguf_activations`), DECODE batches (the decode step's `LINEAR_GGUF_A8` and
@@ -53,7 +53,6 @@ BLOCK_TYPES = {
 }
 GGUF_MAX_PARTS = ABI.constants["GGUF_MAX_PARTS"]
 GGUF_FLOAT_GEMV_MAX_ROWS = ABI.constants["GGUF_FLOAT_GEMV_MAX_ROWS"]
-AMX_MIN_ROWS = ABI.constants["AMX_MIN_ROWS"]
 _PART = ABI.structs["gguf_part_t"]
 # bfloat16 rows up to which products run in float32 through the quantized GEMM; larger batches
 # (prefill) decode the weight into the scratch for PyTorch's bf16 GEMM (AMX where present).
@@ -119,6 +118,7 @@ class GGUFWeight(QuantizedWeight):
             *(_PART(BLOCK_TYPES[p.type_name], p.rows, p.data.ctypes.data) for p in parts)
         )
         self.address = ctypes.addressof(self._table)
+        self.amx_min_rows = kernels.gguf_amx_min_rows(self.address, self.out_features)
 
     def shape(self) -> tuple[int, int]:
         return self.out_features, self.in_features
@@ -128,7 +128,7 @@ class GGUFWeight(QuantizedWeight):
         return sum(p.data.nbytes for p in self.parts)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """`x @ W.T` with x as it is: bfloat16 batches of AMX_MIN_ROWS rows or more on AMX
+        """`x @ W.T` with x as it is: bfloat16 batches of `amx_min_rows` rows or more on AMX
         tiles where the CPU has them; else the GEMV for a few rows, the quantized GEMM for
         float32 batches and bfloat16 ones up to BF16_QUANT_GEMM_MAX_ROWS rows (in float32), and
         larger ones through the scratch and PyTorch's GEMM."""
@@ -149,7 +149,7 @@ class GGUFWeight(QuantizedWeight):
         return F.linear(x, self.decoded(x.dtype, self.scratch))
 
     def matmul_decode(self, x: torch.Tensor) -> torch.Tensor:
-        """A DECODE batch's product: rounding activations, the int8 kernel (below AMX_MIN_ROWS
+        """A DECODE batch's product: rounding activations, the int8 kernel (below `amx_min_rows`
         rows where `matmul` takes AMX tiles, faster from there); else `matmul`."""
         if self.round_activations and not self._amx_rows(x):
             out = kernels.gguf_gemv_a8(x.contiguous(), self.address, self.out_features)
@@ -157,10 +157,13 @@ class GGUFWeight(QuantizedWeight):
                 return out
         return self.matmul(x)
 
-    @staticmethod
-    def _amx_rows(x: torch.Tensor) -> bool:
-        """Whether `matmul` takes AMX tiles for x (bfloat16, AMX_MIN_ROWS rows or more)."""
-        return x.dtype == torch.bfloat16 and x.shape[0] >= AMX_MIN_ROWS and kernels.amx_available()
+    def _amx_rows(self, x: torch.Tensor) -> bool:
+        """Whether `matmul` takes AMX tiles for x (bfloat16, `amx_min_rows` rows or more)."""
+        return (
+            x.dtype == torch.bfloat16
+            and x.shape[0] >= self.amx_min_rows
+            and kernels.amx_available()
+        )
 
     def matmul_rows(self, x: torch.Tensor) -> torch.Tensor | None:
         """float32: the GEMM (rows independent) for every row count; bf16: the GEMV in chunks
@@ -223,7 +226,7 @@ class GGUFWeight(QuantizedWeight):
     def native_rows(self, dtype: torch.dtype) -> int:
         """Any batch in float32 (the C step runs the quantized GEMM past the GEMV's rows),
         rounding activations, or in bfloat16 with AMX (the C step's AMX kernel from
-        AMX_MIN_ROWS rows); else the GEMV's rows."""
+        `amx_min_rows` rows); else the GEMV's rows."""
         if self.round_activations or dtype == torch.float32 or kernels.amx_available():
             return NATIVE_MAX_ROWS
         return QGEMV_MAX_ROWS

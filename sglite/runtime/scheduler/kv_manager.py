@@ -13,10 +13,25 @@ pool before it is locked, and `req.match_split` says how many tokens came from w
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from sglite.runtime.cache.kv_pool import KVPool
 from sglite.runtime.cache.radix_cache import RadixCache, TreeNode
 from sglite.runtime.cache.tiered_cache import TieredRadixCache
 from sglite.runtime.scheduler.request import Req
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A request's first admission as the web UI's cache view shows it. `node` is a reference
+    only: it may leave the tree later. `segments`: the request's reused / recomputed /
+    computed prompt tokens when it reused cached segments, else None."""
+
+    rid: str
+    node: TreeNode | None
+    cached_tokens: int
+    prompt_tokens: int
+    segments: dict[str, int] | None
 
 
 class RequestKVManager:
@@ -30,9 +45,7 @@ class RequestKVManager:
         self.cache_enabled = cache_enabled
         self.min_cached_prefix = min_cached_prefix
         self.tiered = cache if isinstance(cache, TieredRadixCache) and cache_enabled else None
-        # The latest first admission: (rid, its matched node, matched and prompt tokens), for
-        # the web UI's cache view. A reference only: the node may leave the tree later.
-        self.last_admission: tuple[str, TreeNode | None, int, int] | None = None
+        self.last_admission: Admission | None = None  # the latest, for the web UI
 
     def match_and_lock(self, req: Req) -> int:
         """Attach the longest usable cached prefix to `req` and lock it. Returns its length.
@@ -66,7 +79,9 @@ class RequestKVManager:
     def record_admission(self, req: Req) -> None:
         """Count a request's first admission: its cache hit per tier."""
         req.cached_tokens_details = dict(req.match_split)
-        self.last_admission = (req.rid, req.last_node, req.cached_len, len(req.prompt_ids))
+        self.last_admission = Admission(
+            req.rid, req.last_node, req.cached_len, len(req.prompt_ids), req.segment_counts
+        )
         if self.tiered is not None and req.last_node is not None:
             self.tiered.record_hits(req.last_node, req.match_split)
 

@@ -344,7 +344,7 @@ class Scheduler:
     def cache_tree(self, depth: int, max_nodes: int, text_tokens: int) -> dict[str, Any]:
         """A bounded snapshot of the radix tree (`cache/tree_view.py`) with the path the latest
         admitted request matched, and the live statistics (`info`)."""
-        rid, node, matched, prompt = self.kv.last_admission or (None, None, 0, 0)
+        last = self.kv.last_admission
         decode = lambda ids: _decode_span(self.tokenizer, ids)
         tree = snapshot_tree(
             self.cache,
@@ -352,10 +352,17 @@ class Scheduler:
             depth=depth,
             max_nodes=max_nodes,
             text_tokens=text_tokens,
-            highlight=node,
+            highlight=None if last is None else last.node,
         )
-        last = {"rid": rid, "cached_tokens": matched, "prompt_tokens": prompt} if rid else None
-        return {**tree, "last_request": last, "stats": self.info()}
+        request = None
+        if last is not None:
+            request = {
+                "rid": last.rid,
+                "cached_tokens": last.cached_tokens,
+                "prompt_tokens": last.prompt_tokens,
+                "segment_tokens": last.segments,
+            }
+        return {**tree, "last_request": request, "stats": self.info()}
 
     def info(self) -> dict[str, Any]:
         """Live statistics for get_server_info."""

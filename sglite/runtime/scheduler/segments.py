@@ -223,18 +223,19 @@ class SegmentAssembler:
             len(req.prompt_ids), exact, reused, self._recompute(req, exact, reused)
         )
         req.cached_tokens, req.admitted_once = exact, True
-        cache.record_query(len(req.prompt_ids), exact)
-        kv.record_admission(req)
         req.exact_len = plan.reused[0][0] if plan.reused else None
         req.segment_counts = {
             "reused": plan.reused_tokens,
             "recomputed": plan.recomputed,
             "computed": plan.computed_tokens,
         }
+        cache.record_query(len(req.prompt_ids), exact)
+        kv.record_admission(req)
         req.input_logprobs_done = True
         logits = self.runner.forward(self._rows_batch(req, plan.rows))
         self.stats.prefill_tokens_computed += len(plan.rows)
         self.stats.segment_reused_tokens += plan.reused_tokens
+        self.stats.segment_recomputed_tokens += plan.recomputed
         self.sampler.sample_and_append([req], logits)
         if not req.finished:
             self.table.move(req, ReqStatus.RUNNING)

@@ -51,7 +51,12 @@ class SchedulerStats:
     disaggregation_failed_transfers: int = _counter(
         "KV hand-overs that failed, timed out or were cancelled"
     )
-    segment_reused_tokens: int = _counter()
+    segment_reused_tokens: int = _counter(
+        "Prompt tokens whose KV was reused from a cached segment at a new position"
+    )
+    segment_recomputed_tokens: int = _counter(
+        "Reused segment tokens recomputed to restore their attention to the prompt before them"
+    )
 
     def as_dict(self) -> dict[str, int]:
         """Every counter by name (get_server_info's flat keys)."""

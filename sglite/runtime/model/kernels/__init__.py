@@ -18,6 +18,7 @@ from sglite.runtime.model.kernels.abi import ABI
 from sglite.runtime.model.kernels.matmul import (  # noqa: F401 (the package's API)
     amx_available,
     dense_gemv,
+    gguf_amx_min_rows,
     gguf_dequantize,
     gguf_gemm,
     gguf_gemm_amx,

@@ -137,21 +137,35 @@ static int grow(void **buf, int64_t *cap, int64_t bytes) {
 
 /* A Q4_K super-block's 256 values as bf16. A group of 32 has 16 possible values (d sc q -
  * dmin mn for q = 0..15): they are computed and rounded once, as the float decoder computes
- * each, and the nibbles look them up (one permute per 32 values). */
+ * each, and the nibbles look them up. The eight groups' scales and mins are unpacked together;
+ * one vector holds the tables of a chunk's two groups (low nibbles index 0-15, high 16-31). */
 static inline void q4k_bf16(const uint8_t *b, uint16_t *out) {
   const float d = half(b), dmin = half(b + 2);
+  uint32_t w[3];
+  memcpy(w, b + 4, 12);
+  const uint32_t low6 = 0x3f3f3f3f, four = 0x0f0f0f0f, two = 0x03030303;
+  const __m128i sc = _mm_setr_epi32((int)(w[0] & low6),
+                                    (int)((w[2] & four) | (((w[0] >> 6) & two) << 4)), 0, 0);
+  const __m128i mn = _mm_setr_epi32((int)(w[1] & low6),
+                                    (int)(((w[2] >> 4) & four) | (((w[1] >> 6) & two) << 4)), 0, 0);
+  float scale[8], offset[8]; /* d sc and -dmin mn of each group */
+  _mm256_storeu_ps(scale, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc)),
+                                        _mm256_set1_ps(d)));
+  _mm256_storeu_ps(offset, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mn)),
+                                         _mm256_set1_ps(-dmin)));
   const __m512 q = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i second = _mm512_set1_epi16(16);
   for (int c = 0; c < 4; c++) {
     const __m256i bytes = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * c));
-    for (int h = 0; h < 2; h++) {
-      int sc, mn;
-      k_scale_min(b + 4, 2 * c + h, &sc, &mn);
-      const __m512 values =
-          _mm512_fmadd_ps(q, _mm512_set1_ps(d * (float)sc), _mm512_set1_ps(-dmin * (float)mn));
-      const __m512i table = _mm512_castsi256_si512(to_bf16x16(values));
-      const __m512i nibbles = _mm512_cvtepu8_epi16(h ? high4(bytes) : low4(bytes));
-      _mm512_storeu_si512(out + 64 * c + 32 * h, _mm512_permutexvar_epi16(nibbles, table));
-    }
+    const int g = 2 * c;
+    const __m512 lo = _mm512_fmadd_ps(q, _mm512_set1_ps(scale[g]), _mm512_set1_ps(offset[g]));
+    const __m512 hi =
+        _mm512_fmadd_ps(q, _mm512_set1_ps(scale[g + 1]), _mm512_set1_ps(offset[g + 1]));
+    const __m512i tables = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+    const __m512i first_idx = _mm512_cvtepu8_epi16(low4(bytes));
+    const __m512i second_idx = _mm512_or_si512(_mm512_cvtepu8_epi16(high4(bytes)), second);
+    _mm512_storeu_si512(out + 64 * c, _mm512_permutexvar_epi16(first_idx, tables));
+    _mm512_storeu_si512(out + 64 * c + 32, _mm512_permutexvar_epi16(second_idx, tables));
   }
 }
 
@@ -232,23 +246,39 @@ static void store_y(const gemm_args *a, const float *c, int64_t n0, int64_t m0) 
 
 /* C tiles of weight rows w0/w1 (bf16, row stride `wstride` values) by packed x tiles x0/x1
  * over `steps` steps of KSTEP values, added to the sums in `c` (from zero when `first`) and
- * stored back there. */
+ * stored back there. x1 NULL (a lone last x tile): only the two tiles of x0, half the products
+ * (a batch of at most 16 rows would otherwise pay for 32). */
 static inline void tile_product(const uint16_t *w0, const uint16_t *w1, int64_t wstride,
                                 const uint16_t *x0, const uint16_t *x1, int64_t steps, float *c,
                                 int first) {
   const size_t xtile = (size_t)TILE * KSTEP;
+  const size_t stride = (size_t)wstride * sizeof(uint16_t);
   if (first) {
     _tile_zero(0);
-    _tile_zero(1);
     _tile_zero(2);
-    _tile_zero(3);
   } else {
     _tile_loadd(0, c, 64);
-    _tile_loadd(1, c + TILE * TILE, 64);
     _tile_loadd(2, c + 2 * TILE * TILE, 64);
+  }
+  if (x1 == NULL) {
+    for (int64_t s = 0; s < steps; s++) {
+      _tile_loadd(4, w0 + s * KSTEP, stride);
+      _tile_loadd(5, w1 + s * KSTEP, stride);
+      _tile_loadd(6, x0 + s * xtile, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(2, 5, 6);
+    }
+    _tile_stored(0, c, 64);
+    _tile_stored(2, c + 2 * TILE * TILE, 64);
+    return;
+  }
+  if (first) {
+    _tile_zero(1);
+    _tile_zero(3);
+  } else {
+    _tile_loadd(1, c + TILE * TILE, 64);
     _tile_loadd(3, c + 3 * TILE * TILE, 64);
   }
-  const size_t stride = (size_t)wstride * sizeof(uint16_t);
   for (int64_t s = 0; s < steps; s++) {
     _tile_loadd(4, w0 + s * KSTEP, stride);
     _tile_loadd(5, w1 + s * KSTEP, stride);
@@ -291,7 +321,7 @@ static void gemm_blocks(void *p, int64_t b0, int64_t b1) {
       decode_block_span(a, n_base, a->block_rows, v0, count, block_buf);
       for (int64_t xp = 0; xp < pairs; xp++) {
         const uint16_t *x0 = a->packed + (2 * xp * steps + s0) * xtile;
-        const uint16_t *x1 = 2 * xp + 1 < xtiles ? x0 + steps * xtile : x0; /* a lone last tile */
+        const uint16_t *x1 = 2 * xp + 1 < xtiles ? x0 + steps * xtile : NULL; /* lone last */
         for (int64_t wp = 0; wp < wpairs; wp++) {
           const uint16_t *w0 = block_buf + 2 * wp * TILE * count, *w1 = w0 + TILE * count;
           float *c = sums_buf + (slots == 1 ? 0 : (xp * wpairs + wp) * quad);
@@ -338,3 +368,10 @@ int gguf_gemm_amx(int dtype, const void *x, const gguf_part_t *parts, void *y, i
 
 int64_t amx_gemm_available(void) { return 0; }
 #endif
+
+int64_t gguf_amx_min_rows(const gguf_part_t *parts, int64_t n_out) {
+  int64_t q6k = 0;
+  for (int64_t seen = 0, i = 0; seen < n_out && parts[i].rows > 0; seen += parts[i].rows, i++)
+    if (parts[i].type == GGML_TYPE_Q6_K) q6k += parts[i].rows;
+  return 2 * q6k > n_out ? AMX_MIN_ROWS_Q6_K : AMX_MIN_ROWS;
+}

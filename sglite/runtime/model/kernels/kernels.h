@@ -28,8 +28,9 @@ enum { INT4_FLOAT_GEMV_MAX_ROWS = 2 };
 /* float32 rows a GGUF block weight goes through gguf_gemv before the quantized GEMM. */
 enum { GGUF_FLOAT_GEMV_MAX_ROWS = 2 };
 /* bf16 rows from which a GGUF weight's product runs on AMX tiles where the CPU has them
- * (gguf_amx.c decodes the whole weight per call, which fewer rows' GEMVs do not repay). */
-enum { AMX_MIN_ROWS = 6 };
+ * (gguf_amx.c decodes the whole weight per call, which fewer rows' GEMVs do not repay); a
+ * weight mostly of Q6_K blocks, slower to decode, from AMX_MIN_ROWS_Q6_K (gguf_amx_min_rows). */
+enum { AMX_MIN_ROWS = 6, AMX_MIN_ROWS_Q6_K = 9 };
 /* Rows decode_layers takes (quantized layers in bf16: at most QGEMV_MAX_ROWS; the caller picks). */
 enum { NATIVE_MAX_ROWS = 256 };
 
@@ -178,6 +179,9 @@ int gguf_gemv_a8(int dtype, const void *x, const gguf_part_t *parts, void *y, in
 int gguf_gemm_amx(int dtype, const void *x, const gguf_part_t *parts, void *y, int64_t rows,
                   int64_t n_out, int64_t k, int threads);
 int64_t amx_gemm_available(void);
+/* The bf16 rows from which a weight of these parts is multiplied on AMX tiles: AMX_MIN_ROWS_Q6_K
+ * when Q6_K parts hold most of its rows, else AMX_MIN_ROWS. */
+int64_t gguf_amx_min_rows(const gguf_part_t *parts, int64_t n_out);
 
 /* quant_gemm.c, panel_gemm.c. quant_gemm with row_independent != 0 never takes its panel path
  * (used from GEMM_PANEL_MIN_ROWS rows, whose tiles sum over k in another order), so a row's

@@ -303,6 +303,13 @@ def amx_available() -> bool:
     return lib is not None and bool(lib.amx_gemm_available())
 
 
+def gguf_amx_min_rows(parts: int, n_out: int) -> int:
+    """The bf16 rows from which a GGUF weight (a `gguf_part_t` array at `parts`) is multiplied
+    on AMX tiles (kernels.h `gguf_amx_min_rows`: later for weights mostly of Q6_K blocks)."""
+    lib = native.load()
+    return int(lib.gguf_amx_min_rows(parts, n_out)) if lib else ABI.constants["AMX_MIN_ROWS"]
+
+
 def _call_gguf(kernel: Any, x: torch.Tensor, parts: int, n_out: int) -> torch.Tensor | None:
     """`out = x @ W.T` by a GGUF block kernel (gguf_gemv, gguf_gemv_a8, gguf_gemm_amx), None on
     refusal."""

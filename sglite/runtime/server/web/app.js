@@ -243,12 +243,21 @@ async function pollCache() {
 
 const percent = (x) => (100 * x).toFixed(1) + "%";
 
+// What a request that reused cached segments took from them (docs/segments.md).
+function segmentNote(segments) {
+  if (!segments) return "";
+  return " Reused segments gave " + segments.reused + " more (" + segments.recomputed +
+    " of their tokens recomputed); " + segments.computed + " were computed.";
+}
+
 function renderCache(snapshot) {
   const s = snapshot.stats;
   $("hit-rate").textContent = percent(s.cache_hit_rate);
   $("pool-usage").textContent = percent(s.pool_usage);
   $("cache-size").textContent = s.cache_size_tokens;
   $("evicted").textContent = s.evicted_tokens;
+  $("segment-reused").textContent = s.segment_reused_tokens +
+    (s.segment_recomputed_tokens ? " (+" + s.segment_recomputed_tokens + " recomputed)" : "");
   const tiers = Object.entries(s.hicache || {}).filter(([name]) => name !== "device");
   $("tiers").hidden = tiers.length === 0;
   $("tiers").textContent = "Lower tiers: " +
@@ -257,7 +266,7 @@ function renderCache(snapshot) {
   const last = snapshot.last_request;
   $("last-request").textContent = last
     ? "Last request: " + last.cached_tokens + " of its " + last.prompt_tokens +
-      " prompt tokens came from the cache (highlighted path)."
+      " prompt tokens came from the cache (highlighted path)." + segmentNote(last.segment_tokens)
     : "No request admitted yet.";
   const onPath = new Set(snapshot.highlight);
   const items = new Map();
