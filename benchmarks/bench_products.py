@@ -1,0 +1,99 @@
+"""A GGUF model's projections by row count: the int8 GEMV (gguf_gemv_a8) against the AMX tiles
+(gguf_gemm_amx), the weights as the model holds them, bfloat16 x.
+
+For each kind of weight in the model (the fused q/k/v, the MLP's gate_up, a down projection of
+each block type, the output head) and each row count, the two kernels run in alternation,
+`--rounds` times each, and the table prints each one's best time in ms, their ratio and which
+one the model takes at that count (`GGUFWeight.amx_min_rows`, from the weight's block types).
+Where the CPU has no AMX only the GEMV is timed. These are the data behind `AMX_MIN_ROWS` and
+`AMX_MIN_ROWS_Q6_K` (kernels.h): a verification of a speculative draft, or a small decode
+batch, is such a product per layer.
+
+Run: python -m benchmarks.bench_products [--model qwen2.5-coder-1.5b] [--rows 1,2,4,6,8,9,12,16]
+[--rounds 15]
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from benchmarks.common import command_line, make_parser, markdown_table
+from benchmarks.host import cpu_line
+from sglite.runtime.model import kernels
+from sglite.runtime.model.catalog import resolve_model_path
+from sglite.runtime.model.gguf_weight import GGUFWeight
+from sglite.runtime.model.loader import load_model
+
+
+def weights_by_kind(model) -> dict[str, GGUFWeight]:
+    """One weight of each (projection, block types) kind in the model, and the head."""
+    found: dict[str, GGUFWeight] = {}
+    for layer in model.layers:
+        for name, linear in (
+            ("qkv", layer.self_attn.qkv_proj),
+            ("gate_up", layer.mlp.gate_up_proj),
+            ("down", layer.mlp.down_proj),
+        ):
+            weight = linear.quantized
+            if isinstance(weight, GGUFWeight):
+                found.setdefault(f"{name} {weight.kind}", weight)
+    head = getattr(model, "lm_head_quantized", None)
+    if isinstance(head, GGUFWeight):
+        found[f"head {head.kind}"] = head
+    return found
+
+
+def best_ms(fn: Callable[[], object], rounds: int) -> float:
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times) * 1e3
+
+
+def measure(weight: GGUFWeight, rows: int, rounds: int) -> tuple[float, float | None]:
+    """(GEMV ms, AMX ms or None), alternating one call of each per round."""
+    x = torch.randn(rows, weight.in_features).to(torch.bfloat16)
+    gemv = lambda: kernels.gguf_gemv_a8(x, weight.address, weight.out_features)  # noqa: E731
+    amx = lambda: kernels.gguf_gemm_amx(x, weight.address, weight.out_features)  # noqa: E731
+    has_amx = kernels.amx_available()
+    gemv(), has_amx and amx()  # warm
+    gemv_times, amx_times = [], []
+    for _ in range(rounds):
+        gemv_times.append(best_ms(gemv, 1))
+        if has_amx:
+            amx_times.append(best_ms(amx, 1))
+    return min(gemv_times), (min(amx_times) if amx_times else None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser(__doc__)
+    parser.add_argument("--model", default="qwen2.5-coder-1.5b", help="GGUF path or known name")
+    parser.add_argument("--rows", default="1,2,4,5,6,8,9,12,16")
+    parser.add_argument("--rounds", type=int, default=15)
+    args = parser.parse_args(argv)
+    loaded = load_model(
+        resolve_model_path(args.model), dtype="bfloat16", quantization="auto", progress=False
+    )
+    print(command_line("benchmarks.bench_products"))
+    print(f"host: {cpu_line()}; AMX kernel: {'yes' if kernels.amx_available() else 'no'}")
+    table = []
+    for kind, weight in weights_by_kind(loaded.model).items():
+        for rows in (int(r) for r in args.rows.split(",")):
+            gemv_ms, amx_ms = measure(weight, rows, args.rounds)
+            takes = "amx" if amx_ms is not None and rows >= weight.amx_min_rows else "gemv"
+            ratio = "-" if amx_ms is None else f"{gemv_ms / amx_ms:.2f}"
+            amx_text = "-" if amx_ms is None else f"{amx_ms:.2f}"
+            shape = "x".join(map(str, weight.shape()))
+            table.append([kind, shape, str(rows), f"{gemv_ms:.2f}", amx_text, ratio, takes])
+    heads = ["weight", "shape", "rows", "int8 GEMV ms", "AMX ms", "GEMV / AMX", "model takes"]
+    print(markdown_table(heads, table, right={2, 3, 4, 5}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
