@@ -40,9 +40,14 @@ configuration per workload. A llama-server that crashes (at a start or during a 
 dropped from the later rounds and reported: its cells say "crashed at start-up (exit -11
 SIGSEGV, log: PATH)" and the lines under the table give every configuration's status.
 
+With `--concurrency N` (N > 1) a second table follows: each workload's prompt sent N times at
+once (a batch of N decoding requests, each drafting from its own text), both engines alternated
+round by round; its rates are all N requests' output tokens over the batch's time, with a
+1-token run of the same batch subtracted (prefill drops out).
+
 Run: python -m benchmarks.bench_spec [--model M] [--rounds 3] [--tokens 96] [--quantization auto]
      [--algorithm ngram|draft] [--draft-model-path P] [--draft-quantization Q]
-     [--draft-num-layers N] [--no-llama] [--workloads NAME_PREFIX ...]
+     [--draft-num-layers N] [--no-llama] [--workloads NAME_PREFIX ...] [--concurrency N]
 """
 
 from __future__ import annotations
@@ -137,6 +142,56 @@ def decode_run(
     total = time.perf_counter() - start
     done = out["meta_info"]["completion_tokens"] - 1
     return done / max(total - first, 1e-9), out["meta_info"], out["output_ids"]
+
+
+def batch_run(
+    engine: sglite.Engine, prompt: str, tokens: int, n: int
+) -> tuple[float, int, int, list[list[int]]]:
+    """(decode tok/s of the batch, drafted, accepted, each answer's ids) for `n` copies of
+    `prompt` at once, from a flushed cache with the prompt cached beforehand."""
+    params = {"temperature": 0, "max_new_tokens": 1}
+    engine.flush_cache()
+    engine.generate(prompt, params)
+    start = time.perf_counter()
+    engine.generate([prompt] * n, [params] * n)
+    first = time.perf_counter() - start
+    start = time.perf_counter()
+    outs = engine.generate([prompt] * n, [{**params, "max_new_tokens": tokens}] * n)
+    total = time.perf_counter() - start
+    done = sum(out["meta_info"]["completion_tokens"] - 1 for out in outs)
+    drafted = sum(out["meta_info"].get("spec_draft_tokens", 0) for out in outs)
+    accepted = sum(out["meta_info"].get("spec_accepted_tokens", 0) for out in outs)
+    rate = done / max(total - first, 1e-9)
+    return rate, drafted, accepted, [out["output_ids"] for out in outs]
+
+
+def run_concurrent(
+    args: argparse.Namespace, plain: sglite.Engine, spec: sglite.Engine, names: list[str]
+) -> list[list[str]]:
+    """The `--concurrency` table's rows: per workload, both engines alternated `args.rounds`
+    times on a batch of `args.concurrency` copies of its prompt."""
+    rows = []
+    for name in names:
+        off, on, ratios, same = Tally(), Tally(), [], True
+        prompt, n = WORKLOADS[name], args.concurrency
+        for _ in range(args.rounds):
+            rate_off, _, _, answers = batch_run(plain, prompt, args.tokens, n)
+            rate_on, drafted, accepted, ids_on = batch_run(spec, prompt, args.tokens, n)
+            off.rates.append(rate_off)
+            on.rates.append(rate_on)
+            on.drafted += drafted
+            on.accepted += accepted
+            ratios.append(rate_on / rate_off)
+            same = same and ids_on == answers
+        ratio = statistics.median(ratios)
+        print(f"  {name}, {args.concurrency} at once: {ratio:.2f}x", flush=True)
+        rows.append(
+            [
+                name, f"{off.rate:.1f}", f"{on.rate:.1f}", f"{ratio:.2f}x", on.acceptance,
+                "yes" if same else "NO",
+            ]
+        )  # fmt: skip
+    return rows
 
 
 class LlamaServer:
@@ -253,6 +308,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--workloads", nargs="*", default=None, help="names (or name prefixes) of workloads to run"
     )
+    parser.add_argument(
+        "--concurrency", type=int, default=1, help="also each workload N requests at once"
+    )
     return parser.parse_args()
 
 
@@ -346,19 +404,30 @@ def main() -> None:
             f"{draft['num_layers']} layers"
         )
     llama = start_llama(args, info["model_path"])
-    rows = []
+    names = [
+        name
+        for name in WORKLOADS
+        if not args.workloads or any(name.startswith(w) for w in args.workloads)
+    ]
+    rows, concurrent = [], []
     try:
-        for name in WORKLOADS:
-            if args.workloads and not any(name.startswith(w) for w in args.workloads):
-                continue
-            reask = name in REASKED
-            rows.append(run_workload(args, plain, spec, llama, name, reask))
+        for name in names:
+            rows.append(run_workload(args, plain, spec, llama, name, name in REASKED))
             print(f"  {name}: {rows[-1].ratio:.2f}x", flush=True)
+        if args.concurrency > 1:
+            batch_names = [name for name in names if name not in REASKED]
+            concurrent = run_concurrent(args, plain, spec, batch_names)
     finally:
         plain.shutdown()
         spec.shutdown()
         llama.close()
     print_table(args, rows, llama)
+    if concurrent:
+        heads = [
+            "workload", f"off, {args.concurrency} at once (tok/s)", f"{args.algorithm} (tok/s)",
+            "speedup (median)", "acceptance", "same output",
+        ]  # fmt: skip
+        print("\n" + markdown_table(heads, concurrent, {1, 2, 3, 4}, pad=False))
 
 
 @dataclass
