@@ -126,7 +126,13 @@ class AttentionPlan:
                     start += ext
                     continue
                 mask: torch.Tensor | None = None
-                if window is None and prefix > 0:
+                if b.scattered:  # each token sees the slots up to its own position
+                    q_pos = b.positions[start : start + ext][:, None]
+                    k_pos = torch.arange(total, device=self.device)[None, :]
+                    mask = k_pos <= q_pos
+                    if window is not None:
+                        mask &= k_pos > q_pos - window
+                elif window is None and prefix > 0:
                     # Causal aligned to the end: query j sees keys 0..prefix+j.
                     mask = _lower_right_causal(ext, total, self.device)
                 elif window is not None and (prefix > 0 or total > window):
@@ -172,7 +178,8 @@ def extend_attention(
     pool). Returns `[T, heads, D]`; rows served by the decode path are left for the caller."""
     batch = plan.batch
     heads, dim = q.shape[1], q.shape[2]
-    if plan.native_extend and q.device.type == "cpu" and q.dtype == torch.bfloat16:
+    native = plan.native_extend and not batch.scattered  # its layout: new tokens at the end
+    if native and q.device.type == "cpu" and q.dtype == torch.bfloat16:
         native = kernels.extend_attention(
             q.flatten(1), k_cache, v_cache, plan.extend_layout(), heads, scale, window
         )
@@ -185,7 +192,7 @@ def extend_attention(
         out = q.new_empty(q.shape[0], heads, dim)
     for seq in seqs:
         qi = q[seq.start : seq.end].transpose(0, 1).unsqueeze(0)
-        if seq.prefix_len == 0:
+        if seq.prefix_len == 0 and not batch.scattered:
             # Nothing cached: the fresh K/V are exactly what the pool now holds.
             ki, vi = k[seq.start : seq.end], v[seq.start : seq.end]
         else:

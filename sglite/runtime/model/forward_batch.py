@@ -8,7 +8,10 @@ Invariants:
 - `prefix_lens[i] + extend_lens[i] == seq_lens[i]`; in DECODE mode every `extend_lens[i] == 1`.
 - `kv_slots[i]` (EXTEND only; DECODE uses `padded_slots`) lists the pool slots of all
   `seq_lens[i]` tokens of sequence i in order; its last `extend_lens[i]` entries are where this
-  pass writes the new tokens' K/V (`out_slots`).
+  pass writes the new tokens' K/V (`out_slots`). A `scattered` batch (`build_rows`: one
+  sequence whose new tokens sit at increasing `positions` anywhere in it, the other slots
+  holding K/V already) writes at those positions' slots instead; a token attends to the slots
+  up to its position.
 - `logit_rows` indexes rows of the flattened T tokens whose logits are returned, in order;
   `hidden_rows` (optional) those whose final hidden states (after the final norm, float32) the
   model stores in `hidden` (embeddings).
@@ -59,6 +62,8 @@ class ForwardBatch:
     # EXTEND only: ([n] rows, [n, hidden] embeddings) replacing those rows' token embeddings
     # (image features; `multimodal/vision_encoder.py`).
     input_embeds: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+    # EXTEND only: the new tokens sit at `positions` inside the sequence (see `build_rows`).
+    scattered: bool = False
 
     @property
     def decode_seq_lens(self) -> list[int]:
@@ -129,6 +134,37 @@ class ForwardBatch:
             batch.decode_seqs = list(table_seqs)
             batch.decode_rows = as_long([starts[i] for i in table_seqs])
         return batch
+
+
+def build_rows(
+    token_ids: list[int],
+    positions: list[int],
+    kv_slots: torch.Tensor,
+    logit_rows: list[int],
+    device: torch.device | str = "cpu",
+) -> ForwardBatch:
+    """A scattered EXTEND batch (see the module docstring): one sequence of `len(kv_slots)`
+    tokens whose tokens at increasing `positions` (`token_ids`) are computed in one pass, as a
+    prefill computes them, attending to every slot up to their position; the other slots'
+    K/V are read as they are. The last position must be the sequence's last."""
+    if not positions or positions[-1] != kv_slots.shape[0] - 1:
+        raise ValueError("a rows batch ends at its sequence's last position")
+    as_long = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
+    slots = kv_slots.to(device)
+    rows = as_long(positions)
+    n, total = len(positions), int(kv_slots.shape[0])
+    return ForwardBatch(
+        mode=ForwardMode.EXTEND,
+        input_ids=as_long(token_ids),
+        positions=rows,
+        out_slots=slots.index_select(0, rows),
+        prefix_lens=[total - n],
+        extend_lens=[n],
+        seq_lens=[total],
+        kv_slots=[slots],
+        logit_rows=as_long(logit_rows),
+        scattered=True,
+    )
 
 
 def _single_token_seqs(extend_lens: list[int], prefix_lens: list[int]) -> list[int]:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
+from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode, build_rows
 from sglite.runtime.model.repositioning import reposition
 from sglite.runtime.scheduler.budget import KVBudget
 from sglite.runtime.scheduler.io import GenerateInput, RequestOutput
@@ -292,14 +292,8 @@ class SegmentAssembler:
         return most_deviating(positions, deviation.cpu(), self.fraction)
 
     def _rows_batch(self, req: Req, rows: list[int]) -> ForwardBatch:
-        """The rows as DECODE rows: row p attends to the request's slots up to p."""
+        """The rows in one pass computed as a prefill computes them (`build_rows`): row p
+        attends to the request's slots up to p."""
         table = req.slot_mirror.view(req.kv_slots)
-        return ForwardBatch.build(
-            ForwardMode.DECODE,
-            [[req.prompt_ids[p]] for p in rows],
-            rows,
-            [req.kv_slots[: p + 1] for p in rows],
-            [len(rows) - 1],
-            self.runner.device,
-            slot_tensors=[table[: p + 1] for p in rows],
-        )
+        ids = [req.prompt_ids[p] for p in rows]
+        return build_rows(ids, rows, table, [len(rows) - 1], self.runner.device)
