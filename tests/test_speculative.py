@@ -69,6 +69,40 @@ def test_proposes_what_followed_the_longest_earlier_match():
     assert proposer.propose(_req([1, 2, 3], rid="t")) == []  # nothing repeats
 
 
+def test_after_an_edit_the_draft_follows_the_source_past_the_replaced_token():
+    """Copying with a change (10 written as 20): the suffix ending in 20 occurs nowhere, but
+    the copy goes on after the replaced token, so that is the next draft; a pointer whose own
+    draft fails at once, or that tokens written without a draft made stale, is dropped."""
+    prompt = [100, 1, 2, 3, 10, 4, 5, 6, 7, 8, 101]
+
+    def at(output: list[int], rid: str = "r") -> SimpleNamespace:
+        req = _req(prompt, rid)
+        req.output_ids, req.num_fill = output, len(prompt) + len(output)
+        return req
+
+    def edited_once(proposer: NgramProposer, rid: str = "r") -> None:
+        assert proposer.propose(at([1, 2], rid)) == [3, 10, 4, 5]
+        proposer.record(at([1, 2], rid), drafted=4, accepted=1, needed=LOW_ACCEPTANCE)
+
+    proposer = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=2, max_match=4)
+    edited_once(proposer)
+    edited = [1, 2, 3, 20]  # the model's own token replaced 10
+    assert proposer.propose(at(edited)) == [4, 5]  # just past what was accepted: 2 tokens
+    proposer.record(at(edited), drafted=2, accepted=2, needed=LOW_ACCEPTANCE)
+    assert proposer.propose(at(edited + [4, 5, 6])) == [7, 8, 101, 1]  # matches again
+    assert proposer.propose(at(edited, rid="fresh")) == []  # no pointer: nothing matches
+    # Its own draft rejected at once: the pointer goes.
+    dropped = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=2, max_match=4)
+    edited_once(dropped)
+    assert dropped.propose(at(edited)) == [4, 5]
+    dropped.record(at(edited), drafted=2, accepted=0, needed=LOW_ACCEPTANCE)
+    assert dropped.propose(at(edited + [30])) == []
+    # Stale: a token was written after the verification without a draft.
+    stale = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=2, max_match=4)
+    edited_once(stale)
+    assert stale.propose(at(edited + [30])) == []
+
+
 def test_the_radix_cache_drafts_what_followed_the_whole_sequence():
     pool = KVPool(64, num_layers=1, num_kv_heads=1, head_dim=1, dtype=torch.float32)
     cache = RadixCache(pool)

@@ -172,7 +172,7 @@ class ServerArgs:
     disable_web_ui: bool = False
     # Reusable prompt segments (scheduler/segments.py): the share of reused segment tokens
     # recomputed with full attention (those whose K/V deviate most); 1.0 = exact.
-    segment_recompute_fraction: float = 0.15
+    segment_recompute_fraction: float = 0.25
     # Disaggregated prefill and decode (docs/pd.md): "prefill" computes prompts and hands their
     # KV to a decode server; "decode" receives that KV and generates; None = both here. The
     # prefill server answers KV requests on the bootstrap port; pages travel over TCP, or shared

@@ -18,6 +18,15 @@ windows) to where its latest occurrence ended, built incrementally as tokens are
 proposal costs a few dictionary lookups however long the request is. The draft length adapts
 to the request's acceptance: it grows while whole drafts are accepted, shrinks to just past
 what was accepted, and speculation pauses for a request whose drafts are mostly rejected.
+
+Edits: a request copying a text with changes (renaming a variable, filling a template) writes
+its own token where the source had another, and the suffix it then ends with (the new name)
+occurs nowhere earlier, so no n-gram matches until the copy has run on for a while. The
+proposer therefore follows its source: after each verification it keeps the position in the
+text just past the token the model wrote in place of the first unaccepted one (a substitution
+of one token), and when no match of `STRONG_MATCH` tokens or more exists, it drafts what
+follows that position before trying shorter matches (which often point at the wrong one of
+several similar lines). A pointer whose own draft is rejected at its first token is dropped.
 """
 
 from __future__ import annotations
@@ -42,6 +51,9 @@ from sglite.runtime.scheduler.speculation import (
 # A draft from the radix cache continues the request's whole context, not just its last few
 # tokens, so it is accepted more often: it may be this many times the request's draft length.
 CACHE_DRAFT_SCALE = 4
+# A suffix match at least this long (or the longest window, if shorter) is drafted from before
+# the source pointer; shorter ones only where there is no pointer.
+STRONG_MATCH = 4
 
 
 @dataclass
@@ -53,6 +65,11 @@ class NgramState:
     ends: dict[int, dict[tuple[int, ...], int]] = field(default_factory=dict)
     history: TokenHistory = field(default_factory=TokenHistory)
     indexed: int = 0  # positions below this are indexed as n-gram ends
+    draft_start: int | None = None  # where the last draft was copied from (None: the cache)
+    from_pointer: bool = False  # whether the last draft was the pointer's
+    pointer: int | None = None  # the source position the copy continues at (module docstring)
+    proposed_at: int = 0  # the request's length when the last draft was proposed
+    pointer_for: int = -1  # the request's length the pointer was set for (else it is stale)
 
 
 class NgramProposer:
@@ -86,27 +103,42 @@ class NgramProposer:
         if length <= 0:
             return []
         tokens = state.history.sync(req)
+        state.draft_start, state.from_pointer, state.proposed_at = None, False, len(tokens)
+        if state.pointer_for != len(tokens):  # tokens written without a draft since
+            state.pointer = None
         if self.cache is not None:
             room = min(draft_room(req, self.context_len), MAX_DRAFT_TOKENS)
             cached = cached_continuation(self.cache, tokens, min(room, CACHE_DRAFT_SCALE * length))
             if cached:
                 return _tokens_only(cached)
         self._index(state, tokens)
-        for n in range(min(self.max_match, len(tokens) - 1), self.min_match - 1, -1):
-            end = state.ends.get(n, {}).get(tuple(tokens[-n:]))
-            if end is not None:
-                return _tokens_only(tokens[end : end + length])
-        return []
+        strong = min(STRONG_MATCH, self.max_match)
+        start = self._match(state, tokens, strong, self.max_match)
+        if start is None and state.pointer is not None and state.pointer < len(tokens) - 1:
+            start, state.from_pointer = state.pointer, True
+        if start is None:
+            start = self._match(state, tokens, self.min_match, strong - 1)
+        if start is None:
+            return []
+        state.draft_start = start
+        return _tokens_only(tokens[start : start + length])
 
     def speculate(self, req: Req, allowed: SourceFilter) -> Proposal | None:
         """`propose`'s draft as the NGRAM_SOURCE's."""
         return proposal_from(NGRAM_SOURCE, self.propose, req, allowed)
 
     def record(self, req: Req, drafted: int, accepted: int, needed: float) -> None:
-        """Adapt the request's draft length to a verification's result."""
+        """Adapt the request's draft length to a verification's result, and move the source
+        pointer past the model's own token (dropped when its own draft failed at once)."""
         state = self.states.get(req.rid)
-        if state is not None:
-            state.length.record(drafted, accepted, needed)
+        if state is None:
+            return
+        state.length.record(drafted, accepted, needed)
+        if state.draft_start is None or (state.from_pointer and accepted == 0):
+            state.pointer = None
+        else:
+            state.pointer = state.draft_start + accepted + 1
+            state.pointer_for = state.proposed_at + accepted + 1
 
     def forget(self, live: set[str]) -> None:
         """Drop the state of requests not in `live` (finished or aborted ones)."""
@@ -126,6 +158,16 @@ class NgramProposer:
             "speculative_ngram_match_window": [self.min_match, self.max_match],
             "speculative_ngram_from_radix_cache": self.cache is not None,
         }
+
+    @staticmethod
+    def _match(state: NgramState, tokens: list[int], low: int, high: int) -> int | None:
+        """Where what followed the latest earlier occurrence of the longest suffix of `low` to
+        `high` tokens starts, or None."""
+        for n in range(min(high, len(tokens) - 1), low - 1, -1):
+            end = state.ends.get(n, {}).get(tuple(tokens[-n:]))
+            if end is not None:
+                return end
+        return None
 
     def _index(self, state: NgramState, tokens: list[int]) -> None:
         """Index every n-gram ending before the last token (the suffix being matched must find
