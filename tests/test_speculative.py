@@ -16,7 +16,11 @@ import torch
 
 from sglite.runtime.cache.kv_pool import KVPool
 from sglite.runtime.cache.radix_cache import RadixCache
-from sglite.runtime.scheduler.ngram import NgramProposer, cached_continuation
+from sglite.runtime.scheduler.ngram import (
+    POINTER_DRAFT_TOKENS,
+    NgramProposer,
+    cached_continuation,
+)
 from sglite.runtime.scheduler.speculation import (
     HOPELESS_PROBE_EVERY,
     LOW_ACCEPTANCE,
@@ -89,7 +93,13 @@ def test_after_an_edit_the_draft_follows_the_source_past_the_replaced_token():
     edited = [1, 2, 3, 20]  # the model's own token replaced 10
     assert proposer.propose(at(edited)) == [4, 5]  # just past what was accepted: 2 tokens
     proposer.record(at(edited), drafted=2, accepted=2, needed=LOW_ACCEPTANCE)
-    assert proposer.propose(at(edited + [4, 5, 6])) == [7, 8, 101, 1]  # matches again
+    # Its drafts accepted, the pointer goes on (drafts of at most POINTER_DRAFT_TOKENS) ...
+    draft = proposer.propose(at(edited + [4, 5, 6]))
+    assert draft == [7, 8, 101][:POINTER_DRAFT_TOKENS]
+    proposer.record(at(edited + [4, 5, 6]), len(draft), len(draft), LOW_ACCEPTANCE)
+    # ... until a match of STRONG_MATCH tokens takes over.
+    assert POINTER_DRAFT_TOKENS == 2  # the model then wrote 101 itself
+    assert proposer.propose(at(edited + [4, 5, 6, 7, 8, 101])) == [1, 2, 3, 20, 4, 5, 6, 7]
     assert proposer.propose(at(edited, rid="fresh")) == []  # no pointer: nothing matches
     # Its own draft rejected at once: the pointer goes.
     dropped = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=2, max_match=4)

@@ -22,11 +22,13 @@ what was accepted, and speculation pauses for a request whose drafts are mostly 
 Edits: a request copying a text with changes (renaming a variable, filling a template) writes
 its own token where the source had another, and the suffix it then ends with (the new name)
 occurs nowhere earlier, so no n-gram matches until the copy has run on for a while. The
-proposer therefore follows its source: after each verification it keeps the position in the
+proposer therefore follows its source: after a draft is rejected it keeps the position in the
 text just past the token the model wrote in place of the first unaccepted one (a substitution
 of one token), and when no match of `STRONG_MATCH` tokens or more exists, it drafts what
 follows that position before trying shorter matches (which often point at the wrong one of
-several similar lines). A pointer whose own draft is rejected at its first token is dropped.
+several similar lines). Its drafts are at most `POINTER_DRAFT_TOKENS` long. A pointer whose
+own draft is rejected at its first token is dropped, and an n-gram draft accepted whole leaves
+none (a copy that goes on is matched as usual; one that ended would be drafted on at a loss).
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ CACHE_DRAFT_SCALE = 4
 # A suffix match at least this long (or the longest window, if shorter) is drafted from before
 # the source pointer; shorter ones only where there is no pointer.
 STRONG_MATCH = 4
+# A draft from the source pointer is a guess about an edit's extent: kept short, so that a wrong
+# one costs a verification of a few rows (about a plain step) rather than of a long draft.
+POINTER_DRAFT_TOKENS = 2
 
 
 @dataclass
@@ -94,8 +99,10 @@ class NgramProposer:
 
     def propose(self, req: Req) -> list[int]:
         """Up to the request's draft length of tokens: what follows its whole sequence in the
-        radix cache, else what followed the longest (from `max_match` down to `min_match`
-        tokens) earlier match of its current suffix; the `DraftProposer` bound holds."""
+        radix cache, else what followed the longest earlier match of its current suffix of
+        `STRONG_MATCH` to `max_match` tokens, else what follows the source pointer (module
+        docstring), else the longest shorter match down to `min_match`; the `DraftProposer`
+        bound holds."""
         state = self.states.get(req.rid)
         if state is None:
             state = self.states[req.rid] = NgramState(DraftLength(self.num_draft_tokens))
@@ -116,6 +123,7 @@ class NgramProposer:
         start = self._match(state, tokens, strong, self.max_match)
         if start is None and state.pointer is not None and state.pointer < len(tokens) - 1:
             start, state.from_pointer = state.pointer, True
+            length = min(length, POINTER_DRAFT_TOKENS)
         if start is None:
             start = self._match(state, tokens, self.min_match, strong - 1)
         if start is None:
@@ -128,13 +136,18 @@ class NgramProposer:
         return proposal_from(NGRAM_SOURCE, self.propose, req, allowed)
 
     def record(self, req: Req, drafted: int, accepted: int, needed: float) -> None:
-        """Adapt the request's draft length to a verification's result, and move the source
-        pointer past the model's own token (dropped when its own draft failed at once)."""
+        """Adapt the request's draft length to a verification's result and move the source
+        pointer past the model's own token: set after a rejected draft, kept while its own
+        drafts are accepted, dropped after an n-gram draft accepted whole or when its own
+        draft fails at once."""
         state = self.states.get(req.rid)
         if state is None:
             return
         state.length.record(drafted, accepted, needed)
-        if state.draft_start is None or (state.from_pointer and accepted == 0):
+        # A copy matched whole goes on by the n-gram lookup; the pointer only follows edits.
+        matched_whole = accepted == drafted and not state.from_pointer
+        failed = state.from_pointer and accepted == 0
+        if state.draft_start is None or matched_whole or failed:
             state.pointer = None
         else:
             state.pointer = state.draft_start + accepted + 1
