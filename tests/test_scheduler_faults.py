@@ -175,7 +175,7 @@ def test_failed_segment_assembly_answers_the_request_and_frees_its_slots(schedul
     real_forward = scheduler.runner.forward
 
     def failing_rows(fb: Any) -> Any:
-        if fb.mode.value == "decode":  # the assembly's rows (the segment's fill is a prefill)
+        if fb.scattered:  # the assembly's rows (the segment's fill is a plain prefill)
             raise RuntimeError("injected model fault")
         return real_forward(fb)
 
