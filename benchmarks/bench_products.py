@@ -46,28 +46,30 @@ def weights_by_kind(model) -> dict[str, GGUFWeight]:
     return found
 
 
-def best_ms(fn: Callable[[], object], rounds: int) -> float:
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times) * 1e3
+def call_ms(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1e3
 
 
 def measure(weight: GGUFWeight, rows: int, rounds: int) -> tuple[float, float | None]:
-    """(GEMV ms, AMX ms or None), alternating one call of each per round."""
+    """(GEMV ms, AMX ms or None where the CPU has no AMX): the best of `rounds`, the two
+    kernels alternated call by call after one warm-up call each."""
     x = torch.randn(rows, weight.in_features).to(torch.bfloat16)
-    gemv = lambda: kernels.gguf_gemv_a8(x, weight.address, weight.out_features)  # noqa: E731
-    amx = lambda: kernels.gguf_gemm_amx(x, weight.address, weight.out_features)  # noqa: E731
-    has_amx = kernels.amx_available()
-    gemv(), has_amx and amx()  # warm
-    gemv_times, amx_times = [], []
+    kernels_by_name = {"gemv": kernels.gguf_gemv_a8}
+    if kernels.amx_available():
+        kernels_by_name["amx"] = kernels.gguf_gemm_amx
+    calls = {
+        name: (lambda kernel=kernel: kernel(x, weight.address, weight.out_features))
+        for name, kernel in kernels_by_name.items()
+    }
+    for call in calls.values():
+        call()  # warm-up
+    best = dict.fromkeys(calls, float("inf"))
     for _ in range(rounds):
-        gemv_times.append(best_ms(gemv, 1))
-        if has_amx:
-            amx_times.append(best_ms(amx, 1))
-    return min(gemv_times), (min(amx_times) if amx_times else None)
+        for name, call in calls.items():
+            best[name] = min(best[name], call_ms(call))
+    return best["gemv"], best.get("amx")
 
 
 def main(argv: list[str] | None = None) -> int:

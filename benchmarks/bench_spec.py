@@ -126,32 +126,16 @@ LLAMA_SPEC = {
 }  # fmt: skip
 
 
-def decode_run(
-    engine: sglite.Engine, prompt: str, tokens: int, reask: bool
-) -> tuple[float, dict, list]:
-    """(decode tok/s, the run's meta_info, output ids) from a flushed cache with the prompt
-    cached beforehand (with `reask`, the whole answer too)."""
+def batch_run(
+    engine: sglite.Engine, prompt: str, tokens: int, n: int = 1, reask: bool = False
+) -> tuple[float, list[dict], list[list[int]]]:
+    """(decode tok/s of all `n` copies of `prompt` run at once, each run's meta_info, each
+    answer's ids) from a flushed cache with the prompt cached beforehand (with `reask`, the
+    whole answer too). The time of the same batch writing one token is subtracted, so prefill
+    drops out."""
     params = {"temperature": 0, "max_new_tokens": 1}
     engine.flush_cache()
     engine.generate(prompt, {**params, "max_new_tokens": tokens if reask else 1})
-    start = time.perf_counter()
-    engine.generate(prompt, params)
-    first = time.perf_counter() - start
-    start = time.perf_counter()
-    out = engine.generate(prompt, {**params, "max_new_tokens": tokens})
-    total = time.perf_counter() - start
-    done = out["meta_info"]["completion_tokens"] - 1
-    return done / max(total - first, 1e-9), out["meta_info"], out["output_ids"]
-
-
-def batch_run(
-    engine: sglite.Engine, prompt: str, tokens: int, n: int
-) -> tuple[float, int, int, list[list[int]]]:
-    """(decode tok/s of the batch, drafted, accepted, each answer's ids) for `n` copies of
-    `prompt` at once, from a flushed cache with the prompt cached beforehand."""
-    params = {"temperature": 0, "max_new_tokens": 1}
-    engine.flush_cache()
-    engine.generate(prompt, params)
     start = time.perf_counter()
     engine.generate([prompt] * n, [params] * n)
     first = time.perf_counter() - start
@@ -159,10 +143,16 @@ def batch_run(
     outs = engine.generate([prompt] * n, [{**params, "max_new_tokens": tokens}] * n)
     total = time.perf_counter() - start
     done = sum(out["meta_info"]["completion_tokens"] - 1 for out in outs)
-    drafted = sum(out["meta_info"].get("spec_draft_tokens", 0) for out in outs)
-    accepted = sum(out["meta_info"].get("spec_accepted_tokens", 0) for out in outs)
-    rate = done / max(total - first, 1e-9)
-    return rate, drafted, accepted, [out["output_ids"] for out in outs]
+    metas = [out["meta_info"] for out in outs]
+    return done / max(total - first, 1e-9), metas, [out["output_ids"] for out in outs]
+
+
+def decode_run(
+    engine: sglite.Engine, prompt: str, tokens: int, reask: bool
+) -> tuple[float, dict, list]:
+    """`batch_run` of one request: (decode tok/s, its meta_info, its output ids)."""
+    rate, metas, ids = batch_run(engine, prompt, tokens, 1, reask)
+    return rate, metas[0], ids[0]
 
 
 def run_concurrent(
@@ -175,12 +165,12 @@ def run_concurrent(
         off, on, ratios, same = Tally(), Tally(), [], True
         prompt, n = WORKLOADS[name], args.concurrency
         for _ in range(args.rounds):
-            rate_off, _, _, answers = batch_run(plain, prompt, args.tokens, n)
-            rate_on, drafted, accepted, ids_on = batch_run(spec, prompt, args.tokens, n)
+            rate_off, _, answers = batch_run(plain, prompt, args.tokens, n)
+            rate_on, metas, ids_on = batch_run(spec, prompt, args.tokens, n)
             off.rates.append(rate_off)
             on.rates.append(rate_on)
-            on.drafted += drafted
-            on.accepted += accepted
+            on.drafted += sum(meta["spec_draft_tokens"] for meta in metas)
+            on.accepted += sum(meta["spec_accepted_tokens"] for meta in metas)
             ratios.append(rate_on / rate_off)
             same = same and ids_on == answers
         ratio = statistics.median(ratios)

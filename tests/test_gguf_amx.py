@@ -108,6 +108,7 @@ def test_weights_mostly_of_q6_k_take_the_tiles_later():
     assert GGUFWeight([q6k], 256).amx_min_rows == high
     assert GGUFWeight([q6k, GGUFPart("Q4_K", q4k.data[:16])], 256).amx_min_rows == high
     weight = GGUFWeight([q6k], 256)
+    assert weight.native_linear(None).amx_min_rows == high  # the decode step's threshold too
     x = torch.randn(high, 256).to(torch.bfloat16)
     below = weight.matmul(x[: high - 1])
     assert torch.equal(below, kernels.gguf_gemv(x[: high - 1].contiguous(), weight.address, 48))

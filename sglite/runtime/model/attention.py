@@ -178,8 +178,9 @@ def extend_attention(
     pool). Returns `[T, heads, D]`; rows served by the decode path are left for the caller."""
     batch = plan.batch
     heads, dim = q.shape[1], q.shape[2]
-    native = plan.native_extend and not batch.scattered  # its layout: new tokens at the end
-    if native and q.device.type == "cpu" and q.dtype == torch.bfloat16:
+    # The native kernel's layout has each sequence's new tokens at its end (not `scattered`).
+    use_native = plan.native_extend and not batch.scattered
+    if use_native and q.device.type == "cpu" and q.dtype == torch.bfloat16:
         native = kernels.extend_attention(
             q.flatten(1), k_cache, v_cache, plan.extend_layout(), heads, scale, window
         )
@@ -192,7 +193,7 @@ def extend_attention(
         out = q.new_empty(q.shape[0], heads, dim)
     for seq in seqs:
         qi = q[seq.start : seq.end].transpose(0, 1).unsqueeze(0)
-        if seq.prefix_len == 0 and not batch.scattered:
+        if seq.prefix_len == 0:
             # Nothing cached: the fresh K/V are exactly what the pool now holds.
             ki, vi = k[seq.start : seq.end], v[seq.start : seq.end]
         else:

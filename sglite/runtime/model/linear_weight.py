@@ -48,12 +48,20 @@ BLOCKED_NATIVE_MAX_ROWS = 4
 
 
 def c_linear(
-    kind: str, n_out: int, k: int, weight: int, scale: int | None, bias: torch.Tensor | None
+    kind: str,
+    n_out: int,
+    k: int,
+    weight: int,
+    scale: int | None,
+    bias: torch.Tensor | None,
+    amx_min_rows: int = 0,
 ) -> ctypes.Structure:
-    """A `linear_t` (kernels.h) of kind `LINEAR_<kind>` with the given data pointers."""
+    """A `linear_t` (kernels.h) of kind `LINEAR_<kind>` with the given data pointers (and, for
+    GGUF kinds, the rows from which the decode step takes AMX tiles)."""
     bias_ptr = None if bias is None else bias.data_ptr()
     linear_t = ABI.structs["linear_t"]
-    return linear_t(ABI.constants[f"LINEAR_{kind}"], n_out, k, weight, scale, bias_ptr)
+    code = ABI.constants[f"LINEAR_{kind}"]
+    return linear_t(code, n_out, k, weight, scale, bias_ptr, amx_min_rows)
 
 
 class LinearWeight(abc.ABC):

@@ -114,12 +114,11 @@ static int linear_rows(int dtype, const linear_t *l, const void *x, void *y, int
     panel_gemm(x, l->weight, l->bias, y, rows, l->n_out, l->k, threads);
     return 0;
   }
-  /* bf16 batches from the weight's gguf_amx_min_rows: AMX tiles where present (rows
-   * independent, but not the GEMV's or gguf_gemv_a8's sums, so deterministic mode keeps one
-   * kernel for every row count). */
+  /* bf16 batches from the weight's amx_min_rows: AMX tiles where present (rows independent,
+   * but not the GEMV's or gguf_gemv_a8's sums, so deterministic mode keeps one kernel for
+   * every row count). */
   const int any_gguf = l->kind == LINEAR_GGUF || l->kind == LINEAR_GGUF_A8;
-  if (any_gguf && dtype == DTYPE_BFLOAT16 && !deterministic &&
-      rows >= gguf_amx_min_rows(l->weight, l->n_out) &&
+  if (any_gguf && dtype == DTYPE_BFLOAT16 && !deterministic && rows >= l->amx_min_rows &&
       gguf_gemm_amx(dtype, x, l->weight, y, rows, l->n_out, l->k, threads) == 0) {
     if (l->bias != NULL) add_bias(dtype, l, y, rows);
     return 0;

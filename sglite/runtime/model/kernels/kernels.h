@@ -83,6 +83,8 @@ typedef struct {
   const void *scale;  /* int8: float32 [n_out]; int4: f16 (scale, offset) pairs; q8_0: f16
                          [n_out, k / 32]; else NULL */
   const void *bias;   /* dtype [n_out] or NULL */
+  int64_t amx_min_rows; /* gguf kinds: bf16 rows from which AMX tiles take it (at load:
+                           gguf_amx_min_rows); else unused */
 } linear_t;
 
 typedef struct {
