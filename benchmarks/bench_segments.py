@@ -50,8 +50,12 @@ configurations: the exact-prefix hit), recomputed = segment tokens computed agai
 other tokens computed. The final line names the lowest fraction whose answers match the reference
 on >= 95% of requests and its TTFT (p50) speedup over exact-prefix caching; the target is >= 2x.
 
+`--selections once,layerwise` runs each fraction strictly between 0 and 1 once per selection
+(`--segment-selection`: chosen after layer 1, or narrowed after every layer at the same cost).
+
 Run: python -m benchmarks.bench_segments [--requests 40] [--fractions 0.0,0.1,0.25,0.5,1.0]
      [--answer-tokens 16] [--kl-tokens 4] [--passages 12] [--seed 0] [--model-path P]
+     [--selections once,layerwise]
 """
 
 from __future__ import annotations
@@ -384,13 +388,20 @@ def report(outcomes: list[Outcome], work: Workload, args: argparse.Namespace) ->
     print("\n" + verdict(outcomes, qualities, base_p50))
 
 
-def configs(fractions: list[float]) -> list[Config]:
+def configs(fractions: list[float], selections: list[str]) -> list[Config]:
     plain = [
         Config("no cache", {"disable_radix_cache": True}),
         Config("exact prefix", {}),
     ]
+    named = len(selections) > 1 or selections != ["once"]
     return plain + [
-        Config(f"segments {f:g}", {"segment_recompute_fraction": f}, fraction=f) for f in fractions
+        Config(
+            f"segments {f:g}" + (f" {sel}" if named and 0 < f < 1 else ""),
+            {"segment_recompute_fraction": f, "segment_selection": sel},
+            fraction=f,
+        )
+        for f in fractions
+        for sel in (selections if 0 < f < 1 else selections[:1])  # 0 and 1 choose nothing
     ]
 
 
@@ -402,6 +413,9 @@ def main() -> None:
     parser.add_argument("--kl-tokens", type=int, default=4)
     parser.add_argument("--passages", type=int, default=12, help="documents in the pool")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--selections", default="once", help="segment selections to compare: once,layerwise"
+    )
     parser.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16")
     parser.add_argument(
         "--model-path", default=None, help="a GGUF or model directory (default: the default model)"
@@ -411,7 +425,8 @@ def main() -> None:
     docs, companies = make_docs(args.passages, args.seed)
     work = Workload(docs, make_requests(args.requests, companies, args.seed))
     start = time.perf_counter()
-    outcomes = [run_config(cfg, work, args) for cfg in configs(fractions)]
+    selections = [s.strip() for s in args.selections.split(",") if s.strip()]
+    outcomes = [run_config(cfg, work, args) for cfg in configs(fractions, selections)]
     report(outcomes, work, args)
     print(f"run time: {time.perf_counter() - start:.0f} s")
 

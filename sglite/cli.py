@@ -29,6 +29,7 @@ from sglite.runtime.server_args import (
     QUANTIZATIONS,
     RADIX_EVICTION_POLICIES,
     SCHEDULE_POLICIES,
+    SEGMENT_SELECTIONS,
     ServerArgs,
 )
 
@@ -133,6 +134,8 @@ HELP = {
     "reasoning_parser": "separate <think> reasoning into reasoning_content: qwen3 or deepseek-r1",
     "pooling": "embeddings: the last prompt token's final hidden state, or the mean of all",
     "max_stored_responses": "Responses API: stored responses kept for previous_response_id",
+    "segment_selection": "which reused segment tokens are recomputed: once (chosen after layer "
+    "1) or layerwise (narrowed after every layer, same average cost; docs/segments.md)",
 }
 CHOICES = {
     "dtype": DTYPES,
@@ -147,6 +150,7 @@ CHOICES = {
     "hicache_write_policy": HICACHE_WRITE_POLICIES,
     "hicache_load_policy": HICACHE_LOAD_POLICIES,
     "radix_eviction_policy": RADIX_EVICTION_POLICIES,
+    "segment_selection": SEGMENT_SELECTIONS,
 }
 ALIASES = {"model_path": ["--model"], "tokenizer_path": ["--tokenizer"]}
 

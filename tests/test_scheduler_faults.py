@@ -172,14 +172,12 @@ def test_failed_segment_assembly_answers_the_request_and_frees_its_slots(schedul
         segments=[(len(head), len(head) + len(doc))],
     )
     scheduler.flush_cache()
-    real_forward = scheduler.runner.forward
 
-    def failing_rows(fb: Any) -> Any:
-        if fb.scattered:  # the assembly's rows (the segment's fill is a plain prefill)
-            raise RuntimeError("injected model fault")
-        return real_forward(fb)
+    def failing_assembly(fb: Any, narrowing: Any) -> Any:
+        raise RuntimeError("injected model fault")
 
-    monkeypatch.setattr(scheduler.runner, "forward", failing_rows)
+    # The assembly's pass (the segment's fill is a plain prefill).
+    monkeypatch.setattr(scheduler.runner, "forward_narrowing", failing_assembly)
     reasons = _finish_reasons(scheduler, [segmented])
     monkeypatch.undo()
     assert list(reasons) == ["segmented"], reasons  # the internal fill never surfaces

@@ -11,12 +11,11 @@ import pytest
 import torch
 
 import sglite
+from sglite.runtime.cache.kv_pool import KVPool
+from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode, narrow_rows
 from sglite.runtime.scheduler.io import check_segments
-from sglite.runtime.scheduler.segments import (
-    most_deviating,
-    plan_assembly,
-    reused_spans,
-)
+from sglite.runtime.scheduler.segment_selection import DeviationNarrowing, keep_counts
+from sglite.runtime.scheduler.segments import plan_assembly, reused_spans
 from sglite.runtime.server_args import ServerArgs
 
 pytestmark = pytest.mark.slow
@@ -75,12 +74,39 @@ def test_the_plan_covers_every_token_once():
     plan = plan_assembly(20, 3, reused, recompute={8, 15, 16})
     assert plan.rows == [3, 4, 5, 6, 7, 8, 12, 13, 15, 16, 19]  # gaps, chosen, last token
     assert (plan.reused_tokens, plan.recomputed, plan.computed_tokens) == (6, 4, 7)
-    deviation = torch.tensor([0.5, 2.0, 0.5, 3.0, 0.1])
-    assert most_deviating([8, 9, 10, 11, 14], deviation, 0.5) == {9, 11, 8}  # ties: earlier
     assert (
         check_segments([[0, 4], [3, 6]], 10) == "segments[1] overlaps or precedes the one before it"
     )
     assert "not a non-empty span" in check_segments([[4, 4]], 10)
+
+
+def test_the_selection_keeps_the_most_deviating_reused_tokens():
+    # Once: ceil(f x S) after layer 1. Layerwise: from 1.5f down to 0.5f, the same mean.
+    assert keep_counts(6, 10, 0.25, "once") == {1: 3}
+    assert keep_counts(6, 8, 0.25, "layerwise") == {1: 3, 2: 3, 3: 2, 4: 1}
+    assert sum(keep_counts(28, 100, 0.25, "layerwise").values()) / 26 == pytest.approx(25, abs=1)
+    assert (
+        keep_counts(6, 8, 0.75, "layerwise")[1] == 8
+    )  # at f >= 0.5 layer 1 keeps them all (f >= 2/3)
+    with pytest.raises(ValueError, match="selection must be one of"):
+        keep_counts(6, 8, 0.25, "sometimes")
+    # A prompt of 8 tokens: 0-1 exact, 2-6 reused (5 candidates), 7 the question's last token.
+    pool = KVPool(16, 3, 1, 2, torch.float32)
+    for layer in range(3):
+        pool.k[layer].zero_(), pool.v[layer].zero_()
+    slots = list(range(1, 9))
+    candidate = torch.tensor([False, False, True, True, True, True, True, False])
+    narrowing = DeviationNarrowing(candidate, {1: 2})
+    batch = ForwardBatch.build(ForwardMode.EXTEND, [list(range(6))], [2], [slots], [5])
+    narrowing.before_layer(0, batch, pool)
+    assert narrowing.after_layer(0, batch, pool) is None  # no choice before layer 1
+    narrowing.before_layer(1, batch, pool)
+    moved = torch.tensor([0.5, 2.0, 0.5, 3.0, 0.5])  # positions 2..6; ties go to the earlier
+    pool.k[1][slots[2:7]] += moved[:, None, None]
+    keep = narrowing.after_layer(1, batch, pool)
+    assert keep.tolist() == [1, 3, 5]  # rows of positions 3 and 5, and the last token's
+    narrowing.before_layer(2, narrow_rows(batch, keep), pool)  # the model's next batch
+    assert narrowing.recomputed == 2
 
 
 def test_full_recompute_equals_a_full_prefill(exact_engine):
@@ -265,3 +291,22 @@ def test_requests_sharing_a_passage_share_its_fill(reuse_engine):
     rows += sum(o["meta_info"]["segment_tokens"]["computed"] for o in outs)
     assert after["prefill_tokens_computed"] - before["prefill_tokens_computed"] <= passages + rows
     eng.flush_cache()
+
+
+def test_layerwise_selection_recomputes_the_same_share_on_average():
+    with pytest.raises(ValueError, match="segment_selection must be one of"):
+        ServerArgs(segment_selection="sometimes").validate()
+    with sglite.Engine(
+        dtype="float32", gguf_activations="float", log_level="error", segment_selection="layerwise"
+    ) as eng:
+        ids, spans = assemble(eng, [0, 1, 2])
+        eng.generate(input_ids=ids, sampling_params=GREEDY, segments=spans)  # fills
+        ids, spans = assemble(eng, [2, 0, 1])
+        out = eng.generate(input_ids=ids, sampling_params=GREEDY, segments=spans)
+        counts = out["meta_info"]["segment_tokens"]
+        total = sum(e - s for s, e in spans)
+        assert counts["reused"] + counts["recomputed"] == total
+        # Per layer from 1.5f down to 0.5f of them, each count rounded up: f on average.
+        share = ServerArgs.segment_recompute_fraction
+        assert math.ceil(share * total) <= counts["recomputed"] <= math.ceil(share * total) + 1
+        check(eng)

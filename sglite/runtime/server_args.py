@@ -28,6 +28,7 @@ HICACHE_LOAD_POLICIES = ("auto", "always", "never")
 RADIX_EVICTION_POLICIES = ("lru", "benefit")
 DISAGGREGATION_MODES = ("prefill", "decode")
 TRANSFER_BACKENDS = ("auto", "tcp", "shm")
+SEGMENT_SELECTIONS = ("once", "layerwise")
 
 
 def _is_host_port(value: str) -> bool:
@@ -173,6 +174,9 @@ class ServerArgs:
     # Reusable prompt segments (scheduler/segments.py): the share of reused segment tokens
     # recomputed with full attention (those whose K/V deviate most); 1.0 = exact.
     segment_recompute_fraction: float = 0.25
+    # How they are chosen (scheduler/segment_selection.py): "once", after layer 1, or
+    # "layerwise", narrowed again after every layer at the same average cost.
+    segment_selection: str = "once"
     # Disaggregated prefill and decode (docs/pd.md): "prefill" computes prompts and hands their
     # KV to a decode server; "decode" receives that KV and generates; None = both here. The
     # prefill server answers KV requests on the bootstrap port; pages travel over TCP, or shared
@@ -218,6 +222,11 @@ class ServerArgs:
             self.speculative_algorithm = SPECULATIVE_ALIASES.get(algorithm, algorithm)
         self._validate_draft_model()
         self._validate_disaggregation()
+        if self.segment_selection not in SEGMENT_SELECTIONS:
+            raise ValueError(
+                f"segment_selection must be one of {SEGMENT_SELECTIONS}, "
+                f"got {self.segment_selection!r}"
+            )
         if not 0.0 <= self.segment_recompute_fraction <= 1.0:
             raise ValueError(
                 "segment_recompute_fraction must be in [0, 1], "

@@ -31,7 +31,12 @@ from sglite.runtime.model.attention import AttentionPlan
 from sglite.runtime.model.checkpoint import CheckpointLoader
 from sglite.runtime.model.config import ModelConfig
 from sglite.runtime.model.cpu_features import cpu_has_amx
-from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
+from sglite.runtime.model.forward_batch import (
+    ForwardBatch,
+    ForwardMode,
+    RowNarrowing,
+    narrow_rows,
+)
 from sglite.runtime.model.gguf_weight import GGUFWeight
 from sglite.runtime.model.layers.decoder_layer import DecoderLayer
 from sglite.runtime.model.layers.norm import RMSNorm
@@ -185,14 +190,22 @@ class CausalLM(nn.Module):
         return self.tp.all_gather_columns(logits, self.vocab_widths).float()
 
     @torch.inference_mode()
-    def forward_first_layers(self, batch: ForwardBatch, pool: KVPool, count: int) -> None:
-        """Run only layers `[0, count)` over `batch` and write their K/V into `pool`; no logits.
-        The probe of a segment assembly (scheduler/segments.py): the K/V of layer `count - 1`
-        show which tokens' cached K/V deviate from the ones their new context gives."""
+    def forward_narrowing(
+        self, batch: ForwardBatch, pool: KVPool, narrowing: RowNarrowing
+    ) -> torch.Tensor:
+        """`forward` of a one-sequence EXTEND batch whose rows may shrink between layers: after
+        layer i, the rows `narrowing.after_layer` keeps go on (`narrow_rows`); a dropped
+        token's K/V in later layers are the ones the pool holds. Returns the logit rows'
+        logits. A segment assembly's pass (scheduler/segment_selection.py)."""
         assert self.ropes is not None
         self.ropes.ensure(max(batch.seq_lens))
         plan = AttentionPlan(batch, self.device, self.native_extend_attention)
-        self._layers_forward(self.input_embeddings(batch), batch, plan, pool, count)
+        residual, batch = self._layers_forward(
+            self.input_embeddings(batch), batch, plan, pool, narrowing=narrowing
+        )
+        h = residual.index_select(0, batch.logit_rows)
+        h = kernels.add_rms_norm(None, h, self.norm.weight, self.norm.eps)
+        return self._lm_head(h).float()
 
     def enable_deterministic(self) -> None:
         """Compute every forward (prefill, extend, draft verification, decode) as rows whose
@@ -252,20 +265,29 @@ class CausalLM(nn.Module):
         batch: ForwardBatch,
         plan: AttentionPlan,
         pool: KVPool,
-        count: int | None = None,
-    ) -> None:
-        """Layers `[0, count)` (all by default); `residual` holds the result of the last."""
+        narrowing: RowNarrowing | None = None,
+    ) -> tuple[torch.Tensor, ForwardBatch]:
+        """All layers; returns the residual stream after the last and the batch of its rows
+        (`batch` itself, in place, unless `narrowing` dropped rows)."""
         assert self.ropes is not None
         first = self.layers[0].input_layernorm
         x = kernels.add_rms_norm(None, residual, first.weight, first.eps)
-        layers = self.layers if count is None else self.layers[:count]
-        for i, layer in enumerate(layers):
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            if narrowing is not None:
+                narrowing.before_layer(i, batch, pool)
             x = layer(x, residual, batch, plan, pool, self.ropes.for_layer(i))
-            if i + 1 < len(layers):
+            keep = None if narrowing is None or i == last else narrowing.after_layer(i, batch, pool)
+            if keep is not None:
+                x, residual = x.index_select(0, keep), residual.index_select(0, keep)
+                batch = narrow_rows(batch, keep)
+                plan = AttentionPlan(batch, self.device, self.native_extend_attention)
+            if i < last:
                 norm = self.layers[i + 1].input_layernorm
                 x = kernels.add_rms_norm(x, residual, norm.weight, norm.eps)
             else:
                 residual.add_(x)
+        return residual, batch
 
     def _decoder(self) -> NativeDecoder | None:
         if not self.use_native_decode or self.tp.enabled:  # no all-reduce inside the C step

@@ -26,8 +26,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING, Protocol
 
 import torch
+
+if TYPE_CHECKING:
+    from sglite.runtime.cache.kv_pool import KVPool
 
 
 class ForwardMode(Enum):
@@ -163,6 +167,40 @@ def build_rows(
         seq_lens=[total],
         kv_slots=[slots],
         logit_rows=as_long(logit_rows),
+        scattered=True,
+    )
+
+
+class RowNarrowing(Protocol):
+    """Chooses, layer by layer, which rows of a forward go on (`CausalLM.forward_narrowing`)."""
+
+    def before_layer(self, layer: int, batch: ForwardBatch, pool: KVPool) -> None:
+        """Called before `layer` runs over `batch` (the pool holds the K/V it will replace)."""
+
+    def after_layer(self, layer: int, batch: ForwardBatch, pool: KVPool) -> torch.Tensor | None:
+        """After `layer` wrote `batch`'s K/V: the rows to keep (ascending, logit rows among
+        them), or None to keep all."""
+
+
+def narrow_rows(batch: ForwardBatch, keep: torch.Tensor) -> ForwardBatch:
+    """The rows `keep` (ascending indices into `batch`'s rows, every logit row among them) of a
+    one-sequence EXTEND batch, as a scattered batch: each kept token is computed at its
+    position, attending to the slots up to it, as before."""
+    if batch.mode is not ForwardMode.EXTEND or batch.batch_size != 1 or batch.input_embeds:
+        raise ValueError("only a one-sequence EXTEND batch without image rows can be narrowed")
+    if not torch.isin(batch.logit_rows, keep).all():
+        raise ValueError("a narrowed batch keeps every logit row")
+    n, total = int(keep.numel()), batch.seq_lens[0]
+    return ForwardBatch(
+        mode=ForwardMode.EXTEND,
+        input_ids=batch.input_ids.index_select(0, keep),
+        positions=batch.positions.index_select(0, keep),
+        out_slots=batch.out_slots.index_select(0, keep),
+        prefix_lens=[total - n],
+        extend_lens=[n],
+        seq_lens=[total],
+        kv_slots=batch.kv_slots,
+        logit_rows=torch.searchsorted(keep, batch.logit_rows),
         scattered=True,
     )
 

@@ -10,7 +10,7 @@ import torch
 
 from sglite.runtime.cache.kv_pool import KVPool
 from sglite.runtime.distributed.parallel import TensorParallelGroup
-from sglite.runtime.model.forward_batch import ForwardBatch
+from sglite.runtime.model.forward_batch import ForwardBatch, RowNarrowing
 from sglite.runtime.scheduler.stats import SchedulerStats
 
 
@@ -37,6 +37,12 @@ class ModelRunner:
         if self.tp.enabled:
             self.tp.broadcast_object(fb)
         return self.model(fb, self.pool)
+
+    def forward_narrowing(self, fb: ForwardBatch, narrowing: RowNarrowing) -> torch.Tensor:
+        """`CausalLM.forward_narrowing` (a segment assembly's pass; not tensor-parallel)."""
+        assert not self.tp.enabled, "followers run only broadcast forwards"
+        self.stats.forward_passes += 1
+        return self.model.forward_narrowing(fb, self.pool, narrowing)
 
     def stop_followers(self) -> None:
         """Tell the other tensor-parallel ranks to exit (they wait in a broadcast)."""

@@ -156,6 +156,7 @@ class Scheduler:
         )
         self.segments = SegmentAssembler(
             args.segment_recompute_fraction,
+            args.segment_selection,
             self.table,
             self.runner,
             self.sampler,

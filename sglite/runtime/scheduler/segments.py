@@ -8,18 +8,17 @@ the tree's accounting, locks and eviction. A prompt is then assembled instead of
 1. its longest exact cached prefix is matched as usual;
 2. every segment after that prefix is copied from its cached KV into the request's slots with
    its keys turned to their new positions (`model/repositioning.py`);
-3. a probe runs the first `PROBE_LAYERS` layers over everything after the exact prefix
-   (CacheBlend): their K/V become the ones the full context gives, and the
-   `ceil(fraction x reused tokens)` segment tokens whose K/V moved most from the copied ones are
-   chosen for recompute (the tokens whose missing context matters most);
-4. one forward computes, as DECODE rows (each row attends to every slot before its own, and
-   every row's K/V is written before attention reads the pool, layer by layer), the tokens that
-   are not in a reused segment (the question, text between segments) and the chosen ones.
+3. one forward pass computes the prompt after the exact prefix, narrowed after layer 1 (and,
+   with `layerwise` selection, after each later layer) to the tokens that are not in a reused
+   segment (the question, text between segments, the last token) and the reused tokens whose
+   K/V moved most from the copied ones (`segment_selection.py`: CacheBlend's selection;
+   `ceil(fraction x reused tokens)` of them per layer). A token dropped after layer i keeps its
+   copied K/V in the later layers.
 
-With `fraction = 1.0` every token after the exact prefix is a row, which is a full prefill: the
-same logits as without segments. Below 1.0 the answer is approximate; the request's KV past
-the first reused segment is never inserted into the tree (a later exact match must not read
-it), and a retracted request is recomputed exactly.
+With `fraction = 1.0` nothing is dropped: a full prefill, the same logits as without segments;
+with 0 the pass computes only the tokens outside reused segments. Below 1.0 the answer is
+approximate; the request's KV past the first reused segment is never inserted into the tree (a
+later exact match must not read it), and a retracted request is recomputed exactly.
 
 Invariants: an internal fill request never reaches a client (`is_internal`); a request waits
 here until every segment it reuses is fully cached, and holds no slots while it waits.
@@ -28,7 +27,6 @@ here until every segment it reuses is fully cached, and holds no slots while it 
 from __future__ import annotations
 
 import hashlib
-import math
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +39,7 @@ from sglite.runtime.scheduler.kv_manager import RequestKVManager
 from sglite.runtime.scheduler.model_runner import ModelRunner
 from sglite.runtime.scheduler.request import Req
 from sglite.runtime.scheduler.request_table import ReqStatus, RequestTable
+from sglite.runtime.scheduler.segment_selection import DeviationNarrowing, keep_counts
 from sglite.runtime.scheduler.stats import SchedulerStats
 from sglite.runtime.scheduler.token_sampler import TokenSampler
 from sglite.runtime.tokenizer import Tokenizer
@@ -48,12 +47,6 @@ from sglite.runtime.tokenizer import Tokenizer
 # Internal request ids start with a character no client id can (`check_request_ids` takes any
 # string, but the HTTP layer and the Engine generate hex ids or take the client's text).
 FILL_PREFIX = "\x00segment-fill:"
-
-
-# The probe runs this many first layers over the whole prompt: layer 0's K/V depend only on
-# token and position (repositioning made them right), layer 1's are the first to show a token's
-# missing context (CacheBlend selects on the first layer whose K/V can deviate).
-PROBE_LAYERS = 2
 
 
 @dataclass(frozen=True)
@@ -94,14 +87,6 @@ def plan_assembly(
     return SegmentPlan(exact, reused, sorted(rows), len(recomputed))
 
 
-def most_deviating(positions: list[int], deviation: torch.Tensor, fraction: float) -> set[int]:
-    """The `ceil(fraction x len(positions))` positions whose `deviation` is largest (ties to the
-    earlier position, so the choice is reproducible)."""
-    count = math.ceil(fraction * len(positions))
-    order = torch.argsort(deviation, descending=True, stable=True)[:count]
-    return {positions[i] for i in order.tolist()}
-
-
 class SegmentAssembler:
     """Holds segmented requests (status `SEGMENTS`) until their segments are cached, then
     assembles them."""
@@ -109,6 +94,7 @@ class SegmentAssembler:
     def __init__(
         self,
         fraction: float,
+        selection: str,
         table: RequestTable,
         runner: ModelRunner,
         sampler: TokenSampler,
@@ -118,6 +104,7 @@ class SegmentAssembler:
         tokenizer: Tokenizer,
     ) -> None:
         self.fraction = fraction
+        self.selection = selection
         self.table = table
         self.runner = runner
         self.sampler = sampler
@@ -219,27 +206,55 @@ class SegmentAssembler:
             return False
         reused = reused_spans(req.segments, exact)
         self._alloc_and_copy(req, need, reused)
+        covered = {p for start, end in reused for p in range(start, end)}
         plan = plan_assembly(
-            len(req.prompt_ids), exact, reused, self._recompute(req, exact, reused)
+            len(req.prompt_ids), exact, reused, covered if self.fraction >= 1.0 else set()
         )
         req.cached_tokens, req.admitted_once = exact, True
         req.exact_len = plan.reused[0][0] if plan.reused else None
+        cache.record_query(len(req.prompt_ids), exact)
+        req.input_logprobs_done = True
+        logits, selected = self._forward(req, plan, covered)
+        recomputed = plan.recomputed + selected
         req.segment_counts = {
-            "reused": plan.reused_tokens,
-            "recomputed": plan.recomputed,
+            "reused": len(covered) - recomputed,
+            "recomputed": recomputed,
             "computed": plan.computed_tokens,
         }
-        cache.record_query(len(req.prompt_ids), exact)
         kv.record_admission(req)
-        req.input_logprobs_done = True
-        logits = self.runner.forward(self._rows_batch(req, plan.rows))
-        self.stats.prefill_tokens_computed += len(plan.rows)
-        self.stats.segment_reused_tokens += plan.reused_tokens
-        self.stats.segment_recomputed_tokens += plan.recomputed
+        self.stats.prefill_tokens_computed += plan.computed_tokens + recomputed
+        self.stats.segment_reused_tokens += len(covered) - recomputed
+        self.stats.segment_recomputed_tokens += recomputed
         self.sampler.sample_and_append([req], logits)
         if not req.finished:
             self.table.move(req, ReqStatus.RUNNING)
         return True
+
+    def _forward(self, req: Req, plan: SegmentPlan, covered: set[int]) -> tuple[torch.Tensor, int]:
+        """The assembly's pass: the prompt's last logits, and how many reused tokens it
+        recomputed per layer beyond `plan.rows` (on average; `segment_selection.py`). At
+        fraction 0 or 1 (or with nothing reused) there is nothing to choose: the plan's rows,
+        every token or none of the reused ones, in one scattered pass."""
+        candidates = covered - {len(req.prompt_ids) - 1}
+        if not 0.0 < self.fraction < 1.0 or not candidates:
+            return self.runner.forward(self._rows_batch(req, plan.rows)), 0
+        candidate = torch.zeros(len(req.prompt_ids), dtype=torch.bool)
+        candidate[sorted(candidates)] = True
+        counts = keep_counts(
+            self.runner.pool.num_layers, len(candidates), self.fraction, self.selection
+        )
+        narrowing = DeviationNarrowing(candidate, counts)
+        ids = req.prompt_ids[plan.exact :]
+        batch = ForwardBatch.build(
+            ForwardMode.EXTEND,
+            [ids],
+            [plan.exact],
+            [req.kv_slots],
+            [len(ids) - 1],
+            self.runner.device,
+        )
+        logits = self.runner.forward_narrowing(batch, narrowing)
+        return logits, narrowing.recomputed
 
     def _alloc_and_copy(self, req: Req, need: int, reused: list[tuple[int, int]]) -> None:
         """Give the request `need` slots after its exact prefix and copy each reused segment's
@@ -258,38 +273,6 @@ class SegmentAssembler:
         finally:
             for match in sources:
                 cache.unlock(match.node)
-
-    def _recompute(self, req: Req, exact: int, reused: list[tuple[int, int]]) -> set[int]:
-        """The reused positions to compute again: every one at fraction 1.0, none at 0, else
-        CacheBlend's choice: a probe runs the first `PROBE_LAYERS` layers over everything after
-        the exact prefix (its K/V written: exact for layer 0, and for the last probed layer
-        computed from exact inputs), and the tokens whose last-probed-layer K/V moved most
-        from the copied ones are taken."""
-        positions = [p for s, e in reused for p in range(s, e)]
-        if self.fraction >= 1.0 or not positions:
-            return set(positions)
-        if self.fraction <= 0.0:
-            return set()
-        pool, model = self.runner.pool, self.runner.model
-        layer = min(PROBE_LAYERS, pool.num_layers) - 1
-        slots = torch.tensor([req.kv_slots[p] for p in positions], device=pool.device)
-
-        def layer_kv() -> torch.Tensor:  # `[tokens, heads, 2 * head_dim]`: keys, then values
-            k, v = pool.k[layer].index_select(0, slots), pool.v[layer].index_select(0, slots)
-            return torch.cat([k, v], dim=-1).float()
-
-        copied = layer_kv()
-        batch = ForwardBatch.build(
-            ForwardMode.EXTEND,
-            [req.prompt_ids[exact:]],
-            [exact],
-            [req.kv_slots],
-            [],
-            self.runner.device,
-        )
-        model.forward_first_layers(batch, pool, layer + 1)
-        deviation = (layer_kv() - copied).square().sum((1, 2))
-        return most_deviating(positions, deviation.cpu(), self.fraction)
 
     def _rows_batch(self, req: Req, rows: list[int]) -> ForwardBatch:
         """The rows in one pass computed as a prefill computes them (`build_rows`): row p
