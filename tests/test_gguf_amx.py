@@ -114,3 +114,26 @@ def test_weights_mostly_of_q6_k_take_the_tiles_later():
     assert torch.equal(below, kernels.gguf_gemv(x[: high - 1].contiguous(), weight.address, 48))
     if kernels.amx_available():
         assert torch.equal(weight.matmul(x), kernels.gguf_gemm_amx(x, weight.address, 48))
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+def test_the_gated_product_is_the_unfused_ones_bit_for_bit(act):
+    """`matmul_gated` on a fused [gate; up] weight (mixed parts, k in two chunks, 5 blocks of
+    output columns with a partial last one, 70 rows: a lone last x tile) equals the product
+    followed by `gated_act`, bit for bit, and a row's result depends on that row alone."""
+    rng = np.random.default_rng(16)
+    inter, k = 352, 2304
+    parts = [
+        GGUFPart("Q4_K", _blocks("Q4_K", inter, k, rng)),
+        GGUFPart("Q6_K", _blocks("Q6_K", inter, k, rng)),
+    ]
+    weight = GGUFWeight(parts, k)
+    x = torch.randn(70, k).to(torch.bfloat16)
+    fused = weight.matmul_gated(x, act)
+    assert fused is not None and fused.shape == (70, inter)
+    assert torch.equal(fused, kernels.gated_act(weight.matmul(x), act))
+    assert torch.equal(weight.matmul_gated(x[3:10].contiguous(), act), fused[3:10])
+    # Below the tiles' rows there is no fused kernel: the caller takes the unfused form.
+    assert weight.matmul_gated(x[:2].contiguous(), act) is None
+    odd = GGUFWeight([GGUFPart("Q4_K", _blocks("Q4_K", 48, 256, rng))], 256)  # 24: no whole tile
+    assert odd.matmul_gated(torch.randn(16, 256).to(torch.bfloat16), act) is None

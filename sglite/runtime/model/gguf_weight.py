@@ -157,6 +157,14 @@ class GGUFWeight(QuantizedWeight):
                 return out
         return self.matmul(x)
 
+    def matmul_gated(self, x: torch.Tensor, act: str) -> torch.Tensor | None:
+        """On AMX tiles (where `matmul` takes them), the gated product without the
+        `[rows, out_features]` intermediate (`kernels.gguf_gemm_amx_glu`); else None."""
+        if not self._amx_rows(x):
+            return None
+        code = kernels.ACTIVATION_CODES[act]
+        return kernels.gguf_gemm_amx_glu(x.contiguous(), self.address, self.out_features, code)
+
     def _amx_rows(self, x: torch.Tensor) -> bool:
         """Whether `matmul` takes AMX tiles for x (bfloat16, `amx_min_rows` rows or more)."""
         return (

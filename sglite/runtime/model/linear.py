@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from sglite.runtime.model import kernels
 from sglite.runtime.model.linear_weight import (
     LinearWeight,
     select_weight,
@@ -70,3 +71,9 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """`[T, in] -> [T, out]`."""
         return self.kernel.apply(x, self.bias)
+
+    def gated(self, x: torch.Tensor, act: str) -> torch.Tensor:
+        """`act(gate) * up` of this fused `[gate; up]` projection: `[T, in] -> [T, out / 2]`,
+        in one kernel where the weight's layout has one for x (`matmul_gated`)."""
+        out = None if self.bias is not None else self.kernel.matmul_gated(x, act)
+        return out if out is not None else kernels.gated_act(self(x), act)

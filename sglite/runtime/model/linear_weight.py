@@ -90,6 +90,12 @@ class LinearWeight(abc.ABC):
         """Rows up to which the C decode step should run this weight (0: never)."""
         return 0
 
+    def matmul_gated(self, x: torch.Tensor, act: str) -> torch.Tensor | None:
+        """For a fused `[gate; up]` weight: `act(x @ G.T) * (x @ U.T)` by one kernel, equal to
+        `kernels.gated_act(self.matmul(x), act)`; None where this layout has no such kernel
+        for x (the caller then takes that unfused form)."""
+        return None
+
     def matmul_rows(self, x: torch.Tensor) -> torch.Tensor | None:
         """`x @ W.T` where each output row is computed by the same kernel, in the same order,
         whatever the number of rows (deterministic inference); None where this layout has no

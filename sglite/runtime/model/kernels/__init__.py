@@ -22,6 +22,7 @@ from sglite.runtime.model.kernels.matmul import (  # noqa: F401 (the package's A
     gguf_dequantize,
     gguf_gemm,
     gguf_gemm_amx,
+    gguf_gemm_amx_glu,
     gguf_gemv,
     gguf_gemv_a8,
     int4_dequantize,

@@ -34,6 +34,10 @@
  * thread: waking the pool costs more than it saves, and far more when another process holds a
  * core (a parallel region then waits for a time slice). */
 #define PARALLEL_MIN_ELEMS 32768
+/* sqrt(2 / pi) and GELU's cubic coefficient, doubled: gelu_tanh(g) = g * sigmoid(2 z) with
+ * z = sqrt(2 / pi) (g + 0.044715 g^3), since 0.5 (1 + tanh(z)) = sigmoid(2 z). */
+#define GELU_2C 1.5957691216057308f
+#define GELU_2C3 0.0713548162726009f
 #define PARALLEL_MIN_ATTN 1024
 
 /* panel_gemm.c's row pass, which quant_gemm.c runs over the panels it dequantizes: y[r, 0:cols]

@@ -107,6 +107,25 @@ static void add_bias(int dtype, const linear_t *l, void *y, int64_t rows) {
 }
 
 static int linear_rows(int dtype, const linear_t *l, const void *x, void *y, int64_t rows,
+                       int threads, int deterministic);
+
+/* activated = act(gate) * up of the fused gate_up projection: on AMX tiles in one pass where
+ * linear_rows would take them (the same values, bit for bit), else the product into `gate_up`
+ * and act_mul. */
+static int gated_rows(int dtype, int act, const linear_t *l, const void *x, void *gate_up,
+                      void *activated, int64_t rows, int64_t inter, int threads,
+                      int deterministic) {
+  const int any_gguf = l->kind == LINEAR_GGUF || l->kind == LINEAR_GGUF_A8;
+  if (any_gguf && dtype == DTYPE_BFLOAT16 && !deterministic && rows >= l->amx_min_rows &&
+      l->bias == NULL &&
+      gguf_gemm_amx_glu(dtype, act, x, l->weight, activated, rows, l->n_out, l->k, threads) == 0)
+    return 0;
+  const int status = linear_rows(dtype, l, x, gate_up, rows, threads, deterministic);
+  if (status == 0) act_mul(dtype, act, gate_up, activated, rows, inter, threads);
+  return status;
+}
+
+static int linear_rows(int dtype, const linear_t *l, const void *x, void *y, int64_t rows,
                        int threads, int deterministic) {
   int status = 0;
   if (l->kind == LINEAR_PANELS) { /* adds the bias itself */
@@ -222,9 +241,9 @@ int decode_layers(int dtype, int64_t rows, int64_t hidden, int64_t heads, int64_
     if (layer->attn_out_norm != NULL) /* in place: each row is read whole before it is written */
       add_rms_norm(dtype, NULL, out, layer->attn_out_norm, out, rows, hidden, eps, threads);
     add_rms_norm(dtype, out, residual, layer->post_norm, x, rows, hidden, eps, threads);
-    status = linear_rows(dtype, &layer->gate_up, x, gate_up, rows, threads, deterministic);
+    status = gated_rows(dtype, act, &layer->gate_up, x, gate_up, activated, rows, inter, threads,
+                        deterministic);
     if (status) break;
-    act_mul(dtype, act, gate_up, activated, rows, inter, threads);
     status = linear_rows(dtype, &layer->down, activated, out, rows, threads, deterministic);
     if (status) break;
     if (layer->mlp_out_norm != NULL)

@@ -85,11 +85,6 @@ typedef struct {
   int64_t inter;
 } act_mul_args;
 
-/* sqrt(2 / pi) and GELU's cubic coefficient, doubled: gelu_tanh(g) = g * sigmoid(2 z) with
- * z = sqrt(2 / pi) (g + 0.044715 g^3), since 0.5 (1 + tanh(z)) = sigmoid(2 z). */
-#define GELU_2C 1.5957691216057308f
-#define GELU_2C3 0.0713548162726009f
-
 static void act_mul_rows(void *p, int64_t begin, int64_t end) {
   const act_mul_args *a = p;
   const int64_t inter = a->inter;

@@ -119,6 +119,7 @@ typedef struct {
   void *y; /* bf16 [rows, n_out] */
   int64_t rows, n_out, k, block_rows, chunk;
   int failed; /* set by a thread whose buffers could not grow (its blocks left unwritten) */
+  int act;    /* -1: y = x W^T; else ACT_*: y [rows, n_out / 2] = act(gate) * up (W = [gate; up]) */
 } gemm_args;
 
 /* A thread's buffers, grown to the largest call: a decoded row span, the decoded weight block
@@ -211,12 +212,12 @@ static void decode_span_bf16(int64_t type, const uint8_t *row, int64_t v0, int64
 }
 
 /* Values [v0, v0 + count) of the weight's rows [n0, n0 + rows) as bf16 into `out` (row-major,
- * count per row); rows past n_out are zeros. */
-static void decode_block_span(const gemm_args *a, int64_t n0, int64_t rows, int64_t v0,
-                              int64_t count, uint16_t *out) {
+ * count per row); rows from `end` on are zeros. */
+static void decode_block_span(const gemm_args *a, int64_t n0, int64_t rows, int64_t end,
+                              int64_t v0, int64_t count, uint16_t *out) {
   for (int64_t i = 0; i < rows; i++) {
     uint16_t *dst = out + i * count;
-    if (n0 + i >= a->n_out) {
+    if (n0 + i >= end) {
       memset(dst, 0, count * sizeof *dst);
       continue;
     }
@@ -240,6 +241,35 @@ static void store_y(const gemm_args *a, const float *c, int64_t n0, int64_t m0) 
     const __mmask16 mask = (__mmask16)((1u << cols) - 1u);
     for (int j = 0; j < TILE && m + j < a->rows; j++)
       _mm256_mask_storeu_epi16(y + (m + j) * a->n_out + n, mask,
+                               to_bf16x16(_mm512_castsi512_ps(r[j])));
+  }
+}
+
+/* The gated product of C tiles 0/1 (gate rows n.. by x tiles from m) and 2/3 (the up rows of
+ * the same columns) into y [rows, n_out / 2]: gate and up rounded to bf16 and act(gate) * up
+ * computed as act_mul computes it (elementwise.c), so the result equals the unfused product's,
+ * bit for bit. */
+static void store_y_glu(const gemm_args *a, const float *c, int64_t n, int64_t m) {
+  uint16_t *y = a->y;
+  const int64_t width = a->n_out / 2;
+  if (n >= width) return;
+  const int gelu = a->act == ACT_GELU_TANH;
+  const int64_t cols = width - n < TILE ? width - n : TILE;
+  const __mmask16 mask = (__mmask16)((1u << cols) - 1u);
+  for (int xi = 0; xi < 2; xi++) {
+    const int64_t mx = m + xi * TILE;
+    if (mx >= a->rows) continue;
+    __m512i r[16];
+    for (int q = 0; q < 16; q++) {
+      const __m512 g = vround_to(_mm512_loadu_ps(c + xi * TILE * TILE + q * TILE), 1);
+      const __m512 u = vround_to(_mm512_loadu_ps(c + (2 + xi) * TILE * TILE + q * TILE), 1);
+      const __m512 arg = gelu ? vmul(g, vfma(vmul(g, g), vset(GELU_2C3), vset(GELU_2C))) : g;
+      const __m512 act = vdiv(g, vadd(vset(1.0f), vexp(vsub(vzero(), arg))));
+      r[q] = _mm512_castps_si512(vmul(act, u));
+    }
+    transpose16(r);
+    for (int j = 0; j < TILE && mx + j < a->rows; j++)
+      _mm256_mask_storeu_epi16(y + (mx + j) * width + n, mask,
                                to_bf16x16(_mm512_castsi512_ps(r[j])));
   }
 }
@@ -295,15 +325,19 @@ static inline void tile_product(const uint16_t *w0, const uint16_t *w1, int64_t 
   _tile_stored(3, c + 3 * TILE * TILE, 64);
 }
 
-/* Weight blocks [b0, b1) of `block_rows` rows. Per block and chunk of k: decode the chunk, then
- * multiply it with every x tile pair, two weight tiles at a time, carrying the sums across
- * chunks in sums_buf (the chunk keeps the decoded block and an x panel in L2). */
+/* Weight blocks [b0, b1) of `block_rows` decoded rows. Per block and chunk of k: decode the
+ * chunk, then multiply it with every x tile pair, two weight tiles at a time, carrying the sums
+ * across chunks in sums_buf (the chunk keeps the decoded block and an x panel in L2). Gated
+ * (act >= 0): a block is `block_rows / 2` gate rows and the up rows of the same columns, and
+ * each tile pair is a gate tile and its up tile. */
 static void gemm_blocks(void *p, int64_t b0, int64_t b1) {
   gemm_args *a = p;
   const int64_t k = a->k, steps = k / KSTEP, xtiles = (a->rows + TILE - 1) / TILE;
   const int64_t pairs = (xtiles + 1) / 2, wpairs = a->block_rows / (2 * TILE);
   const int64_t quad = 4 * TILE * TILE; /* floats of one pair-by-pair product */
   const int64_t slots = a->chunk == k ? 1 : pairs * wpairs; /* sums kept across chunks */
+  const int glu = a->act >= 0;
+  const int64_t half = a->block_rows / 2, width = a->n_out / 2;
   if (grow((void **)&span_buf, &span_cap, a->chunk * (int64_t)sizeof(float)) ||
       grow((void **)&block_buf, &block_cap, a->block_rows * a->chunk * (int64_t)sizeof(uint16_t)) ||
       grow((void **)&sums_buf, &sums_cap, slots * quad * (int64_t)sizeof(float)))
@@ -314,19 +348,29 @@ static void gemm_blocks(void *p, int64_t b0, int64_t b1) {
   load_tile_config();
   const size_t xtile = (size_t)TILE * KSTEP; /* uint16 per packed tile */
   for (int64_t b = b0; b < b1; b++) {
-    const int64_t n_base = b * a->block_rows;
+    const int64_t n_base = b * (glu ? half : a->block_rows);
     for (int64_t v0 = 0; v0 < k; v0 += a->chunk) {
       const int64_t count = k - v0 < a->chunk ? k - v0 : a->chunk;
       const int64_t s0 = v0 / KSTEP, ns = count / KSTEP;
-      decode_block_span(a, n_base, a->block_rows, v0, count, block_buf);
+      if (glu) {
+        decode_block_span(a, n_base, half, width, v0, count, block_buf);
+        decode_block_span(a, width + n_base, half, a->n_out, v0, count, block_buf + half * count);
+      } else {
+        decode_block_span(a, n_base, a->block_rows, a->n_out, v0, count, block_buf);
+      }
       for (int64_t xp = 0; xp < pairs; xp++) {
         const uint16_t *x0 = a->packed + (2 * xp * steps + s0) * xtile;
         const uint16_t *x1 = 2 * xp + 1 < xtiles ? x0 + steps * xtile : NULL; /* lone last */
         for (int64_t wp = 0; wp < wpairs; wp++) {
-          const uint16_t *w0 = block_buf + 2 * wp * TILE * count, *w1 = w0 + TILE * count;
+          const uint16_t *w0 = block_buf + (glu ? wp : 2 * wp) * TILE * count;
+          const uint16_t *w1 = glu ? w0 + half * count : w0 + TILE * count;
           float *c = sums_buf + (slots == 1 ? 0 : (xp * wpairs + wp) * quad);
           tile_product(w0, w1, count, x0, x1, ns, c, v0 == 0);
-          if (v0 + count == k) store_y(a, c, n_base + 2 * wp * TILE, 2 * xp * TILE);
+          if (v0 + count < k) continue;
+          if (glu)
+            store_y_glu(a, c, n_base + wp * TILE, 2 * xp * TILE);
+          else
+            store_y(a, c, n_base + 2 * wp * TILE, 2 * xp * TILE);
         }
       }
     }
@@ -334,9 +378,11 @@ static void gemm_blocks(void *p, int64_t b0, int64_t b1) {
   _tile_release();
 }
 
-int gguf_gemm_amx(int dtype, const void *x, const gguf_part_t *parts, void *y, int64_t rows,
-                  int64_t n_out, int64_t k, int threads) {
+/* gguf_gemm_amx, or with act >= 0 its gated form (see gemm_args). */
+static int gemm_amx(int dtype, int act, const void *x, const gguf_part_t *parts, void *y,
+                    int64_t rows, int64_t n_out, int64_t k, int threads) {
   if (dtype != DTYPE_BFLOAT16 || k % KSTEP || rows <= 0 || !amx_enabled()) return -1;
+  if (act >= 0 && n_out % (2 * TILE)) return -1; /* whole gate tiles, up tiles alike */
   if (!gguf_parts_valid(parts, n_out, k)) return -1;
   const int64_t xtiles = (rows + TILE - 1) / TILE;
   uint16_t *packed = aligned_alloc(64, (size_t)(xtiles * TILE * k) * sizeof(uint16_t));
@@ -350,11 +396,24 @@ int gguf_gemm_amx(int dtype, const void *x, const gguf_part_t *parts, void *y, i
   block_rows = block_rows < 2 * TILE ? 2 * TILE : block_rows > 256 ? 256 : block_rows;
   const int64_t per_thread = (n_out + threads - 1) / (threads > 0 ? threads : 1);
   while (block_rows > 2 * TILE && block_rows > per_thread) block_rows -= 2 * TILE;
-  gemm_args ga = {parts, packed, y, rows, n_out, k, block_rows, chunk, 0};
-  const int64_t blocks = (n_out + block_rows - 1) / block_rows;
+  gemm_args ga = {parts, packed, y, rows, n_out, k, block_rows, chunk, 0, act};
+  /* A gated block covers block_rows / 2 output columns (gate and up rows for each). */
+  const int64_t covered = act >= 0 ? block_rows / 2 : block_rows;
+  const int64_t blocks = ((act >= 0 ? n_out / 2 : n_out) + covered - 1) / covered;
   parallel_range(gemm_blocks, &ga, blocks, 1, threads, 1);
   free(packed);
   return ga.failed ? -1 : 0;
+}
+
+int gguf_gemm_amx(int dtype, const void *x, const gguf_part_t *parts, void *y, int64_t rows,
+                  int64_t n_out, int64_t k, int threads) {
+  return gemm_amx(dtype, -1, x, parts, y, rows, n_out, k, threads);
+}
+
+int gguf_gemm_amx_glu(int dtype, int act, const void *x, const gguf_part_t *parts, void *y,
+                      int64_t rows, int64_t n_out, int64_t k, int threads) {
+  if (act != ACT_SILU && act != ACT_GELU_TANH) return -1;
+  return gemm_amx(dtype, act, x, parts, y, rows, n_out, k, threads);
 }
 
 int64_t amx_gemm_available(void) { return amx_enabled(); }
@@ -363,6 +422,13 @@ int64_t amx_gemm_available(void) { return amx_enabled(); }
 int gguf_gemm_amx(int dtype, const void *x, const gguf_part_t *parts, void *y, int64_t rows,
                   int64_t n_out, int64_t k, int threads) {
   (void)dtype, (void)x, (void)parts, (void)y, (void)rows, (void)n_out, (void)k, (void)threads;
+  return -1;
+}
+
+int gguf_gemm_amx_glu(int dtype, int act, const void *x, const gguf_part_t *parts, void *y,
+                      int64_t rows, int64_t n_out, int64_t k, int threads) {
+  (void)dtype, (void)act, (void)x, (void)parts, (void)y, (void)rows, (void)n_out, (void)k;
+  (void)threads;
   return -1;
 }
 

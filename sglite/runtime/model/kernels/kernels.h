@@ -181,6 +181,12 @@ int gguf_gemv_a8(int dtype, const void *x, const gguf_part_t *parts, void *y, in
 int gguf_gemm_amx(int dtype, const void *x, const gguf_part_t *parts, void *y, int64_t rows,
                   int64_t n_out, int64_t k, int threads);
 int64_t amx_gemm_available(void);
+/* gguf_amx.c: y [rows, n_out / 2] = act(x G^T) * (x U^T) for a weight [G; U] of n_out rows
+ * (a multiple of 32), act = ACT_SILU or ACT_GELU_TANH: gguf_gemm_amx's product with act_mul's
+ * arithmetic on its bf16-rounded halves, bit for bit, without the [rows, n_out] intermediate.
+ * -1 where gguf_gemm_amx would refuse, or for another act or n_out. */
+int gguf_gemm_amx_glu(int dtype, int act, const void *x, const gguf_part_t *parts, void *y,
+                      int64_t rows, int64_t n_out, int64_t k, int threads);
 /* The bf16 rows from which a weight of these parts is multiplied on AMX tiles: AMX_MIN_ROWS_Q6_K
  * when Q6_K parts hold most of its rows, else AMX_MIN_ROWS. */
 int64_t gguf_amx_min_rows(const gguf_part_t *parts, int64_t n_out);

@@ -296,6 +296,24 @@ def gguf_gemm_amx(x: torch.Tensor, parts: int, n_out: int) -> torch.Tensor | Non
     return _call_gguf(lib.gguf_gemm_amx, x, parts, n_out)
 
 
+def gguf_gemm_amx_glu(x: torch.Tensor, parts: int, n_out: int, act: int) -> torch.Tensor | None:
+    """`act(x G^T) * (x U^T)` (`[M, n_out / 2]`) for bfloat16 x and a GGUF weight `[G; U]` of
+    `n_out` rows, on AMX tiles, equal bit for bit to `gguf_gemm_amx` followed by `gated_act`
+    (kernels.h `gguf_gemm_amx_glu`; `act` an ACT_* code). None where it cannot serve x."""
+    lib = _lib_for(x)
+    if lib is None or x.dtype != torch.bfloat16 or x.dim() != 2 or not x.is_contiguous():
+        return None
+    rows, k = x.shape
+    out = x.new_empty(rows, n_out // 2)
+    if rows == 0:
+        return out
+    threads = torch.get_num_threads()
+    status = lib.gguf_gemm_amx_glu(
+        _DTYPE_CODES[x.dtype], act, x.data_ptr(), parts, out.data_ptr(), rows, n_out, k, threads
+    )
+    return out if status == 0 else None
+
+
 @functools.cache
 def amx_available() -> bool:
     """Whether `gguf_gemm_amx` runs here (an AMX build, CPU and OS permission)."""

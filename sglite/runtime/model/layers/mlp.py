@@ -6,7 +6,6 @@ import torch
 from torch import nn
 
 from sglite.runtime.distributed.parallel import SINGLE, TensorParallelGroup
-from sglite.runtime.model import kernels
 from sglite.runtime.model.linear import Linear
 
 
@@ -36,4 +35,4 @@ class GatedMLP(nn.Module):
 
     def local(self, x: torch.Tensor) -> torch.Tensor:
         """The block's output without the tensor-parallel all-reduce (experts sum first)."""
-        return self.down_proj(kernels.gated_act(self.gate_up_proj(x), self.act))
+        return self.down_proj(self.gate_up_proj.gated(x, self.act))
