@@ -107,6 +107,8 @@ def test_the_selection_keeps_the_most_deviating_reused_tokens():
     assert keep.tolist() == [1, 3, 5]  # rows of positions 3 and 5, and the last token's
     narrowing.before_layer(2, narrow_rows(batch, keep), pool)  # the model's next batch
     assert narrowing.recomputed == 2
+    assert keep_counts(2, 5, 0.25, "once") == {}  # too shallow to narrow: every token computed
+    assert DeviationNarrowing(candidate, {}).recomputed == 5
 
 
 def test_full_recompute_equals_a_full_prefill(exact_engine):

@@ -89,8 +89,11 @@ class DeviationNarrowing:
 
     @property
     def recomputed(self) -> int:
-        """Candidates computed per layer past the first narrowing, on average (rounded up)."""
-        return math.ceil(sum(self.computed) / len(self.computed)) if self.computed else 0
+        """Candidates computed per layer past the first narrowing, on average (rounded up); in
+        a model too shallow to narrow (under 3 layers), every candidate."""
+        if not self.computed:
+            return int(self.candidate.sum())
+        return math.ceil(sum(self.computed) / len(self.computed))
 
     def _candidate_rows(self, batch: ForwardBatch) -> torch.Tensor:
         return self.candidate.index_select(0, batch.positions.cpu()).nonzero().squeeze(1)
