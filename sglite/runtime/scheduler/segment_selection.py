@@ -70,10 +70,14 @@ class DeviationNarrowing:
     _copied: torch.Tensor | None = None  # their K/V before it ran
 
     def before_layer(self, layer: int, batch: ForwardBatch, pool: KVPool) -> None:
-        if layer > SELECT_AFTER_LAYER:
-            self.computed.append(int(self._candidate_rows(batch).numel()))
-        if layer in self.counts:
-            self._rows = self._candidate_rows(batch)
+        counted, chosen_after = layer > SELECT_AFTER_LAYER, layer in self.counts
+        if not (counted or chosen_after):
+            return
+        rows = self.candidate.index_select(0, batch.positions.cpu()).nonzero().squeeze(1)
+        if counted:
+            self.computed.append(int(rows.numel()))
+        if chosen_after:
+            self._rows = rows
             self._copied = self._kv(layer, batch, pool)
 
     def after_layer(self, layer: int, batch: ForwardBatch, pool: KVPool) -> torch.Tensor | None:
@@ -94,9 +98,6 @@ class DeviationNarrowing:
         if not self.computed:
             return int(self.candidate.sum())
         return math.ceil(sum(self.computed) / len(self.computed))
-
-    def _candidate_rows(self, batch: ForwardBatch) -> torch.Tensor:
-        return self.candidate.index_select(0, batch.positions.cpu()).nonzero().squeeze(1)
 
     def _kv(self, layer: int, batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
         """`[rows, heads, 2 x head_dim]` float: the candidate rows' keys, then values."""

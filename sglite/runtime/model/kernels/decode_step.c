@@ -106,6 +106,14 @@ static void add_bias(int dtype, const linear_t *l, void *y, int64_t rows) {
             dtype);
 }
 
+/* Whether a GGUF weight's bf16 batch of `rows` goes to the AMX tiles: from the weight's
+ * amx_min_rows (rows independent, but not the GEMV's or gguf_gemv_a8's sums, so deterministic
+ * mode keeps one kernel for every row count). The kernel may still decline (no AMX here). */
+static int amx_rows(int dtype, const linear_t *l, int64_t rows, int deterministic) {
+  const int any_gguf = l->kind == LINEAR_GGUF || l->kind == LINEAR_GGUF_A8;
+  return any_gguf && dtype == DTYPE_BFLOAT16 && !deterministic && rows >= l->amx_min_rows;
+}
+
 static int linear_rows(int dtype, const linear_t *l, const void *x, void *y, int64_t rows,
                        int threads, int deterministic);
 
@@ -115,9 +123,7 @@ static int linear_rows(int dtype, const linear_t *l, const void *x, void *y, int
 static int gated_rows(int dtype, int act, const linear_t *l, const void *x, void *gate_up,
                       void *activated, int64_t rows, int64_t inter, int threads,
                       int deterministic) {
-  const int any_gguf = l->kind == LINEAR_GGUF || l->kind == LINEAR_GGUF_A8;
-  if (any_gguf && dtype == DTYPE_BFLOAT16 && !deterministic && rows >= l->amx_min_rows &&
-      l->bias == NULL &&
+  if (amx_rows(dtype, l, rows, deterministic) && l->bias == NULL &&
       gguf_gemm_amx_glu(dtype, act, x, l->weight, activated, rows, l->n_out, l->k, threads) == 0)
     return 0;
   const int status = linear_rows(dtype, l, x, gate_up, rows, threads, deterministic);
@@ -133,11 +139,7 @@ static int linear_rows(int dtype, const linear_t *l, const void *x, void *y, int
     panel_gemm(x, l->weight, l->bias, y, rows, l->n_out, l->k, threads);
     return 0;
   }
-  /* bf16 batches from the weight's amx_min_rows: AMX tiles where present (rows independent,
-   * but not the GEMV's or gguf_gemv_a8's sums, so deterministic mode keeps one kernel for
-   * every row count). */
-  const int any_gguf = l->kind == LINEAR_GGUF || l->kind == LINEAR_GGUF_A8;
-  if (any_gguf && dtype == DTYPE_BFLOAT16 && !deterministic && rows >= l->amx_min_rows &&
+  if (amx_rows(dtype, l, rows, deterministic) &&
       gguf_gemm_amx(dtype, x, l->weight, y, rows, l->n_out, l->k, threads) == 0) {
     if (l->bias != NULL) add_bias(dtype, l, y, rows);
     return 0;
