@@ -12,7 +12,7 @@
  * scales; a k-quant super-block is summed in int32 and scaled once. With AVX-512 VNNI, blocks
  * of 32 go eight at a time (their scales as vectors, two blocks per `vpdpbusd`). Elsewhere a
  * weight row is decoded to float32 and dotted with xq dx. Every block prefetches its row's
- * bytes PREFETCH_BYTES ahead.
+ * bytes PREFETCH_BYTES ahead, and each thread reads its rows as STREAMS interleaved sequences.
  *
  * Invariant: a row's result depends on that x row alone (not on the other rows, their number or
  * the thread count): every output is computed by one thread in one fixed order, so prefill,
@@ -28,8 +28,8 @@
 #define A8_ROWS 4
 
 #if defined(__AVX2__) && defined(__FMA__)
-/* How far ahead of the block being computed its row's bytes are prefetched (a thread's weight
- * rows are contiguous, so this runs into the next rows): far enough that the loads of a block
+/* How far ahead of the block being computed its row's bytes are prefetched (a stream's weight
+ * rows are contiguous, so this runs into its next rows): far enough that the loads of a block
  * find it in cache, which the hardware prefetchers, stopping at every 4 KB page, do not ensure. */
 #define PREFETCH_BYTES 2048
 
@@ -49,8 +49,9 @@ static inline __m256i spread_int16(__m256i v, int j) {
 }
 
 typedef struct {
-  __m256 acc[A8_ROWS]; /* scaled products */
-  float off[A8_ROWS];  /* offsets */
+  __m256 acc[A8_ROWS];     /* scaled products */
+  float off[A8_ROWS];      /* offsets */
+  __m128 off_vec[A8_ROWS]; /* more offsets, per lane (summed into the result with off) */
 } row_sums;
 
 /* Q4_K (five = 0) / Q5_K super-blocks of one weight row against R x rows. */
@@ -96,9 +97,7 @@ static inline __attribute__((always_inline)) void k4_k5_row(const int R, const i
       s->acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[m]), _mm256_set1_ps(d * dx), s->acc[m]);
       const __m128i sums = _mm_loadu_si128((const __m128i *)(x->sum32 + (m0 + m) * (k / QK) + 8 * blk));
       const __m128i mins = _mm_madd_epi16(mn16, sums);
-      const __m128i t = _mm_add_epi32(mins, _mm_unpackhi_epi64(mins, mins));
-      const int total = _mm_cvtsi128_si32(t) + _mm_extract_epi32(t, 1);
-      s->off[m] -= dmin * dx * (float)total;
+      s->off_vec[m] = _mm_fnmadd_ps(_mm_cvtepi32_ps(mins), _mm_set1_ps(dmin * dx), s->off_vec[m]);
     }
   }
 }
@@ -302,6 +301,7 @@ static inline __attribute__((always_inline)) void row_products(const int R, int6
   for (int m = 0; m < R; m++) {
     s.acc[m] = _mm256_setzero_ps();
     s.off[m] = 0.0f;
+    s.off_vec[m] = _mm_setzero_ps();
   }
   if (type == GGML_TYPE_Q4_K)
     k4_k5_row(R, 0, row, x, m0, &s);
@@ -311,7 +311,10 @@ static inline __attribute__((always_inline)) void row_products(const int R, int6
     k6_row(R, row, x, m0, &s);
   else
     b32_row(R, type, row, x, m0, &s);
-  for (int m = 0; m < R; m++) out[m] = hsum_ps(s.acc[m]) + s.off[m];
+  for (int m = 0; m < R; m++) {
+    const __m128 off = _mm_add_ps(s.off_vec[m], _mm_movehl_ps(s.off_vec[m], s.off_vec[m]));
+    out[m] = hsum_ps(s.acc[m]) + (s.off[m] + _mm_cvtss_f32(_mm_add_ss(off, _mm_movehdup_ps(off))));
+  }
 }
 #else
 /* Portable: the weight row decoded to float32 (`decoded`, k values), dotted with xq dx. */
@@ -342,26 +345,44 @@ typedef struct {
 /* Weight rows of one tile: read once from memory, then in cache for every group of x rows. */
 #define TILE_ROWS 16
 
+/* A thread reads its rows as STREAMS interleaved sequences, far apart in memory, taking a row
+ * of each in turn: one sequential stream leaves the core's hardware prefetchers waiting on a
+ * single run of lines while the products compute, several keep more lines in flight (the
+ * kernel then reads at the memory's rate, not a third below it). */
+#define STREAMS 4
+
+/* The weight row at position v of the interleaved order of rows [n0, n0 + len * STREAMS):
+ * stream v % STREAMS, its (v / STREAMS)-th row; rows past n1 are skipped by the caller. */
+static inline int64_t stream_row(int64_t v, int64_t n0, int64_t len) {
+  return n0 + (v % STREAMS) * len + v / STREAMS;
+}
+
 static void a8_range(void *p, int64_t n0, int64_t n1) {
   const a8_args *a = p;
   const rounded_x *x = a->x;
   const int64_t k = x->k;
+  const int64_t len = (n1 - n0 + STREAMS - 1) / STREAMS;
 #if !(defined(__AVX2__) && defined(__FMA__))
   float *decoded = (float *)malloc((size_t)(TILE_ROWS * k) * sizeof(float));
   if (decoded == NULL) abort(); /* a few KB: out of memory is not recoverable here */
 #endif
-  for (int64_t t0 = n0; t0 < n1; t0 += TILE_ROWS) {
-    const int64_t t1 = t0 + TILE_ROWS < n1 ? t0 + TILE_ROWS : n1;
+  const int64_t positions = len * STREAMS;
+  for (int64_t t0 = 0; t0 < positions; t0 += TILE_ROWS) {
+    const int64_t t1 = t0 + TILE_ROWS < positions ? t0 + TILE_ROWS : positions;
 #if !(defined(__AVX2__) && defined(__FMA__))
-    for (int64_t n = t0; n < t1; n++) {
+    for (int64_t v = t0; v < t1; v++) {
+      const int64_t n = stream_row(v, n0, len);
+      if (n >= n1) continue;
       int64_t type;
       const void *row = gguf_part_row(a->parts, n, k, &type);
-      gguf_decode_row(type, row, k, decoded + (n - t0) * k);
+      gguf_decode_row(type, row, k, decoded + (v - t0) * k);
     }
 #endif
     for (int64_t m0 = 0; m0 < x->rows; m0 += A8_ROWS) {
       const int64_t left = x->rows - m0;
-      for (int64_t n = t0; n < t1; n++) {
+      for (int64_t v = t0; v < t1; v++) {
+        const int64_t n = stream_row(v, n0, len);
+        if (n >= n1) continue;
         float out[A8_ROWS];
         int R = left >= A8_ROWS ? A8_ROWS : (int)left;
 #if defined(__AVX2__) && defined(__FMA__)
@@ -376,7 +397,7 @@ static void a8_range(void *p, int64_t n0, int64_t n1) {
         else
           row_products(1, type, row, x, m0, out);
 #else
-        row_products_decoded(R, decoded + (n - t0) * k, x, m0, out);
+        row_products_decoded(R, decoded + (v - t0) * k, x, m0, out);
 #endif
         for (int m = 0; m < R; m++) store(a->y, (m0 + m) * a->n_out + n, out[m], a->dtype);
       }
