@@ -152,19 +152,21 @@ static inline void q4k_bf16(const uint8_t *b, uint16_t *out) {
                                     (int)((w[2] & four) | (((w[0] >> 6) & two) << 4)), 0, 0);
   const __m128i mn = _mm_setr_epi32((int)(w[1] & low6),
                                     (int)(((w[2] >> 4) & four) | (((w[1] >> 6) & two) << 4)), 0, 0);
-  float scale[8], offset[8]; /* d sc and -dmin mn of each group */
-  _mm256_storeu_ps(scale, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc)),
-                                        _mm256_set1_ps(d)));
-  _mm256_storeu_ps(offset, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mn)),
-                                         _mm256_set1_ps(-dmin)));
+  /* d sc and -dmin mn of each group, in lanes 0-7 (kept in registers: a round trip through
+   * memory stalls on store forwarding) */
+  const __m512 scale = _mm512_castps256_ps512(
+      _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc)), _mm256_set1_ps(d)));
+  const __m512 offset = _mm512_castps256_ps512(
+      _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mn)), _mm256_set1_ps(-dmin)));
   const __m512 q = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512i second = _mm512_set1_epi16(16);
   for (int c = 0; c < 4; c++) {
     const __m256i bytes = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * c));
-    const int g = 2 * c;
-    const __m512 lo = _mm512_fmadd_ps(q, _mm512_set1_ps(scale[g]), _mm512_set1_ps(offset[g]));
-    const __m512 hi =
-        _mm512_fmadd_ps(q, _mm512_set1_ps(scale[g + 1]), _mm512_set1_ps(offset[g + 1]));
+    const __m512i g = _mm512_set1_epi32(2 * c), g1 = _mm512_set1_epi32(2 * c + 1);
+    const __m512 lo = _mm512_fmadd_ps(q, _mm512_permutexvar_ps(g, scale),
+                                      _mm512_permutexvar_ps(g, offset));
+    const __m512 hi = _mm512_fmadd_ps(q, _mm512_permutexvar_ps(g1, scale),
+                                      _mm512_permutexvar_ps(g1, offset));
     const __m512i tables = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
     const __m512i first_idx = _mm512_cvtepu8_epi16(low4(bytes));
     const __m512i second_idx = _mm512_or_si512(_mm512_cvtepu8_epi16(high4(bytes)), second);
