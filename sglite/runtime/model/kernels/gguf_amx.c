@@ -176,21 +176,22 @@ static inline void q4k_bf16(const uint8_t *b, uint16_t *out) {
 }
 
 /* A Q6_K super-block's 256 values as bf16: d sc (q - 32) per group of 16, as the float decoder
- * computes them. */
+ * computes them (its sixteen d sc products at once, each group's picked from the vector). */
 static inline void q6k_bf16(const uint8_t *b, uint16_t *out) {
-  const int8_t *sc = (const int8_t *)(b + 192);
-  const float d = half(b + 208);
+  const __m512 scales = _mm512_mul_ps(
+      _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 192)))),
+      _mm512_set1_ps(half(b + 208)));
   for (int h = 0; h < 2; h++) {
     __m256i q[4];
     q6k_half(b, h, q);
     for (int s = 0; s < 4; s++) {
-      const int8_t *g = sc + 8 * h + 2 * s;
+      const int g = 8 * h + 2 * s;
       const __m512 lo = _mm512_mul_ps(
           _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q[s]))),
-          _mm512_set1_ps(d * (float)g[0]));
+          _mm512_permutexvar_ps(_mm512_set1_epi32(g), scales));
       const __m512 hi = _mm512_mul_ps(
           _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q[s], 1))),
-          _mm512_set1_ps(d * (float)g[1]));
+          _mm512_permutexvar_ps(_mm512_set1_epi32(g + 1), scales));
       _mm512_storeu_si512(out + 128 * h + 32 * s, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
     }
   }
