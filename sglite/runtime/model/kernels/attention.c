@@ -16,6 +16,11 @@
 #define MAX_HEADS 128
 /* Tokens per split when a row's context is cut into ranges for parallelism. */
 #define SPLIT_MIN_TOKENS 256
+/* How many tokens ahead of the one scored its K and V rows (this kv head's, every cache line)
+ * are prefetched: at long contexts they come from memory, the weights having evicted them, and
+ * one line ahead per row left the rest of each row to wait on memory. V is fetched during the
+ * K pass, so the block's V pass finds it in cache. */
+#define KV_PREFETCH_TOKENS 8
 
 /* Online-softmax state of one query head over the tokens seen so far. */
 typedef struct {
@@ -42,8 +47,13 @@ static inline __attribute__((always_inline)) void attend_block(
       av[g][v] = vload(acc, g * head_dim + v * VEC, 0);
     }
   for (int64_t j = 0; j < n; j++) {
-    if (j + 4 < n)
-      __builtin_prefetch((const char *)k_cache + (slots[j + 4] * kv_width + kv_off) * elem);
+    if (j + KV_PREFETCH_TOKENS < n) {
+      const int64_t ahead = (slots[j + KV_PREFETCH_TOKENS] * kv_width + kv_off) * elem;
+      for (int64_t line = 0; line < head_dim * (int64_t)elem; line += 64) {
+        __builtin_prefetch((const char *)k_cache + ahead + line);
+        __builtin_prefetch((const char *)v_cache + ahead + line);
+      }
+    }
     const int64_t k_off = slots[j] * kv_width + kv_off;
     for (int64_t v = 0; v < nvec; v++) kv[v] = vload(k_cache, k_off + v * VEC, dtype);
     for (int g = 0; g < group; g++) {
@@ -77,8 +87,6 @@ static inline __attribute__((always_inline)) void attend_block(
     for (int64_t v = 0; v < nvec; v++) av[g][v] = vmul(av[g][v], vc);
   }
   for (int64_t j = 0; j < n; j++) {
-    if (j + 4 < n)
-      __builtin_prefetch((const char *)v_cache + (slots[j + 4] * kv_width + kv_off) * elem);
     const int64_t v_off = slots[j] * kv_width + kv_off;
     for (int64_t v = 0; v < nvec; v++) kv[v] = vload(v_cache, v_off + v * VEC, dtype);
     for (int g = 0; g < group; g++) {
@@ -107,6 +115,13 @@ static inline __attribute__((always_inline)) void attend_block_per_head(
     for (int64_t v = 0; v < nvec; v++) qv[v] = vload(q, g * head_dim + v * VEC, 0);
     float block_max = st[g].m;
     for (int64_t j = 0; j < n; j++) {
+      if (g == 0 && j + KV_PREFETCH_TOKENS < n) { /* the first head reads the block from memory */
+        const int64_t ahead = (slots[j + KV_PREFETCH_TOKENS] * kv_width + kv_off) * (dtype ? 2 : 4);
+        for (int64_t line = 0; line < head_dim * (dtype ? 2 : 4); line += 64) {
+          __builtin_prefetch((const char *)k_cache + ahead + line);
+          __builtin_prefetch((const char *)v_cache + ahead + line);
+        }
+      }
       const int64_t k_off = slots[j] * kv_width + kv_off;
       vec_t even = vmul(qv[0], vload(k_cache, k_off, dtype));
       vec_t odd = vzero();
