@@ -73,6 +73,24 @@ def test_products_are_the_file_weights_times_x_rounded_to_int8(type_name, k):
     assert np.abs(exact - want).max() > 1e-3 * np.abs(want).max()
 
 
+@pytest.mark.parametrize("n_out", [1, 3, 203, 1029])
+def test_every_output_row_is_computed_whatever_the_row_count(n_out):
+    """The kernel splits the weight rows over threads and reads a thread's rows as interleaved
+    streams; row counts that divide into neither (and a product large enough to be split over
+    threads) still give every output its own row's product, none skipped or written twice."""
+    import gguf
+
+    rng = np.random.default_rng(n_out)
+    blocks = _blocks("Q4_K", n_out, 512, rng)
+    dense = gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType.Q4_K).reshape(n_out, 512)
+    weight = GGUFWeight([GGUFPart("Q4_K", np.ascontiguousarray(blocks))], 512)
+    x = rng.standard_normal((5, 512)).astype(np.float32)
+    want = _rounded(x, 256) @ dense.T.astype(np.float64)
+    for rows in (1, 5):
+        got = kernels.gguf_gemv_a8(torch.from_numpy(x[:rows]), weight.address, n_out).numpy()
+        assert np.abs(got - want[:rows]).max() <= 1e-5 * np.abs(want).max(), rows
+
+
 def test_a_fused_weight_of_two_types_takes_each_part_in_its_own():
     import gguf
 
