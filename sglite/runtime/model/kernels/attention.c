@@ -22,6 +22,15 @@
  * K pass, so the block's V pass finds it in cache. */
 #define KV_PREFETCH_TOKENS 8
 
+/* Every cache line of a token's K and V rows for one kv head (`row_bytes` from byte `at`). */
+static inline void prefetch_kv(const void *k_cache, const void *v_cache, int64_t at,
+                               int64_t row_bytes) {
+  for (int64_t line = 0; line < row_bytes; line += 64) {
+    __builtin_prefetch((const char *)k_cache + at + line);
+    __builtin_prefetch((const char *)v_cache + at + line);
+  }
+}
+
 /* Online-softmax state of one query head over the tokens seen so far. */
 typedef struct {
   float m, l;
@@ -47,13 +56,9 @@ static inline __attribute__((always_inline)) void attend_block(
       av[g][v] = vload(acc, g * head_dim + v * VEC, 0);
     }
   for (int64_t j = 0; j < n; j++) {
-    if (j + KV_PREFETCH_TOKENS < n) {
-      const int64_t ahead = (slots[j + KV_PREFETCH_TOKENS] * kv_width + kv_off) * elem;
-      for (int64_t line = 0; line < head_dim * (int64_t)elem; line += 64) {
-        __builtin_prefetch((const char *)k_cache + ahead + line);
-        __builtin_prefetch((const char *)v_cache + ahead + line);
-      }
-    }
+    if (j + KV_PREFETCH_TOKENS < n)
+      prefetch_kv(k_cache, v_cache, (slots[j + KV_PREFETCH_TOKENS] * kv_width + kv_off) * elem,
+                  head_dim * (int64_t)elem);
     const int64_t k_off = slots[j] * kv_width + kv_off;
     for (int64_t v = 0; v < nvec; v++) kv[v] = vload(k_cache, k_off + v * VEC, dtype);
     for (int g = 0; g < group; g++) {
@@ -109,19 +114,16 @@ static inline __attribute__((always_inline)) void attend_block_per_head(
     softmax_state *st, const void *k_cache, const void *v_cache, const int64_t *slots, int64_t n,
     int64_t kv_width, int64_t kv_off) {
   const int64_t head_dim = nvec * VEC;
+  const size_t elem = dtype ? 2 : 4;
   float sc[ATTN_BLOCK];
   for (int g = 0; g < group; g++) {
     vec_t qv[MAX_HEAD_DIM / VEC];
     for (int64_t v = 0; v < nvec; v++) qv[v] = vload(q, g * head_dim + v * VEC, 0);
     float block_max = st[g].m;
     for (int64_t j = 0; j < n; j++) {
-      if (g == 0 && j + KV_PREFETCH_TOKENS < n) { /* the first head reads the block from memory */
-        const int64_t ahead = (slots[j + KV_PREFETCH_TOKENS] * kv_width + kv_off) * (dtype ? 2 : 4);
-        for (int64_t line = 0; line < head_dim * (dtype ? 2 : 4); line += 64) {
-          __builtin_prefetch((const char *)k_cache + ahead + line);
-          __builtin_prefetch((const char *)v_cache + ahead + line);
-        }
-      }
+      if (g == 0 && j + KV_PREFETCH_TOKENS < n) /* the first head reads the block from memory */
+        prefetch_kv(k_cache, v_cache, (slots[j + KV_PREFETCH_TOKENS] * kv_width + kv_off) * elem,
+                    head_dim * (int64_t)elem);
       const int64_t k_off = slots[j] * kv_width + kv_off;
       vec_t even = vmul(qv[0], vload(k_cache, k_off, dtype));
       vec_t odd = vzero();

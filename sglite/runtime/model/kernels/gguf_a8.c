@@ -312,8 +312,8 @@ static inline __attribute__((always_inline)) void row_products(const int R, int6
   else
     b32_row(R, type, row, x, m0, &s);
   for (int m = 0; m < R; m++) {
-    const __m128 off = _mm_add_ps(s.off_vec[m], _mm_movehl_ps(s.off_vec[m], s.off_vec[m]));
-    out[m] = hsum_ps(s.acc[m]) + (s.off[m] + _mm_cvtss_f32(_mm_add_ss(off, _mm_movehdup_ps(off))));
+    const float off_lanes = hsum_ps(_mm256_zextps128_ps256(s.off_vec[m]));
+    out[m] = hsum_ps(s.acc[m]) + (s.off[m] + off_lanes);
   }
 }
 #else
