@@ -3,6 +3,8 @@ model gives the same logits with the kernels and without them."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -166,6 +168,20 @@ def test_library_is_cached_per_source(tmp_path, monkeypatch):
     mtime = first.stat().st_mtime_ns
     assert native._build(native._compiler()) == first
     assert first.stat().st_mtime_ns == mtime  # not rebuilt
+
+
+def test_a_changed_compiler_changes_the_library_key(tmp_path, monkeypatch):
+    """The key names the compiler by its file (not by running it): replacing or upgrading the
+    compiler must still give a new library, and the same compiler the same one."""
+    compiler = tmp_path / "cc"
+    compiler.write_text('#!/bin/sh\nexec gcc "$@"\n')
+    compiler.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    first = native._compiler_identity("cc")
+    assert native._compiler_identity("cc") == first
+    assert str(compiler) in first
+    compiler.write_text('#!/bin/sh\nexec gcc -O2 "$@"\n')  # an upgrade: other bytes
+    assert native._compiler_identity("cc") != first
 
 
 @pytest.mark.parametrize("dtype, tol", DTYPES)

@@ -72,3 +72,20 @@ def test_router_app_imports_no_torch_and_no_server() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
     )
     assert out.stdout.strip() == ""
+
+
+def test_the_server_processes_start_without_the_language() -> None:
+    """`sglite serve` and its scheduler process import runtime modules only: the language
+    (sglite.lang, a tenth of a second of imports) loads when a program first reads one of its
+    names from `sglite`, which still gives every one of them."""
+    probe = (
+        "import sys, sglite.cli, sglite.runtime.scheduler.process\n"
+        "print('sglite.lang' in sys.modules, end=' ')\n"
+        "import sglite as sgl\n"
+        "missing = [n for n in sgl.__all__ if n != 'Engine' and getattr(sgl, n, None) is None]\n"
+        "print('sglite.lang' in sys.modules, 'torch' in sys.modules, missing)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "False True False []"

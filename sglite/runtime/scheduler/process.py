@@ -8,6 +8,7 @@ when the parent pid changes, for platforms without prctl.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import json
@@ -18,6 +19,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from typing import Any
 
 import zmq
@@ -53,6 +55,23 @@ def _die_with_parent(parent_pid: int) -> None:
             time.sleep(0.5)
 
     threading.Thread(target=watchdog, daemon=True, name="parent-watchdog").start()
+
+
+@contextlib.contextmanager
+def _long_lived_heap() -> Iterator[None]:
+    """Start-up without the cyclic collector: torch's modules and then the model make a large
+    heap that lives as long as the process, and full collections triggered while it grows walk
+    all of it and free nothing (a few tenths of a second of start-up). On leaving, what start-up
+    left unreachable is collected once and everything else is frozen (kept out of later scans,
+    which would otherwise walk it every few steps); call `gc.freeze()` inside to move what exists
+    so far (the imported modules) out of that final collection too."""
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.collect()
+        gc.freeze()
+        gc.enable()
 
 
 def _handle_control(scheduler: Any, msg: ControlInput) -> ControlOutput:
@@ -116,19 +135,19 @@ def run_follower(args: ServerArgs, rank: int, parent_pid: int) -> None:
     _die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
-    import torch
+    with _long_lived_heap():
+        import torch
 
-    from sglite.runtime.cache.kv_pool import KVPool
+        from sglite.runtime.cache.kv_pool import KVPool
 
-    tp, loaded = _load(args, rank)
-    cfg = loaded.config
-    capacity = tp.broadcast_object()
-    pool = KVPool(
-        capacity, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, loaded.dtype, loaded.device
-    )
-    tp.gather_object(loaded.model.weight_bytes())
-    gc.collect()
-    gc.freeze()
+        gc.freeze()
+        tp, loaded = _load(args, rank)
+        cfg = loaded.config
+        capacity = tp.broadcast_object()
+        pool = KVPool(
+            capacity, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, loaded.dtype, loaded.device
+        )
+        tp.gather_object(loaded.model.weight_bytes())
     with torch.inference_mode():
         while True:
             batch = tp.broadcast_object()
@@ -151,19 +170,17 @@ def run_scheduler(
     send = ctx.socket(zmq.PUSH)
     send.connect(out_addr)
     try:
-        import torch
+        with _long_lived_heap():
+            import torch
 
-        from sglite.runtime.model.kernels import native
-        from sglite.runtime.model.kernels import native_available as native_kernels_available
-        from sglite.runtime.scheduler.scheduler import Scheduler
+            from sglite.runtime.model.kernels import native
+            from sglite.runtime.model.kernels import native_available as native_kernels_available
+            from sglite.runtime.scheduler.scheduler import Scheduler
 
-        tp, loaded = _load(args, rank)
-        scheduler = Scheduler(args, loaded, tp)
-        weight_bytes = tp.gather_object(loaded.model.weight_bytes())
-        # Everything allocated so far (model, tokenizer, tables) lives as long as the process:
-        # keep it out of the garbage collector's scans, which would walk it every few steps.
-        gc.collect()
-        gc.freeze()
+            gc.freeze()
+            tp, loaded = _load(args, rank)
+            scheduler = Scheduler(args, loaded, tp)
+            weight_bytes = tp.gather_object(loaded.model.weight_bytes())
     except Exception as exc:
         send.send_pyobj(ReadyMessage(ok=False, error=f"{type(exc).__name__}: {exc}"))
         time.sleep(0.2)

@@ -97,8 +97,20 @@ def _cache_dir() -> Path:
     return Path(root) if root else Path.home() / ".cache" / "sglite" / "kernels"
 
 
+def _compiler_identity(cc: str) -> str:
+    """What names the compiler in the cache key: its resolved file's path, size and modification
+    time (an upgrade changes them), read without running it: a process that has imported torch
+    forks slowly, and this runs on every start. `--version` only for a compiler not on PATH."""
+    path = shutil.which(cc)
+    if path is None:
+        return subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+    real = os.path.realpath(path)
+    stat = os.stat(real)
+    return f"{real} {stat.st_size} {stat.st_mtime_ns}"
+
+
 def _build(cc: str) -> Path:
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+    version = _compiler_identity(cc)
     texts = [p.read_text() for p in SOURCES + HEADERS]
     key = hashlib.sha256(
         "\0".join([*texts, " ".join(FLAGS), version, _cpu_fingerprint()]).encode()
