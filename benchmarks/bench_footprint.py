@@ -210,7 +210,9 @@ class Start:
 
 def sglite_command(model: str, port: int, cache: Path, warm_kernels: bool) -> ServerCommand:
     """`sglite serve` on `model` with its caches under `cache`."""
-    env = {"SGLITE_CACHE_DIR": str(cache / "sglite")}
+    # Python reads sglite's modules from compiled bytecode, as after a pip install, whatever the
+    # calling shell says (an empty value disables the setting).
+    env = {"SGLITE_CACHE_DIR": str(cache / "sglite"), "PYTHONDONTWRITEBYTECODE": ""}
     if not warm_kernels:
         env["SGLITE_KERNEL_CACHE"] = str(cache / "kernels")
     cmd = [
@@ -585,7 +587,8 @@ def preamble(args: argparse.Namespace, llama: str | None) -> list[str]:
         f"-c {KV_TOKENS} -np {LLAMA_SLOTS} -t {args.threads}",
         f"first start: sglite with fresh, empty {cleared}; llama-server has no on-disk cache. "
         "second start: the same cache directories again. OS page cache warm (the GGUF read "
-        "once before) for both servers in both starts.",
+        "once before) for both servers in both starts; Python modules from their compiled "
+        "bytecode in both.",
         f"ready: process start to first 200 from /health. memory: after one {NEW_TOKENS}-token "
         f"completion and {IDLE_S:.0f} s idle, summed over the server's process tree, medians "
         "of the second starts; peak RSS: the highest sampled (every 0.1 s, RSS only) over all "
