@@ -27,6 +27,7 @@ from typing import Any
 
 import zmq
 
+from sglite.runtime.model.host_memory import heap_environment
 from sglite.runtime.scheduler.io import (
     SERVED_TOKENS,
     AbortInput,
@@ -52,10 +53,11 @@ GOMP_SPINCOUNT = "20000"
 
 
 def scheduler_environment() -> dict[str, str]:
-    """The scheduler process's environment: ours, plus OpenMP tuning unless set already."""
+    """The scheduler process's environment: ours, plus OpenMP tuning unless set already and
+    the model process's heap policy (`host_memory.heap_environment`)."""
     env = dict(os.environ)
     env.setdefault("GOMP_SPINCOUNT", GOMP_SPINCOUNT)
-    return env
+    return heap_environment(env)
 
 
 def free_port() -> int:
