@@ -56,8 +56,12 @@ class FakeWorker(Served):
 
     `mode` says how it answers them: "ok" (prefill: a small JSON; decode: its answer, streamed
     when asked), "fail" (500), "bad" (400), "wait" (nothing until the client disconnects, which
-    sets `disconnected`).
+    sets `disconnected`). A decode worker with `kv_from` set answers "ok" only once that prefill
+    worker got the same bootstrap room (up to 5 s), as a real one waits for the prompt's KV: the
+    router answers with the decode's reply and cancels the prefill's request if still unsent.
     """
+
+    kv_from: FakeWorker | None = None
 
     def __init__(self, role: str, mode: str = "ok", info_role: str | None = None) -> None:
         self.role = role
@@ -95,6 +99,12 @@ class FakeWorker(Served):
             error = {"message": message, "type": "x", "param": None, "code": None}
             return JSONResponse({"error": error}, status_code=status)
         answer = {"text": f"from {self.role}", "room": body.get("bootstrap_room")}
+        if self.kv_from is not None:
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and all(
+                b.get("bootstrap_room") != answer["room"] for b in self.kv_from.bodies
+            ):
+                await asyncio.sleep(0.01)
         if self.role == "decode" and body.get("stream"):
             return StreamingResponse(_events(answer), media_type="text/event-stream")
         return JSONResponse(answer)
@@ -137,6 +147,7 @@ class Router(Served):
 def pd():
     """A prefill and a decode fake behind a PD router; stopped after the test."""
     prefill, decode = FakeWorker("prefill"), FakeWorker("decode")
+    decode.kv_from = prefill
     router = Router([prefill.url], [decode.url])
     yield router, prefill, decode
     for served in (router, prefill, decode):
