@@ -285,11 +285,14 @@ def main() -> None:
     if sys.argv[1] == "--follower":
         args = ServerArgs(**json.loads(sys.argv[2]))
         run_follower(args, int(sys.argv[3]), int(sys.argv[4]))
-        return
-    args = ServerArgs(**json.loads(sys.argv[1]))
-    run_scheduler(args, sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    else:
+        args = ServerArgs(**json.loads(sys.argv[1]))
+        run_scheduler(args, sys.argv[2], sys.argv[3], int(sys.argv[4]))
     # Skip the interpreter's teardown (unloading torch and friends), which the parent would
-    # wait for: everything is sent and nothing else needs flushing.
+    # wait for: everything is sent and nothing else needs flushing. A follower's would also
+    # destroy its process group's threads after rank 0, which hosts the group's store, has
+    # exited, and C++ then terminates the process ("terminate called without an active
+    # exception"): a non-zero exit after a clean stop.
     logging.shutdown()
     os._exit(0)
 
