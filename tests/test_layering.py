@@ -61,6 +61,14 @@ def test_data_parallel_does_not_import_the_router() -> None:
     assert offending_imports([ROOT / "runtime" / "data_parallel.py"], ("sglite.router",)) == []
 
 
+def run_probe(code: str) -> str:
+    """What `code` prints in a fresh interpreter (which modules an import loads)."""
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    return out.stdout.strip()
+
+
 def test_router_app_imports_no_torch_and_no_server() -> None:
     probe = (
         "import sys, sglite.router.app, sglite.router.launch\n"
@@ -68,10 +76,7 @@ def test_router_app_imports_no_torch_and_no_server() -> None:
         " 'sglite.runtime.model', 'sglite.runtime.scheduler'))]\n"
         "print(','.join(sorted(heavy)))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
-    )
-    assert out.stdout.strip() == ""
+    assert run_probe(probe) == ""
 
 
 def test_the_server_processes_start_without_the_language() -> None:
@@ -85,7 +90,4 @@ def test_the_server_processes_start_without_the_language() -> None:
         "missing = [n for n in sgl.__all__ if n != 'Engine' and getattr(sgl, n, None) is None]\n"
         "print('sglite.lang' in sys.modules, 'torch' in sys.modules, missing)\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
-    )
-    assert out.stdout.strip() == "False True False []"
+    assert run_probe(probe) == "False True False []"

@@ -75,6 +75,7 @@ class Tokenizer:
         self._hf: Any = None
         self._hf_loader = hf_loader
         self._hf_lock = threading.Lock()
+        self._hf_thread: threading.Thread | None = None
 
     @classmethod
     def from_transformers(
@@ -139,9 +140,11 @@ class Tokenizer:
             return self._hf
 
     def load_hf_in_background(self) -> None:
-        """Start loading `hf` on a daemon thread (a first `hf` use waits for it)."""
-        if self._hf is None and self._hf_loader is not None:
-            threading.Thread(target=lambda: self.hf, daemon=True, name="load-hf").start()
+        """Start loading `hf` on a daemon thread (a first `hf` use waits for it); once: later
+        calls find it loaded or loading."""
+        if self._hf is None and self._hf_loader is not None and self._hf_thread is None:
+            self._hf_thread = threading.Thread(target=lambda: self.hf, daemon=True, name="load-hf")
+            self._hf_thread.start()
 
     def token_to_id(self, token: str) -> int | None:
         """The id of vocabulary string `token`, None if it is not in the vocabulary."""
