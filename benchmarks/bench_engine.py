@@ -48,7 +48,7 @@ import torch
 
 import sglite
 from benchmarks.common import PeerStatus, add_json_option, add_llama_server_option
-from sglite.runtime.model.loader import default_model_path
+from sglite.runtime.model.catalog import resolve_model_path
 
 
 def gflop_per_token(model_path: str) -> float:
@@ -601,7 +601,9 @@ def report(
 def main() -> None:
     """Parse flags, run every system, print the table and the targets."""
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", help="a GGUF file (default: the default model)")
+    parser.add_argument(
+        "--model", help="a GGUF file or known model name (default: the default model)"
+    )
     parser.add_argument(
         "--quantizations",
         help="comma-separated weight formats to run: none (dense), int8, int4, w4a8, auto (a "
@@ -624,7 +626,7 @@ def main() -> None:
     add_json_option(parser)
     args = parser.parse_args()
     default = args.model is None
-    args.model = args.model or default_model_path()
+    args.model = resolve_model_path(args.model)
     blocks = "auto/float,auto/int8"
     formats = args.quantizations or (
         f"none,int8,int4,w4a8,{blocks}" if default else f"none,{blocks}"

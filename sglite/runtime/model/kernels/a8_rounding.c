@@ -6,6 +6,46 @@
 #define QK 32
 #define QK_K 256
 
+#if defined(__AVX2__)
+/* The largest |x| of n values (n a multiple of 8), NaNs ignored as fmaxf ignores them: max_ps
+ * returns its second operand when either is NaN. */
+static float abs_max(const float *x, int64_t n) {
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t j = 0; j < n; j += 8)
+    acc = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + j), magnitude), acc);
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+/* q = lrintf(x * inv) for n values (n a multiple of 32): cvtps2dq rounds as lrintf does, to
+ * nearest even in the default rounding mode; |x * inv| <= 127 packs without saturating. */
+static void round_values(const float *x, int64_t n, float inv, int8_t *q) {
+  const __m256 scale = _mm256_set1_ps(inv);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t j = 0; j < n; j += 32) {
+    __m256i v[4];
+    for (int i = 0; i < 4; i++)
+      v[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + j + 8 * i), scale));
+    const __m256i bytes =
+        _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+    _mm256_storeu_si256((__m256i *)(q + j), _mm256_permutevar8x32_epi32(bytes, order));
+  }
+}
+#else
+static float abs_max(const float *x, int64_t n) {
+  float amax = 0.0f;
+  for (int64_t j = 0; j < n; j++) amax = fmaxf(amax, fabsf(x[j]));
+  return amax;
+}
+
+static void round_values(const float *x, int64_t n, float inv, int8_t *q) {
+  for (int64_t j = 0; j < n; j++) q[j] = (int8_t)lrintf(x[j] * inv);
+}
+#endif
+
 void free_rounded(rounded_x *r) {
   free(r->q);
   free(r->dx);
@@ -37,11 +77,10 @@ int round_x(int dtype, const void *x, int64_t rows, int64_t k, rounded_x *r) {
     int8_t *q = r->q + m * k;
     for (int64_t s = 0; s < spans; s++) {
       const float *xs = xf + s * r->span;
-      float amax = 0.0f;
-      for (int64_t j = 0; j < r->span; j++) amax = fmaxf(amax, fabsf(xs[j]));
+      const float amax = abs_max(xs, r->span);
       const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
       r->dx[m * spans + s] = amax / 127.0f;
-      for (int64_t j = 0; j < r->span; j++) q[s * r->span + j] = (int8_t)lrintf(xs[j] * inv);
+      round_values(xs, r->span, inv, q + s * r->span);
     }
     for (int64_t g = 0; g < k / 16; g++) {
       int s = 0;

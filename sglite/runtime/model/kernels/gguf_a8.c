@@ -346,10 +346,11 @@ typedef struct {
 #define TILE_ROWS 16
 
 /* A thread reads its rows as STREAMS interleaved sequences, far apart in memory, taking a row
- * of each in turn: one sequential stream leaves the core's hardware prefetchers waiting on a
- * single run of lines while the products compute, several keep more lines in flight (the
- * kernel then reads at the memory's rate, not a third below it). */
-#define STREAMS 4
+ * of each in turn: on Intel one sequential stream leaves the core's hardware prefetchers
+ * waiting on a single run of lines while the products compute, and two keep more lines in
+ * flight; on AMD Zen 4 more than two streams defeat its prefetchers. Two is the fastest count
+ * on both (docs/benchmarks.md). */
+#define STREAMS 2
 
 /* The weight row at position v of the interleaved order of rows [n0, n0 + len * STREAMS):
  * stream v % STREAMS, its (v / STREAMS)-th row; rows past n1 are skipped by the caller. */
