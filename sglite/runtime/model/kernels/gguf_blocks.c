@@ -639,9 +639,10 @@ static void gguf_dequant_range(void *p, int64_t i0, int64_t i1) {
       continue;
     }
     for (int64_t v0 = 0; v0 < k; v0 += SPAN) { /* bf16: through the buffer */
-      const int64_t count = k - v0 < SPAN ? k - v0 : SPAN;
+      const int64_t count = k - v0 < SPAN ? k - v0 : SPAN; /* whole blocks: a multiple of VEC */
       decode_span(type, src, v0, count, buf);
-      for (int64_t j = 0; j < count; j++) store(a->out, i * k + v0 + j, buf[j], 1);
+      for (int64_t j = 0; j < count; j += VEC)
+        vstore_as(a->out, i * k + v0 + j, vload(buf, j, 0), 1);
     }
   }
 }
