@@ -1,13 +1,14 @@
-"""A GGUF model's projections by row count: the int8 GEMV (gguf_gemv_a8) against the AMX tiles
-(gguf_gemm_amx), the weights as the model holds them, bfloat16 x.
+"""A GGUF model's projections by row count: the int8 GEMV (gguf_gemv_a8) against the tile GEMM
+(gguf_gemm_amx: AMX tiles, or AVX512-BF16 dot products on CPUs without AMX), the weights as the
+model holds them, bfloat16 x.
 
 For each kind of weight in the model (the fused q/k/v, the MLP's gate_up, a down projection of
 each block type, the output head) and each row count, the two kernels run in alternation,
 `--rounds` times each, and the table prints each one's best time in ms, their ratio and which
 one the model takes at that count (`GGUFWeight.amx_min_rows`, from the weight's block types).
-Where the CPU has no AMX only the GEMV is timed. These are the data behind `AMX_MIN_ROWS` and
-`AMX_MIN_ROWS_Q6_K` (kernels.h): a verification of a speculative draft, or a small decode
-batch, is such a product per layer.
+Where the CPU has neither only the GEMV is timed. These are the data behind `AMX_MIN_ROWS`,
+`AMX_MIN_ROWS_Q6_K` and the `BF16_DOT_MIN_ROWS` pair (kernels.h): a verification of a
+speculative draft, or a small decode batch, is such a product per layer.
 
 Run: python -m benchmarks.bench_products [--model qwen2.5-coder-1.5b] [--rows 1,2,4,6,8,9,12,16]
 [--rounds 15]
@@ -53,12 +54,12 @@ def call_ms(fn: Callable[[], object]) -> float:
 
 
 def measure(weight: GGUFWeight, rows: int, rounds: int) -> tuple[float, float | None]:
-    """(GEMV ms, AMX ms or None where the CPU has no AMX): the best of `rounds`, the two
+    """(GEMV ms, tile GEMM ms or None where it cannot run): the best of `rounds`, the two
     kernels alternated call by call after one warm-up call each."""
     x = torch.randn(rows, weight.in_features).to(torch.bfloat16)
     kernels_by_name = {"gemv": kernels.gguf_gemv_a8}
-    if kernels.amx_available():
-        kernels_by_name["amx"] = kernels.gguf_gemm_amx
+    if kernels.tile_gemm_available():
+        kernels_by_name["tile"] = kernels.gguf_gemm_amx
     calls = {
         name: (lambda kernel=kernel: kernel(x, weight.address, weight.out_features))
         for name, kernel in kernels_by_name.items()
@@ -69,30 +70,31 @@ def measure(weight: GGUFWeight, rows: int, rounds: int) -> tuple[float, float | 
     for _ in range(rounds):
         for name, call in calls.items():
             best[name] = min(best[name], call_ms(call))
-    return best["gemv"], best.get("amx")
+    return best["gemv"], best.get("tile")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser(__doc__)
     parser.add_argument("--model", default="qwen2.5-coder-1.5b", help="GGUF path or known name")
-    parser.add_argument("--rows", default="1,2,4,5,6,8,9,12,16")
+    parser.add_argument("--rows", default="1,2,4,5,6,8,9,12,16,20,24,32")
     parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args(argv)
     loaded = load_model(
         resolve_model_path(args.model), dtype="bfloat16", quantization="auto", progress=False
     )
     print(command_line("benchmarks.bench_products"))
-    print(f"host: {cpu_line()}; AMX kernel: {'yes' if kernels.amx_available() else 'no'}")
+    tiles = "AMX" if kernels.amx_available() else "AVX512-BF16"
+    print(f"host: {cpu_line()}; tile GEMM: {tiles if kernels.tile_gemm_available() else 'no'}")
     table = []
     for kind, weight in weights_by_kind(loaded.model).items():
         for rows in (int(r) for r in args.rows.split(",")):
-            gemv_ms, amx_ms = measure(weight, rows, args.rounds)
-            takes = "amx" if amx_ms is not None and rows >= weight.amx_min_rows else "gemv"
-            ratio = "-" if amx_ms is None else f"{gemv_ms / amx_ms:.2f}"
-            amx_text = "-" if amx_ms is None else f"{amx_ms:.2f}"
+            gemv_ms, tile_ms = measure(weight, rows, args.rounds)
+            takes = "tile" if tile_ms is not None and rows >= weight.amx_min_rows else "gemv"
+            ratio = "-" if tile_ms is None else f"{gemv_ms / tile_ms:.2f}"
+            tile_text = "-" if tile_ms is None else f"{tile_ms:.2f}"
             shape = "x".join(map(str, weight.shape()))
-            table.append([kind, shape, str(rows), f"{gemv_ms:.2f}", amx_text, ratio, takes])
-    heads = ["weight", "shape", "rows", "int8 GEMV ms", "AMX ms", "GEMV / AMX", "model takes"]
+            table.append([kind, shape, str(rows), f"{gemv_ms:.2f}", tile_text, ratio, takes])
+    heads = ["weight", "shape", "rows", "int8 GEMV ms", "tile ms", "GEMV / tile", "model takes"]
     print(markdown_table(heads, table, right={2, 3, 4, 5}))
     return 0
 

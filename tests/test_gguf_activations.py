@@ -126,17 +126,17 @@ def test_a_rows_result_is_the_same_alone_and_in_any_batch(dtype, type_name):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_decode_products_round_and_prefill_products_keep_x(dtype):
     """A DECODE batch's product (`matmul_decode`) is the int8 kernel's below the weight's
-    `amx_min_rows` (and at any row count without AMX); from there a bf16 batch on an AMX CPU
-    takes the AMX kernel, as prefill does. An EXTEND pass's (`matmul`) keeps x: what the weight
-    without rounding computes."""
+    `amx_min_rows` (and at any row count without the tile GEMM); from there a bf16 batch takes
+    the tile GEMM (AMX or AVX512-BF16), as prefill does. An EXTEND pass's (`matmul`) keeps x:
+    what the weight without rounding computes."""
     rng = np.random.default_rng(5)
     blocks = _blocks("Q4_K", 64, 512, rng)
     rounding = GGUFWeight([GGUFPart("Q4_K", blocks)], 512, None, True)
     keeping = GGUFWeight([GGUFPart("Q4_K", blocks)], 512, None, False)
     for rows in (1, 4, 40):
         x = torch.randn(rows, 512).to(dtype)
-        amx = dtype == torch.bfloat16 and rows >= rounding.amx_min_rows and kernels.amx_available()
-        if amx:
+        tiles = rounding.amx_min_rows <= rows and kernels.tile_gemm_available()
+        if dtype == torch.bfloat16 and tiles:
             assert torch.equal(rounding.matmul_decode(x), keeping.matmul(x))
         else:
             assert torch.equal(rounding.matmul_decode(x), rounding.matmul_rows(x))
@@ -208,9 +208,9 @@ GREEDY = {"temperature": 0, "ignore_eos": True}
 
 
 def test_bf16_batches_on_cpus_without_amx_take_the_scratch_and_pytorchs_gemm(monkeypatch):
-    """The path of CPUs without AMX, kept tested on AMX hosts too: a bf16 batch past 16 rows
-    decodes the weight into the scratch and multiplies with PyTorch's GEMM."""
-    monkeypatch.setattr(kernels, "amx_available", lambda: False)
+    """The path of CPUs with neither AMX nor AVX512-BF16, kept tested everywhere: a bf16 batch
+    past 16 rows decodes the weight into the scratch and multiplies with PyTorch's GEMM."""
+    monkeypatch.setattr(kernels, "tile_gemm_available", lambda: False)
     rng = np.random.default_rng(9)
     weight = GGUFWeight([GGUFPart("Q4_K", _blocks("Q4_K", 64, 512, rng))], 512)
     x = torch.randn(40, 512).to(torch.bfloat16)

@@ -1,10 +1,16 @@
-"""GGUF blocks on AMX tiles (kernels/gguf_amx.c, bf16 batches past the GEMV's rows on CPUs with
-AMX): the product is x times the weight decoded to bfloat16, summed in float32, for every block
-type, fused parts of mixed types, widths that are not whole tiles and k cut into chunks; a
-row's result does not depend on the other rows. Elsewhere the kernel declines (-1) and the
-other paths serve the same calls (their tests run everywhere)."""
+"""GGUF blocks through the tile GEMM (kernels/gguf_amx.c, bf16 batches past the GEMV's rows: on
+AMX tiles, or with AVX512-BF16 dot products on CPUs without AMX): the product is x times the
+weight decoded to bfloat16, summed in float32, for every block type, fused parts of mixed
+types, widths that are not whole tiles and k cut into chunks; a row's result does not depend on
+the other rows. On an AMX host the vector path is checked too, in a process where
+SGLITE_AMX=0 keeps the tiles off. Elsewhere the kernel declines (-1) and the other paths serve
+the same calls (their tests run everywhere)."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -17,8 +23,8 @@ from sglite.runtime.model.kernels.abi import ABI
 from tests.test_gguf_activations import _blocks
 
 pytestmark = pytest.mark.skipif(
-    not kernels.native_available() or not kernels.amx_available(),
-    reason="needs a CPU with AMX (and the OS's permission to use it)",
+    not kernels.native_available() or not kernels.tile_gemm_available(),
+    reason="needs a CPU with AMX or AVX512-BF16",
 )
 
 TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
@@ -82,11 +88,11 @@ def test_a_rows_result_depends_on_that_row_alone():
 
 
 def test_bf16_batches_past_the_gemv_take_it_and_float32_never_does():
-    """`matmul` sends a bf16 batch of `amx_min_rows` or more rows to the AMX kernel (the same
+    """`matmul` sends a bf16 batch of `amx_min_rows` or more rows to the tile GEMM (the same
     values) and keeps float32 batches on the exact float32 GEMM."""
     rng = np.random.default_rng(14)
     weight = GGUFWeight([GGUFPart("Q6_K", _blocks("Q6_K", 48, 256, rng))], 256)
-    x = torch.randn(12, 256)
+    x = torch.randn(weight.amx_min_rows, 256)
     amx = kernels.gguf_gemm_amx(x.to(torch.bfloat16), weight.address, 48)
     assert torch.equal(weight.matmul(x.to(torch.bfloat16)), amx)
     assert kernels.gguf_gemm_amx(x, weight.address, 48) is None  # float32: not this kernel
@@ -94,14 +100,18 @@ def test_bf16_batches_past_the_gemv_take_it_and_float32_never_does():
     assert (weight.matmul(x).double() - exact).abs().max().item() < 1e-4
 
 
-def test_weights_mostly_of_q6_k_take_the_tiles_later():
-    """Q6_K decodes to bf16 slower than Q4_K, so a weight mostly of Q6_K rows keeps the
-    GEMVs to AMX_MIN_ROWS_Q6_K rows; a Q4_K weight, or a fused one with a Q6_K minority (a
-    Q4_K_M file's q/k/v), switches at AMX_MIN_ROWS. `matmul` follows the weight's threshold."""
+def test_weights_mostly_of_q6_k_take_the_tiles_later(monkeypatch):
+    """Q6_K decodes to bf16 slower than Q4_K, so a weight mostly of Q6_K rows keeps the other
+    paths to AMX_MIN_ROWS_Q6_K rows (BF16_DOT_MIN_ROWS_Q6_K without AMX); a Q4_K weight, or a
+    fused one with a Q6_K minority (a Q4_K_M file's q/k/v), switches at AMX_MIN_ROWS
+    (BF16_DOT_MIN_ROWS). `matmul` follows the weight's threshold."""
     rng = np.random.default_rng(21)
     q4k = GGUFPart("Q4_K", _blocks("Q4_K", 64, 256, rng))
     q6k = GGUFPart("Q6_K", _blocks("Q6_K", 48, 256, rng))
-    low, high = ABI.constants["AMX_MIN_ROWS"], ABI.constants["AMX_MIN_ROWS_Q6_K"]
+    names = ("AMX_MIN_ROWS", "AMX_MIN_ROWS_Q6_K")
+    if not kernels.amx_available():
+        names = ("BF16_DOT_MIN_ROWS", "BF16_DOT_MIN_ROWS_Q6_K")
+    low, high = (ABI.constants[name] for name in names)
     assert low < high
     assert GGUFWeight([q4k], 256).amx_min_rows == low
     assert GGUFWeight([q4k, q6k], 256).amx_min_rows == low
@@ -111,9 +121,10 @@ def test_weights_mostly_of_q6_k_take_the_tiles_later():
     assert weight.native_linear(None).amx_min_rows == high  # the decode step's threshold too
     x = torch.randn(high, 256).to(torch.bfloat16)
     below = weight.matmul(x[: high - 1])
-    assert torch.equal(below, kernels.gguf_gemv(x[: high - 1].contiguous(), weight.address, 48))
-    if kernels.amx_available():
-        assert torch.equal(weight.matmul(x), kernels.gguf_gemm_amx(x, weight.address, 48))
+    monkeypatch.setattr(kernels, "tile_gemm_available", lambda: False)
+    assert torch.equal(below, weight.matmul(x[: high - 1]))  # the path without the tile GEMM
+    monkeypatch.undo()
+    assert torch.equal(weight.matmul(x), kernels.gguf_gemm_amx(x, weight.address, 48))
 
 
 @pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
@@ -132,8 +143,41 @@ def test_the_gated_product_is_the_unfused_ones_bit_for_bit(act):
     fused = weight.matmul_gated(x, act)
     assert fused is not None and fused.shape == (70, inter)
     assert torch.equal(fused, kernels.gated_act(weight.matmul(x), act))
-    assert torch.equal(weight.matmul_gated(x[3:10].contiguous(), act), fused[3:10])
+    end = 3 + weight.amx_min_rows  # a smaller batch, still past the tiles' rows
+    assert torch.equal(weight.matmul_gated(x[3:end].contiguous(), act), fused[3:end])
     # Below the tiles' rows there is no fused kernel: the caller takes the unfused form.
     assert weight.matmul_gated(x[:2].contiguous(), act) is None
     odd = GGUFWeight([GGUFPart("Q4_K", _blocks("Q4_K", 48, 256, rng))], 256)  # 24: no whole tile
     assert odd.matmul_gated(torch.randn(16, 256).to(torch.bfloat16), act) is None
+
+
+VECTOR_CHECK = """
+import numpy as np, torch, torch.nn.functional as F
+from sglite.runtime.model import kernels
+from sglite.runtime.model.gguf_weight import GGUFPart, GGUFWeight
+from tests.test_gguf_activations import _blocks
+assert not kernels.amx_available() and kernels.tile_gemm_available()
+rng = np.random.default_rng(16)
+parts = [GGUFPart(t, _blocks(t, n, 2304, rng)) for t, n in (("Q4_K", 40), ("Q6_K", 32))]
+weight = GGUFWeight(parts, 2304)
+x = torch.randn(37, 2304).to(torch.bfloat16)
+out = kernels.gguf_gemm_amx(x, weight.address, 72)
+ref = F.linear(x.double(), weight.decoded(torch.bfloat16).double())
+assert (out.double() - ref).abs().max().item() <= 6e-3 * ref.abs().max().item()
+alone = kernels.gguf_gemm_amx(x[5:6].contiguous(), weight.address, 72)
+assert torch.equal(out[5], alone[0])
+gated = kernels.gguf_gemm_amx_glu(x, weight.address, 64, kernels.ACTIVATION_CODES["silu"])
+assert gated is not None and gated.shape == (37, 32)
+print("ok")
+"""
+
+
+@pytest.mark.skipif(not kernels.amx_available(), reason="the vector path runs in the tests above")
+def test_without_amx_the_vector_path_computes_the_same_product():
+    """SGLITE_AMX=0 keeps the tiles off, as on a CPU with AVX512-BF16 and no AMX: the product of
+    a fused q4_k + q6_k weight over two chunks of k, a row's result alone, the gated form."""
+    env = {**os.environ, "SGLITE_AMX": "0"}
+    done = subprocess.run(
+        [sys.executable, "-c", VECTOR_CHECK], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

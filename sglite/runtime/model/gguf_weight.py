@@ -12,9 +12,10 @@ cache and takes their dot products with a few x rows; float32 batches past it go
 quantized GEMM (`quant_gemm`, rows decoded once per call), bfloat16 ones too up to
 `BF16_QUANT_GEMM_MAX_ROWS` rows (in float32); larger bfloat16 batches decode the weight into a
 scratch buffer the model owns (`DecodeScratch`, reused by every layer) and call PyTorch's GEMM.
-On CPUs with AMX, bfloat16 batches of `amx_min_rows` rows or more (`AMX_MIN_ROWS`, later for a
+On CPUs with AMX or AVX512-BF16, bfloat16 batches of `amx_min_rows` rows or more
+(`AMX_MIN_ROWS` on AMX tiles, `BF16_DOT_MIN_ROWS` with AVX512-BF16 dot products; later for a
 weight mostly of Q6_K blocks, whose decoding costs more) take `kernels/gguf_amx.c` instead: the
-weight decoded to bfloat16 a block at a time into cache, multiplied on the tiles (no scratch, no
+weight decoded to bfloat16 a block at a time into cache and multiplied there (no scratch, no
 oneDNN reorder of it per call). Those products keep the activations as they are.
 
 With `round_activations` (the loader's choice where the CPU has integer dot products: see
@@ -128,10 +129,10 @@ class GGUFWeight(QuantizedWeight):
         return sum(p.data.nbytes for p in self.parts)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """`x @ W.T` with x as it is: bfloat16 batches of `amx_min_rows` rows or more on AMX
-        tiles where the CPU has them; else the GEMV for a few rows, the quantized GEMM for
-        float32 batches and bfloat16 ones up to BF16_QUANT_GEMM_MAX_ROWS rows (in float32), and
-        larger ones through the scratch and PyTorch's GEMM."""
+        """`x @ W.T` with x as it is: bfloat16 batches of `amx_min_rows` rows or more through
+        `gguf_gemm_amx` where it runs (AMX tiles or AVX512-BF16); else the GEMV for a few rows,
+        the quantized GEMM for float32 batches and bfloat16 ones up to BF16_QUANT_GEMM_MAX_ROWS
+        rows (in float32), and larger ones through the scratch and PyTorch's GEMM."""
         rows = x.shape[0]
         gemv_rows = GGUF_FLOAT_GEMV_MAX_ROWS if x.dtype == torch.float32 else QGEMV_MAX_ROWS
         out = None
@@ -150,7 +151,7 @@ class GGUFWeight(QuantizedWeight):
 
     def matmul_decode(self, x: torch.Tensor) -> torch.Tensor:
         """A DECODE batch's product: rounding activations, the int8 kernel (below `amx_min_rows`
-        rows where `matmul` takes AMX tiles, faster from there); else `matmul`."""
+        rows where `matmul` takes `gguf_gemm_amx`, faster from there); else `matmul`."""
         if self.round_activations and not self._amx_rows(x):
             out = kernels.gguf_gemv_a8(x.contiguous(), self.address, self.out_features)
             if out is not None:
@@ -166,11 +167,12 @@ class GGUFWeight(QuantizedWeight):
         return kernels.gguf_gemm_amx_glu(x.contiguous(), self.address, self.out_features, code)
 
     def _amx_rows(self, x: torch.Tensor) -> bool:
-        """Whether `matmul` takes AMX tiles for x (bfloat16, `amx_min_rows` rows or more)."""
+        """Whether `matmul` takes `gguf_gemm_amx` for x (bfloat16, `amx_min_rows` rows or more,
+        on AMX tiles or AVX512-BF16 dot products)."""
         return (
             x.dtype == torch.bfloat16
             and x.shape[0] >= self.amx_min_rows
-            and kernels.amx_available()
+            and kernels.tile_gemm_available()
         )
 
     def matmul_rows(self, x: torch.Tensor) -> torch.Tensor | None:
@@ -233,9 +235,9 @@ class GGUFWeight(QuantizedWeight):
 
     def native_rows(self, dtype: torch.dtype) -> int:
         """Any batch in float32 (the C step runs the quantized GEMM past the GEMV's rows),
-        rounding activations, or in bfloat16 with AMX (the C step's AMX kernel from
-        `amx_min_rows` rows); else the GEMV's rows."""
-        if self.round_activations or dtype == torch.float32 or kernels.amx_available():
+        rounding activations, or in bfloat16 where `gguf_gemm_amx` runs (the C step takes it
+        from `amx_min_rows` rows); else the GEMV's rows."""
+        if self.round_activations or dtype == torch.float32 or kernels.tile_gemm_available():
             return NATIVE_MAX_ROWS
         return QGEMV_MAX_ROWS
 

@@ -29,6 +29,11 @@
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__linux__)
 #define SGLITE_AMX 1
 #endif
+/* A build whose tile GEMM (gguf_amx.c) can run: on AMX tiles, or with AVX512-BF16 dot
+ * products where the CPU has no AMX. */
+#if defined(SGLITE_AMX) || (defined(__AVX512BF16__) && defined(__AVX512F__))
+#define SGLITE_TILE_GEMM 1
+#endif
 
 /* Work (elements, or token x kv-head pairs for attention) below which a pass runs on the calling
  * thread: waking the pool costs more than it saves, and far more when another process holds a

@@ -1,7 +1,9 @@
 /*
- * y [rows, n_out] = x W^T for a GGUF weight on AMX tiles (Intel's matrix units): bfloat16
- * products summed in float32, for bfloat16 x and batches of many rows (prefill, large decode
- * batches), where decoding the weight once per call costs less than the products it feeds.
+ * y [rows, n_out] = x W^T for a GGUF weight with bfloat16 products summed in float32, for
+ * bfloat16 x and batches of many rows (prefill, large decode batches, a speculative draft's
+ * verification), where decoding the weight once per call costs less than the products it feeds:
+ * on AMX tiles (Intel's matrix units) where the CPU has them, else with AVX512-BF16 dot products
+ * (`vdpbf16ps`, e.g. AMD Zen 4), the same decoded blocks and the same C tiles.
  *
  * Why not the scratch and PyTorch's GEMM: that decodes the whole weight to memory and oneDNN
  * then reorders it into its own tile layout, two passes over a dense copy per call. Here a thread
@@ -12,6 +14,8 @@
  * x is the B operand, packed once per call into AMX's pair layout (for each 16 x rows and 32
  * values, 16 rows of pairs: pair p of x row j at [p][j]), which is a 16x16 transpose of 32-bit
  * pairs. A C tile then holds y transposed (weight rows by x rows) and is transposed back on store.
+ * Without AMX, a C tile row (one weight row against the 16 x rows) is one vector: each pair of
+ * the weight row broadcast and dotted with the packed pairs of x.
  *
  * Values: the weight's values as gguf_blocks.c decodes them (Q4_K and Q6_K are computed here the
  * same way, straight to bf16; tested bit for bit), rounded to bfloat16 as the scratch path
@@ -20,12 +24,7 @@
  */
 #include "gguf_bits.h"
 
-#ifdef SGLITE_AMX
-#include <sys/syscall.h>
-#include <unistd.h>
-
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
+#ifdef SGLITE_TILE_GEMM
 /* Weight rows one C tile covers, x rows one C tile covers, values one tile step takes. */
 #define TILE 16
 #define KSTEP 32
@@ -37,22 +36,38 @@
  * slower than the memory, and without this each block's loads wait on memory in turn. */
 #define DECODE_PREFETCH_BYTES 4096
 
+#ifdef SGLITE_AMX
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
 typedef struct {
   uint8_t palette_id, start_row, reserved[14];
   uint16_t colsb[16];
   uint8_t rows[16];
 } tile_config_t;
 
-/* 0 not asked yet, 1 granted, -1 refused (the kernel then declines). Racing first callers all
- * ask; the kernel grants the same answer to each. */
+/* 0 not asked yet, 1 granted, -1 refused (the products then take the vector path). Racing
+ * first callers all ask; the kernel grants the same answer to each. */
 static int amx_permission = 0;
 
+/* SGLITE_AMX=0 in the environment keeps the tiles off (the vector path, as on CPUs without). */
 static int amx_enabled(void) {
-  if (amx_permission == 0)
-    amx_permission = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 1 : -1;
+  if (amx_permission == 0) {
+    const char *setting = getenv("SGLITE_AMX");
+    const int off = setting != NULL && strcmp(setting, "0") == 0;
+    amx_permission =
+        !off && syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 1 : -1;
+  }
   return amx_permission == 1;
 }
+#else
+static int amx_enabled(void) { return 0; }
+#endif
 
+#ifdef SGLITE_AMX
 /* Tiles 0-3 accumulate C (2 weight-row tiles x 2 x-row tiles), 4-5 hold A, 6-7 hold B. */
 static void load_tile_config(void) {
   tile_config_t cfg;
@@ -64,6 +79,7 @@ static void load_tile_config(void) {
   }
   _tile_loadconfig(&cfg);
 }
+#endif
 
 /* r[j] (16 lanes of 32 bits) becomes column j of the 16x16 matrix whose rows were r[0..16). */
 static inline void transpose16(__m512i r[16]) {
@@ -286,7 +302,8 @@ static void store_y_glu(const gemm_args *a, const float *c, int64_t n, int64_t m
  * over `steps` steps of KSTEP values, added to the sums in `c` (from zero when `first`) and
  * stored back there. x1 NULL (a lone last x tile): only the two tiles of x0, half the products
  * (a batch of at most 16 rows would otherwise pay for 32). */
-static inline void tile_product(const uint16_t *w0, const uint16_t *w1, int64_t wstride,
+#ifdef SGLITE_AMX
+static inline void amx_product(const uint16_t *w0, const uint16_t *w1, int64_t wstride,
                                 const uint16_t *x0, const uint16_t *x1, int64_t steps, float *c,
                                 int first) {
   const size_t xtile = (size_t)TILE * KSTEP;
@@ -332,6 +349,90 @@ static inline void tile_product(const uint16_t *w0, const uint16_t *w1, int64_t 
   _tile_stored(2, c + 2 * TILE * TILE, 64);
   _tile_stored(3, c + 3 * TILE * TILE, 64);
 }
+#endif
+
+/* One C tile as amx_product computes it, with AVX512-BF16 dot products: accumulator q holds
+ * weight row q of w against the tile's x rows (a lane per x row), each step's 16 pairs of w row
+ * q broadcast against the packed x pairs. `lanes` 8: only the tile's first 8 x rows are real (a
+ * last tile of at most 8 rows), computed with 256-bit vectors at half the cost; the other 8
+ * sums are left zero. */
+static inline void vector_tile(const uint16_t *w, int64_t wstride, const uint16_t *x,
+                               int64_t steps, float *c, int first, int lanes) {
+  const size_t xtile = (size_t)TILE * KSTEP;
+  for (int half = 0; half < 2; half++) { /* weight rows 8 at a time: accumulators in registers */
+    const uint16_t *wh = w + 8 * half * wstride;
+    float *ch = c + 8 * half * TILE;
+    if (lanes == 8) {
+      __m256 acc[8];
+      for (int q = 0; q < 8; q++)
+        acc[q] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(ch + q * TILE);
+      for (int64_t s = 0; s < steps; s++)
+        for (int p = 0; p < KSTEP / 2; p++) {
+          const __m256i pairs = _mm256_loadu_si256((const __m256i *)(x + s * xtile + p * 2 * TILE));
+          const __m256bh xv = (__m256bh)pairs;
+          for (int q = 0; q < 8; q++) {
+            int32_t pair;
+            memcpy(&pair, wh + q * wstride + s * KSTEP + 2 * p, 4);
+            acc[q] = _mm256_dpbf16_ps(acc[q], (__m256bh)_mm256_set1_epi32(pair), xv);
+          }
+        }
+      for (int q = 0; q < 8; q++) {
+        _mm256_storeu_ps(ch + q * TILE, acc[q]);
+        _mm256_storeu_ps(ch + q * TILE + 8, _mm256_setzero_ps());
+      }
+      continue;
+    }
+    __m512 acc[8];
+    for (int q = 0; q < 8; q++)
+      acc[q] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(ch + q * TILE);
+    for (int64_t s = 0; s < steps; s++)
+      for (int p = 0; p < KSTEP / 2; p++) {
+        const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + s * xtile + p * 2 * TILE);
+        for (int q = 0; q < 8; q++) {
+          int32_t pair;
+          memcpy(&pair, wh + q * wstride + s * KSTEP + 2 * p, 4);
+          acc[q] = _mm512_dpbf16_ps(acc[q], (__m512bh)_mm512_set1_epi32(pair), xv);
+        }
+      }
+    for (int q = 0; q < 8; q++) _mm512_storeu_ps(ch + q * TILE, acc[q]);
+  }
+}
+
+/* amx_product's four C tiles (two without x1) by vector_tile; `last_lanes`: vector_tile's
+ * lanes for the pair's last x tile (x1, or x0 without it). */
+static inline void vector_product(const uint16_t *w0, const uint16_t *w1, int64_t wstride,
+                                  const uint16_t *x0, const uint16_t *x1, int64_t steps, float *c,
+                                  int first, int last_lanes) {
+  const int64_t t = TILE * TILE;
+  const int lanes0 = x1 == NULL ? last_lanes : TILE;
+  vector_tile(w0, wstride, x0, steps, c, first, lanes0);
+  vector_tile(w1, wstride, x0, steps, c + 2 * t, first, lanes0);
+  if (x1 == NULL) return;
+  vector_tile(w0, wstride, x1, steps, c + t, first, last_lanes);
+  vector_tile(w1, wstride, x1, steps, c + 3 * t, first, last_lanes);
+}
+
+/* The C tiles of w0/w1 by x0/x1 (see amx_product), on AMX tiles when `tiles`; else by
+ * vector_product (`last_lanes`: 8 when the pair's last x tile holds at most 8 rows, else 16). */
+static inline void tile_product(int tiles, const uint16_t *w0, const uint16_t *w1,
+                                int64_t wstride, const uint16_t *x0, const uint16_t *x1,
+                                int64_t steps, float *c, int first, int last_lanes) {
+#ifdef SGLITE_AMX
+  if (tiles) {
+    amx_product(w0, w1, wstride, x0, x1, steps, c, first);
+    return;
+  }
+#endif
+  (void)tiles;
+  vector_product(w0, w1, wstride, x0, x1, steps, c, first, last_lanes);
+}
+
+/* vector_tile's lanes for x tile pair xp's last tile: 8 when it is the batch's last tile and
+ * holds at most 8 rows. */
+static inline int last_lanes(const gemm_args *a, int64_t xp, const uint16_t *x1) {
+  const int64_t last = 2 * xp + (x1 != NULL), rows = a->rows - last * TILE;
+  return rows <= 8 ? 8 : TILE;
+}
 
 /* Weight blocks [b0, b1) of `block_rows` decoded rows. Per block and chunk of k: decode the
  * chunk, then multiply it with every x tile pair, two weight tiles at a time, carrying the sums
@@ -353,7 +454,10 @@ static void gemm_blocks(void *p, int64_t b0, int64_t b1) {
     __atomic_store_n(&a->failed, 1, __ATOMIC_RELAXED); /* the call reports -1: another path */
     return;
   }
-  load_tile_config();
+  const int tiles = amx_enabled();
+#ifdef SGLITE_AMX
+  if (tiles) load_tile_config();
+#endif
   const size_t xtile = (size_t)TILE * KSTEP; /* uint16 per packed tile */
   for (int64_t b = b0; b < b1; b++) {
     const int64_t n_base = b * (glu ? half : a->block_rows);
@@ -373,7 +477,7 @@ static void gemm_blocks(void *p, int64_t b0, int64_t b1) {
           const uint16_t *w0 = block_buf + (glu ? wp : 2 * wp) * TILE * count;
           const uint16_t *w1 = glu ? w0 + half * count : w0 + TILE * count;
           float *c = sums_buf + (slots == 1 ? 0 : (xp * wpairs + wp) * quad);
-          tile_product(w0, w1, count, x0, x1, ns, c, v0 == 0);
+          tile_product(tiles, w0, w1, count, x0, x1, ns, c, v0 == 0, last_lanes(a, xp, x1));
           if (v0 + count < k) continue;
           if (glu)
             store_y_glu(a, c, n_base + wp * TILE, 2 * xp * TILE);
@@ -383,13 +487,15 @@ static void gemm_blocks(void *p, int64_t b0, int64_t b1) {
       }
     }
   }
-  _tile_release();
+#ifdef SGLITE_AMX
+  if (tiles) _tile_release();
+#endif
 }
 
 /* gguf_gemm_amx, or with act >= 0 its gated form (see gemm_args). */
 static int gemm_amx(int dtype, int act, const void *x, const gguf_part_t *parts, void *y,
                     int64_t rows, int64_t n_out, int64_t k, int threads) {
-  if (dtype != DTYPE_BFLOAT16 || k % KSTEP || rows <= 0 || !amx_enabled()) return -1;
+  if (dtype != DTYPE_BFLOAT16 || k % KSTEP || rows <= 0) return -1;
   if (act >= 0 && n_out % (2 * TILE)) return -1; /* whole gate tiles, up tiles alike */
   if (!gguf_parts_valid(parts, n_out, k)) return -1;
   const int64_t xtiles = (rows + TILE - 1) / TILE;
@@ -425,6 +531,7 @@ int gguf_gemm_amx_glu(int dtype, int act, const void *x, const gguf_part_t *part
 }
 
 int64_t amx_gemm_available(void) { return amx_enabled(); }
+int64_t tile_gemm_available(void) { return 1; }
 
 #else
 int gguf_gemm_amx(int dtype, const void *x, const gguf_part_t *parts, void *y, int64_t rows,
@@ -441,11 +548,14 @@ int gguf_gemm_amx_glu(int dtype, int act, const void *x, const gguf_part_t *part
 }
 
 int64_t amx_gemm_available(void) { return 0; }
+int64_t tile_gemm_available(void) { return 0; }
 #endif
 
 int64_t gguf_amx_min_rows(const gguf_part_t *parts, int64_t n_out) {
   int64_t q6k = 0;
   for (int64_t seen = 0, i = 0; seen < n_out && parts[i].rows > 0; seen += parts[i].rows, i++)
     if (parts[i].type == GGML_TYPE_Q6_K) q6k += parts[i].rows;
-  return 2 * q6k > n_out ? AMX_MIN_ROWS_Q6_K : AMX_MIN_ROWS;
+  const int q6k_mostly = 2 * q6k > n_out;
+  if (amx_gemm_available()) return q6k_mostly ? AMX_MIN_ROWS_Q6_K : AMX_MIN_ROWS;
+  return q6k_mostly ? BF16_DOT_MIN_ROWS_Q6_K : BF16_DOT_MIN_ROWS;
 }

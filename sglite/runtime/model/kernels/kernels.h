@@ -31,6 +31,9 @@ enum { GGUF_FLOAT_GEMV_MAX_ROWS = 2 };
  * (gguf_amx.c decodes the whole weight per call, which fewer rows' GEMVs do not repay); a
  * weight mostly of Q6_K blocks, slower to decode, from AMX_MIN_ROWS_Q6_K (gguf_amx_min_rows). */
 enum { AMX_MIN_ROWS = 6, AMX_MIN_ROWS_Q6_K = 9 };
+/* The same rows where gguf_amx.c multiplies with AVX512-BF16 dot products (no AMX): its
+ * products cost more than the tiles', so the int8 GEMVs keep more rows. */
+enum { BF16_DOT_MIN_ROWS = 12, BF16_DOT_MIN_ROWS_Q6_K = 24 };
 /* Rows decode_layers takes (quantized layers in bf16: at most QGEMV_MAX_ROWS; the caller picks). */
 enum { NATIVE_MAX_ROWS = 256 };
 
@@ -173,22 +176,25 @@ int gguf_dequantize(int dtype, const gguf_part_t *parts, const int64_t *ids, int
 int gguf_gemv_a8(int dtype, const void *x, const gguf_part_t *parts, void *y, int64_t rows,
                  int64_t n_out, int64_t k, int threads);
 
-/* gguf_amx.c: y [rows, n_out] = x W^T for bf16 x on AMX tiles (the weight decoded to bf16 a
- * block of rows at a time, sums in float32, each row's result independent of the others). -1
- * where the build or the CPU has no AMX, the OS refuses it, x is not bf16, k is not a
- * multiple of 32 or its buffers cannot be allocated. amx_gemm_available: 1 when gguf_gemm_amx
- * can run here. */
+/* gguf_amx.c: y [rows, n_out] = x W^T for bf16 x on AMX tiles, or with AVX512-BF16 dot
+ * products where the CPU has no AMX (the weight decoded to bf16 a block of rows at a time,
+ * sums in float32, each row's result independent of the others). -1 where the build has
+ * neither, x is not bf16, k is not a multiple of 32 or its buffers cannot be allocated.
+ * amx_gemm_available: 1 when it runs on AMX tiles here (an AMX build, CPU and OS permission);
+ * tile_gemm_available: 1 when it runs here at all. */
 int gguf_gemm_amx(int dtype, const void *x, const gguf_part_t *parts, void *y, int64_t rows,
                   int64_t n_out, int64_t k, int threads);
 int64_t amx_gemm_available(void);
+int64_t tile_gemm_available(void);
 /* gguf_amx.c: y [rows, n_out / 2] = act(x G^T) * (x U^T) for a weight [G; U] of n_out rows
  * (a multiple of 32), act = ACT_SILU or ACT_GELU_TANH: gguf_gemm_amx's product with act_mul's
  * arithmetic on its bf16-rounded halves, bit for bit, without the [rows, n_out] intermediate.
  * -1 where gguf_gemm_amx would refuse, or for another act or n_out. */
 int gguf_gemm_amx_glu(int dtype, int act, const void *x, const gguf_part_t *parts, void *y,
                       int64_t rows, int64_t n_out, int64_t k, int threads);
-/* The bf16 rows from which a weight of these parts is multiplied on AMX tiles: AMX_MIN_ROWS_Q6_K
- * when Q6_K parts hold most of its rows, else AMX_MIN_ROWS. */
+/* The bf16 rows from which a weight of these parts goes to gguf_gemm_amx: AMX_MIN_ROWS_Q6_K
+ * when Q6_K parts hold most of its rows, else AMX_MIN_ROWS (BF16_DOT_MIN_ROWS_Q6_K and
+ * BF16_DOT_MIN_ROWS without AMX tiles). */
 int64_t gguf_amx_min_rows(const gguf_part_t *parts, int64_t n_out);
 
 /* quant_gemm.c, panel_gemm.c. quant_gemm with row_independent != 0 never takes its panel path

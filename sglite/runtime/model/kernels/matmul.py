@@ -285,9 +285,10 @@ def gguf_gemv_a8(x: torch.Tensor, parts: int, n_out: int) -> torch.Tensor | None
 
 
 def gguf_gemm_amx(x: torch.Tensor, parts: int, n_out: int) -> torch.Tensor | None:
-    """`x @ W.T` for bfloat16 `x [M, K]` on AMX tiles (gguf_amx.c: the weight decoded to
-    bfloat16 a block of rows at a time, sums in float32; each row's result depends on that row
-    alone), `W` a GGUF weight as for `gguf_gemv`. None where AMX cannot serve it."""
+    """`x @ W.T` for bfloat16 `x [M, K]` on AMX tiles, or with AVX512-BF16 dot products where
+    the CPU has no AMX (gguf_amx.c: the weight decoded to bfloat16 a block of rows at a time,
+    sums in float32; each row's result depends on that row alone), `W` a GGUF weight as for
+    `gguf_gemv`. None where neither can serve it."""
     lib = _lib_for(x)
     if lib is None or x.dtype != torch.bfloat16 or x.dim() != 2 or not x.is_contiguous():
         return None
@@ -316,14 +317,23 @@ def gguf_gemm_amx_glu(x: torch.Tensor, parts: int, n_out: int, act: int) -> torc
 
 @functools.cache
 def amx_available() -> bool:
-    """Whether `gguf_gemm_amx` runs here (an AMX build, CPU and OS permission)."""
+    """Whether `gguf_gemm_amx` runs on AMX tiles here (an AMX build, CPU and OS permission)."""
     lib = native.load()
     return lib is not None and bool(lib.amx_gemm_available())
 
 
+@functools.cache
+def tile_gemm_available() -> bool:
+    """Whether `gguf_gemm_amx` runs here at all: on AMX tiles, or with AVX512-BF16 dot
+    products where the CPU has no AMX."""
+    lib = native.load()
+    return lib is not None and bool(lib.tile_gemm_available())
+
+
 def gguf_amx_min_rows(parts: int, n_out: int) -> int:
-    """The bf16 rows from which a GGUF weight (a `gguf_part_t` array at `parts`) is multiplied
-    on AMX tiles (kernels.h `gguf_amx_min_rows`: later for weights mostly of Q6_K blocks)."""
+    """The bf16 rows from which a GGUF weight (a `gguf_part_t` array at `parts`) goes to
+    `gguf_gemm_amx` (kernels.h `gguf_amx_min_rows`: later for weights mostly of Q6_K blocks,
+    and later with AVX512-BF16 dot products than on AMX tiles)."""
     lib = native.load()
     return int(lib.gguf_amx_min_rows(parts, n_out)) if lib else ABI.constants["AMX_MIN_ROWS"]
 
