@@ -360,8 +360,14 @@ class LlamaServerSystem(System):
                 self.status = status
                 raise PeerCrashed(status) from exc
             raise
+        if self.proc is not None and getattr(out, "failed", 0):
+            # Programs record their errors instead of raising: a crash shows as failed
+            # programs. A dying server closes its socket before it exits: wait for the exit.
+            try:
+                self.proc.wait(2)
+            except subprocess.TimeoutExpired:
+                pass
         if self.proc is not None and self.proc.poll() is not None:
-            # Programs record their errors instead of raising: a crash shows as failed checks.
             self.status = llama_status(
                 self.binary, "crashed", exit_code=self.proc.returncode, log=self._log.name,
                 when="mid-run",
