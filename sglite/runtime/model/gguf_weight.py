@@ -136,7 +136,7 @@ class GGUFWeight(QuantizedWeight):
         rows = x.shape[0]
         gemv_rows = GGUF_FLOAT_GEMV_MAX_ROWS if x.dtype == torch.float32 else QGEMV_MAX_ROWS
         out = None
-        if self._amx_rows(x):
+        if self._tile_rows(x):
             out = kernels.gguf_gemm_amx(x.contiguous(), self.address, self.out_features)
         if out is None and rows <= gemv_rows:
             out = kernels.gguf_gemv(x.contiguous(), self.address, self.out_features)
@@ -152,21 +152,21 @@ class GGUFWeight(QuantizedWeight):
     def matmul_decode(self, x: torch.Tensor) -> torch.Tensor:
         """A DECODE batch's product: rounding activations, the int8 kernel (below `amx_min_rows`
         rows where `matmul` takes `gguf_gemm_amx`, faster from there); else `matmul`."""
-        if self.round_activations and not self._amx_rows(x):
+        if self.round_activations and not self._tile_rows(x):
             out = kernels.gguf_gemv_a8(x.contiguous(), self.address, self.out_features)
             if out is not None:
                 return out
         return self.matmul(x)
 
     def matmul_gated(self, x: torch.Tensor, act: str) -> torch.Tensor | None:
-        """On AMX tiles (where `matmul` takes them), the gated product without the
+        """Through the tile GEMM (where `matmul` takes it), the gated product without the
         `[rows, out_features]` intermediate (`kernels.gguf_gemm_amx_glu`); else None."""
-        if not self._amx_rows(x):
+        if not self._tile_rows(x):
             return None
         code = kernels.ACTIVATION_CODES[act]
         return kernels.gguf_gemm_amx_glu(x.contiguous(), self.address, self.out_features, code)
 
-    def _amx_rows(self, x: torch.Tensor) -> bool:
+    def _tile_rows(self, x: torch.Tensor) -> bool:
         """Whether `matmul` takes `gguf_gemm_amx` for x (bfloat16, `amx_min_rows` rows or more,
         on AMX tiles or AVX512-BF16 dot products)."""
         return (

@@ -351,50 +351,48 @@ static inline void amx_product(const uint16_t *w0, const uint16_t *w1, int64_t w
 }
 #endif
 
-/* One C tile as amx_product computes it, with AVX512-BF16 dot products: accumulator q holds
- * weight row q of w against the tile's x rows (a lane per x row), each step's 16 pairs of w row
- * q broadcast against the packed x pairs. `lanes` 8: only the tile's first 8 x rows are real (a
- * last tile of at most 8 rows), computed with 256-bit vectors at half the cost; the other 8
- * sums are left zero. */
+static inline __m256i load256(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+/* Eight weight rows (`wh`) against a tile's packed x over `steps` steps, added to C rows `ch`
+ * (from zero when `first`): an accumulator per weight row, a lane per x row, each step's 16
+ * pairs of the weight row broadcast against the packed x pairs. One body for both widths:
+ * rows16 takes the tile's 16 x rows, rows8 its first 8 (256-bit vectors, half the work). */
+#define WEIGHT_ROWS(NAME, ACC, BH, ZERO, LOAD, STORE, LOADX, SET1, DOT)                        \
+  static inline void NAME(const uint16_t *wh, int64_t wstride, const uint16_t *x,             \
+                          int64_t steps, float *ch, int first) {                              \
+    const size_t xtile = (size_t)TILE * KSTEP;                                                \
+    ACC acc[8];                                                                               \
+    for (int q = 0; q < 8; q++) acc[q] = first ? ZERO() : LOAD(ch + q * TILE);                \
+    for (int64_t s = 0; s < steps; s++)                                                       \
+      for (int p = 0; p < KSTEP / 2; p++) {                                                   \
+        const BH xv = (BH)LOADX(x + s * xtile + p * 2 * TILE);                                \
+        for (int q = 0; q < 8; q++) {                                                         \
+          int32_t pair;                                                                       \
+          memcpy(&pair, wh + q * wstride + s * KSTEP + 2 * p, 4);                              \
+          acc[q] = DOT(acc[q], (BH)SET1(pair), xv);                                           \
+        }                                                                                     \
+      }                                                                                       \
+    for (int q = 0; q < 8; q++) STORE(ch + q * TILE, acc[q]);                                 \
+  }
+WEIGHT_ROWS(rows16, __m512, __m512bh, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_storeu_ps,
+            _mm512_loadu_si512, _mm512_set1_epi32, _mm512_dpbf16_ps)
+WEIGHT_ROWS(rows8, __m256, __m256bh, _mm256_setzero_ps, _mm256_loadu_ps, _mm256_storeu_ps,
+            load256, _mm256_set1_epi32, _mm256_dpbf16_ps)
+
+/* One C tile as amx_product computes it, eight weight rows at a time (accumulators in
+ * registers). `lanes` 8: only the tile's first 8 x rows are real (a last tile of at most 8
+ * rows), by rows8; the other 8 sums are left zero. */
 static inline void vector_tile(const uint16_t *w, int64_t wstride, const uint16_t *x,
                                int64_t steps, float *c, int first, int lanes) {
-  const size_t xtile = (size_t)TILE * KSTEP;
-  for (int half = 0; half < 2; half++) { /* weight rows 8 at a time: accumulators in registers */
+  for (int half = 0; half < 2; half++) {
     const uint16_t *wh = w + 8 * half * wstride;
     float *ch = c + 8 * half * TILE;
-    if (lanes == 8) {
-      __m256 acc[8];
-      for (int q = 0; q < 8; q++)
-        acc[q] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(ch + q * TILE);
-      for (int64_t s = 0; s < steps; s++)
-        for (int p = 0; p < KSTEP / 2; p++) {
-          const __m256i pairs = _mm256_loadu_si256((const __m256i *)(x + s * xtile + p * 2 * TILE));
-          const __m256bh xv = (__m256bh)pairs;
-          for (int q = 0; q < 8; q++) {
-            int32_t pair;
-            memcpy(&pair, wh + q * wstride + s * KSTEP + 2 * p, 4);
-            acc[q] = _mm256_dpbf16_ps(acc[q], (__m256bh)_mm256_set1_epi32(pair), xv);
-          }
-        }
-      for (int q = 0; q < 8; q++) {
-        _mm256_storeu_ps(ch + q * TILE, acc[q]);
-        _mm256_storeu_ps(ch + q * TILE + 8, _mm256_setzero_ps());
-      }
+    if (lanes == TILE) {
+      rows16(wh, wstride, x, steps, ch, first);
       continue;
     }
-    __m512 acc[8];
-    for (int q = 0; q < 8; q++)
-      acc[q] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(ch + q * TILE);
-    for (int64_t s = 0; s < steps; s++)
-      for (int p = 0; p < KSTEP / 2; p++) {
-        const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + s * xtile + p * 2 * TILE);
-        for (int q = 0; q < 8; q++) {
-          int32_t pair;
-          memcpy(&pair, wh + q * wstride + s * KSTEP + 2 * p, 4);
-          acc[q] = _mm512_dpbf16_ps(acc[q], (__m512bh)_mm512_set1_epi32(pair), xv);
-        }
-      }
-    for (int q = 0; q < 8; q++) _mm512_storeu_ps(ch + q * TILE, acc[q]);
+    rows8(wh, wstride, x, steps, ch, first);
+    for (int q = 0; q < 8; q++) _mm256_storeu_ps(ch + q * TILE + 8, _mm256_setzero_ps());
   }
 }
 
