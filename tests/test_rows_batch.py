@@ -82,7 +82,8 @@ def test_a_narrowing_pass_over_exact_kv_gives_the_prefills_logits():
     logits = model.forward_narrowing(full, pool, _DropRandomRows())
     assert (logits - reference).abs().max().item() < 1e-4 * reference.abs().max().item()
     last = cfg.num_layers - 1
-    changed = (pool.k[last] - before[last]).abs().amax(dim=(1, 2))
-    assert changed[slots[-1]] < 1e-4 and changed.max().item() < 1e-4
+    # Only the sequence's slots: a slot never allocated holds whatever torch.empty left there.
+    changed = (pool.k[last] - before[last]).abs().amax(dim=(1, 2))[slots]
+    assert changed.max().item() < 1e-4
     with pytest.raises(ValueError, match="keeps every logit row"):
         narrow_rows(full, torch.tensor([0, 1]))
