@@ -194,6 +194,9 @@ static inline vec_t vsub(vec_t a, vec_t b) { return _mm512_sub_ps(a, b); }
 static inline vec_t vdiv(vec_t a, vec_t b) { return _mm512_div_ps(a, b); }
 static inline vec_t vfmsub(vec_t a, vec_t b, vec_t c) { return _mm512_fmsub_ps(a, b, c); }
 static inline float vsum(vec_t a) { return _mm512_reduce_add_ps(a); }
+/* Lanewise `a > b ? a : b` (b where a is NaN); the largest lane. */
+static inline vec_t vmax(vec_t a, vec_t b) { return _mm512_max_ps(a, b); }
+static inline float vmax_lanes(vec_t a) { return _mm512_reduce_max_ps(a); }
 static inline void vstore(float *p, vec_t a) { _mm512_storeu_ps(p, a); }
 /* Round 16 floats to bf16 (nearest even), as 16 packed halves. */
 static inline __m256i to_bf16x16(__m512 v) {
@@ -253,6 +256,14 @@ static inline vec_t vadd(vec_t a, vec_t b) { return _mm256_add_ps(a, b); }
 static inline vec_t vsub(vec_t a, vec_t b) { return _mm256_sub_ps(a, b); }
 static inline vec_t vdiv(vec_t a, vec_t b) { return _mm256_div_ps(a, b); }
 static inline vec_t vfmsub(vec_t a, vec_t b, vec_t c) { return _mm256_fmsub_ps(a, b, c); }
+/* Lanewise `a > b ? a : b` (b where a is NaN); the largest lane. */
+static inline vec_t vmax(vec_t a, vec_t b) { return _mm256_max_ps(a, b); }
+static inline float vmax_lanes(vec_t a) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
 static inline float vsum(vec_t a) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -318,6 +329,9 @@ static inline vec_t vsub(vec_t a, vec_t b) { return vsubq_f32(a, b); }
 static inline vec_t vdiv(vec_t a, vec_t b) { return vdivq_f32(a, b); }
 static inline vec_t vfmsub(vec_t a, vec_t b, vec_t c) { return vnegq_f32(vfmsq_f32(c, a, b)); }
 static inline float vsum(vec_t a) { return vaddvq_f32(a); }
+/* Lanewise `a > b ? a : b` (b where a is NaN); the largest lane. */
+static inline vec_t vmax(vec_t a, vec_t b) { return vbslq_f32(vcgtq_f32(a, b), a, b); }
+static inline float vmax_lanes(vec_t a) { return vmaxvq_f32(a); }
 static inline void vstore(float *p, vec_t a) { vst1q_f32(p, a); }
 /* Round 4 floats to bf16 (nearest even), as 4 packed halves (NaN payloads are not kept). */
 static inline uint16x4_t to_bf16x4(vec_t v) {
@@ -369,6 +383,8 @@ static inline vec_t vfmsub(vec_t a, vec_t b, vec_t c) { return a * b - c; }
 static inline vec_t vexp(vec_t x) { return fast_expf(x); }
 static inline vec_t vround_to(vec_t v, int dtype) { return round_to(v, dtype); }
 static inline float vsum(vec_t a) { return a; }
+static inline vec_t vmax(vec_t a, vec_t b) { return a > b ? a : b; }
+static inline float vmax_lanes(vec_t a) { return a; }
 static inline void vstore(float *p, vec_t a) { *p = a; }
 static inline void vstore_as(void *p, int64_t i, vec_t v, int dtype) { store(p, i, v, dtype); }
 #endif
