@@ -128,7 +128,7 @@ def _reference_attention(q, k_cache, v_cache, table, lens, scale, window):
 @pytest.mark.parametrize("dtype, tol", DTYPES)
 @pytest.mark.parametrize(
     "heads, kv_heads, dim",
-    [(9, 3, 64), (4, 4, 128), (16, 2, 64), (12, 1, 96), (8, 2, 32)],
+    [(9, 3, 64), (4, 4, 128), (16, 2, 64), (12, 1, 96), (8, 2, 32), (12, 2, 128)],
 )
 @pytest.mark.parametrize("window", [None, 37])
 def test_paged_decode_attention(dtype, tol, heads, kv_heads, dim, window):
