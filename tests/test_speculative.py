@@ -17,7 +17,9 @@ import torch
 from sglite.runtime.cache.kv_pool import KVPool
 from sglite.runtime.cache.radix_cache import RadixCache
 from sglite.runtime.scheduler.ngram import (
+    KIND_PROBE_EVERY,
     POINTER_DRAFT_TOKENS,
+    KindAcceptance,
     NgramProposer,
     cached_continuation,
 )
@@ -166,6 +168,37 @@ def test_draft_length_follows_acceptance_and_speculation_pauses_when_it_does_not
     assert len(proposer.propose(req)) == START_DRAFT_TOKENS  # back, short again
     proposer.forget(set())
     assert proposer.states == {}
+
+
+def test_a_draft_kind_that_does_not_pay_is_only_probed_until_it_does():
+    tally = KindAcceptance()
+    assert tally.allows(0.35)  # untried: drafted
+    for _ in range(40):
+        tally.record(drafted=2, accepted=0)
+    assert [tally.allows(0.35) for _ in range(3 * KIND_PROBE_EVERY)].count(True) == 3
+    for _ in range(40):
+        tally.record(drafted=2, accepted=2)
+    assert tally.allows(0.35)
+
+
+def test_short_matches_stop_being_drafted_when_they_fail_while_long_ones_go_on():
+    """Free writing repeats short token runs that are not copies: drafts from them are
+    rejected, and every verification of them costs rows that save no step."""
+    proposer = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=1, max_match=4)
+    weak = [5, 6, 7, 8, 9, 1, 2, 3, 1, 2]  # only a 2-token suffix recurs
+    strong = [10, 11, 12, 13, 14, 15, 10, 11, 12, 13]  # a 4-token suffix recurs
+    for i in range(40):  # a fresh request each time: its own draft length never pauses
+        req = _req(weak, rid=f"w{i}")
+        draft = proposer.propose(req)
+        if draft:
+            proposer.record(req, drafted=len(draft), accepted=0, needed=0.35)
+        req = _req(strong, rid=f"s{i}")
+        draft = proposer.propose(req)
+        assert draft == [14, 15, 10, 11]
+        proposer.record(req, drafted=len(draft), accepted=len(draft), needed=0.35)
+    drafted = [bool(proposer.propose(_req(weak, rid=f"x{i}"))) for i in range(KIND_PROBE_EVERY)]
+    assert drafted.count(True) == 1  # a probe
+    assert proposer.info()["speculative_ngram_drafts"]["strong"]["accepted"] == 160
 
 
 def test_match_windows_are_checked():

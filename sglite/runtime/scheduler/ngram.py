@@ -29,6 +29,12 @@ follows that position before trying shorter matches (which often point at the wr
 several similar lines). Its drafts are at most `POINTER_DRAFT_TOKENS` long. A pointer whose
 own draft is rejected at its first token is dropped, and an n-gram draft accepted whole leaves
 none (a copy that goes on is matched as usual; one that ended would be drafted on at a loss).
+
+Those are four kinds of draft (`DRAFT_KINDS`), accepted at very different rates by the text:
+free writing repeats short runs that are not copies, and an edit's pointer guesses wrong in
+prose. Each kind is proposed only while its recent tokens' accepted share (`KindAcceptance`,
+over all requests) is above the break-even share the scheduler measured (`needed`), and probed
+now and then while it is not.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from sglite.runtime.multimodal.processor import is_pad
 from sglite.runtime.scheduler.drafts import MAX_DRAFT_TOKENS
 from sglite.runtime.scheduler.request import Req
 from sglite.runtime.scheduler.speculation import (
+    LOW_ACCEPTANCE,
     NGRAM_SOURCE,
     DraftLength,
     Proposal,
@@ -56,9 +63,46 @@ CACHE_DRAFT_SCALE = 4
 # A suffix match at least this long (or the longest window, if shorter) is drafted from before
 # the source pointer; shorter ones only where there is no pointer.
 STRONG_MATCH = 4
+# Where a draft comes from: the radix cache, a suffix match of STRONG_MATCH tokens or more, the
+# source pointer, a shorter match. How often each is accepted depends on the text (a copy, an
+# edit, free writing), so each kind is drafted only while its tokens' accepted share pays
+# (`KindAcceptance`).
+DRAFT_KINDS = ("cache", "strong", "pointer", "weak")
+# A kind's share starts at KIND_PRIOR (accepted, drafted tokens), and its counts decay by
+# KIND_DECAY per verification of that kind, so the share follows the workload; a kind that does
+# not pay is still drafted once in KIND_PROBE_EVERY proposals that would take it.
+KIND_PRIOR = (2.0, 4.0)
+KIND_DECAY = 0.97
+KIND_PROBE_EVERY = 8
 # A draft from the source pointer is a guess about an edit's extent: kept short, so that a wrong
 # one costs a verification of a few rows (about a plain step) rather than of a long draft.
 POINTER_DRAFT_TOKENS = 2
+
+
+@dataclass
+class KindAcceptance:
+    """The accepted share of one draft kind's tokens over the proposer's recent verifications
+    (all requests: a kind's quality is the workload's), and whether it pays."""
+
+    accepted: float = KIND_PRIOR[0]
+    drafted: float = KIND_PRIOR[1]
+    total_drafted: int = 0
+    total_accepted: int = 0
+    refused: int = 0
+
+    def record(self, drafted: int, accepted: int) -> None:
+        self.accepted = self.accepted * KIND_DECAY + accepted
+        self.drafted = self.drafted * KIND_DECAY + drafted
+        self.total_drafted += drafted
+        self.total_accepted += accepted
+
+    def allows(self, needed: float) -> bool:
+        """Whether to draft this kind now: its share is above `needed` (the break-even share
+        of drafted tokens), or this is one of the probes while it is not."""
+        if self.accepted > needed * self.drafted:
+            return True
+        self.refused += 1
+        return self.refused % KIND_PROBE_EVERY == 0
 
 
 @dataclass
@@ -75,6 +119,7 @@ class NgramState:
     pointer: int | None = None  # the source position the copy continues at (module docstring)
     proposed_at: int = 0  # the request's length when the last draft was proposed
     pointer_for: int = -1  # the request's length the pointer was set for (else it is stale)
+    kind: str = ""  # where the last draft came from (a DRAFT_KINDS name)
 
 
 class NgramProposer:
@@ -96,6 +141,8 @@ class NgramProposer:
         self.min_match = min_match
         self.max_match = max_match
         self.states: dict[str, NgramState] = {}
+        self.kinds = {kind: KindAcceptance() for kind in DRAFT_KINDS}
+        self.needed = LOW_ACCEPTANCE  # the break-even share the latest verification reported
 
     def propose(self, req: Req) -> list[int]:
         """Up to the request's draft length of tokens: what follows its whole sequence in the
@@ -116,16 +163,21 @@ class NgramProposer:
         if self.cache is not None:
             room = min(draft_room(req, self.context_len), MAX_DRAFT_TOKENS)
             cached = cached_continuation(self.cache, tokens, min(room, CACHE_DRAFT_SCALE * length))
-            if cached:
+            if cached and self._pays(state, "cache"):
                 return _tokens_only(cached)
         self._index(state, tokens)
         strong = min(STRONG_MATCH, self.max_match)
         start = self._match(state, tokens, strong, self.max_match)
-        if start is None and state.pointer is not None and state.pointer < len(tokens) - 1:
+        if start is not None and not self._pays(state, "strong"):
+            start = None
+        pointing = state.pointer is not None and state.pointer < len(tokens) - 1
+        if start is None and pointing and self._pays(state, "pointer"):
             start, state.from_pointer = state.pointer, True
             length = min(length, POINTER_DRAFT_TOKENS)
         if start is None:
             start = self._match(state, tokens, self.min_match, strong - 1)
+            if start is not None and not self._pays(state, "weak"):
+                start = None
         if start is None:
             return []
         state.draft_start = start
@@ -144,6 +196,9 @@ class NgramProposer:
         if state is None:
             return
         state.length.record(drafted, accepted, needed)
+        if state.kind in self.kinds:
+            self.kinds[state.kind].record(drafted, accepted)
+        self.needed = max(needed, LOW_ACCEPTANCE)
         # A copy matched whole goes on by the n-gram lookup; the pointer only follows edits.
         matched_whole = accepted == drafted and not state.from_pointer
         failed = state.from_pointer and accepted == 0
@@ -170,7 +225,23 @@ class NgramProposer:
             "speculative_algorithm": "ngram",
             "speculative_ngram_match_window": [self.min_match, self.max_match],
             "speculative_ngram_from_radix_cache": self.cache is not None,
+            "speculative_ngram_drafts": {
+                kind: {
+                    "drafted": tally.total_drafted,
+                    "accepted": tally.total_accepted,
+                    "recent_acceptance": tally.accepted / tally.drafted,
+                }
+                for kind, tally in self.kinds.items()
+            },
         }
+
+    def _pays(self, state: NgramState, kind: str) -> bool:
+        """Whether a draft of `kind` may be proposed now (`KindAcceptance.allows`); if so, it is
+        the request's draft kind."""
+        if not self.kinds[kind].allows(self.needed):
+            return False
+        state.kind = kind
+        return True
 
     @staticmethod
     def _match(state: NgramState, tokens: list[int], low: int, high: int) -> int | None:
