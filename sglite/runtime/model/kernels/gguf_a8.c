@@ -219,15 +219,35 @@ static inline __attribute__((always_inline)) void b32_group(const int R, int64_t
  * min after it). */
 static inline void b32_scales8(int64_t type, const uint8_t *b, int64_t bytes, __m256 *d,
                                __m256 *mn) {
-  const __m256i at = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                                        _mm256_set1_epi32((int)bytes));
-  const __m256i words = _mm256_i32gather_epi32((const int *)b, at, 1);
+  int32_t w[8];
+  for (int i = 0; i < 8; i++) memcpy(&w[i], b + i * bytes, 4);
+  const __m256i words = _mm256_loadu_si256((const __m256i *)w);
   *d = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(words));
   const float times = b32_offset_in_d(type);
   if (b32_has_min(type))
     *mn = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(words, 16)));
   else
     *mn = times != 0.0f ? _mm256_mul_ps(*d, _mm256_set1_ps(times)) : _mm256_setzero_ps();
+}
+#endif
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+/* Two consecutive blocks' integers (b32_ints of each) as one vector: for Q4_0/Q4_1 each block's
+ * 16 nibble bytes loaded twice, the second copy shifted to its high nibbles (five operations for
+ * the pair, where two b32_ints and a merge take eleven). */
+static inline __m512i b32_pair_ints(int64_t type, const uint8_t *b, int64_t bytes) {
+  if (type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q4_1) {
+    const int64_t at = type == GGML_TYPE_Q4_0 ? 2 : 4;
+    const __m256i q0 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b + at)));
+    const __m256i q1 =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b + bytes + at)));
+    const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1);
+    /* 128-bit lanes 1 and 3 (int16 lanes 8-15, 24-31) take the high nibbles */
+    const __m512i shifted = _mm512_mask_srli_epi16(both, 0xff00ff00u, both, 4);
+    return _mm512_and_si512(shifted, _mm512_set1_epi8(0x0f));
+  }
+  return _mm512_inserti64x4(_mm512_castsi256_si512(b32_ints(type, b)), b32_ints(type, b + bytes),
+                            1);
 }
 #endif
 
@@ -256,9 +276,7 @@ static inline __attribute__((always_inline)) void b32_row(const int R, int64_t t
     __m512i w[4];
     __mmask64 negative[4] = {0, 0, 0, 0};
     for (int p = 0; p < 4; p++) {
-      const __m256i q0 = b32_ints(type, b + 2 * p * bytes);
-      const __m256i q1 = b32_ints(type, b + (2 * p + 1) * bytes);
-      w[p] = _mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1);
+      w[p] = b32_pair_ints(type, b + 2 * p * bytes, bytes);
       if (type == GGML_TYPE_Q8_0) {
         negative[p] = _mm512_movepi8_mask(w[p]);
         w[p] = _mm512_abs_epi8(w[p]);
@@ -309,8 +327,23 @@ static inline __attribute__((always_inline)) void row_products(const int R, int6
     k4_k5_row(R, 1, row, x, m0, &s);
   else if (type == GGML_TYPE_Q6_K)
     k6_row(R, row, x, m0, &s);
-  else
-    b32_row(R, type, row, x, m0, &s);
+  else /* each block-of-32 type compiled on its own: no per-block branch on the type */
+    switch (type) {
+      case GGML_TYPE_Q4_0:
+        b32_row(R, GGML_TYPE_Q4_0, row, x, m0, &s);
+        break;
+      case GGML_TYPE_Q4_1:
+        b32_row(R, GGML_TYPE_Q4_1, row, x, m0, &s);
+        break;
+      case GGML_TYPE_Q5_0:
+        b32_row(R, GGML_TYPE_Q5_0, row, x, m0, &s);
+        break;
+      case GGML_TYPE_Q5_1:
+        b32_row(R, GGML_TYPE_Q5_1, row, x, m0, &s);
+        break;
+      default:
+        b32_row(R, GGML_TYPE_Q8_0, row, x, m0, &s);
+    }
   for (int m = 0; m < R; m++) {
     const float off_lanes = hsum_ps(_mm256_zextps128_ps256(s.off_vec[m]));
     out[m] = hsum_ps(s.acc[m]) + (s.off[m] + off_lanes);
