@@ -17,9 +17,9 @@
  * Without AMX, a C tile row (one weight row against the 16 x rows) is one vector: each pair of
  * the weight row broadcast and dotted with the packed pairs of x.
  *
- * Values: the weight's values as gguf_blocks.c decodes them (Q4_K and Q6_K are computed here the
- * same way, straight to bf16; tested bit for bit), rounded to bfloat16 as the scratch path
- * rounds them; each output sums its k products in a fixed order whatever the row count or the
+ * Values: the weight's values as gguf_blocks.c decodes them (computed here the same way,
+ * straight to bf16, for every type but Q5_K; tested bit for bit), rounded to bfloat16 as the
+ * scratch path rounds them; each output sums its k products in a fixed order whatever the row count or the
  * row's place in the batch, so a row's result depends on that row alone.
  */
 #include "gguf_bits.h"
@@ -213,8 +213,40 @@ static inline void q6k_bf16(const uint8_t *b, uint16_t *out) {
   }
 }
 
-/* Values [v0, v0 + count) of a row of `type` as bf16: Q4_K and Q6_K (Q4_K_M files' types)
- * straight from their blocks, the other types through gguf_blocks.c's float decoder. */
+/* A block of 32's values as bf16 (Q4_0, Q4_1, Q5_0, Q5_1: d q + m as the float decoder's FMA
+ * computes it, for each of the 16 or 32 possible q at once, rounded, then looked up by the
+ * block's integers; Q8_0: d q per value). */
+static inline void b32_bf16(int64_t type, const uint8_t *b, uint16_t *out) {
+  const float d = half(b);
+  if (type == GGML_TYPE_Q8_0) {
+    const __m256i q = _mm256_loadu_si256((const __m256i *)(b + 2));
+    const __m512 lo = _mm512_mul_ps(
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))), _mm512_set1_ps(d));
+    const __m512 hi = _mm512_mul_ps(
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))),
+        _mm512_set1_ps(d));
+    _mm512_storeu_si512(out, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+    return;
+  }
+  const int one = type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q5_1;
+  const int five = type == GGML_TYPE_Q5_0 || type == GGML_TYPE_Q5_1;
+  const float m = one ? half(b + 2) : (five ? -16.0f : -8.0f) * d;
+  __m256i q = nibble_bytes(b + (one ? 4 : 2) + (five ? 4 : 0));
+  if (five) {
+    uint32_t high;
+    memcpy(&high, b + (one ? 4 : 2), 4);
+    q = _mm256_or_si256(q, bits_to_0x10(high));
+  }
+  const __m512 first = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512 lo = _mm512_fmadd_ps(first, _mm512_set1_ps(d), _mm512_set1_ps(m));
+  const __m512 hi = _mm512_fmadd_ps(_mm512_add_ps(first, _mm512_set1_ps(16.0f)),
+                                    _mm512_set1_ps(d), _mm512_set1_ps(m));
+  const __m512i table = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+  _mm512_storeu_si512(out, _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(q), table));
+}
+
+/* Values [v0, v0 + count) of a row of `type` as bf16 straight from its blocks (the types
+ * gguf_gemm_amx serves; v0 and count whole blocks). */
 static void decode_span_bf16(int64_t type, const uint8_t *row, int64_t v0, int64_t count,
                              uint16_t *out) {
   if (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K) {
@@ -230,9 +262,20 @@ static void decode_span_bf16(int64_t type, const uint8_t *row, int64_t v0, int64
     }
     return;
   }
-  gguf_decode_span(type, row, v0, count, span_buf);
-  for (int64_t v = 0; v < count; v += 16)
-    _mm256_storeu_si256((__m256i *)(out + v), to_bf16x16(_mm512_loadu_ps(span_buf + v)));
+  if (type == GGML_TYPE_Q5_K) {
+    gguf_decode_span(type, row, v0, count, span_buf);
+    for (int64_t v = 0; v < count; v += 16)
+      _mm256_storeu_si256((__m256i *)(out + v), to_bf16x16(_mm512_loadu_ps(span_buf + v)));
+    return;
+  }
+  const int64_t bytes = gguf_row_bytes(type, 32);
+  for (int64_t v = 0; v < count; v += 32) {
+    const uint8_t *b = row + (v0 + v) / 32 * bytes;
+    if (v % 256 == 0) /* eight blocks: at most 272 bytes */
+      for (int l = 0; l < 5; l++)
+        _mm_prefetch((const char *)b + DECODE_PREFETCH_BYTES + 64 * l, _MM_HINT_T0);
+    b32_bf16(type, b, out + v);
+  }
 }
 
 /* Values [v0, v0 + count) of the weight's rows [n0, n0 + rows) as bf16 into `out` (row-major,
