@@ -50,6 +50,7 @@ HEADERS = [
     _HERE / "threadpool.h",
     _HERE / "gguf_bits.h",
     _HERE / "a8_rounding.h",
+    _HERE / "attention_blocks.h",
 ]
 # -fno-math-errno lets lrintf/fmaxf/sqrtf compile to single instructions (errno is never read);
 # -fopenmp links libgomp, which torch has loaded already (one OpenMP runtime in the process).
