@@ -243,6 +243,22 @@ def test_measured_costs_set_the_acceptance_drafts_need():
     assert sources["draft"]["ms_per_drafted_token"] == pytest.approx(11.0)
 
 
+def test_in_a_batch_an_accepted_token_saves_only_its_requests_share_of_the_step():
+    """Four requests decode four tokens a step: a token accepted for one of them saves a
+    quarter of that step, so the same verification rows need four times the acceptance."""
+    costs = SpeculationCosts()
+    for batch in (1, 4):
+        costs.observe(batch, drafted=0, seconds=0.010 * (1 + 0.5 * (batch - 1)), source="")
+        costs.observe(
+            batch, drafted=8, seconds=0.010 * (1 + 0.5 * (batch - 1)) + 8 * 0.002, source="ngram"
+        )
+    assert costs.break_even(1, 8, "ngram") == pytest.approx(0.2)
+    assert costs.break_even(4, 8, "ngram") == pytest.approx(0.002 / (0.025 / 4))  # 0.32
+    costs.observe(4, drafted=8, seconds=0.025 + 8 * 0.007, source="draft")
+    # 7 ms per drafted token against a request's 6.25 ms share of the step: never pays
+    assert costs.break_even(4, 8, "draft") == pytest.approx(1.12)
+
+
 def test_a_verification_has_a_fixed_cost_so_short_drafts_need_more_acceptance():
     costs = SpeculationCosts()
     costs.observe(1, drafted=0, seconds=0.010, source="ngram")

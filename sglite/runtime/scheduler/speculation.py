@@ -215,10 +215,11 @@ class SpeculationCosts:
     """What speculation costs, measured per batch size: a plain decode step's seconds, and per
     draft source (n-gram lookups, a draft model) the seconds a step's drafts add to it
     (`DraftCostFit`: a fixed part per verification and a part per drafted token: its
-    verification row, and the passes that proposed it). Accepted tokens save a plain step each,
-    so a step's `drafted` tokens pay when more than `break_even(batch, drafted, source) *
-    drafted` of them are accepted; `DraftLength` pauses drafting below it. This separates what
-    the hardware and models cost (here) from what the request's text allows (its acceptance)."""
+    verification row, and the passes that proposed it). A step of a batch of B requests emits B
+    tokens, so an accepted token saves 1/B of a plain step of that batch, and a step's `drafted`
+    tokens pay when more than `break_even(batch, drafted, source) * drafted` of them are
+    accepted; `DraftLength` pauses drafting below it. This separates what the hardware and
+    models cost (here) from what the request's text allows (its acceptance)."""
 
     def __init__(self) -> None:
         self.plain: dict[int, float] = {}
@@ -251,19 +252,24 @@ class SpeculationCosts:
 
     def break_even(self, batch_size: int, drafted: int, source: str) -> float:
         """The acceptance at which a step's `drafted` tokens from `source` pay: the seconds they
-        add over the seconds their acceptance would save (`LOW_ACCEPTANCE` until measured)."""
+        add over the seconds their acceptance would save, a plain step's 1/`batch_size` per
+        token (`LOW_ACCEPTANCE` until measured)."""
         fit = self.fits.get((batch_size, source))
         if fit is None or drafted <= 0:
             return LOW_ACCEPTANCE
         fixed, per_token = fit.coefficients()
-        return (fixed + per_token * drafted) / (drafted * max(self.plain[batch_size], 1e-9))
+        return (fixed + per_token * drafted) / (drafted * self._saved_per_token(batch_size))
 
     def _marginal(self, batch_size: int, source: str) -> float:
         """The break-even of an arbitrarily long draft (the fixed part spread to nothing)."""
         fit = self.fits.get((batch_size, source))
         if fit is None:
             return LOW_ACCEPTANCE
-        return fit.coefficients()[1] / max(self.plain[batch_size], 1e-9)
+        return fit.coefficients()[1] / self._saved_per_token(batch_size)
+
+    def _saved_per_token(self, batch_size: int) -> float:
+        """Seconds an accepted token saves: the plain step's share of one request."""
+        return max(self.plain[batch_size] / batch_size, 1e-9)
 
     def info(self) -> dict[str, Any]:
         """Per batch size: the plain step, and per draft source the fixed cost of a
