@@ -89,7 +89,9 @@ class ServerArgs:
     # model of the same tokenizer (`speculative_draft_model_path`; the target's own file with
     # `speculative_draft_num_layers` and/or a cheaper quantization is self-speculation).
     speculative_algorithm: str | None = None
-    speculative_num_draft_tokens: int = 16
+    # 15: with the request's pending token, a whole draft fills one 16-row tile of the tile GEMM
+    # (a 17th row would start a tile of its own, costing half a full one for one more token).
+    speculative_num_draft_tokens: int = 15
     speculative_ngram_min_match_window_size: int = 2
     speculative_ngram_max_match_window_size: int = 12
     speculative_draft_model_path: str | None = None

@@ -40,8 +40,9 @@ from sglite.runtime.cache.kv_pool import KVPool
 from sglite.runtime.scheduler.request import Req
 from sglite.runtime.scheduler.stats import SchedulerStats
 
-# Longest draft verified in one forward (forced JSON keys are rarely longer).
-MAX_DRAFT_TOKENS = 32
+# Longest draft verified in one forward (forced JSON keys are rarely longer): 31 and the
+# request's pending token fill two 16-row tiles of the tile GEMM.
+MAX_DRAFT_TOKENS = 31
 
 # Samples one token per row of `logits` for `reqs` (row i is reqs[i]) under their grammar masks
 # and appends it through the output path, which may finish the request.
