@@ -175,10 +175,13 @@ def test_a_draft_kind_that_does_not_pay_is_only_probed_until_it_does():
     assert tally.allows(0.35)  # untried: drafted
     for _ in range(40):
         tally.record(drafted=2, accepted=0)
-    assert [tally.allows(0.35) for _ in range(3 * KIND_PROBE_EVERY)].count(True) == 3
+    allowed = [tally.allows(0.35) for _ in range(7 * KIND_PROBE_EVERY)]
+    # probes after 8, then 16, then 32 refusals: each probe that fails doubles the gap
+    probes = [i + 1 for i, ok in enumerate(allowed) if ok]
+    assert probes == [KIND_PROBE_EVERY, 3 * KIND_PROBE_EVERY, 7 * KIND_PROBE_EVERY]
     for _ in range(40):
         tally.record(drafted=2, accepted=2)
-    assert tally.allows(0.35)
+    assert tally.allows(0.35) and tally.probe_gap == KIND_PROBE_EVERY
 
 
 def test_short_matches_stop_being_drafted_when_they_fail_while_long_ones_go_on():
@@ -196,8 +199,11 @@ def test_short_matches_stop_being_drafted_when_they_fail_while_long_ones_go_on()
         draft = proposer.propose(req)
         assert draft == [14, 15, 10, 11]
         proposer.record(req, drafted=len(draft), accepted=len(draft), needed=0.35)
-    drafted = [bool(proposer.propose(_req(weak, rid=f"x{i}"))) for i in range(KIND_PROBE_EVERY)]
-    assert drafted.count(True) == 1  # a probe
+    weak_kind = proposer.kinds["weak"]
+    assert weak_kind.probe_gap > KIND_PROBE_EVERY  # its probes failed: rarer and rarer
+    left = weak_kind.probe_gap - weak_kind.refused
+    drafted = [bool(proposer.propose(_req(weak, rid=f"x{i}"))) for i in range(left)]
+    assert drafted == [False] * (left - 1) + [True]  # refused until the next probe
     assert proposer.info()["speculative_ngram_drafts"]["strong"]["accepted"] == 160
 
 

@@ -186,16 +186,17 @@ class DecodeManager:
             if source is None:
                 self.verifier.verify(item.req, item.draft, item.kept, rows, sample)
                 continue
-            needed = LOW_ACCEPTANCE  # the step's speculative drafts pay or not together
+            needed = least = LOW_ACCEPTANCE  # the step's speculative drafts pay or not together
             if self.spec_costs is not None:
                 needed = self.spec_costs.break_even(len(reqs), speculative, source)
+                least = self.spec_costs.marginal(len(reqs), source)
             verdict = self.verifier.verify(
                 item.req, item.draft, item.kept, rows, sample, SPECULATION
             )
             item.req.spec_verify_ct += 1
             self.stats.spec_verify_passes += 1
             assert self.speculator is not None
-            self.speculator.record(item.req, len(item.draft), verdict.accepted, needed)
+            self.speculator.record(item.req, len(item.draft), verdict.accepted, needed, least)
 
     def _verify_forward_batch(self, reqs: list[Req], batch: VerifyBatch) -> ForwardBatch:
         """The verification pass as a DECODE batch of one row per token: row i of a request

@@ -148,7 +148,9 @@ class DraftModelProposer:
         """`propose`'s draft as the DRAFT_MODEL_SOURCE's."""
         return proposal_from(DRAFT_MODEL_SOURCE, self.propose, req, allowed)
 
-    def record(self, req: Req, drafted: int, accepted: int, needed: float) -> None:
+    def record(
+        self, req: Req, drafted: int, accepted: int, needed: float, least: float | None = None
+    ) -> None:
         """Adapt the request's draft length to a verification's result."""
         seq = self.sequences.get(req.rid)
         if seq is not None:

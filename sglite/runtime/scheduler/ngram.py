@@ -70,10 +70,13 @@ STRONG_MATCH = 4
 DRAFT_KINDS = ("cache", "strong", "pointer", "weak")
 # A kind's share starts at KIND_PRIOR (accepted, drafted tokens), and its counts decay by
 # KIND_DECAY per verification of that kind, so the share follows the workload; a kind that does
-# not pay is still drafted once in KIND_PROBE_EVERY proposals that would take it.
+# not pay is still drafted once in KIND_PROBE_EVERY proposals that would take it, a gap that
+# doubles with every probe that leaves it below, up to KIND_PROBE_MAX (a batch proposes for
+# every request each step, and every probe verifies rows that cannot pay).
 KIND_PRIOR = (2.0, 4.0)
 KIND_DECAY = 0.97
 KIND_PROBE_EVERY = 8
+KIND_PROBE_MAX = 256
 # A draft from the source pointer is a guess about an edit's extent: kept short, so that a wrong
 # one costs a verification of a few rows (about a plain step) rather than of a long draft.
 POINTER_DRAFT_TOKENS = 2
@@ -88,7 +91,8 @@ class KindAcceptance:
     drafted: float = KIND_PRIOR[1]
     total_drafted: int = 0
     total_accepted: int = 0
-    refused: int = 0
+    refused: int = 0  # proposals refused since the last probe
+    probe_gap: int = KIND_PROBE_EVERY
 
     def record(self, drafted: int, accepted: int) -> None:
         self.accepted = self.accepted * KIND_DECAY + accepted
@@ -98,11 +102,15 @@ class KindAcceptance:
 
     def allows(self, needed: float) -> bool:
         """Whether to draft this kind now: its share is above `needed` (the break-even share
-        of drafted tokens), or this is one of the probes while it is not."""
+        of drafted tokens), or this is one of the probes while it is not (see KIND_PROBE_MAX)."""
         if self.accepted > needed * self.drafted:
+            self.refused, self.probe_gap = 0, KIND_PROBE_EVERY
             return True
         self.refused += 1
-        return self.refused % KIND_PROBE_EVERY == 0
+        if self.refused < self.probe_gap:
+            return False
+        self.refused, self.probe_gap = 0, min(2 * self.probe_gap, KIND_PROBE_MAX)
+        return True
 
 
 @dataclass
@@ -187,7 +195,9 @@ class NgramProposer:
         """`propose`'s draft as the NGRAM_SOURCE's."""
         return proposal_from(NGRAM_SOURCE, self.propose, req, allowed)
 
-    def record(self, req: Req, drafted: int, accepted: int, needed: float) -> None:
+    def record(
+        self, req: Req, drafted: int, accepted: int, needed: float, least: float | None = None
+    ) -> None:
         """Adapt the request's draft length to a verification's result and move the source
         pointer past the model's own token: set after a rejected draft, kept while its own
         drafts are accepted, dropped after an n-gram draft accepted whole or when its own
@@ -198,7 +208,9 @@ class NgramProposer:
         state.length.record(drafted, accepted, needed)
         if state.kind in self.kinds:
             self.kinds[state.kind].record(drafted, accepted)
-        self.needed = max(needed, LOW_ACCEPTANCE)
+        # a kind is judged by what its longest drafts need: its short ones are the draft
+        # length's to stop (DraftLength)
+        self.needed = max(needed if least is None else least, LOW_ACCEPTANCE)
         # A copy matched whole goes on by the n-gram lookup; the pointer only follows edits.
         matched_whole = accepted == drafted and not state.from_pointer
         failed = state.from_pointer and accepted == 0

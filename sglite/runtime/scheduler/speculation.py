@@ -66,9 +66,12 @@ class Speculator(Protocol):
         `DraftProposer.propose` bound; None for none."""
         ...
 
-    def record(self, req: Req, drafted: int, accepted: int, needed: float) -> None:
-        """A verification of `req`'s draft kept `accepted` of its `drafted` tokens; drafts pay
-        at an acceptance above `needed`."""
+    def record(
+        self, req: Req, drafted: int, accepted: int, needed: float, least: float | None = None
+    ) -> None:
+        """A verification of `req`'s draft kept `accepted` of its `drafted` tokens; drafts of
+        its length pay at an acceptance above `needed`, the longest ones above `least` (the
+        verification's fixed cost spread to nothing; None: `needed`)."""
         ...
 
     def forget(self, live: set[str]) -> None:
@@ -239,7 +242,7 @@ class SpeculationCosts:
         token costs a plain step or more however long the draft, except one step in
         `HOPELESS_PROBE_EVERY`, to notice when that changes."""
         step = max(self.steps.get(batch_size, 1) - 1, 0)
-        return self._marginal(batch_size, source) < 1.0 or step % HOPELESS_PROBE_EVERY == 0
+        return self.marginal(batch_size, source) < 1.0 or step % HOPELESS_PROBE_EVERY == 0
 
     def observe(self, batch_size: int, drafted: int, seconds: float, source: str) -> None:
         """A decode step of `batch_size` requests verified `drafted` speculative draft tokens,
@@ -260,7 +263,7 @@ class SpeculationCosts:
         fixed, per_token = fit.coefficients()
         return (fixed + per_token * drafted) / (drafted * self._saved_per_token(batch_size))
 
-    def _marginal(self, batch_size: int, source: str) -> float:
+    def marginal(self, batch_size: int, source: str) -> float:
         """The break-even of an arbitrarily long draft (the fixed part spread to nothing)."""
         fit = self.fits.get((batch_size, source))
         if fit is None:
@@ -324,11 +327,13 @@ class NgramBeforeDraft:
                 return proposal
         return None
 
-    def record(self, req: Req, drafted: int, accepted: int, needed: float) -> None:
+    def record(
+        self, req: Req, drafted: int, accepted: int, needed: float, least: float | None = None
+    ) -> None:
         """Tell the source of the request's latest draft how it fared."""
         source = self.last.get(req.rid)
         if source is not None:
-            source.record(req, drafted, accepted, needed)
+            source.record(req, drafted, accepted, needed, least)
 
     def forget(self, live: set[str]) -> None:
         """Both sources forget the requests not in `live`."""
