@@ -102,17 +102,22 @@ def test_bf16_batches_past_the_gemv_take_it_and_float32_never_does():
 
 def test_weights_mostly_of_q6_k_take_the_tiles_later(monkeypatch):
     """Q6_K decodes to bf16 slower than Q4_K, so a weight mostly of Q6_K rows keeps the other
-    paths to AMX_MIN_ROWS_Q6_K rows (BF16_DOT_MIN_ROWS_Q6_K without AMX); a Q4_K weight, or a
-    fused one with a Q6_K minority (a Q4_K_M file's q/k/v), switches at AMX_MIN_ROWS
+    paths to AMX_MIN_ROWS_Q6_K rows (without AMX: BF16_DOT_MIN_ROWS_Q6_K, or _Q6_K_SHORT for
+    rows of at most SHORT_ROW_VALUES values, an output head's); a Q4_K weight, or a fused one
+    with a Q6_K minority (a Q4_K_M file's q/k/v), switches at AMX_MIN_ROWS
     (BF16_DOT_MIN_ROWS). `matmul` follows the weight's threshold."""
     rng = np.random.default_rng(21)
     q4k = GGUFPart("Q4_K", _blocks("Q4_K", 64, 256, rng))
     q6k = GGUFPart("Q6_K", _blocks("Q6_K", 48, 256, rng))
-    names = ("AMX_MIN_ROWS", "AMX_MIN_ROWS_Q6_K")
+    long = ABI.constants["SHORT_ROW_VALUES"] + 256  # rows longer than an output head's
+    names = ("AMX_MIN_ROWS", "AMX_MIN_ROWS_Q6_K", "AMX_MIN_ROWS_Q6_K")
     if not kernels.amx_available():
-        names = ("BF16_DOT_MIN_ROWS", "BF16_DOT_MIN_ROWS_Q6_K")
-    low, high = (ABI.constants[name] for name in names)
-    assert low < high
+        names = ("BF16_DOT_MIN_ROWS", "BF16_DOT_MIN_ROWS_Q6_K_SHORT", "BF16_DOT_MIN_ROWS_Q6_K")
+    low, high, higher = (ABI.constants[name] for name in names)
+    assert low < high <= higher
+    assert (
+        GGUFWeight([GGUFPart("Q6_K", _blocks("Q6_K", 16, long, rng))], long).amx_min_rows == higher
+    )
     assert GGUFWeight([q4k], 256).amx_min_rows == low
     assert GGUFWeight([q4k, q6k], 256).amx_min_rows == low
     assert GGUFWeight([q6k], 256).amx_min_rows == high

@@ -119,7 +119,9 @@ class GGUFWeight(QuantizedWeight):
             *(_PART(BLOCK_TYPES[p.type_name], p.rows, p.data.ctypes.data) for p in parts)
         )
         self.address = ctypes.addressof(self._table)
-        self.amx_min_rows = kernels.gguf_amx_min_rows(self.address, self.out_features)
+        self.amx_min_rows = kernels.gguf_amx_min_rows(
+            self.address, self.out_features, self.in_features
+        )
 
     def shape(self) -> tuple[int, int]:
         return self.out_features, self.in_features

@@ -32,8 +32,11 @@ enum { GGUF_FLOAT_GEMV_MAX_ROWS = 2 };
  * weight mostly of Q6_K blocks, slower to decode, from AMX_MIN_ROWS_Q6_K (gguf_amx_min_rows). */
 enum { AMX_MIN_ROWS = 6, AMX_MIN_ROWS_Q6_K = 9 };
 /* The same rows where gguf_amx.c multiplies with AVX512-BF16 dot products (no AMX): its
- * products cost more than the tiles', so the int8 GEMVs keep more rows. */
-enum { BF16_DOT_MIN_ROWS = 12, BF16_DOT_MIN_ROWS_Q6_K = 24 };
+ * products cost more than the tiles', so the int8 GEMVs keep more rows. A Q6_K-mostly weight
+ * of short rows (k <= SHORT_ROW_VALUES: an output head) switches at BF16_DOT_MIN_ROWS_Q6_K_SHORT:
+ * the GEMV's cost per weight row and x row (its sums and store) weighs more there. */
+enum { BF16_DOT_MIN_ROWS = 12, BF16_DOT_MIN_ROWS_Q6_K = 24, BF16_DOT_MIN_ROWS_Q6_K_SHORT = 14 };
+enum { SHORT_ROW_VALUES = 4096 };
 /* Rows decode_layers takes (quantized layers in bf16: at most QGEMV_MAX_ROWS; the caller picks). */
 enum { NATIVE_MAX_ROWS = 256 };
 
@@ -192,10 +195,10 @@ int64_t tile_gemm_available(void);
  * -1 where gguf_gemm_amx would refuse, or for another act or n_out. */
 int gguf_gemm_amx_glu(int dtype, int act, const void *x, const gguf_part_t *parts, void *y,
                       int64_t rows, int64_t n_out, int64_t k, int threads);
-/* The bf16 rows from which a weight of these parts goes to gguf_gemm_amx: AMX_MIN_ROWS_Q6_K
- * when Q6_K parts hold most of its rows, else AMX_MIN_ROWS (BF16_DOT_MIN_ROWS_Q6_K and
- * BF16_DOT_MIN_ROWS without AMX tiles). */
-int64_t gguf_amx_min_rows(const gguf_part_t *parts, int64_t n_out);
+/* The bf16 rows from which a weight of these parts (rows of k values) goes to gguf_gemm_amx:
+ * AMX_MIN_ROWS_Q6_K when Q6_K parts hold most of its rows, else AMX_MIN_ROWS
+ * (BF16_DOT_MIN_ROWS_Q6_K, _Q6_K_SHORT for short rows, and BF16_DOT_MIN_ROWS without AMX). */
+int64_t gguf_amx_min_rows(const gguf_part_t *parts, int64_t n_out, int64_t k);
 
 /* quant_gemm.c, panel_gemm.c. quant_gemm with row_independent != 0 never takes its panel path
  * (used from GEMM_PANEL_MIN_ROWS rows, whose tiles sum over k in another order), so a row's

@@ -330,12 +330,13 @@ def tile_gemm_available() -> bool:
     return lib is not None and bool(lib.tile_gemm_available())
 
 
-def gguf_amx_min_rows(parts: int, n_out: int) -> int:
-    """The bf16 rows from which a GGUF weight (a `gguf_part_t` array at `parts`) goes to
-    `gguf_gemm_amx` (kernels.h `gguf_amx_min_rows`: later for weights mostly of Q6_K blocks,
-    and later with AVX512-BF16 dot products than on AMX tiles)."""
+def gguf_amx_min_rows(parts: int, n_out: int, k: int) -> int:
+    """The bf16 rows from which a GGUF weight (a `gguf_part_t` array at `parts`, rows of `k`
+    values) goes to `gguf_gemm_amx` (kernels.h `gguf_amx_min_rows`: later for weights mostly
+    of Q6_K blocks unless their rows are short, and later with AVX512-BF16 dot products than on
+    AMX tiles)."""
     lib = native.load()
-    return int(lib.gguf_amx_min_rows(parts, n_out)) if lib else ABI.constants["AMX_MIN_ROWS"]
+    return int(lib.gguf_amx_min_rows(parts, n_out, k)) if lib else ABI.constants["AMX_MIN_ROWS"]
 
 
 def _call_gguf(kernel: Any, x: torch.Tensor, parts: int, n_out: int) -> torch.Tensor | None:
