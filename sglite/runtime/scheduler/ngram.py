@@ -33,8 +33,8 @@ none (a copy that goes on is matched as usual; one that ended would be drafted o
 Those are four kinds of draft (`DRAFT_KINDS`), accepted at very different rates by the text:
 free writing repeats short runs that are not copies, and an edit's pointer guesses wrong in
 prose. Each kind is proposed only while its recent tokens' accepted share (`KindAcceptance`,
-over all requests) is above the break-even share the scheduler measured (`needed`), and probed
-now and then while it is not.
+over all requests) is above the share a long draft needs to pay (the scheduler's measured
+`least` break-even), and probed less and less often while it is not.
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ class NgramProposer:
         self.max_match = max_match
         self.states: dict[str, NgramState] = {}
         self.kinds = {kind: KindAcceptance() for kind in DRAFT_KINDS}
-        self.needed = LOW_ACCEPTANCE  # the break-even share the latest verification reported
+        self.needed = LOW_ACCEPTANCE  # a long draft's break-even, as the latest verification had it
 
     def propose(self, req: Req) -> list[int]:
         """Up to the request's draft length of tokens: what follows its whole sequence in the

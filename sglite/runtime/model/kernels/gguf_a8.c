@@ -155,41 +155,6 @@ static inline __attribute__((always_inline)) void k6_row(const int R, const uint
   }
 }
 
-/* A block of 32's integers as 32 bytes in value order: unsigned for Q4/Q5, Q8_0's signed. */
-static inline __m256i b32_ints(int64_t type, const uint8_t *b) {
-  switch (type) {
-    case GGML_TYPE_Q4_0:
-      return nibble_bytes(b + 2);
-    case GGML_TYPE_Q4_1:
-      return nibble_bytes(b + 4);
-    case GGML_TYPE_Q5_0:
-    case GGML_TYPE_Q5_1: {
-      const int one = type == GGML_TYPE_Q5_1;
-      uint32_t high;
-      memcpy(&high, b + (one ? 4 : 2), 4);
-      return _mm256_or_si256(nibble_bytes(b + (one ? 8 : 6)), bits_to_0x10(high));
-    }
-    default:
-      return _mm256_loadu_si256((const __m256i *)(b + 2));
-  }
-}
-
-/* Whether a block of 32 stores its min after its scale (Q4_1, Q5_1); the other types' offset
- * per unit of xq is b32_offset_in_d times the scale: -8 (Q4_0), -16 (Q5_0), 0 (Q8_0). */
-static inline int b32_has_min(int64_t type) {
-  return type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q5_1;
-}
-static inline float b32_offset_in_d(int64_t type) {
-  return type == GGML_TYPE_Q4_0 ? -8.0f : type == GGML_TYPE_Q5_0 ? -16.0f : 0.0f;
-}
-
-/* A block of 32's scale d; *mn its offset per unit of xq (b32_has_min, b32_offset_in_d). */
-static inline float b32_scale(int64_t type, const uint8_t *b, float *mn) {
-  const float d = half(b), times = b32_offset_in_d(type);
-  *mn = b32_has_min(type) ? half(b + 2) : times != 0.0f ? times * d : 0.0f;
-  return d;
-}
-
 /* One block of 32 (group g) of one weight row against R x rows. */
 static inline __attribute__((always_inline)) void b32_group(const int R, int64_t type,
                                                             const uint8_t *b, int64_t g,

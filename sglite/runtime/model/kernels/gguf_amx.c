@@ -19,8 +19,8 @@
  *
  * Values: the weight's values as gguf_blocks.c decodes them (computed here the same way,
  * straight to bf16, for every type but Q5_K; tested bit for bit), rounded to bfloat16 as the
- * scratch path rounds them; each output sums its k products in a fixed order whatever the row count or the
- * row's place in the batch, so a row's result depends on that row alone.
+ * scratch path rounds them; each output sums its k products in a fixed order whatever the row
+ * count or the row's place in the batch, so a row's result depends on that row alone.
  */
 #include "gguf_bits.h"
 
@@ -217,9 +217,10 @@ static inline void q6k_bf16(const uint8_t *b, uint16_t *out) {
  * computes it, for each of the 16 or 32 possible q at once, rounded, then looked up by the
  * block's integers; Q8_0: d q per value). */
 static inline void b32_bf16(int64_t type, const uint8_t *b, uint16_t *out) {
-  const float d = half(b);
+  float m;
+  const float d = b32_scale(type, b, &m);
+  const __m256i q = b32_ints(type, b);
   if (type == GGML_TYPE_Q8_0) {
-    const __m256i q = _mm256_loadu_si256((const __m256i *)(b + 2));
     const __m512 lo = _mm512_mul_ps(
         _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))), _mm512_set1_ps(d));
     const __m512 hi = _mm512_mul_ps(
@@ -227,15 +228,6 @@ static inline void b32_bf16(int64_t type, const uint8_t *b, uint16_t *out) {
         _mm512_set1_ps(d));
     _mm512_storeu_si512(out, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
     return;
-  }
-  const int one = type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q5_1;
-  const int five = type == GGML_TYPE_Q5_0 || type == GGML_TYPE_Q5_1;
-  const float m = one ? half(b + 2) : (five ? -16.0f : -8.0f) * d;
-  __m256i q = nibble_bytes(b + (one ? 4 : 2) + (five ? 4 : 0));
-  if (five) {
-    uint32_t high;
-    memcpy(&high, b + (one ? 4 : 2), 4);
-    q = _mm256_or_si256(q, bits_to_0x10(high));
   }
   const __m512 first = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512 lo = _mm512_fmadd_ps(first, _mm512_set1_ps(d), _mm512_set1_ps(m));

@@ -166,29 +166,14 @@ static inline void bytes_out(__m256i v, int is_signed, float s0, float o0, float
 
 static void vector_block(int64_t type, const uint8_t *b, float *out) {
   switch (type) {
-    case GGML_TYPE_Q4_0: {
-      const float d = half(b);
-      bytes_out(nibble_bytes(b + 2), 0, d, -8.0f * d, d, -8.0f * d, out);
-      return;
-    }
-    case GGML_TYPE_Q4_1: {
-      const float d = half(b), m = half(b + 2);
-      bytes_out(nibble_bytes(b + 4), 0, d, m, d, m, out);
-      return;
-    }
+    case GGML_TYPE_Q4_0:
+    case GGML_TYPE_Q4_1:
     case GGML_TYPE_Q5_0:
-    case GGML_TYPE_Q5_1: {
-      const int one = type == GGML_TYPE_Q5_1;
-      uint32_t high;
-      memcpy(&high, b + (one ? 4 : 2), 4);
-      const float d = half(b), m = one ? half(b + 2) : -16.0f * d;
-      const __m256i q = _mm256_or_si256(nibble_bytes(b + (one ? 8 : 6)), bits_to_0x10(high));
-      bytes_out(q, 0, d, m, d, m, out);
-      return;
-    }
+    case GGML_TYPE_Q5_1:
     case GGML_TYPE_Q8_0: {
-      const float d = half(b);
-      bytes_out(_mm256_loadu_si256((const __m256i *)(b + 2)), 1, d, 0.0f, d, 0.0f, out);
+      float m;
+      const float d = b32_scale(type, b, &m);
+      bytes_out(b32_ints(type, b), type == GGML_TYPE_Q8_0, d, m, d, m, out);
       return;
     }
     case GGML_TYPE_Q4_K:
