@@ -34,6 +34,7 @@ Run: python -m benchmarks.bench_engine [--model PATH.gguf] [--quick] [--skip-lla
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -48,6 +49,7 @@ import torch
 
 import sglite
 from benchmarks.common import PeerStatus, add_json_option, add_llama_server_option
+from sglite.runtime.model import kernels
 from sglite.runtime.model.catalog import resolve_model_path
 
 
@@ -171,6 +173,10 @@ def bench_machine(rows: list[Row], gflop: float, weight_bytes: int) -> dict[str,
     rows.append(Row("batch-1 decode limit (bandwidth)", "torch", out["decode_limit"], "tok/s"))
     out["batch32_roofline"] = min(32 * out["decode_limit"], out["prefill_roofline"])
     rows.append(Row("32 concurrent decode roofline", "torch", out["batch32_roofline"], "tok/s"))
+    # Whether sglite's bf16 products take AVX512-BF16 dot products here (kernels/bf16_probe.c).
+    taken = "bf16 products" if kernels.bf16_matmul_pays() else "float32 products"
+    rate = kernels.bf16_dot_speed_percent()
+    rows.append(Row(f"vdpbf16ps rate (% of an FMA's; sglite: {taken})", "probe", rate, "%"))
     return out
 
 
@@ -645,8 +651,14 @@ def main() -> None:
     if not args.skip_llama_cpp:
         notes += bench_llama_cpp(args, rows)
     if not args.skip_transformers:
-        bench_transformers(args, rows, torch.float32)
-        bench_transformers(args, rows, torch.bfloat16)
+        if importlib.util.find_spec("accelerate") is None:
+            notes.append(
+                "transformers not run: it loads a GGUF only with accelerate, which is "
+                "not installed (pip install -e '.[bench]')"
+            )
+        else:
+            bench_transformers(args, rows, torch.float32)
+            bench_transformers(args, rows, torch.bfloat16)
     report(rows, machine, args, notes)
     if args.json:
         with open(args.json, "w") as f:

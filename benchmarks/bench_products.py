@@ -84,7 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(command_line("benchmarks.bench_products"))
     tiles = "AMX" if kernels.amx_available() else "AVX512-BF16"
+    rate = kernels.bf16_dot_speed_percent()
+    taken = "taken" if kernels.bf16_matmul_pays() else "not taken: bf16 products do not pay"
     print(f"host: {cpu_line()}; tile GEMM: {tiles if kernels.tile_gemm_available() else 'no'}")
+    print(f"vdpbf16ps at {rate}% of an FMA's rate; the model's tile GEMM: {taken}")
     table = []
     for kind, weight in weights_by_kind(loaded.model).items():
         for rows in (int(r) for r in args.rows.split(",")):

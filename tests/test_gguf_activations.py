@@ -207,12 +207,16 @@ def test_answers_do_not_change_with_batching_or_prefill_against_decode(int8_engi
 GREEDY = {"temperature": 0, "ignore_eos": True}
 
 
-def test_bf16_batches_on_cpus_without_amx_take_the_scratch_and_pytorchs_gemm(monkeypatch):
-    """The path of CPUs with neither AMX nor AVX512-BF16, kept tested everywhere: a bf16 batch
-    past 16 rows decodes the weight into the scratch and multiplies with PyTorch's GEMM."""
+def test_bf16_batches_where_bf16_products_do_not_pay_take_a_float32_gemm(monkeypatch):
+    """The path of CPUs with neither AMX nor AVX512-BF16 dot products that pay (bf16_probe.c),
+    kept tested everywhere: a bf16 batch past 16 rows multiplies the weight decoded to float32
+    into the scratch with PyTorch's float32 GEMM, rounded to bf16 once."""
     monkeypatch.setattr(kernels, "tile_gemm_available", lambda: False)
+    monkeypatch.setattr(kernels, "bf16_matmul_pays", lambda: False)
     rng = np.random.default_rng(9)
     weight = GGUFWeight([GGUFPart("Q4_K", _blocks("Q4_K", 64, 512, rng))], 512)
     x = torch.randn(40, 512).to(torch.bfloat16)
-    dense = weight.decoded(torch.bfloat16).clone()
-    assert torch.equal(weight.matmul(x), torch.nn.functional.linear(x, dense))
+    wide = weight.decoded(torch.float32).clone()
+    out = weight.matmul(x)
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out, torch.nn.functional.linear(x.float(), wide).to(torch.bfloat16))

@@ -87,6 +87,15 @@ def test_a_rows_result_depends_on_that_row_alone():
         assert torch.equal(batch[50 - start], alone[0]), (start, rows)
 
 
+# The dispatch tests below need the tile GEMM to be this host's choice for bf16 batches; where
+# bf16 products do not pay (bf16_probe.c), test_dispatch_where_bf16_dot_products_are_taken
+# runs them in a process that takes them (SGLITE_BF16_DOT=1).
+dispatch = pytest.mark.skipif(
+    not kernels.bf16_matmul_pays(), reason="bf16 products do not pay here: run in a subprocess"
+)
+
+
+@dispatch
 def test_bf16_batches_past_the_gemv_take_it_and_float32_never_does():
     """`matmul` sends a bf16 batch of `amx_min_rows` or more rows to the tile GEMM (the same
     values) and keeps float32 batches on the exact float32 GEMM."""
@@ -100,6 +109,7 @@ def test_bf16_batches_past_the_gemv_take_it_and_float32_never_does():
     assert (weight.matmul(x).double() - exact).abs().max().item() < 1e-4
 
 
+@dispatch
 def test_weights_mostly_of_q6_k_take_the_tiles_later(monkeypatch):
     """Q6_K decodes to bf16 slower than Q4_K, so a weight mostly of Q6_K rows keeps the other
     paths to AMX_MIN_ROWS_Q6_K rows (without AMX: BF16_DOT_MIN_ROWS_Q6_K, or _Q6_K_SHORT for
@@ -132,6 +142,7 @@ def test_weights_mostly_of_q6_k_take_the_tiles_later(monkeypatch):
     assert torch.equal(weight.matmul(x), kernels.gguf_gemm_amx(x, weight.address, 48))
 
 
+@dispatch
 @pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
 def test_the_gated_product_is_the_unfused_ones_bit_for_bit(act):
     """`matmul_gated` on a fused [gate; up] weight (mixed parts, k in two chunks, 5 blocks of
@@ -186,3 +197,59 @@ def test_without_amx_the_vector_path_computes_the_same_product():
         [sys.executable, "-c", VECTOR_CHECK], env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def _run(args: list[str], **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.mark.skipif(kernels.bf16_matmul_pays(), reason="the dispatch tests ran in this process")
+def test_dispatch_where_bf16_dot_products_are_taken():
+    """On a CPU whose AVX512-BF16 dot products are too slow to pay, the tile GEMM's dispatch
+    (thresholds, matmul, the gated form) is still checked: in a process where SGLITE_BF16_DOT=1
+    takes them."""
+    args = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "tiles_later or take_it or gated"]
+    done = _run([*args, __file__], SGLITE_BF16_DOT="1", SGLITE_AMX="0")
+    assert done.returncode == 0 and "4 passed" in done.stdout, done.stdout[-3000:]
+
+
+DECISION_CHECK = """
+import numpy as np, torch, torch.nn.functional as F
+from sglite.runtime.model import gguf_weight, kernels
+from sglite.runtime.model.gguf_weight import GGUFPart, GGUFWeight
+from sglite.runtime.model.kernels.abi import ABI
+from tests.test_gguf_activations import _blocks
+assert not kernels.amx_available() and kernels.bf16_dot_speed_percent() > 0
+rng = np.random.default_rng(30)
+weight = GGUFWeight([GGUFPart("Q4_K", _blocks("Q4_K", 96, 512, rng))], 512)
+x = torch.randn(40, 512).to(torch.bfloat16)
+if kernels.bf16_matmul_pays():
+    assert weight.amx_min_rows == ABI.constants["BF16_DOT_MIN_ROWS"]
+    assert torch.equal(weight.matmul(x), kernels.gguf_gemm_amx(x, weight.address, 96))
+    print("tiles")
+else:
+    off = ABI.constants["TILE_GEMM_OFF_ROWS"]
+    assert weight.amx_min_rows == off and weight.native_linear(None).amx_min_rows == off
+    wide = F.linear(x.float(), weight.decoded(torch.float32)).to(torch.bfloat16)
+    assert torch.equal(weight.matmul(x), wide)  # float32 GEMM on the float32 weight
+    gguf_weight.FLOAT32_SCRATCH_BYTES = 512 * 4 * 40  # 40 rows at a time: 3 slices
+    assert torch.equal(weight.matmul(x), wide)
+    assert weight.matmul_gated(x, "silu") is None
+    print("float32")
+"""
+
+
+@pytest.mark.parametrize(("setting", "path"), [("1", "tiles"), ("0", "float32")])
+def test_the_measured_rate_decides_the_bf16_products(setting, path):
+    """Where bf16 dot products pay (SGLITE_BF16_DOT=1 stands in for a fast measurement), a bf16
+    batch past the GEMV takes the tile GEMM; where they do not (=0, as measured on an Intel
+    Xeon without AMX), no weight does, and a large bf16 batch multiplies the weight decoded to
+    float32 (in slices of FLOAT32_SCRATCH_BYTES) in a float32 GEMM, the result rounded once."""
+    done = _run(["-c", DECISION_CHECK], SGLITE_BF16_DOT=setting, SGLITE_AMX="0")
+    assert done.returncode == 0 and done.stdout.strip() == path, done.stderr[-3000:]

@@ -16,7 +16,10 @@ On CPUs with AMX or AVX512-BF16, bfloat16 batches of `amx_min_rows` rows or more
 (`AMX_MIN_ROWS` on AMX tiles, `BF16_DOT_MIN_ROWS` with AVX512-BF16 dot products; later for a
 weight mostly of Q6_K blocks, whose decoding costs more) take `kernels/gguf_amx.c` instead: the
 weight decoded to bfloat16 a block at a time into cache and multiplied there (no scratch, no
-oneDNN reorder of it per call). Those products keep the activations as they are.
+oneDNN reorder of it per call). Those products keep the activations as they are. Where bf16
+products are slower than float32 ones (`kernels.bf16_matmul_pays`: no AMX, and AVX512-BF16 dot
+products measured too slow, `kernels/bf16_probe.c`) no weight takes it, and the scratch GEMM
+of a large bfloat16 batch runs in float32.
 
 With `round_activations` (the loader's choice where the CPU has integer dot products: see
 `loader.resolve_gguf_activations`), DECODE batches (the decode step's `LINEAR_GGUF_A8` and
@@ -58,6 +61,9 @@ _PART = ABI.structs["gguf_part_t"]
 # bfloat16 rows up to which products run in float32 through the quantized GEMM; larger batches
 # (prefill) decode the weight into the scratch for PyTorch's bf16 GEMM (AMX where present).
 BF16_QUANT_GEMM_MAX_ROWS = 16
+# Bytes of a weight decoded to float32 at a time where bf16 batches multiply in float32
+# (`GGUFWeight._float32_scratch_matmul`): an output head's 0.9 GB would double the scratch.
+FLOAT32_SCRATCH_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -134,7 +140,8 @@ class GGUFWeight(QuantizedWeight):
         """`x @ W.T` with x as it is: bfloat16 batches of `amx_min_rows` rows or more through
         `gguf_gemm_amx` where it runs (AMX tiles or AVX512-BF16); else the GEMV for a few rows,
         the quantized GEMM for float32 batches and bfloat16 ones up to BF16_QUANT_GEMM_MAX_ROWS
-        rows (in float32), and larger ones through the scratch and PyTorch's GEMM."""
+        rows (in float32), and larger ones through the scratch and PyTorch's GEMM (in float32
+        where bf16 products do not pay here)."""
         rows = x.shape[0]
         gemv_rows = GGUF_FLOAT_GEMV_MAX_ROWS if x.dtype == torch.float32 else QGEMV_MAX_ROWS
         out = None
@@ -149,7 +156,28 @@ class GGUFWeight(QuantizedWeight):
             out = None if out is None else out.to(x.dtype)
         if out is not None:
             return out
+        if x.dtype == torch.bfloat16 and not kernels.bf16_matmul_pays():
+            return self._float32_scratch_matmul(x)
         return F.linear(x, self.decoded(x.dtype, self.scratch))
+
+    def _float32_scratch_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """bf16 `x @ W.T` through float32 GEMMs, for CPUs whose bf16 products are slower than
+        float32 ones (`kernels.bf16_matmul_pays`): x widened, the weight decoded to float32 into
+        the scratch at most `FLOAT32_SCRATCH_BYTES` at a time (a slice of rows), the result
+        rounded to bf16 once."""
+        n, k = self.shape()
+        wide = x.float()
+        step = max(1, FLOAT32_SCRATCH_BYTES // (4 * k))
+        if step >= n or not kernels.native_available():
+            return F.linear(wide, self.decoded(torch.float32, self.scratch)).to(x.dtype)
+        out = x.new_empty(x.shape[0], n)
+        for start in range(0, n, step):
+            ids = torch.arange(start, min(n, start + step))
+            into = self.scratch.take(len(ids), k, torch.float32)
+            part = kernels.gguf_dequantize(self.address, n, k, torch.float32, ids, out=into)
+            assert part is not None  # ids in range, native library present
+            out[:, start : start + len(ids)] = F.linear(wide, part)
+        return out
 
     def matmul_decode(self, x: torch.Tensor) -> torch.Tensor:
         """A DECODE batch's product: rounding activations, the int8 kernel (below `amx_min_rows`
@@ -239,7 +267,7 @@ class GGUFWeight(QuantizedWeight):
         """Any batch in float32 (the C step runs the quantized GEMM past the GEMV's rows),
         rounding activations, or in bfloat16 where `gguf_gemm_amx` runs (the C step takes it
         from `amx_min_rows` rows); else the GEMV's rows."""
-        if self.round_activations or dtype == torch.float32 or kernels.tile_gemm_available():
+        if self.round_activations or dtype == torch.float32 or kernels.bf16_matmul_pays():
             return NATIVE_MAX_ROWS
         return QGEMV_MAX_ROWS
 

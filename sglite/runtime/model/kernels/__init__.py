@@ -17,6 +17,8 @@ from sglite.runtime.model.kernels import native
 from sglite.runtime.model.kernels.abi import ABI
 from sglite.runtime.model.kernels.matmul import (  # noqa: F401 (the package's API)
     amx_available,
+    bf16_dot_speed_percent,
+    bf16_matmul_pays,
     dense_gemv,
     gguf_amx_min_rows,
     gguf_dequantize,

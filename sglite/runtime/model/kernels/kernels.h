@@ -37,6 +37,11 @@ enum { AMX_MIN_ROWS = 6, AMX_MIN_ROWS_Q6_K = 9 };
  * the GEMV's cost per weight row and x row (its sums and store) weighs more there. */
 enum { BF16_DOT_MIN_ROWS = 12, BF16_DOT_MIN_ROWS_Q6_K = 24, BF16_DOT_MIN_ROWS_Q6_K_SHORT = 14 };
 enum { SHORT_ROW_VALUES = 4096 };
+/* bf16_probe.c: AVX512-BF16 dot products pay where a vdpbf16ps runs at least this many percent
+ * of a vfmadd231ps's rate (at 50 it does as many flops: twice the flops per instruction). Where
+ * they do not (and there is no AMX), no weight goes to gguf_amx.c (gguf_amx_min_rows returns
+ * TILE_GEMM_OFF_ROWS) and the prefill scratch GEMM runs in float32. */
+enum { BF16_DOT_PAYS_PERCENT = 50, TILE_GEMM_OFF_ROWS = 1073741824 };
 /* Rows decode_layers takes (quantized layers in bf16: at most QGEMV_MAX_ROWS; the caller picks). */
 enum { NATIVE_MAX_ROWS = 256 };
 
@@ -189,6 +194,11 @@ int gguf_gemm_amx(int dtype, const void *x, const gguf_part_t *parts, void *y, i
                   int64_t n_out, int64_t k, int threads);
 int64_t amx_gemm_available(void);
 int64_t tile_gemm_available(void);
+/* bf16_probe.c: a vdpbf16ps's measured rate in percent of a vfmadd231ps's (0 where the build has
+ * no AVX512-BF16), timed once per process; bf16_dot_pays: 1 when that is at least
+ * BF16_DOT_PAYS_PERCENT (SGLITE_BF16_DOT=0/1 in the environment decides instead). */
+int64_t bf16_dot_speed_percent(void);
+int64_t bf16_dot_pays(void);
 /* gguf_amx.c: y [rows, n_out / 2] = act(x G^T) * (x U^T) for a weight [G; U] of n_out rows
  * (a multiple of 32), act = ACT_SILU or ACT_GELU_TANH: gguf_gemm_amx's product with act_mul's
  * arithmetic on its bf16-rounded halves, bit for bit, without the [rows, n_out] intermediate.
@@ -197,7 +207,8 @@ int gguf_gemm_amx_glu(int dtype, int act, const void *x, const gguf_part_t *part
                       int64_t rows, int64_t n_out, int64_t k, int threads);
 /* The bf16 rows from which a weight of these parts (rows of k values) goes to gguf_gemm_amx:
  * AMX_MIN_ROWS_Q6_K when Q6_K parts hold most of its rows, else AMX_MIN_ROWS
- * (BF16_DOT_MIN_ROWS_Q6_K, _Q6_K_SHORT for short rows, and BF16_DOT_MIN_ROWS without AMX). */
+ * (BF16_DOT_MIN_ROWS_Q6_K, _Q6_K_SHORT for short rows, and BF16_DOT_MIN_ROWS without AMX);
+ * TILE_GEMM_OFF_ROWS where neither AMX nor bf16 dot products pay here (bf16_dot_pays). */
 int64_t gguf_amx_min_rows(const gguf_part_t *parts, int64_t n_out, int64_t k);
 
 /* quant_gemm.c, panel_gemm.c. quant_gemm with row_independent != 0 never takes its panel path

@@ -330,11 +330,29 @@ def tile_gemm_available() -> bool:
     return lib is not None and bool(lib.tile_gemm_available())
 
 
+@functools.cache
+def bf16_dot_speed_percent() -> int:
+    """A `vdpbf16ps`'s measured rate in percent of a `vfmadd231ps`'s here (kernels.h
+    `bf16_dot_speed_percent`; 0 without the native library or AVX512-BF16)."""
+    lib = native.load()
+    return int(lib.bf16_dot_speed_percent()) if lib else 0
+
+
+@functools.cache
+def bf16_matmul_pays() -> bool:
+    """Whether bf16 products are at least as fast as float32 ones here: AMX tiles, or AVX512-BF16
+    dot products at `BF16_DOT_PAYS_PERCENT` of an FMA's rate or more (kernels.h
+    `bf16_dot_pays`, which `SGLITE_BF16_DOT=0/1` overrides). Where they are not, no weight takes
+    `gguf_gemm_amx` and large bf16 batches multiply a float32 decoding of the weight."""
+    lib = native.load()
+    return lib is not None and bool(lib.amx_gemm_available() or lib.bf16_dot_pays())
+
+
 def gguf_amx_min_rows(parts: int, n_out: int, k: int) -> int:
     """The bf16 rows from which a GGUF weight (a `gguf_part_t` array at `parts`, rows of `k`
     values) goes to `gguf_gemm_amx` (kernels.h `gguf_amx_min_rows`: later for weights mostly
     of Q6_K blocks unless their rows are short, and later with AVX512-BF16 dot products than on
-    AMX tiles)."""
+    AMX tiles; `TILE_GEMM_OFF_ROWS` where bf16 products do not pay, `bf16_matmul_pays`)."""
     lib = native.load()
     return int(lib.gguf_amx_min_rows(parts, n_out, k)) if lib else ABI.constants["AMX_MIN_ROWS"]
 

@@ -38,6 +38,7 @@ SOURCES = [
     _HERE / "gguf_a8.c",
     _HERE / "a8_rounding.c",
     _HERE / "gguf_amx.c",
+    _HERE / "bf16_probe.c",
     _HERE / "decode_step.c",
     _HERE / "panel_gemm.c",
     _HERE / "quant_gemm.c",
