@@ -13,6 +13,7 @@ import torch
 import sglite as sgl
 from sglite.runtime.model import kernels
 from sglite.runtime.model.gguf_weight import GGUFPart, GGUFWeight
+from sglite.runtime.model.kernels.abi import ABI
 from sglite.runtime.model.loader import resolve_gguf_activations
 from sglite.runtime.server_args import ServerArgs
 
@@ -123,11 +124,68 @@ def test_a_rows_result_is_the_same_alone_and_in_any_batch(dtype, type_name):
     assert alone.dtype == dtype
 
 
+def _assert_near(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Equal to the output dtype's rounding (float32 sums in another order)."""
+    step = 2e-5 if got.dtype == torch.float32 else 8e-3
+    err = (got.double() - want.double()).abs().max().item()
+    assert err <= step * want.double().abs().max().item(), err
+
+
+def _vnni_gemm_serves() -> bool:
+    """Whether this build has gguf_gemm_a8 (AVX512-VNNI)."""
+    rng = np.random.default_rng(0)
+    weight = GGUFWeight([GGUFPart("Q4_K", _blocks("Q4_K", 16, 256, rng))], 256)
+    return kernels.gguf_gemm_a8(torch.zeros(1, 256), weight.address, 16) is not None
+
+
+VNNI_GEMM = _vnni_gemm_serves()
+
+
+@pytest.mark.skipif(not VNNI_GEMM, reason="the VNNI GEMM needs an AVX512-VNNI build")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_vnni_gemm_is_the_gemvs_product_and_each_row_its_own(dtype):
+    """gguf_gemm_a8 on a fused Q4_K + Q6_K weight (two super-blocks, 48 + 32 rows: blocks of 16
+    in each part): the GEMV's rounded product to float rounding for 1, 8 and 37 rows, and a
+    row's result bit for bit the same alone and in any batch."""
+    rng = np.random.default_rng(40)
+    parts = [
+        GGUFPart("Q4_K", _blocks("Q4_K", 48, 512, rng)),
+        GGUFPart("Q6_K", _blocks("Q6_K", 32, 512, rng)),
+    ]
+    weight = GGUFWeight(parts, 512, None, True)
+    x = torch.randn(37, 512).to(dtype)
+    x[:, 7] *= 30
+    alone = kernels.gguf_gemm_a8(x[5:6].contiguous(), weight.address, 80)
+    for rows in (1, 8, 37):
+        start = 5 if rows == 1 else 0
+        batch = kernels.gguf_gemm_a8(x[start : start + rows].contiguous(), weight.address, 80)
+        assert batch is not None and batch.dtype == dtype
+        _assert_near(
+            batch, kernels.gguf_gemv_a8(x[start : start + rows].contiguous(), weight.address, 80)
+        )
+        assert torch.equal(batch[5 - start], alone[0]), rows
+
+
+@pytest.mark.skipif(not VNNI_GEMM, reason="the VNNI GEMM needs an AVX512-VNNI build")
+def test_the_vnni_gemm_declines_what_it_cannot_serve_and_q6_k_takes_it_later():
+    rng = np.random.default_rng(41)
+    x = torch.randn(8, 512)
+    q5 = GGUFWeight([GGUFPart("Q5_0", _blocks("Q5_0", 16, 512, rng))], 512)
+    ragged = GGUFWeight([GGUFPart("Q4_K", _blocks("Q4_K", 24, 512, rng))], 512)
+    assert kernels.gguf_gemm_a8(x, q5.address, 16) is None  # not a k-quant it reads
+    assert kernels.gguf_gemm_a8(x, ragged.address, 24) is None  # 24 rows: not blocks of 16
+    q4k = GGUFWeight([GGUFPart("Q4_K", _blocks("Q4_K", 16, 512, rng))], 512)
+    q6k = GGUFWeight([GGUFPart("Q6_K", _blocks("Q6_K", 16, 512, rng))], 512)
+    assert q4k.a8_gemm_min_rows == ABI.constants["A8_GEMM_MIN_ROWS"]
+    assert q6k.a8_gemm_min_rows == ABI.constants["A8_GEMM_MIN_ROWS_Q6_K"] > q4k.a8_gemm_min_rows
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_decode_products_round_and_prefill_products_keep_x(dtype):
     """A DECODE batch's product (`matmul_decode`) is the int8 kernel's below the weight's
-    `amx_min_rows` (and at any row count without the tile GEMM); from there a bf16 batch takes
-    the tile GEMM (AMX or AVX512-BF16), as prefill does. An EXTEND pass's (`matmul`) keeps x:
+    `amx_min_rows` (and at any row count without the tile GEMM; from `a8_gemm_min_rows` rows the
+    VNNI GEMM where the build has it); from there a bf16 batch takes the tile GEMM (AMX or
+    AVX512-BF16), as prefill does. An EXTEND pass's (`matmul`) keeps x:
     what the weight without rounding computes."""
     rng = np.random.default_rng(5)
     blocks = _blocks("Q4_K", 64, 512, rng)
@@ -136,8 +194,13 @@ def test_decode_products_round_and_prefill_products_keep_x(dtype):
     for rows in (1, 4, 40):
         x = torch.randn(rows, 512).to(dtype)
         tiles = rounding.amx_min_rows <= rows and kernels.tile_gemm_available()
+        many = rows >= rounding.a8_gemm_min_rows
+        gemm = kernels.gguf_gemm_a8(x, rounding.address, 64) if many else None
         if dtype == torch.bfloat16 and tiles:
             assert torch.equal(rounding.matmul_decode(x), keeping.matmul(x))
+        elif gemm is not None:  # the VNNI GEMM: the same rounded product, summed in its order
+            assert torch.equal(rounding.matmul_decode(x), gemm)
+            _assert_near(gemm, rounding.matmul_rows(x))
         else:
             assert torch.equal(rounding.matmul_decode(x), rounding.matmul_rows(x))
             assert not torch.equal(rounding.matmul_decode(x), keeping.matmul(x))

@@ -24,10 +24,12 @@ of a large bfloat16 batch runs in float32.
 With `round_activations` (the loader's choice where the CPU has integer dot products: see
 `loader.resolve_gguf_activations`), DECODE batches (the decode step's `LINEAR_GGUF_A8` and
 `matmul_decode`, the output projection's) instead round each x row to int8 as llama.cpp does
-(`kernels/gguf_a8.c`: integer dot products over the blocks' own integers), as `w4a8` does in
-its decode GEMVs; prefill and other EXTEND passes (`matmul`) keep x for the float GEMMs, which
-are faster there and score a prompt's tokens the same at any batch size. `matmul_rows`
-(deterministic inference) takes the int8 kernel for every row count: its rows are independent,
+(`kernels/gguf_a8.c`: integer dot products over the blocks' own integers; from
+`a8_gemm_min_rows` rows of Q4_K / Q6_K weights `kernels/gguf_a8_gemm.c`, the same product with
+512-bit VNNI, each block decoded once for all rows), as `w4a8` does in its decode GEMVs;
+prefill and other EXTEND passes (`matmul`) keep x for the float GEMMs, which are faster there
+and score a prompt's tokens the same at any batch size. `matmul_rows` (deterministic
+inference) takes the int8 GEMV for every row count: its rows are independent,
 so a token's values then do not depend on its batch, on prefill or decode, or on the thread
 count.
 
@@ -128,6 +130,7 @@ class GGUFWeight(QuantizedWeight):
         self.amx_min_rows = kernels.gguf_amx_min_rows(
             self.address, self.out_features, self.in_features
         )
+        self.a8_gemm_min_rows = kernels.gguf_a8_gemm_min_rows(self.address, self.out_features)
 
     def shape(self) -> tuple[int, int]:
         return self.out_features, self.in_features
@@ -180,10 +183,15 @@ class GGUFWeight(QuantizedWeight):
         return out
 
     def matmul_decode(self, x: torch.Tensor) -> torch.Tensor:
-        """A DECODE batch's product: rounding activations, the int8 kernel (below `amx_min_rows`
-        rows where `matmul` takes `gguf_gemm_amx`, faster from there); else `matmul`."""
+        """A DECODE batch's product: rounding activations, the int8 kernels (below `amx_min_rows`
+        rows where `matmul` takes `gguf_gemm_amx`, faster from there): from `a8_gemm_min_rows`
+        rows the VNNI GEMM where it serves the weight, else the GEMV; else `matmul`."""
         if self.round_activations and not self._tile_rows(x):
-            out = kernels.gguf_gemv_a8(x.contiguous(), self.address, self.out_features)
+            out = None
+            if x.shape[0] >= self.a8_gemm_min_rows:
+                out = kernels.gguf_gemm_a8(x.contiguous(), self.address, self.out_features)
+            if out is None:
+                out = kernels.gguf_gemv_a8(x.contiguous(), self.address, self.out_features)
             if out is not None:
                 return out
         return self.matmul(x)

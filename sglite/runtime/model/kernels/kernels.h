@@ -42,6 +42,11 @@ enum { SHORT_ROW_VALUES = 4096 };
  * they do not (and there is no AMX), no weight goes to gguf_amx.c (gguf_amx_min_rows returns
  * TILE_GEMM_OFF_ROWS) and the prefill scratch GEMM runs in float32. */
 enum { BF16_DOT_PAYS_PERCENT = 50, TILE_GEMM_OFF_ROWS = 1073741824 };
+/* Rows from which a DECODE batch rounding activations takes gguf_gemm_a8 instead of
+ * gguf_gemv_a8 (where the tile GEMM does not take it first; never in deterministic mode, whose
+ * products keep one kernel for every row count): A8_GEMM_MIN_ROWS_Q6_K for a weight mostly of
+ * Q6_K blocks, slower to decode (gguf_a8_gemm_min_rows). */
+enum { A8_GEMM_MIN_ROWS = 8, A8_GEMM_MIN_ROWS_Q6_K = 16 };
 /* Rows decode_layers takes (quantized layers in bf16: at most QGEMV_MAX_ROWS; the caller picks). */
 enum { NATIVE_MAX_ROWS = 256 };
 
@@ -183,6 +188,16 @@ int gguf_dequantize(int dtype, const gguf_part_t *parts, const int64_t *ids, int
  * that row alone. -1 for parts that do not cover n_out rows of supported types. */
 int gguf_gemv_a8(int dtype, const void *x, const gguf_part_t *parts, void *y, int64_t rows,
                  int64_t n_out, int64_t k, int threads);
+/* gguf_a8_gemm.c: the same product for many rows with 512-bit VNNI (AVX512-VNNI builds): each
+ * Q4_K / Q6_K super-block of 16 weight rows decoded once for every x row, x rounded as
+ * gguf_gemv_a8 rounds it (values equal to its to float rounding; each row's result depends on
+ * that row alone). -1 where the build lacks VNNI-512, k is not whole super-blocks, or a part is
+ * not Q4_K / Q6_K in whole blocks of 16 rows. */
+int gguf_gemm_a8(int dtype, const void *x, const gguf_part_t *parts, void *y, int64_t rows,
+                 int64_t n_out, int64_t k, int threads);
+/* The rows from which a weight of these parts takes gguf_gemm_a8 (A8_GEMM_MIN_ROWS, or
+ * A8_GEMM_MIN_ROWS_Q6_K when Q6_K parts hold most of its rows). */
+int64_t gguf_a8_gemm_min_rows(const gguf_part_t *parts, int64_t n_out);
 
 /* gguf_amx.c: y [rows, n_out] = x W^T for bf16 x on AMX tiles, or with AVX512-BF16 dot
  * products where the CPU has no AMX (the weight decoded to bf16 a block of rows at a time,

@@ -284,6 +284,18 @@ def gguf_gemv_a8(x: torch.Tensor, parts: int, n_out: int) -> torch.Tensor | None
     return _call_gguf(lib.gguf_gemv_a8, x, parts, n_out)
 
 
+def gguf_gemm_a8(x: torch.Tensor, parts: int, n_out: int) -> torch.Tensor | None:
+    """`gguf_gemv_a8`'s product for many rows with 512-bit VNNI (gguf_a8_gemm.c: Q4_K / Q6_K
+    weights in whole blocks of 16 rows, k whole super-blocks): equal to it to float rounding,
+    each row's result depending on that row alone. None where it cannot serve x."""
+    lib = _lib_for(x)
+    if lib is None or x.dim() != 2 or not x.is_contiguous():
+        return None
+    if x.shape[0] == 0:
+        return x.new_empty(0, n_out)
+    return _call_gguf(lib.gguf_gemm_a8, x, parts, n_out)
+
+
 def gguf_gemm_amx(x: torch.Tensor, parts: int, n_out: int) -> torch.Tensor | None:
     """`x @ W.T` for bfloat16 `x [M, K]` on AMX tiles, or with AVX512-BF16 dot products where
     the CPU has no AMX (gguf_amx.c: the weight decoded to bfloat16 a block of rows at a time,
@@ -346,6 +358,15 @@ def bf16_matmul_pays() -> bool:
     `gguf_gemm_amx` and large bf16 batches multiply a float32 decoding of the weight."""
     lib = native.load()
     return lib is not None and bool(lib.amx_gemm_available() or lib.bf16_dot_pays())
+
+
+def gguf_a8_gemm_min_rows(parts: int, n_out: int) -> int:
+    """The rows from which a DECODE batch rounding activations takes `gguf_gemm_a8` (kernels.h
+    `gguf_a8_gemm_min_rows`: later for weights mostly of Q6_K blocks)."""
+    lib = native.load()
+    return (
+        int(lib.gguf_a8_gemm_min_rows(parts, n_out)) if lib else ABI.constants["A8_GEMM_MIN_ROWS"]
+    )
 
 
 def gguf_amx_min_rows(parts: int, n_out: int, k: int) -> int:

@@ -36,6 +36,7 @@ SOURCES = [
     _HERE / "quant_gemv.c",
     _HERE / "gguf_blocks.c",
     _HERE / "gguf_a8.c",
+    _HERE / "gguf_a8_gemm.c",
     _HERE / "a8_rounding.c",
     _HERE / "gguf_amx.c",
     _HERE / "bf16_probe.c",
@@ -52,6 +53,7 @@ HEADERS = [
     _HERE / "gguf_bits.h",
     _HERE / "a8_rounding.h",
     _HERE / "attention_blocks.h",
+    _HERE / "transpose16.h",
 ]
 # -fno-math-errno lets lrintf/fmaxf/sqrtf compile to single instructions (errno is never read);
 # -fopenmp links libgomp, which torch has loaded already (one OpenMP runtime in the process).

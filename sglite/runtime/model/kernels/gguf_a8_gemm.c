@@ -1,0 +1,228 @@
+/*
+ * Q4_K / Q6_K weights times many x rows rounded to int8 (gguf_a8.c's rounding): y = x W^T with
+ * 512-bit VNNI dot products, for decode batches of many rows where the GEMV (gguf_a8.c), which
+ * decodes a weight row once per 4 x rows and reduces each row's sums across lanes, is bound by
+ * that work rather than by the products.
+ *
+ * Layout: a block of 16 weight rows is decoded, one super-block (256 values) at a time, into 64
+ * vectors whose 32-bit lane r holds 4 consecutive integers of weight row r (a 16x16 transpose
+ * of 32-bit groups). An x row's 4 rounded values are then broadcast as `vpdpbusd`'s signed
+ * operand: one instruction adds 4 products to each of the 16 rows' sums, no horizontal sums.
+ * A group's integer sums (32 values for Q4_K, 16 for Q6_K) are converted once and scaled by
+ * the 16 rows' group scales as a vector; the offsets (Q4_K's mins, Q6_K's -32) by x's group sums
+ * (rounded_x's dxsum32 / sum16). Each super-block is decoded once for all x rows.
+ *
+ * Values: the dequantized weight times the rounded x, as gguf_a8.c computes it, to float
+ * rounding (the sums' order differs from the GEMV's). A row's result depends on that x row
+ * alone: every output sums its groups in one fixed order whatever the row count.
+ */
+#include "a8_rounding.h"
+#include "gguf_bits.h"
+
+#define QK_K 256
+/* Weight rows a decoded block covers: one 32-bit lane each. */
+#define WROWS 16
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__) && \
+    defined(__AVX2__) && defined(__FMA__)
+#include "transpose16.h"
+
+/* One super-block of 16 weight rows, decoded. */
+typedef struct {
+  __m512i w[QK_K / 4];  /* w[g]: values 4g..4g+3 of each row, row r in lane r */
+  float scale[16][WROWS];  /* group j's scale of each row (8 groups of 32, or 16 of 16) */
+  float offset[16][WROWS]; /* group j's offset per unit of x's group sum */
+} decoded_block;
+
+/* The 64 values 64c..64c+63 of a row (as bytes, in order) for c = 0..3 -> v[c][r]. */
+static inline void q4k_row(const uint8_t *b, int r, decoded_block *out, __m512i v[4][WROWS]) {
+  const float d = half(b), dmin = half(b + 2);
+  uint32_t w[3];
+  memcpy(w, b + 4, 12);
+  const uint32_t low6 = 0x3f3f3f3f, four = 0x0f0f0f0f, two = 0x03030303;
+  const uint32_t sc[2] = {w[0] & low6, (w[2] & four) | (((w[0] >> 6) & two) << 4)};
+  const uint32_t mn[2] = {w[1] & low6, ((w[2] >> 4) & four) | (((w[1] >> 6) & two) << 4)};
+  for (int j = 0; j < 8; j++) {
+    out->scale[j][r] = d * (float)((sc[j >> 2] >> (8 * (j & 3))) & 0xff);
+    out->offset[j][r] = dmin * (float)((mn[j >> 2] >> (8 * (j & 3))) & 0xff);
+  }
+  for (int c = 0; c < 4; c++) {
+    const __m256i packed = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * c));
+    v[c][r] = _mm512_inserti64x4(_mm512_castsi256_si512(low4(packed)), high4(packed), 1);
+  }
+}
+
+static inline void q6k_row(const uint8_t *b, int r, decoded_block *out, __m512i v[4][WROWS]) {
+  const float d = half(b + 208);
+  for (int j = 0; j < 16; j++) {
+    const float scale = d * (float)(int8_t)b[192 + j];
+    out->scale[j][r] = scale;
+    out->offset[j][r] = 32.0f * scale;
+  }
+  for (int h = 0; h < 2; h++) {
+    const __m256i lo0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
+    const __m256i lo1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
+    const __m256i hb = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+    const __m256i q0 = _mm256_or_si256(low4(lo0), byte_bits(hb, 0, 3, 4));
+    const __m256i q1 = _mm256_or_si256(low4(lo1), byte_bits(hb, 2, 3, 4));
+    const __m256i q2 = _mm256_or_si256(high4(lo0), byte_bits(hb, 4, 3, 4));
+    const __m256i q3 = _mm256_or_si256(high4(lo1), byte_bits(hb, 6, 3, 4));
+    v[2 * h][r] = _mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1);
+    v[2 * h + 1][r] = _mm512_inserti64x4(_mm512_castsi256_si512(q2), q3, 1);
+  }
+}
+
+/* Super-block sb of weight rows [n, n + 16), all of block type `type`. */
+static void decode_block(int64_t type, const gguf_part_t *parts, int64_t n, int64_t k,
+                         int64_t sb, decoded_block *out) {
+  __m512i v[4][WROWS];
+  for (int r = 0; r < WROWS; r++) {
+    int64_t row_type;
+    const uint8_t *row = gguf_part_row(parts, n + r, k, &row_type);
+    if (type == GGML_TYPE_Q4_K)
+      q4k_row(row + sb * 144, r, out, v);
+    else
+      q6k_row(row + sb * 210, r, out, v);
+  }
+  for (int c = 0; c < 4; c++) {
+    transpose16(v[c]);
+    for (int j = 0; j < 16; j++) out->w[16 * c + j] = v[c][j];
+  }
+}
+
+/* X rows taken together against a decoded block: their sums are independent chains of
+ * `vpdpbusd` (its latency hidden) and each weight vector loaded is used R times. */
+#define GEMM_ROWS 4
+
+/* sums[m] (2 vectors: products, offsets) += the block's products with x rows m0..m0+R-1 over
+ * super-block sb (groups of `size` values). */
+static inline __attribute__((always_inline)) void block_rows(const int R, const int size,
+                                                             const decoded_block *blk,
+                                                             const rounded_x *x, int64_t m0,
+                                                             int64_t sb, float *sums) {
+  const int64_t k = x->k, blocks = k / QK_K;
+  __m512 total[GEMM_ROWS], off[GEMM_ROWS];
+  for (int m = 0; m < R; m++) {
+    total[m] = _mm512_setzero_ps();
+    off[m] = _mm512_load_ps(sums + (2 * (m0 + m) + 1) * WROWS);
+  }
+  for (int j = 0; j < QK_K / size; j++) {
+    __m512i dot[GEMM_ROWS][2];
+    for (int m = 0; m < R; m++) dot[m][0] = dot[m][1] = _mm512_setzero_si512();
+    for (int q = 0; q < size / 4; q++) {
+      const __m512i w = _mm512_load_si512((const void *)&blk->w[(size / 4) * j + q]);
+      for (int m = 0; m < R; m++) {
+        int32_t four;
+        memcpy(&four, x->q + (m0 + m) * k + sb * QK_K + size * j + 4 * q, 4);
+        dot[m][q & 1] = _mm512_dpbusd_epi32(dot[m][q & 1], w, _mm512_set1_epi32(four));
+      }
+    }
+    const __m512 scale = _mm512_load_ps(blk->scale[j]), offset = _mm512_load_ps(blk->offset[j]);
+    for (int m = 0; m < R; m++) {
+      const int64_t i = m0 + m;
+      const __m512i both = _mm512_add_epi32(dot[m][0], dot[m][1]);
+      total[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(both), scale, total[m]);
+      const float xsum = size == 32 ? x->dxsum32[i * (k / 32) + sb * 8 + j]
+                                    : x->dx[i * blocks + sb] * (float)x->sum16[i * (k / 16) + sb * 16 + j];
+      off[m] = _mm512_fmadd_ps(offset, _mm512_set1_ps(xsum), off[m]);
+    }
+  }
+  for (int m = 0; m < R; m++) {
+    float *acc = sums + 2 * (m0 + m) * WROWS;
+    const __m512 dx = _mm512_set1_ps(x->dx[(m0 + m) * blocks + sb]);
+    _mm512_store_ps(acc, _mm512_fmadd_ps(total[m], dx, _mm512_load_ps(acc)));
+    _mm512_store_ps(acc + WROWS, off[m]);
+  }
+}
+
+/* block_rows for every x row, R compiled per count and block type. */
+static void block_all_rows(int64_t type, const decoded_block *blk, const rounded_x *x, int64_t sb,
+                           float *sums) {
+  int64_t m0 = 0;
+  if (type == GGML_TYPE_Q4_K) {
+    for (; m0 + GEMM_ROWS <= x->rows; m0 += GEMM_ROWS) block_rows(GEMM_ROWS, 32, blk, x, m0, sb, sums);
+    for (; m0 < x->rows; m0++) block_rows(1, 32, blk, x, m0, sb, sums);
+  } else {
+    for (; m0 + GEMM_ROWS <= x->rows; m0 += GEMM_ROWS) block_rows(GEMM_ROWS, 16, blk, x, m0, sb, sums);
+    for (; m0 < x->rows; m0++) block_rows(1, 16, blk, x, m0, sb, sums);
+  }
+}
+
+typedef struct {
+  int dtype;
+  const rounded_x *x;
+  const gguf_part_t *parts;
+  void *y;
+  int64_t n_out;
+  int failed;
+} gemm_args;
+
+/* Weight row blocks [b0, b1) (of 16 rows) against every x row. */
+static void gemm_range(void *p, int64_t b0, int64_t b1) {
+  gemm_args *a = p;
+  const rounded_x *x = a->x;
+  const int64_t k = x->k, rows = x->rows;
+  decoded_block *blk = aligned_alloc(64, sizeof(decoded_block));
+  float *sums = aligned_alloc(64, (size_t)(2 * rows * WROWS) * sizeof(float));
+  if (blk == NULL || sums == NULL) {
+    free(blk);
+    free(sums);
+    a->failed = 1;
+    return;
+  }
+  for (int64_t bi = b0; bi < b1; bi++) {
+    const int64_t n = bi * WROWS;
+    int64_t type;
+    gguf_part_row(a->parts, n, k, &type);
+    memset(sums, 0, (size_t)(2 * rows * WROWS) * sizeof(float));
+    for (int64_t sb = 0; sb < k / QK_K; sb++) {
+      decode_block(type, a->parts, n, k, sb, blk);
+      block_all_rows(type, blk, x, sb, sums);
+    }
+    for (int64_t m = 0; m < rows; m++)
+      for (int r = 0; r < WROWS; r++)
+        store(a->y, m * a->n_out + n + r,
+              sums[2 * m * WROWS + r] - sums[(2 * m + 1) * WROWS + r], a->dtype);
+  }
+  free(blk);
+  free(sums);
+}
+
+/* Whether every part is Q4_K or Q6_K in whole blocks of 16 rows. */
+static int parts_fit(const gguf_part_t *parts, int64_t n_out) {
+  for (int64_t seen = 0, i = 0; seen < n_out; seen += parts[i].rows, i++) {
+    if (parts[i].type != GGML_TYPE_Q4_K && parts[i].type != GGML_TYPE_Q6_K) return 0;
+    if (parts[i].rows % WROWS) return 0;
+  }
+  return 1;
+}
+
+int gguf_gemm_a8(int dtype, const void *x, const gguf_part_t *parts, void *y, int64_t rows,
+                 int64_t n_out, int64_t k, int threads) {
+  if (rows < 1 || k % QK_K || !gguf_parts_valid(parts, n_out, k) || !parts_fit(parts, n_out))
+    return -1;
+  rounded_x rx;
+  if (round_x(dtype, x, rows, k, &rx)) return -1;
+  gemm_args a = {dtype, &rx, parts, y, n_out, 0};
+  const int64_t blocks = n_out / WROWS;
+  const int64_t pieces = 4 * (threads > 1 ? threads : 1);
+  const int64_t chunk = (blocks + pieces - 1) / pieces;
+  parallel_range(gemm_range, &a, blocks, chunk > 0 ? chunk : 1, threads, 1);
+  free_rounded(&rx);
+  return a.failed ? -1 : 0;
+}
+#else
+int gguf_gemm_a8(int dtype, const void *x, const gguf_part_t *parts, void *y, int64_t rows,
+                 int64_t n_out, int64_t k, int threads) {
+  (void)dtype, (void)x, (void)parts, (void)y, (void)rows, (void)n_out, (void)k, (void)threads;
+  return -1;
+}
+#endif
+
+int64_t gguf_a8_gemm_min_rows(const gguf_part_t *parts, int64_t n_out) {
+  int64_t q6k = 0;
+  for (int64_t seen = 0, i = 0; seen < n_out && i < GGUF_MAX_PARTS && parts[i].rows > 0;
+       seen += parts[i].rows, i++)
+    if (parts[i].type == GGML_TYPE_Q6_K) q6k += parts[i].rows;
+  return 2 * q6k > n_out ? A8_GEMM_MIN_ROWS_Q6_K : A8_GEMM_MIN_ROWS;
+}
