@@ -63,11 +63,8 @@ static inline __attribute__((always_inline)) void k4_k5_row(const int R, const i
   for (int64_t blk = 0; blk < blocks; blk++) {
     const uint8_t *b = row + blk * bytes, *qs = b + (five ? 48 : 16);
     prefetch_ahead(b, 3); /* 144 or 176 bytes */
-    uint32_t w[3];
-    memcpy(w, b + 4, 12);
-    const uint32_t low6 = 0x3f3f3f3f, four = 0x0f0f0f0f, two = 0x03030303;
-    const uint32_t sc[2] = {w[0] & low6, (w[2] & four) | (((w[0] >> 6) & two) << 4)};
-    const uint32_t mn[2] = {w[1] & low6, ((w[2] >> 4) & four) | (((w[1] >> 6) & two) << 4)};
+    uint32_t sc[2], mn[2];
+    k_scales8(b + 4, sc, mn);
     const __m128i sc16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)sc[1], (int)sc[0]));
     const __m128i mn16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)mn[1], (int)mn[0]));
     const __m256i scales = _mm256_broadcastsi128_si256(sc16);

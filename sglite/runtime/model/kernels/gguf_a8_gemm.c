@@ -37,11 +37,8 @@ typedef struct {
 /* The 64 values 64c..64c+63 of a row (as bytes, in order) for c = 0..3 -> v[c][r]. */
 static inline void q4k_row(const uint8_t *b, int r, decoded_block *out, __m512i v[4][WROWS]) {
   const float d = half(b), dmin = half(b + 2);
-  uint32_t w[3];
-  memcpy(w, b + 4, 12);
-  const uint32_t low6 = 0x3f3f3f3f, four = 0x0f0f0f0f, two = 0x03030303;
-  const uint32_t sc[2] = {w[0] & low6, (w[2] & four) | (((w[0] >> 6) & two) << 4)};
-  const uint32_t mn[2] = {w[1] & low6, ((w[2] >> 4) & four) | (((w[1] >> 6) & two) << 4)};
+  uint32_t sc[2], mn[2];
+  k_scales8(b + 4, sc, mn);
   for (int j = 0; j < 8; j++) {
     out->scale[j][r] = d * (float)((sc[j >> 2] >> (8 * (j & 3))) & 0xff);
     out->offset[j][r] = dmin * (float)((mn[j >> 2] >> (8 * (j & 3))) & 0xff);
@@ -59,16 +56,13 @@ static inline void q6k_row(const uint8_t *b, int r, decoded_block *out, __m512i 
     out->scale[j][r] = scale;
     out->offset[j][r] = 32.0f * scale;
   }
+  const __m256i bias = _mm256_set1_epi8(32); /* back to q in 0..63: vpdpbusd's unsigned side */
   for (int h = 0; h < 2; h++) {
-    const __m256i lo0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
-    const __m256i lo1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
-    const __m256i hb = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
-    const __m256i q0 = _mm256_or_si256(low4(lo0), byte_bits(hb, 0, 3, 4));
-    const __m256i q1 = _mm256_or_si256(low4(lo1), byte_bits(hb, 2, 3, 4));
-    const __m256i q2 = _mm256_or_si256(high4(lo0), byte_bits(hb, 4, 3, 4));
-    const __m256i q3 = _mm256_or_si256(high4(lo1), byte_bits(hb, 6, 3, 4));
-    v[2 * h][r] = _mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1);
-    v[2 * h + 1][r] = _mm512_inserti64x4(_mm512_castsi256_si512(q2), q3, 1);
+    __m256i q[4];
+    q6k_half(b, h, q);
+    for (int i = 0; i < 4; i++) q[i] = _mm256_add_epi8(q[i], bias);
+    v[2 * h][r] = _mm512_inserti64x4(_mm512_castsi256_si512(q[0]), q[1], 1);
+    v[2 * h + 1][r] = _mm512_inserti64x4(_mm512_castsi256_si512(q[2]), q[3], 1);
   }
 }
 
@@ -220,9 +214,5 @@ int gguf_gemm_a8(int dtype, const void *x, const gguf_part_t *parts, void *y, in
 #endif
 
 int64_t gguf_a8_gemm_min_rows(const gguf_part_t *parts, int64_t n_out) {
-  int64_t q6k = 0;
-  for (int64_t seen = 0, i = 0; seen < n_out && i < GGUF_MAX_PARTS && parts[i].rows > 0;
-       seen += parts[i].rows, i++)
-    if (parts[i].type == GGML_TYPE_Q6_K) q6k += parts[i].rows;
-  return 2 * q6k > n_out ? A8_GEMM_MIN_ROWS_Q6_K : A8_GEMM_MIN_ROWS;
+  return q6k_mostly(parts, n_out) ? A8_GEMM_MIN_ROWS_Q6_K : A8_GEMM_MIN_ROWS;
 }

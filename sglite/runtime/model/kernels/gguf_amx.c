@@ -560,12 +560,9 @@ int64_t tile_gemm_available(void) { return 0; }
 #endif
 
 int64_t gguf_amx_min_rows(const gguf_part_t *parts, int64_t n_out, int64_t k) {
-  int64_t q6k = 0;
-  for (int64_t seen = 0, i = 0; seen < n_out && parts[i].rows > 0; seen += parts[i].rows, i++)
-    if (parts[i].type == GGML_TYPE_Q6_K) q6k += parts[i].rows;
-  const int q6k_mostly = 2 * q6k > n_out;
-  if (amx_gemm_available()) return q6k_mostly ? AMX_MIN_ROWS_Q6_K : AMX_MIN_ROWS;
+  const int q6k = q6k_mostly(parts, n_out);
+  if (amx_gemm_available()) return q6k ? AMX_MIN_ROWS_Q6_K : AMX_MIN_ROWS;
   if (!tile_gemm_available() || !bf16_dot_pays()) return TILE_GEMM_OFF_ROWS;
-  if (!q6k_mostly) return BF16_DOT_MIN_ROWS;
+  if (!q6k) return BF16_DOT_MIN_ROWS;
   return k <= SHORT_ROW_VALUES ? BF16_DOT_MIN_ROWS_Q6_K_SHORT : BF16_DOT_MIN_ROWS_Q6_K;
 }

@@ -24,6 +24,27 @@ static inline void k_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
   }
 }
 
+/* The 6-bit scales (sc) and mins (mn) of a Q4_K / Q5_K super-block's 12 scale bytes, group j in
+ * byte j % 4 of word j / 4 (k_scale_min's values, eight at once). */
+static inline void k_scales8(const uint8_t *s, uint32_t sc[2], uint32_t mn[2]) {
+  uint32_t w[3];
+  memcpy(w, s, 12);
+  const uint32_t low6 = 0x3f3f3f3f, four = 0x0f0f0f0f, two = 0x03030303;
+  sc[0] = w[0] & low6;
+  sc[1] = (w[2] & four) | (((w[0] >> 6) & two) << 4);
+  mn[0] = w[1] & low6;
+  mn[1] = ((w[2] >> 4) & four) | (((w[1] >> 6) & two) << 4);
+}
+
+/* Whether Q6_K parts hold most of a weight's n_out rows (it decodes slower: later thresholds). */
+static inline int q6k_mostly(const gguf_part_t *parts, int64_t n_out) {
+  int64_t q6k = 0;
+  for (int64_t seen = 0, i = 0; seen < n_out && i < GGUF_MAX_PARTS && parts[i].rows > 0;
+       seen += parts[i].rows, i++)
+    if (parts[i].type == GGML_TYPE_Q6_K) q6k += parts[i].rows;
+  return 2 * q6k > n_out;
+}
+
 /* Whether a block of 32 stores its min after its scale (Q4_1, Q5_1); the other types' offset
  * per unit of the integers is b32_offset_in_d times the scale: -8 (Q4_0), -16 (Q5_0), 0 (Q8_0). */
 static inline int b32_has_min(int64_t type) {
