@@ -181,16 +181,18 @@ def test_the_vnni_gemm_declines_what_it_cannot_serve_and_q6_k_takes_it_later():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_decode_products_round_and_prefill_products_keep_x(dtype):
+def test_decode_products_round_and_prefill_products_round_where_the_vnni_gemm_serves(dtype):
     """A DECODE batch's product (`matmul_decode`) is the int8 kernel's below the weight's
     `amx_min_rows` (and at any row count without the tile GEMM; from `a8_gemm_min_rows` rows the
     VNNI GEMM where the build has it); from there a bf16 batch takes the tile GEMM (AMX or
-    AVX512-BF16), as prefill does. An EXTEND pass's (`matmul`) keeps x:
-    what the weight without rounding computes."""
+    AVX512-BF16), as prefill does. An EXTEND pass's (`matmul`) is the same rounded product for a
+    bf16 batch where the VNNI GEMM serves the weight, else what the weight without rounding
+    computes (float32 always)."""
     rng = np.random.default_rng(5)
     blocks = _blocks("Q4_K", 64, 512, rng)
     rounding = GGUFWeight([GGUFPart("Q4_K", blocks)], 512, None, True)
     keeping = GGUFWeight([GGUFPart("Q4_K", blocks)], 512, None, False)
+    assert (rounding.a8_gemm_min_rows < ABI.constants["KERNEL_OFF_ROWS"]) == VNNI_GEMM
     for rows in (1, 4, 40):
         x = torch.randn(rows, 512).to(dtype)
         tiles = rounding.amx_min_rows <= rows and kernels.tile_gemm_available()
@@ -204,8 +206,25 @@ def test_decode_products_round_and_prefill_products_keep_x(dtype):
         else:
             assert torch.equal(rounding.matmul_decode(x), rounding.matmul_rows(x))
             assert not torch.equal(rounding.matmul_decode(x), keeping.matmul(x))
-        assert torch.equal(rounding.matmul(x), keeping.matmul(x))
+        if dtype == torch.bfloat16 and VNNI_GEMM and not tiles:
+            assert torch.equal(rounding.matmul(x), rounding.matmul_decode(x))
+            assert not torch.equal(rounding.matmul(x), keeping.matmul(x))
+        else:
+            assert torch.equal(rounding.matmul(x), keeping.matmul(x))
         assert torch.equal(keeping.matmul_decode(x), keeping.matmul(x))
+
+
+@pytest.mark.skipif(not VNNI_GEMM, reason="the VNNI GEMM needs an AVX512-VNNI build")
+def test_a_weight_the_vnni_gemm_cannot_read_keeps_x_in_extend_passes():
+    """Q5_0 blocks (no VNNI GEMM for them): the GEMM is off for the weight, and a bf16 EXTEND
+    pass's product is the float one, not the int8 GEMV's at prefill sizes."""
+    rng = np.random.default_rng(6)
+    blocks = _blocks("Q5_0", 32, 512, rng)
+    rounding = GGUFWeight([GGUFPart("Q5_0", blocks)], 512, None, True)
+    keeping = GGUFWeight([GGUFPart("Q5_0", blocks)], 512, None, False)
+    assert rounding.a8_gemm_min_rows == ABI.constants["KERNEL_OFF_ROWS"]
+    x = torch.randn(64, 512).to(torch.bfloat16)
+    assert torch.equal(rounding.matmul(x), keeping.matmul(x))
 
 
 def test_auto_rounds_activations_where_the_kernels_have_integer_dot_products():

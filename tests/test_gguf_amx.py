@@ -234,7 +234,7 @@ if kernels.bf16_matmul_pays():
     assert torch.equal(weight.matmul(x), kernels.gguf_gemm_amx(x, weight.address, 96))
     print("tiles")
 else:
-    off = ABI.constants["TILE_GEMM_OFF_ROWS"]
+    off = ABI.constants["KERNEL_OFF_ROWS"]
     assert weight.amx_min_rows == off and weight.native_linear(None).amx_min_rows == off
     wide = F.linear(x.float(), weight.decoded(torch.float32)).to(torch.bfloat16)
     assert torch.equal(weight.matmul(x), wide)  # float32 GEMM on the float32 weight

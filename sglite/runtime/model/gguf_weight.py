@@ -26,15 +26,18 @@ With `round_activations` (the loader's choice where the CPU has integer dot prod
 `matmul_decode`, the output projection's) instead round each x row to int8 as llama.cpp does
 (`kernels/gguf_a8.c`: integer dot products over the blocks' own integers; from
 `a8_gemm_min_rows` rows of Q4_K / Q6_K weights `kernels/gguf_a8_gemm.c`, the same product with
-512-bit VNNI, each block decoded once for all rows), as `w4a8` does in its decode GEMVs;
-prefill and other EXTEND passes (`matmul`) keep x for the float GEMMs, which are faster there
-and score a prompt's tokens the same at any batch size. `matmul_rows` (deterministic
-inference) takes the int8 GEMV for every row count: its rows are independent,
-so a token's values then do not depend on its batch, on prefill or decode, or on the thread
-count.
+512-bit VNNI, each block decoded once for all rows), as `w4a8` does in its decode GEMVs. Where
+that VNNI GEMM serves a weight it is faster than the float GEMMs at any row count short of the
+tile GEMM's, so bfloat16 prefill and other EXTEND passes (`matmul`) round x there too, through
+the same kernels: a token's product is then the same rounded one (to float rounding) in prefill
+and decode, alone or batched. Elsewhere (float32, an AVX2 build, a weight of other block types)
+EXTEND passes keep x for the float GEMMs. `matmul_rows` (deterministic inference) takes the int8
+GEMV for every row count: its rows are independent, so a token's values then do not depend on
+its batch, on prefill or decode, or on the thread count.
 
 Invariant: `matmul(x)` computes `x @ W.T` for `W` the weight gguf's own dequantization gives;
-rounding, `matmul_decode` and `matmul_rows` compute it with x as gguf_a8.c rounds it.
+rounding, `matmul_decode`, `matmul_rows` and a bf16 `matmul` where `_rounds_extend` compute it
+with x as gguf_a8.c rounds it.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ BLOCK_TYPES = {
 }
 GGUF_MAX_PARTS = ABI.constants["GGUF_MAX_PARTS"]
 GGUF_FLOAT_GEMV_MAX_ROWS = ABI.constants["GGUF_FLOAT_GEMV_MAX_ROWS"]
+KERNEL_OFF_ROWS = ABI.constants["KERNEL_OFF_ROWS"]
 _PART = ABI.structs["gguf_part_t"]
 # bfloat16 rows up to which products run in float32 through the quantized GEMM; larger batches
 # (prefill) decode the weight into the scratch for PyTorch's bf16 GEMM (AMX where present).
@@ -130,7 +134,9 @@ class GGUFWeight(QuantizedWeight):
         self.amx_min_rows = kernels.gguf_amx_min_rows(
             self.address, self.out_features, self.in_features
         )
-        self.a8_gemm_min_rows = kernels.gguf_a8_gemm_min_rows(self.address, self.out_features)
+        self.a8_gemm_min_rows = kernels.gguf_a8_gemm_min_rows(
+            self.address, self.out_features, self.in_features
+        )
 
     def shape(self) -> tuple[int, int]:
         return self.out_features, self.in_features
@@ -140,8 +146,10 @@ class GGUFWeight(QuantizedWeight):
         return sum(p.data.nbytes for p in self.parts)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """`x @ W.T` with x as it is: bfloat16 batches of `amx_min_rows` rows or more through
-        `gguf_gemm_amx` where it runs (AMX tiles or AVX512-BF16); else the GEMV for a few rows,
+        """`x @ W.T`: bfloat16 batches of `amx_min_rows` rows or more through `gguf_gemm_amx`
+        where it runs (AMX tiles or AVX512-BF16); else, rounding activations where the VNNI GEMM
+        serves the weight (`_rounds_extend`), x rounded as in a DECODE batch; else x as it is:
+        the GEMV for a few rows,
         the quantized GEMM for float32 batches and bfloat16 ones up to BF16_QUANT_GEMM_MAX_ROWS
         rows (in float32), and larger ones through the scratch and PyTorch's GEMM (in float32
         where bf16 products do not pay here)."""
@@ -150,6 +158,8 @@ class GGUFWeight(QuantizedWeight):
         out = None
         if self._tile_rows(x):
             out = kernels.gguf_gemm_amx(x.contiguous(), self.address, self.out_features)
+        elif self._rounds_extend(x):
+            out = self._rounded_matmul(x)
         if out is None and rows <= gemv_rows:
             out = kernels.gguf_gemv(x.contiguous(), self.address, self.out_features)
         if out is None and (x.dtype == torch.float32 or rows <= BF16_QUANT_GEMM_MAX_ROWS):
@@ -183,18 +193,33 @@ class GGUFWeight(QuantizedWeight):
         return out
 
     def matmul_decode(self, x: torch.Tensor) -> torch.Tensor:
-        """A DECODE batch's product: rounding activations, the int8 kernels (below `amx_min_rows`
-        rows where `matmul` takes `gguf_gemm_amx`, faster from there): from `a8_gemm_min_rows`
-        rows the VNNI GEMM where it serves the weight, else the GEMV; else `matmul`."""
+        """A DECODE batch's product: rounding activations, the int8 kernels (`_rounded_matmul`)
+        below `amx_min_rows` rows, where `matmul` takes `gguf_gemm_amx`, faster from there;
+        else `matmul`."""
         if self.round_activations and not self._tile_rows(x):
-            out = None
-            if x.shape[0] >= self.a8_gemm_min_rows:
-                out = kernels.gguf_gemm_a8(x.contiguous(), self.address, self.out_features)
-            if out is None:
-                out = kernels.gguf_gemv_a8(x.contiguous(), self.address, self.out_features)
+            out = self._rounded_matmul(x)
             if out is not None:
                 return out
         return self.matmul(x)
+
+    def _rounded_matmul(self, x: torch.Tensor) -> torch.Tensor | None:
+        """x rounded to int8: from `a8_gemm_min_rows` rows the VNNI GEMM, else the GEMV."""
+        out = None
+        if x.shape[0] >= self.a8_gemm_min_rows:
+            out = kernels.gguf_gemm_a8(x.contiguous(), self.address, self.out_features)
+        if out is None:
+            out = kernels.gguf_gemv_a8(x.contiguous(), self.address, self.out_features)
+        return out
+
+    def _rounds_extend(self, x: torch.Tensor) -> bool:
+        """Whether an EXTEND pass's product (`matmul`) rounds x as a DECODE batch's does: a
+        bfloat16 batch, rounding activations, of a weight the VNNI GEMM serves (faster than the
+        float GEMMs there at any row count); float32 keeps its exact products."""
+        return (
+            self.round_activations
+            and x.dtype == torch.bfloat16
+            and self.a8_gemm_min_rows < KERNEL_OFF_ROWS
+        )
 
     def matmul_gated(self, x: torch.Tensor, act: str) -> torch.Tensor | None:
         """Through the tile GEMM (where `matmul` takes it), the gated product without the

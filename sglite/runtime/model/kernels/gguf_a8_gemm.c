@@ -129,16 +129,15 @@ static inline __attribute__((always_inline)) void block_rows(const int R, const 
   }
 }
 
-/* block_rows for every x row, R compiled per count and block type. */
-static void block_all_rows(int64_t type, const decoded_block *blk, const rounded_x *x, int64_t sb,
-                           float *sums) {
-  int64_t m0 = 0;
+/* block_rows for x rows [m0, m1), R compiled per count and block type. */
+static void block_row_range(int64_t type, const decoded_block *blk, const rounded_x *x,
+                            int64_t sb, int64_t m0, int64_t m1, float *sums) {
   if (type == GGML_TYPE_Q4_K) {
-    for (; m0 + GEMM_ROWS <= x->rows; m0 += GEMM_ROWS) block_rows(GEMM_ROWS, 32, blk, x, m0, sb, sums);
-    for (; m0 < x->rows; m0++) block_rows(1, 32, blk, x, m0, sb, sums);
+    for (; m0 + GEMM_ROWS <= m1; m0 += GEMM_ROWS) block_rows(GEMM_ROWS, 32, blk, x, m0, sb, sums);
+    for (; m0 < m1; m0++) block_rows(1, 32, blk, x, m0, sb, sums);
   } else {
-    for (; m0 + GEMM_ROWS <= x->rows; m0 += GEMM_ROWS) block_rows(GEMM_ROWS, 16, blk, x, m0, sb, sums);
-    for (; m0 < x->rows; m0++) block_rows(1, 16, blk, x, m0, sb, sums);
+    for (; m0 + GEMM_ROWS <= m1; m0 += GEMM_ROWS) block_rows(GEMM_ROWS, 16, blk, x, m0, sb, sums);
+    for (; m0 < m1; m0++) block_rows(1, 16, blk, x, m0, sb, sums);
   }
 }
 
@@ -151,12 +150,20 @@ typedef struct {
   int failed;
 } gemm_args;
 
-/* Weight row blocks [b0, b1) (of 16 rows) against every x row. */
+/* Bytes of rounded x a thread multiplies against the decoded super-blocks before moving on
+ * (a chunk of x rows): kept in L2 with them, rather than every x row streamed from memory once
+ * per block of 16 weight rows in a prefill's thousand rows. */
+#define X_CHUNK_BYTES (256 << 10)
+
+/* Weight row blocks [b0, b1) (of 16 rows) against every x row: each block's super-blocks
+ * decoded once, then multiplied by the x rows a chunk at a time. */
 static void gemm_range(void *p, int64_t b0, int64_t b1) {
   gemm_args *a = p;
   const rounded_x *x = a->x;
-  const int64_t k = x->k, rows = x->rows;
-  decoded_block *blk = aligned_alloc(64, sizeof(decoded_block));
+  const int64_t k = x->k, rows = x->rows, blocks = k / QK_K;
+  int64_t chunk = X_CHUNK_BYTES / k / GEMM_ROWS * GEMM_ROWS;
+  if (chunk < GEMM_ROWS) chunk = GEMM_ROWS;
+  decoded_block *blk = aligned_alloc(64, (size_t)blocks * sizeof(decoded_block));
   float *sums = aligned_alloc(64, (size_t)(2 * rows * WROWS) * sizeof(float));
   if (blk == NULL || sums == NULL) {
     free(blk);
@@ -169,9 +176,10 @@ static void gemm_range(void *p, int64_t b0, int64_t b1) {
     int64_t type;
     gguf_part_row(a->parts, n, k, &type);
     memset(sums, 0, (size_t)(2 * rows * WROWS) * sizeof(float));
-    for (int64_t sb = 0; sb < k / QK_K; sb++) {
-      decode_block(type, a->parts, n, k, sb, blk);
-      block_all_rows(type, blk, x, sb, sums);
+    for (int64_t sb = 0; sb < blocks; sb++) decode_block(type, a->parts, n, k, sb, blk + sb);
+    for (int64_t m0 = 0; m0 < rows; m0 += chunk) {
+      const int64_t m1 = m0 + chunk < rows ? m0 + chunk : rows;
+      for (int64_t sb = 0; sb < blocks; sb++) block_row_range(type, blk + sb, x, sb, m0, m1, sums);
     }
     for (int64_t m = 0; m < rows; m++)
       for (int r = 0; r < WROWS; r++)
@@ -191,10 +199,14 @@ static int parts_fit(const gguf_part_t *parts, int64_t n_out) {
   return 1;
 }
 
+/* Whether gguf_gemm_a8 serves a weight of these parts. */
+static int gemm_serves(const gguf_part_t *parts, int64_t n_out, int64_t k) {
+  return k % QK_K == 0 && gguf_parts_valid(parts, n_out, k) && parts_fit(parts, n_out);
+}
+
 int gguf_gemm_a8(int dtype, const void *x, const gguf_part_t *parts, void *y, int64_t rows,
                  int64_t n_out, int64_t k, int threads) {
-  if (rows < 1 || k % QK_K || !gguf_parts_valid(parts, n_out, k) || !parts_fit(parts, n_out))
-    return -1;
+  if (rows < 1 || !gemm_serves(parts, n_out, k)) return -1;
   rounded_x rx;
   if (round_x(dtype, x, rows, k, &rx)) return -1;
   gemm_args a = {dtype, &rx, parts, y, n_out, 0};
@@ -211,8 +223,14 @@ int gguf_gemm_a8(int dtype, const void *x, const gguf_part_t *parts, void *y, in
   (void)dtype, (void)x, (void)parts, (void)y, (void)rows, (void)n_out, (void)k, (void)threads;
   return -1;
 }
+
+static int gemm_serves(const gguf_part_t *parts, int64_t n_out, int64_t k) {
+  (void)parts, (void)n_out, (void)k;
+  return 0;
+}
 #endif
 
-int64_t gguf_a8_gemm_min_rows(const gguf_part_t *parts, int64_t n_out) {
+int64_t gguf_a8_gemm_min_rows(const gguf_part_t *parts, int64_t n_out, int64_t k) {
+  if (!gemm_serves(parts, n_out, k)) return KERNEL_OFF_ROWS;
   return q6k_mostly(parts, n_out) ? A8_GEMM_MIN_ROWS_Q6_K : A8_GEMM_MIN_ROWS;
 }

@@ -562,7 +562,7 @@ int64_t tile_gemm_available(void) { return 0; }
 int64_t gguf_amx_min_rows(const gguf_part_t *parts, int64_t n_out, int64_t k) {
   const int q6k = q6k_mostly(parts, n_out);
   if (amx_gemm_available()) return q6k ? AMX_MIN_ROWS_Q6_K : AMX_MIN_ROWS;
-  if (!tile_gemm_available() || !bf16_dot_pays()) return TILE_GEMM_OFF_ROWS;
+  if (!tile_gemm_available() || !bf16_dot_pays()) return KERNEL_OFF_ROWS;
   if (!q6k) return BF16_DOT_MIN_ROWS;
   return k <= SHORT_ROW_VALUES ? BF16_DOT_MIN_ROWS_Q6_K_SHORT : BF16_DOT_MIN_ROWS_Q6_K;
 }

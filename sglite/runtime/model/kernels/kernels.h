@@ -40,12 +40,13 @@ enum { SHORT_ROW_VALUES = 4096 };
 /* bf16_probe.c: AVX512-BF16 dot products pay where a vdpbf16ps runs at least this many percent
  * of a vfmadd231ps's rate (at 50 it does as many flops: twice the flops per instruction). Where
  * they do not (and there is no AMX), no weight goes to gguf_amx.c (gguf_amx_min_rows returns
- * TILE_GEMM_OFF_ROWS) and the prefill scratch GEMM runs in float32. */
-enum { BF16_DOT_PAYS_PERCENT = 50, TILE_GEMM_OFF_ROWS = 1073741824 };
-/* Rows from which a DECODE batch rounding activations takes gguf_gemm_a8 instead of
- * gguf_gemv_a8 (where the tile GEMM does not take it first; never in deterministic mode, whose
- * products keep one kernel for every row count): A8_GEMM_MIN_ROWS_Q6_K for a weight mostly of
- * Q6_K blocks, slower to decode (gguf_a8_gemm_min_rows). */
+ * KERNEL_OFF_ROWS) and the prefill scratch GEMM runs in float32. KERNEL_OFF_ROWS: a row count
+ * no batch reaches, the threshold of a kernel that does not serve a weight here. */
+enum { BF16_DOT_PAYS_PERCENT = 50, KERNEL_OFF_ROWS = 1073741824 };
+/* Rows from which a batch rounding activations takes gguf_gemm_a8 instead of gguf_gemv_a8
+ * (where the tile GEMM does not take it first; never in deterministic mode, whose products keep
+ * one kernel for every row count): A8_GEMM_MIN_ROWS_Q6_K for a weight mostly of Q6_K blocks,
+ * slower to decode (gguf_a8_gemm_min_rows). */
 enum { A8_GEMM_MIN_ROWS = 8, A8_GEMM_MIN_ROWS_Q6_K = 16 };
 /* Rows decode_layers takes (quantized layers in bf16: at most QGEMV_MAX_ROWS; the caller picks). */
 enum { NATIVE_MAX_ROWS = 256 };
@@ -196,8 +197,9 @@ int gguf_gemv_a8(int dtype, const void *x, const gguf_part_t *parts, void *y, in
 int gguf_gemm_a8(int dtype, const void *x, const gguf_part_t *parts, void *y, int64_t rows,
                  int64_t n_out, int64_t k, int threads);
 /* The rows from which a weight of these parts takes gguf_gemm_a8 (A8_GEMM_MIN_ROWS, or
- * A8_GEMM_MIN_ROWS_Q6_K when Q6_K parts hold most of its rows). */
-int64_t gguf_a8_gemm_min_rows(const gguf_part_t *parts, int64_t n_out);
+ * A8_GEMM_MIN_ROWS_Q6_K when Q6_K parts hold most of its rows); KERNEL_OFF_ROWS where
+ * gguf_gemm_a8 cannot serve it (no VNNI-512 build, k or the parts not as it reads them). */
+int64_t gguf_a8_gemm_min_rows(const gguf_part_t *parts, int64_t n_out, int64_t k);
 
 /* gguf_amx.c: y [rows, n_out] = x W^T for bf16 x on AMX tiles, or with AVX512-BF16 dot
  * products where the CPU has no AMX (the weight decoded to bf16 a block of rows at a time,
@@ -223,7 +225,7 @@ int gguf_gemm_amx_glu(int dtype, int act, const void *x, const gguf_part_t *part
 /* The bf16 rows from which a weight of these parts (rows of k values) goes to gguf_gemm_amx:
  * AMX_MIN_ROWS_Q6_K when Q6_K parts hold most of its rows, else AMX_MIN_ROWS
  * (BF16_DOT_MIN_ROWS_Q6_K, _Q6_K_SHORT for short rows, and BF16_DOT_MIN_ROWS without AMX);
- * TILE_GEMM_OFF_ROWS where neither AMX nor bf16 dot products pay here (bf16_dot_pays). */
+ * KERNEL_OFF_ROWS where neither AMX nor bf16 dot products pay here (bf16_dot_pays). */
 int64_t gguf_amx_min_rows(const gguf_part_t *parts, int64_t n_out, int64_t k);
 
 /* quant_gemm.c, panel_gemm.c. quant_gemm with row_independent != 0 never takes its panel path

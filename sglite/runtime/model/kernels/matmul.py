@@ -360,20 +360,21 @@ def bf16_matmul_pays() -> bool:
     return lib is not None and bool(lib.amx_gemm_available() or lib.bf16_dot_pays())
 
 
-def gguf_a8_gemm_min_rows(parts: int, n_out: int) -> int:
-    """The rows from which a DECODE batch rounding activations takes `gguf_gemm_a8` (kernels.h
-    `gguf_a8_gemm_min_rows`: later for weights mostly of Q6_K blocks)."""
+def gguf_a8_gemm_min_rows(parts: int, n_out: int, k: int) -> int:
+    """The rows from which a batch rounding activations takes `gguf_gemm_a8` (kernels.h
+    `gguf_a8_gemm_min_rows`: later for weights mostly of Q6_K blocks); `KERNEL_OFF_ROWS` where
+    the GEMM cannot serve the weight (no VNNI-512 build, blocks it does not read)."""
     lib = native.load()
-    return (
-        int(lib.gguf_a8_gemm_min_rows(parts, n_out)) if lib else ABI.constants["A8_GEMM_MIN_ROWS"]
-    )
+    if lib is None:
+        return ABI.constants["KERNEL_OFF_ROWS"]
+    return int(lib.gguf_a8_gemm_min_rows(parts, n_out, k))
 
 
 def gguf_amx_min_rows(parts: int, n_out: int, k: int) -> int:
     """The bf16 rows from which a GGUF weight (a `gguf_part_t` array at `parts`, rows of `k`
     values) goes to `gguf_gemm_amx` (kernels.h `gguf_amx_min_rows`: later for weights mostly
     of Q6_K blocks unless their rows are short, and later with AVX512-BF16 dot products than on
-    AMX tiles; `TILE_GEMM_OFF_ROWS` where bf16 products do not pay, `bf16_matmul_pays`)."""
+    AMX tiles; `KERNEL_OFF_ROWS` where bf16 products do not pay, `bf16_matmul_pays`)."""
     lib = native.load()
     return int(lib.gguf_amx_min_rows(parts, n_out, k)) if lib else ABI.constants["AMX_MIN_ROWS"]
 
