@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.bench_engine import LONG_DECODE, Row, targets, weight_bytes_per_token
+from benchmarks.bench_engine import (
+    BANDWIDTH_SHARE,
+    LONG_DECODE,
+    Row,
+    targets,
+    weight_bytes_per_token,
+)
 from benchmarks.runners.llama_cpp import llama_build
 from sglite.runtime.model.loader import default_model_path
 
@@ -33,6 +39,7 @@ def _status(lines: list[str], label: str) -> str:
 def test_targets_compare_sglite_with_the_bars_the_speed_issue_sets():
     rows = [
         Row("batch-1 decode", "sglite bfloat16 q4_k+q6_k a8", 17.5, "tok/s"),
+        Row(BANDWIDTH_SHARE, "sglite bfloat16 q4_k+q6_k a8", 86.0, "%"),
         Row("batch-1 decode", "llama.cpp build without AMX", 16.0, "tok/s"),
         Row(LONG_DECODE, "sglite bfloat16 q4_k+q6_k a8", 14.0, "tok/s"),
         Row(LONG_DECODE, "llama.cpp build without AMX", 10.0, "tok/s"),
@@ -41,12 +48,22 @@ def test_targets_compare_sglite_with_the_bars_the_speed_issue_sets():
         Row("32 concurrent decode", "sglite bfloat16 q4_k+q6_k a8", 150.0, "out tok/s"),
     ]
     lines = targets(rows, MACHINE)
-    assert _status(lines, "batch-1 decode >= 85% of the bandwidth limit") == "MET"  # 17 bar
+    # Against the read rate measured around the decode run, not the start's limit (20 tok/s).
+    assert _status(lines, "batch-1 decode >= 85% of the bandwidth limit") == "MET"
     assert _status(lines, "batch-1 decode >= 1.1x llama.cpp") == "MISSED"  # 17.6 bar
     assert _status(lines, LONG_DECODE) == "MET"  # 12.5 bar
     assert _status(lines, "prefill >= 70% of the matmul roofline") == "MET"  # 420 bar
     assert _status(lines, "prefill >= 2x transformers") == "MET"
     assert _status(lines, "32 concurrent decode >= 50% of the roofline") == "MISSED"  # 200 bar
+
+
+def test_the_bandwidth_target_follows_the_share_measured_around_the_decode_run():
+    rows = [
+        Row("batch-1 decode", "sglite bfloat16 q4_k+q6_k a8", 19.0, "tok/s"),
+        Row(BANDWIDTH_SHARE, "sglite bfloat16 q4_k+q6_k a8", 70.0, "%"),
+    ]
+    lines = targets(rows, MACHINE)
+    assert _status(lines, "batch-1 decode >= 85% of the bandwidth limit") == "MISSED"
 
 
 def test_a_target_without_its_peer_says_it_was_not_measured():
