@@ -185,3 +185,33 @@ def test_bad_draft_model_arguments_are_refused(tiny):
     )
     with pytest.raises(ValueError, match="vocabulary differs"):
         DraftModelProposer.load(args, target, context_len=128, capacity=256)
+
+
+def test_a_draft_models_pass_over_a_new_prompt_is_not_counted_as_draft_cost(tiny):
+    """The draft model's first pass reads the request's whole prompt: a one-time cost that
+    `take_prompt_seconds` reports (and the decode step leaves out of the drafts' measured
+    cost), once; the next proposal, one token later, reads no prompt."""
+    import time
+
+    from sglite.runtime.model.loader import load_model
+    from sglite.runtime.sampling.params import SamplingParams
+    from sglite.runtime.sampling.sampler import SamplingInfo
+    from sglite.runtime.scheduler.draft_model import DraftModelProposer
+    from sglite.runtime.scheduler.request import Req
+
+    proposer = DraftModelProposer(load_model(tiny["small"], progress=False), 256, 4, 256)
+    prompt = PROMPT * 4
+    params = SamplingParams.from_dict({"max_new_tokens": 16})
+    sampling = SamplingInfo.create(params, prompt)
+    req = Req("r", prompt, params, sampling, None, None, time.time())  # type: ignore[arg-type]
+    draft = proposer.propose(req)
+    assert len(draft) == 4
+    assert proposer.take_prompt_seconds() > 0.0
+    assert proposer.take_prompt_seconds() == 0.0  # taken: reset
+    # The target kept one draft token, then emitted its own: the draft model reads that one.
+    own = PROMPT[0] if PROMPT[0] != draft[1] else PROMPT[1]
+    req.output_ids.extend([draft[0], own])
+    assert len(proposer.propose(req)) > 0
+    assert proposer.take_prompt_seconds() == 0.0
+    proposer.forget(set())
+    proposer.check_invariants()

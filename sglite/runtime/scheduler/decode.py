@@ -93,9 +93,13 @@ class DecodeManager:
             return
         start = time.perf_counter()
         measured = self._step()
+        # A draft model's first pass over a request's prompt is that request's one-time cost,
+        # not its drafts': counted, it would price the draft model out for a thousand steps.
+        prompt_seconds = self.speculator.take_prompt_seconds()  # type: ignore[union-attr]
         if measured is not None:
             size, drafted, source = measured
-            self.spec_costs.observe(size, drafted, time.perf_counter() - start, source)
+            seconds = time.perf_counter() - start - prompt_seconds
+            self.spec_costs.observe(size, drafted, seconds, source)
 
     def _step(self) -> tuple[int, int, str] | None:
         """The decode step; returns (its batch size, its speculative draft tokens, their

@@ -21,6 +21,7 @@ N` (its first N layers, then its final norm and output projection: an early exit
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -84,6 +85,7 @@ class DraftModelProposer:
         self.num_draft_tokens = num_draft_tokens
         self.sequences: dict[str, DraftSequence] = {}
         self.forward_passes = 0
+        self.prompt_seconds = 0.0  # catch-up passes over prompt tokens, until taken
 
     @classmethod
     def load(
@@ -136,8 +138,13 @@ class DraftModelProposer:
         self._rewind(seq, target)
         feed = target[len(seq.tokens) :]
         draft: list[int] = []
+        reads_prompt = len(seq.tokens) < len(req.prompt_ids)
         while len(draft) < length:
+            start = time.perf_counter()
             token = self._extend(seq, feed)
+            if reads_prompt:  # the first pass: the prompt (and any tokens emitted since)
+                self.prompt_seconds += time.perf_counter() - start
+                reads_prompt = False
             if token is None or token >= self.vocab_size:
                 break
             draft.append(token)
@@ -155,6 +162,11 @@ class DraftModelProposer:
         seq = self.sequences.get(req.rid)
         if seq is not None:
             seq.length.record(drafted, accepted, needed)
+
+    def take_prompt_seconds(self) -> float:
+        """The seconds of catch-up passes that read prompt tokens since the last call."""
+        seconds, self.prompt_seconds = self.prompt_seconds, 0.0
+        return seconds
 
     def forget(self, live: set[str]) -> None:
         """Cache the verified tokens of requests not in `live` (so a later request with the

@@ -228,6 +228,10 @@ class NgramProposer:
     def flush(self) -> None:
         """Nothing is shared across requests: each index lives as long as its request."""
 
+    def take_prompt_seconds(self) -> float:
+        """None: a lookup reads no prompt ahead of time."""
+        return 0.0
+
     def check_invariants(self) -> None:
         """The proposer holds no KV slots."""
 

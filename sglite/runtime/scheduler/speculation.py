@@ -82,6 +82,12 @@ class Speculator(Protocol):
         """Drop what is cached across requests (the server's cache flush)."""
         ...
 
+    def take_prompt_seconds(self) -> float:
+        """Seconds spent since the last call reading new requests' prompts (a draft model's
+        catch-up on a prompt: once per request, not per draft), which the step's measured
+        cost leaves out; resets the count."""
+        ...
+
     def check_invariants(self) -> None:
         """Raise AssertionError when the speculator's own KV accounting is broken."""
         ...
@@ -345,6 +351,10 @@ class NgramBeforeDraft:
         """Both sources drop what they cache across requests."""
         for source in self.sources:
             source.flush()
+
+    def take_prompt_seconds(self) -> float:
+        """Both sources' prompt seconds."""
+        return sum(source.take_prompt_seconds() for source in self.sources)
 
     def check_invariants(self) -> None:
         """Both sources' own checks."""
