@@ -191,19 +191,11 @@ def test_a_draft_models_pass_over_a_new_prompt_is_not_counted_as_draft_cost(tiny
     """The draft model's first pass reads the request's whole prompt: a one-time cost that
     `take_prompt_seconds` reports (and the decode step leaves out of the drafts' measured
     cost), once; the next proposal, one token later, reads no prompt."""
-    import time
-
     from sglite.runtime.model.loader import load_model
-    from sglite.runtime.sampling.params import SamplingParams
-    from sglite.runtime.sampling.sampler import SamplingInfo
     from sglite.runtime.scheduler.draft_model import DraftModelProposer
-    from sglite.runtime.scheduler.request import Req
 
     proposer = DraftModelProposer(load_model(tiny["small"], progress=False), 256, 4, 256)
-    prompt = PROMPT * 4
-    params = SamplingParams.from_dict({"max_new_tokens": 16})
-    sampling = SamplingInfo.create(params, prompt)
-    req = Req("r", prompt, params, sampling, None, None, time.time())  # type: ignore[arg-type]
+    req = _request("r", PROMPT * 4)
     draft = proposer.propose(req)
     assert len(draft) == 4
     assert proposer.take_prompt_seconds() > 0.0
@@ -213,5 +205,40 @@ def test_a_draft_models_pass_over_a_new_prompt_is_not_counted_as_draft_cost(tiny
     req.output_ids.extend([draft[0], own])
     assert len(proposer.propose(req)) > 0
     assert proposer.take_prompt_seconds() == 0.0
+    proposer.forget(set())
+    proposer.check_invariants()
+
+
+def _request(rid: str, prompt: list[int]):
+    """A scheduler request of 16 new tokens at most."""
+    import time
+
+    from sglite.runtime.sampling.params import SamplingParams
+    from sglite.runtime.sampling.sampler import SamplingInfo
+    from sglite.runtime.scheduler.request import Req
+
+    params = SamplingParams.from_dict({"max_new_tokens": 16})
+    sampling = SamplingInfo.create(params, prompt)
+    return Req(rid, prompt, params, sampling, None, None, time.time())  # type: ignore[arg-type]
+
+
+def test_a_draft_model_below_its_break_even_stops_drafting_for_new_requests_too(tiny):
+    """Its drafts' accepted share is kept over all requests: after verifications that kept
+    too little for the measured break-even, a new request gets no draft model draft but the
+    rare probe (`KindAcceptance`), instead of relearning from its own first drafts."""
+    from sglite.runtime.model.loader import load_model
+    from sglite.runtime.scheduler.draft_model import DraftModelProposer
+    from sglite.runtime.scheduler.speculation import KIND_PROBE_EVERY
+
+    proposer = DraftModelProposer(load_model(tiny["small"], progress=False), 256, 4, 256)
+    first = _request("a", PROMPT)
+    assert proposer.propose(first)  # the prior share pays at the default break-even
+    for _ in range(6):  # each draft of 4 kept 1 token, where 90% was needed
+        proposer.record(first, 4, 1, needed=0.9, least=0.9)
+    proposer.forget(set())
+    fresh = [_request(f"r{i}", PROMPT[i:]) for i in range(KIND_PROBE_EVERY)]
+    drafts = [proposer.propose(req) for req in fresh]
+    assert [bool(d) for d in drafts] == [False] * (KIND_PROBE_EVERY - 1) + [True]  # one probe
+    assert proposer.info()["speculative_draft"]["drafts"]["recent_acceptance"] < 0.9
     proposer.forget(set())
     proposer.check_invariants()

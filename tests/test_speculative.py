@@ -17,20 +17,20 @@ import torch
 from sglite.runtime.cache.kv_pool import KVPool
 from sglite.runtime.cache.radix_cache import RadixCache
 from sglite.runtime.scheduler.ngram import (
-    KIND_PROBE_EVERY,
     POINTER_DRAFT_TOKENS,
-    KindAcceptance,
     NgramProposer,
     cached_continuation,
 )
 from sglite.runtime.scheduler.speculation import (
     HOPELESS_PROBE_EVERY,
+    KIND_PROBE_EVERY,
     LOW_ACCEPTANCE,
     MAX_BACKOFF,
     PAUSE_STEPS,
     PLAIN_PROBE_EVERY,
     START_DRAFT_TOKENS,
     DraftLength,
+    KindAcceptance,
     SpeculationCosts,
 )
 

@@ -34,7 +34,9 @@ from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from sglite.runtime.scheduler.request import Req
 from sglite.runtime.scheduler.speculation import (
     DRAFT_MODEL_SOURCE,
+    LOW_ACCEPTANCE,
     DraftLength,
+    KindAcceptance,
     Proposal,
     SourceFilter,
     TokenHistory,
@@ -86,6 +88,10 @@ class DraftModelProposer:
         self.sequences: dict[str, DraftSequence] = {}
         self.forward_passes = 0
         self.prompt_seconds = 0.0  # catch-up passes over prompt tokens, until taken
+        # Its drafts' recent accepted share over all requests, drafted only while it pays (a
+        # new request would otherwise spend its first drafts relearning what the last one saw).
+        self.acceptance = KindAcceptance()
+        self.needed = LOW_ACCEPTANCE  # a long draft's break-even, as the latest verification had it
 
     @classmethod
     def load(
@@ -132,7 +138,7 @@ class DraftModelProposer:
         if seq is None:
             seq = self.sequences[req.rid] = self._start(req)
         length = seq.length.next(draft_room(req, self.context_len))
-        if length <= 0:
+        if length <= 0 or not self.acceptance.allows(self.needed):
             return []
         target = seq.history.sync(req)
         self._rewind(seq, target)
@@ -158,10 +164,13 @@ class DraftModelProposer:
     def record(
         self, req: Req, drafted: int, accepted: int, needed: float, least: float | None = None
     ) -> None:
-        """Adapt the request's draft length to a verification's result."""
+        """Adapt the request's draft length and the model's recent share to a verification's
+        result (the share judged by what the longest drafts need, `least`)."""
         seq = self.sequences.get(req.rid)
         if seq is not None:
             seq.length.record(drafted, accepted, needed)
+        self.acceptance.record(drafted, accepted)
+        self.needed = max(needed if least is None else least, LOW_ACCEPTANCE)
 
     def take_prompt_seconds(self) -> float:
         """The seconds of catch-up passes that read prompt tokens since the last call."""
@@ -191,6 +200,7 @@ class DraftModelProposer:
                 "pool_tokens": self.pool.capacity,
                 "cached_tokens": self.cache.total_size(),
                 "forward_passes": self.forward_passes,
+                "drafts": self.acceptance.info(),
             },
         }
 

@@ -50,6 +50,7 @@ from sglite.runtime.scheduler.speculation import (
     LOW_ACCEPTANCE,
     NGRAM_SOURCE,
     DraftLength,
+    KindAcceptance,
     Proposal,
     SourceFilter,
     TokenHistory,
@@ -68,49 +69,9 @@ STRONG_MATCH = 4
 # edit, free writing), so each kind is drafted only while its tokens' accepted share pays
 # (`KindAcceptance`).
 DRAFT_KINDS = ("cache", "strong", "pointer", "weak")
-# A kind's share starts at KIND_PRIOR (accepted, drafted tokens), and its counts decay by
-# KIND_DECAY per verification of that kind, so the share follows the workload; a kind that does
-# not pay is still drafted once in KIND_PROBE_EVERY proposals that would take it, a gap that
-# doubles with every probe that leaves it below, up to KIND_PROBE_MAX (a batch proposes for
-# every request each step, and every probe verifies rows that cannot pay).
-KIND_PRIOR = (2.0, 4.0)
-KIND_DECAY = 0.97
-KIND_PROBE_EVERY = 8
-KIND_PROBE_MAX = 256
 # A draft from the source pointer is a guess about an edit's extent: kept short, so that a wrong
 # one costs a verification of a few rows (about a plain step) rather than of a long draft.
 POINTER_DRAFT_TOKENS = 2
-
-
-@dataclass
-class KindAcceptance:
-    """The accepted share of one draft kind's tokens over the proposer's recent verifications
-    (all requests: a kind's quality is the workload's), and whether it pays."""
-
-    accepted: float = KIND_PRIOR[0]
-    drafted: float = KIND_PRIOR[1]
-    total_drafted: int = 0
-    total_accepted: int = 0
-    refused: int = 0  # proposals refused since the last probe
-    probe_gap: int = KIND_PROBE_EVERY
-
-    def record(self, drafted: int, accepted: int) -> None:
-        self.accepted = self.accepted * KIND_DECAY + accepted
-        self.drafted = self.drafted * KIND_DECAY + drafted
-        self.total_drafted += drafted
-        self.total_accepted += accepted
-
-    def allows(self, needed: float) -> bool:
-        """Whether to draft this kind now: its share is above `needed` (the break-even share
-        of drafted tokens), or this is one of the probes while it is not (see KIND_PROBE_MAX)."""
-        if self.accepted > needed * self.drafted:
-            self.refused, self.probe_gap = 0, KIND_PROBE_EVERY
-            return True
-        self.refused += 1
-        if self.refused < self.probe_gap:
-            return False
-        self.refused, self.probe_gap = 0, min(2 * self.probe_gap, KIND_PROBE_MAX)
-        return True
 
 
 @dataclass
@@ -241,14 +202,7 @@ class NgramProposer:
             "speculative_algorithm": "ngram",
             "speculative_ngram_match_window": [self.min_match, self.max_match],
             "speculative_ngram_from_radix_cache": self.cache is not None,
-            "speculative_ngram_drafts": {
-                kind: {
-                    "drafted": tally.total_drafted,
-                    "accepted": tally.total_accepted,
-                    "recent_acceptance": tally.accepted / tally.drafted,
-                }
-                for kind, tally in self.kinds.items()
-            },
+            "speculative_ngram_drafts": {kind: tally.info() for kind, tally in self.kinds.items()},
         }
 
     def _pays(self, state: NgramState, kind: str) -> bool:

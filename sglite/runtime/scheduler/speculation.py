@@ -158,6 +158,57 @@ class DraftLength:
             self.needed = 0.0
 
 
+# A kind of draft (an n-gram kind, a draft model) keeps an accepted share that starts at
+# KIND_PRIOR (accepted, drafted tokens) and whose counts decay by KIND_DECAY per verification
+# of that kind, so the share follows the workload; a kind that does not pay is still drafted
+# once in KIND_PROBE_EVERY proposals that would take it, a gap that doubles with every probe
+# that leaves it below, up to KIND_PROBE_MAX (a batch proposes for every request each step,
+# and every probe verifies rows that cannot pay).
+KIND_PRIOR = (2.0, 4.0)
+KIND_DECAY = 0.97
+KIND_PROBE_EVERY = 8
+KIND_PROBE_MAX = 256
+
+
+@dataclass
+class KindAcceptance:
+    """The accepted share of one kind of draft's tokens over recent verifications (all
+    requests: a kind's quality is the workload's), and whether it pays."""
+
+    accepted: float = KIND_PRIOR[0]
+    drafted: float = KIND_PRIOR[1]
+    total_drafted: int = 0
+    total_accepted: int = 0
+    refused: int = 0  # proposals refused since the last probe
+    probe_gap: int = KIND_PROBE_EVERY
+
+    def record(self, drafted: int, accepted: int) -> None:
+        self.accepted = self.accepted * KIND_DECAY + accepted
+        self.drafted = self.drafted * KIND_DECAY + drafted
+        self.total_drafted += drafted
+        self.total_accepted += accepted
+
+    def allows(self, needed: float) -> bool:
+        """Whether to draft this kind now: its share is above `needed` (the break-even share
+        of drafted tokens), or this is one of the probes while it is not (see KIND_PROBE_MAX)."""
+        if self.accepted > needed * self.drafted:
+            self.refused, self.probe_gap = 0, KIND_PROBE_EVERY
+            return True
+        self.refused += 1
+        if self.refused < self.probe_gap:
+            return False
+        self.refused, self.probe_gap = 0, min(2 * self.probe_gap, KIND_PROBE_MAX)
+        return True
+
+    def info(self) -> dict[str, float]:
+        """Tokens drafted and accepted in all, and the recent share."""
+        return {
+            "drafted": self.total_drafted,
+            "accepted": self.total_accepted,
+            "recent_acceptance": self.accepted / self.drafted,
+        }
+
+
 @dataclass
 class TokenHistory:
     """A request's prompt and output so far, extended by the new tokens only (building
