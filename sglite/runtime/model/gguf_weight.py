@@ -294,7 +294,9 @@ class GGUFWeight(QuantizedWeight):
     def native_linear(self, bias: torch.Tensor | None) -> ctypes.Structure | None:
         n, k = self.shape()
         kind = "GGUF_A8" if self.round_activations else "GGUF"
-        return c_linear(kind, n, k, self.address, None, bias, self.amx_min_rows)
+        return c_linear(
+            kind, n, k, self.address, None, bias, self.amx_min_rows, self.a8_gemm_min_rows
+        )
 
     def native_rows(self, dtype: torch.dtype) -> int:
         """Any batch in float32 (the C step runs the quantized GEMM past the GEMV's rows),

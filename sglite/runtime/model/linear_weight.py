@@ -55,13 +55,14 @@ def c_linear(
     scale: int | None,
     bias: torch.Tensor | None,
     amx_min_rows: int = 0,
+    a8_gemm_min_rows: int = 0,
 ) -> ctypes.Structure:
     """A `linear_t` (kernels.h) of kind `LINEAR_<kind>` with the given data pointers (and, for
-    GGUF kinds, the rows from which the decode step takes AMX tiles)."""
+    GGUF kinds, the rows from which the decode step takes AMX tiles, and the VNNI GEMM)."""
     bias_ptr = None if bias is None else bias.data_ptr()
     linear_t = ABI.structs["linear_t"]
     code = ABI.constants[f"LINEAR_{kind}"]
-    return linear_t(code, n_out, k, weight, scale, bias_ptr, amx_min_rows)
+    return linear_t(code, n_out, k, weight, scale, bias_ptr, amx_min_rows, a8_gemm_min_rows)
 
 
 class LinearWeight(abc.ABC):

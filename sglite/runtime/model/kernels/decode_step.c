@@ -156,7 +156,7 @@ static int linear_rows(int dtype, const linear_t *l, const void *x, void *y, int
     return status;
   }
   if (l->kind == LINEAR_GGUF_A8) { /* any rows, rows independent: deterministic as it is */
-    const int many = !deterministic && rows >= gguf_a8_gemm_min_rows(l->weight, l->n_out, l->k);
+    const int many = !deterministic && rows >= l->a8_gemm_min_rows;
     status = many ? gguf_gemm_a8(dtype, x, l->weight, y, rows, l->n_out, l->k, threads) : -1;
     if (status != 0) status = gguf_gemv_a8(dtype, x, l->weight, y, rows, l->n_out, l->k, threads);
     if (status == 0 && l->bias != NULL) add_bias(dtype, l, y, rows);

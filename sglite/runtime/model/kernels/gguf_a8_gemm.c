@@ -1,8 +1,8 @@
 /*
  * Q4_K / Q6_K weights times many x rows rounded to int8 (gguf_a8.c's rounding): y = x W^T with
- * 512-bit VNNI dot products, for decode batches of many rows where the GEMV (gguf_a8.c), which
- * decodes a weight row once per 4 x rows and reduces each row's sums across lanes, is bound by
- * that work rather than by the products.
+ * 512-bit VNNI dot products, for decode batches of many rows and bf16 prefill, where the GEMV
+ * (gguf_a8.c), which decodes a weight row once per 4 x rows and reduces each row's sums across
+ * lanes, is bound by that work rather than by the products.
  *
  * Layout: a block of 16 weight rows is decoded, one super-block (256 values) at a time, into 64
  * vectors whose 32-bit lane r holds 4 consecutive integers of weight row r (a 16x16 transpose

@@ -102,6 +102,8 @@ typedef struct {
   const void *bias;   /* dtype [n_out] or NULL */
   int64_t amx_min_rows; /* gguf kinds: bf16 rows from which AMX tiles take it (at load:
                            gguf_amx_min_rows); else unused */
+  int64_t a8_gemm_min_rows; /* LINEAR_GGUF_A8: rows from which gguf_gemm_a8 takes it (at load:
+                               gguf_a8_gemm_min_rows); else unused */
 } linear_t;
 
 typedef struct {
