@@ -10,7 +10,8 @@
  * rounding. On AVX2 the integer dots are `vpmaddubsw` (weight integers as unsigned bytes, at most
  * 63, times xq: pairs of products in int16, no saturation) and `vpmaddwd` with the group
  * scales; a k-quant super-block is summed in int32 and scaled once. With AVX-512 VNNI, blocks
- * of 32 go eight at a time (their scales as vectors, two blocks per `vpdpbusd`). Elsewhere a
+ * of 32 go eight at a time (their scales as vectors, two blocks per `vpdpbusd`), and Q4_K /
+ * Q6_K 64 values a vector (`vpmaddubsw`, then `vpdpwssd` with the group scales). Elsewhere a
  * weight row is decoded to float32 and dotted with xq dx. Every block prefetches its row's
  * bytes PREFETCH_BYTES ahead, and each thread reads its rows as STREAMS interleaved sequences.
  *
