@@ -154,14 +154,22 @@ static inline __attribute__((always_inline)) void k6_row(const int R, const uint
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-/* vpermw indices over 512 bits: int16 lane l takes group first + l / per (per lanes a group). */
-static inline __m512i group_lanes(int first, int per) {
-  int32_t pairs[16];
-  for (int i = 0; i < 16; i++) {
-    const int g = first + 2 * i / per;
-    pairs[i] = g | (g << 16);
-  }
-  return _mm512_loadu_si512((const void *)pairs);
+/* A Q4_K / Q5_K super-block's 6-bit scales and mins (k_scales8's values) from its 12 scale
+ * bytes at s, with vector instructions: bytes 0-7 the scales of groups 0-7, 8-15 their mins.
+ * Reads 16 bytes (the super-block's nibbles follow its scales). */
+static inline __m128i k_scales16(const uint8_t *s) {
+  const __m128i v = _mm_loadu_si128((const __m128i *)s);
+  const __m128i a =
+      _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7));
+  const __m128i b =
+      _mm_shuffle_epi8(v, _mm_setr_epi8(8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11));
+  /* groups 4-7: 4 low bits from bytes 8-11 (the mins' high nibbles), 2 high bits from the
+   * top of bytes 0-7 */
+  const __m128i b_shifted = _mm_srlv_epi16(b, _mm_setr_epi16(0, 0, 0, 0, 0, 0, 4, 4));
+  const __m128i top = _mm_srli_epi16(_mm_and_si128(a, _mm_set1_epi8((char)0xc0)), 2);
+  const __m128i high = _mm_or_si128(_mm_and_si128(b_shifted, _mm_set1_epi8(0x0f)), top);
+  const __m128i low = _mm_and_si128(a, _mm_set1_epi8(0x3f));
+  return _mm_blend_epi32(low, high, 0xa);
 }
 
 /* The int32 lanes of a 512-bit sum folded to 256 bits (integers: exact). */
@@ -171,29 +179,32 @@ static inline __m256i fold_epi32(__m512i v) {
 
 /* Q4_K super-blocks of one weight row against R x rows, 64 values a vector: a chunk's 32 bytes
  * as its low nibbles (group 2c) and high nibbles (group 2c + 1), `vpmaddubsw` with xq, and
- * `vpdpwssd` with the groups' scales spread over the lanes (the same integer sums as
+ * `vpdpwssd` with the groups' scales spread over the lanes by `vpermd` (the same integer sums as
  * k4_k5_row's, in fewer instructions per x row). */
 static inline __attribute__((always_inline)) void k4_row_vnni(const int R, const uint8_t *row,
                                                               const rounded_x *x, int64_t m0,
                                                               row_sums *s) {
   const int64_t k = x->k, blocks = k / QK_K;
   const __m512i nibble = _mm512_set1_epi8(0x0f);
-  __m512i spread[4];
-  for (int c = 0; c < 4; c++) spread[c] = group_lanes(2 * c, 16);
+  const __m512i high_by_4 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+  __m512i spread[2]; /* dword lanes 0-7 take scale pair 2c (mod 4), 8-15 pair 2c + 1 */
+  for (int c = 0; c < 2; c++)
+    spread[c] = _mm512_inserti64x4(_mm512_set1_epi32(2 * c), _mm256_set1_epi32(2 * c + 1), 1);
   for (int64_t blk = 0; blk < blocks; blk++) {
     const uint8_t *b = row + blk * 144, *qs = b + 16;
     prefetch_ahead(b, 3);
-    uint32_t sc[2], mn[2];
-    k_scales8(b + 4, sc, mn);
-    const __m128i sc16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)sc[1], (int)sc[0]));
-    const __m128i mn16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)mn[1], (int)mn[0]));
-    const __m512i scales = _mm512_castsi128_si512(sc16);
+    const __m256i scales_mins = _mm256_cvtepu8_epi16(k_scales16(b + 4));
+    const __m128i sc16 = _mm256_castsi256_si128(scales_mins);
+    const __m128i mn16 = _mm256_extracti128_si256(scales_mins, 1);
+    /* each scale twice in a dword: groups 0-3, then 4-7 */
+    const __m512i pairs[2] = {_mm512_castsi128_si512(_mm_unpacklo_epi16(sc16, sc16)),
+                              _mm512_castsi128_si512(_mm_unpackhi_epi16(sc16, sc16))};
     __m512i w[4], sv[4];
     for (int c = 0; c < 4; c++) {
       const __m512i both =
           _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * c)));
-      w[c] = _mm512_and_si512(_mm512_mask_srli_epi16(both, 0xffff0000u, both, 4), nibble);
-      sv[c] = _mm512_permutexvar_epi16(spread[c], scales);
+      w[c] = _mm512_and_si512(_mm512_srlv_epi16(both, high_by_4), nibble);
+      sv[c] = _mm512_permutexvar_epi32(spread[c & 1], pairs[c >> 1]);
     }
     const float d = half(b), dmin = half(b + 2);
     for (int m = 0; m < R; m++) {
@@ -222,25 +233,37 @@ static inline __attribute__((always_inline)) void k6_row_vnni(const int R, const
                                                               row_sums *s) {
   const int64_t k = x->k, blocks = k / QK_K;
   const __m512i nibble = _mm512_set1_epi8(0x0f), two_bits = _mm512_set1_epi8(0x30);
+  const __m512i high_by_2 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+  /* vpermd indices into `pairs` (dwords 0-3: groups 0-3, 4-7: 8-11, 8-11: 4-7, 12-15: 12-15):
+   * vector v's dword lane i takes group 4v + i / 4 */
   __m512i spread[4];
-  for (int v = 0; v < 4; v++) spread[v] = group_lanes(4 * v, 8);
+  for (int v = 0; v < 4; v++) {
+    int32_t at[16];
+    for (int i = 0; i < 16; i++) {
+      const int g = 4 * v + i / 4;
+      at[i] = g >= 4 && g < 8 ? g + 4 : g >= 8 && g < 12 ? g - 4 : g;
+    }
+    spread[v] = _mm512_loadu_si512((const void *)at);
+  }
   for (int64_t blk = 0; blk < blocks; blk++) {
     const uint8_t *b = row + blk * 210;
     prefetch_ahead(b, 4);
     const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
-    const __m512i scales = _mm512_castsi256_si512(sc16);
+    const __m512i pairs = _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_unpacklo_epi16(sc16, sc16)), _mm256_unpackhi_epi16(sc16, sc16),
+        1);
     __m512i w[4], sv[4];
     for (int h = 0; h < 2; h++) {
       const __m512i lo = _mm512_loadu_si512((const void *)(b + 64 * h));
       const __m512i hb =
           _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h)));
-      const __m512i hb_shifted = _mm512_mask_srli_epi16(hb, 0xffff0000u, hb, 2);
+      const __m512i hb_shifted = _mm512_srlv_epi16(hb, high_by_2);
       w[2 * h] = _mm512_or_si512(_mm512_and_si512(lo, nibble),
                                  _mm512_and_si512(_mm512_slli_epi16(hb_shifted, 4), two_bits));
       w[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(lo, 4), nibble),
                                      _mm512_and_si512(hb_shifted, two_bits));
     }
-    for (int v = 0; v < 4; v++) sv[v] = _mm512_permutexvar_epi16(spread[v], scales);
+    for (int v = 0; v < 4; v++) sv[v] = _mm512_permutexvar_epi32(spread[v], pairs);
     const float d = half(b + 208);
     for (int m = 0; m < R; m++) {
       const int8_t *xq = x->q + (m0 + m) * k + blk * QK_K;
