@@ -17,7 +17,8 @@ are compared too (they must be identical: speculation does not change greedy ans
 The target is `--model` (a GGUF path or a known model name, e.g. qwen2.5-coder-1.5b; default:
 the default model). With `--algorithm draft` the draft model is `--draft-model-path` (a path or
 name, e.g. qwen2.5-coder-0.5b; default: the target's own file, i.e. self-speculation),
-optionally only its first `--draft-num-layers` layers and in `--draft-quantization`.
+optionally only its first `--draft-num-layers` layers and in `--draft-quantization`, choosing
+its tokens among `--draft-vocab-size` ids (the server's `--speculative-draft-vocab-size`).
 
 The "n-gram ceiling" column is what any n-gram drafter could reach on the plain answer
 (`ngram_ceiling`: an oracle choosing the best earlier match at every step, same draft cap), in
@@ -47,7 +48,8 @@ round by round; its rates are all N requests' output tokens over the batch's tim
 
 Run: python -m benchmarks.bench_spec [--model M] [--rounds 3] [--tokens 96] [--quantization auto]
      [--algorithm ngram|draft] [--draft-model-path P] [--draft-quantization Q]
-     [--draft-num-layers N] [--no-llama] [--workloads NAME_PREFIX ...] [--concurrency N]
+     [--draft-num-layers N] [--draft-vocab-size N] [--no-llama] [--workloads NAME_PREFIX ...]
+     [--concurrency N]
 """
 
 from __future__ import annotations
@@ -275,6 +277,7 @@ def speculation_args(args: argparse.Namespace, plain: sglite.Engine) -> dict:
         )
         spec["speculative_draft_model_quantization"] = args.draft_quantization
         spec["speculative_draft_num_layers"] = args.draft_num_layers
+        spec["speculative_draft_vocab_size"] = args.draft_vocab_size
     return spec
 
 
@@ -293,6 +296,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--draft-model-path", default=None)
     parser.add_argument("--draft-quantization", default="auto")
     parser.add_argument("--draft-num-layers", type=int, default=None)
+    parser.add_argument(
+        "--draft-vocab-size",
+        type=int,
+        default=ServerArgs.speculative_draft_vocab_size,
+        help="ids the draft model chooses among (0: its whole vocabulary)",
+    )
     add_llama_server_option(parser)
     parser.add_argument("--no-llama", action="store_true", help="skip llama.cpp")
     parser.add_argument(

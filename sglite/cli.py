@@ -80,6 +80,9 @@ HELP = {
     "speculative_draft_model_quantization": "the draft model's weight format (as --quantization)",
     "speculative_draft_num_layers": "the draft model runs only its first N layers (an early "
     "exit; for self-speculation)",
+    "speculative_draft_vocab_size": "the draft model chooses its tokens among the head's "
+    "first N rows (a BPE's most frequent tokens), the added tokens and the prompt's own; "
+    "0: the whole vocabulary",
     "speculative_draft_ngram": "with a draft model, propose n-gram matches of the request's "
     "own text first (free) and the draft model's tokens only where there is none",
     "enable_deterministic_inference": "bitwise the same logits for a request whatever its batch, "

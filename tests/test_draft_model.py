@@ -10,9 +10,12 @@ target's own first layer (self-speculation by early exit)."""
 from __future__ import annotations
 
 import pytest
+import torch
 from test_loader import PROMPT, make_hf_model
 
 import sglite
+from sglite.runtime.model.gguf_weight import GGUFWeight
+from sglite.runtime.scheduler.draft_vocabulary import DraftVocabulary
 from sglite.runtime.server_args import ServerArgs
 
 GREEDY = {"temperature": 0, "max_new_tokens": 24}
@@ -242,3 +245,87 @@ def test_a_draft_model_below_its_break_even_stops_drafting_for_new_requests_too(
     assert proposer.info()["speculative_draft"]["drafts"]["recent_acceptance"] < 0.9
     proposer.forget(set())
     proposer.check_invariants()
+
+
+def _q8_head(rows: int, k: int, seed: int) -> GGUFWeight:
+    import gguf
+    import numpy as np
+
+    from sglite.runtime.model.gguf_weight import GGUFPart
+
+    weights = np.random.default_rng(seed).standard_normal((rows, k)).astype(np.float32)
+    blocks = gguf.quants.quantize(weights, gguf.GGMLQuantizationType.Q8_0)
+    return GGUFWeight([GGUFPart("Q8_0", blocks)], k, None, True)
+
+
+def test_the_draft_vocabulary_picks_the_heads_argmax_over_its_allowed_ids():
+    """The draft's token is what the whole head's logits pick among the first `size` ids, the
+    added tokens and the prompt's own: the same blocks through the same kernel, bit for bit;
+    and it is really restricted (hidden states whose unrestricted argmax lies elsewhere)."""
+    head = _q8_head(300, 64, seed=3)
+    vocab = DraftVocabulary(head, 100, added_ids=[290, 295, 5000])
+    request = vocab.rows_for([5, 150, 150, 299, 40, 7000])
+    assert request.ids == [150, 290, 295, 299]  # past the prefix, within the head, once each
+    allowed = torch.tensor(vocab.allowed_for(request))
+    restricted = 0
+    for seed in range(40):
+        hidden = torch.randn(1, 64, generator=torch.Generator().manual_seed(seed))
+        logits = head.matmul_decode(hidden.to(torch.bfloat16))[0]
+        masked = torch.full_like(logits, float("-inf"))
+        masked[allowed] = logits[allowed]
+        got = vocab.choose(hidden, request, torch.bfloat16)
+        assert got == int(torch.argmax(masked)), seed
+        restricted += int(torch.argmax(logits)) != got
+    assert restricted > 10
+    assert vocab.rows_for([1, 2, 3]).ids == [290, 295]
+
+
+def test_the_draft_vocabulary_is_off_where_it_cannot_help():
+    head = _q8_head(64, 32, seed=4)
+    assert DraftVocabulary.for_model(head, 0, []) is None  # the flag's "whole vocabulary"
+    assert DraftVocabulary.for_model(head, 64, []) is None  # no smaller than the head
+    assert DraftVocabulary.for_model(torch.zeros(64, 32), 16, []) is None  # not GGUF blocks
+    assert DraftVocabulary.for_model(head, 16, []).size == 16
+    with pytest.raises(ValueError, match="speculative_draft_vocab_size"):
+        ServerArgs(speculative_draft_vocab_size=-1).validate()
+
+
+def test_a_draft_model_choosing_among_a_few_ids_leaves_outputs_unchanged(tmp_path):
+    """A GGUF pair (a tiny Qwen2 with its tied Q8_0 head, drafting for itself) with a draft
+    vocabulary of 16 of its 64 ids: the draft's tokens come from those, the added tokens and
+    the prompt, and the outputs are the target's own."""
+    import gguf
+    from test_loader import make_hf_model, write_tiny_gguf
+
+    hf = make_hf_model("qwen2", str(tmp_path / "hf"), tie_word_embeddings=True)
+    q8_0, raw = gguf.GGMLQuantizationType.Q8_0, {}
+    with torch.no_grad():  # Q8_0 projections: the model holds GGUF blocks, head included
+        for name, param in hf.state_dict().items():
+            if param.dim() == 2 and "embed" not in name and "lm_head" not in name:
+                raw[name] = (gguf.quants.quantize(param.float().numpy(), q8_0), q8_0)
+                param.copy_(torch.from_numpy(gguf.quants.dequantize(raw[name][0], q8_0)))
+    path = str(tmp_path / "tiny.gguf")
+    write_tiny_gguf(hf, "qwen2", path, raw=raw)  # no tokenizer in it: both read tokenizer_path
+    common = {"model_path": path, "tokenizer_path": str(tmp_path / "hf"), "dtype": "float32"}
+    common["log_level"] = "error"
+    plain = sglite.Engine(**common)
+    try:
+        want = plain.generate(input_ids=PROMPTS, sampling_params=GREEDY)
+    finally:
+        plain.shutdown()
+    eng = sglite.Engine(
+        **common,
+        speculative_algorithm="draft",
+        speculative_draft_model_path=path,
+        speculative_draft_vocab_size=16,
+        speculative_adaptive=False,
+        speculative_draft_ngram=False,
+    )
+    try:
+        got = eng.generate(input_ids=PROMPTS, sampling_params=GREEDY)
+        assert _ids(got) == _ids(want)
+        assert sum(o["meta_info"]["spec_accepted_tokens"] for o in got) > 0
+        assert eng.get_server_info()["speculative_draft"]["vocab_size"] == 16
+        eng.check_invariants()
+    finally:
+        eng.shutdown()

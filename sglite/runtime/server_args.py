@@ -97,6 +97,9 @@ class ServerArgs:
     speculative_draft_model_path: str | None = None
     speculative_draft_model_quantization: str = "auto"
     speculative_draft_num_layers: int | None = None
+    # The draft model chooses its tokens among the head's first N rows (a BPE's most frequent
+    # tokens), the added tokens and the prompt's own (scheduler/draft_vocabulary.py); 0: all.
+    speculative_draft_vocab_size: int = 32768
     # With a draft model, drafts copied from text already seen (the n-gram proposer, free) come
     # first where there is a match; the draft model drafts where there is none.
     speculative_draft_ngram: bool = True
@@ -239,6 +242,11 @@ class ServerArgs:
             raise ValueError(
                 "speculative_num_draft_tokens must be in 1..64, "
                 f"got {self.speculative_num_draft_tokens}"
+            )
+        if self.speculative_draft_vocab_size < 0:
+            raise ValueError(
+                "speculative_draft_vocab_size must be 0 (the whole vocabulary) or more, "
+                f"got {self.speculative_draft_vocab_size}"
             )
         low = self.speculative_ngram_min_match_window_size
         high = self.speculative_ngram_max_match_window_size

@@ -31,6 +31,7 @@ from sglite.runtime.cache.kv_pool import KVPool
 from sglite.runtime.cache.radix_cache import RadixCache, TreeNode
 from sglite.runtime.model.causal_lm import CausalLM
 from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
+from sglite.runtime.scheduler.draft_vocabulary import DraftVocabulary, RequestRows
 from sglite.runtime.scheduler.request import Req
 from sglite.runtime.scheduler.speculation import (
     DRAFT_MODEL_SOURCE,
@@ -65,16 +66,24 @@ class DraftSequence:
     cached_len: int = 0
     verified: int = 0
     history: TokenHistory = field(default_factory=TokenHistory)
+    extra: RequestRows | None = None  # its candidates past the draft vocabulary's prefix
 
 
 class DraftModelProposer:
     """Drafts from a second, smaller model (a `speculation.Speculator`)."""
 
     def __init__(
-        self, draft: LoadedModel, context_len: int, num_draft_tokens: int, capacity: int
+        self,
+        draft: LoadedModel,
+        context_len: int,
+        num_draft_tokens: int,
+        capacity: int,
+        vocab: DraftVocabulary | None = None,
     ) -> None:
         cfg = draft.config
         self.model: CausalLM = draft.model
+        self.dtype = draft.dtype
+        self.vocab = vocab  # None: drafts chosen over the whole head
         self.model_path = draft.model_path
         self.quantization = draft.quantization
         self.device = draft.device
@@ -111,9 +120,12 @@ class DraftModelProposer:
                 "draft-model speculation does not take images: the draft model cannot read a "
                 "vision-language model's image positions (use --speculative-algorithm ngram)"
             )
+        # The target's own file (self-speculation) reads the target's tokenizer files too.
+        own_file = args.speculative_draft_model_path in (args.model_path, target.model_path)
         draft = load_model(
             args.speculative_draft_model_path,
             dtype=target.dtype,
+            tokenizer_path=args.tokenizer_path if own_file else None,
             device=target.device,
             progress=False,
             quantization=args.speculative_draft_model_quantization,
@@ -128,7 +140,11 @@ class DraftModelProposer:
         if args.speculative_draft_num_layers is not None:
             draft.model.keep_first_layers(args.speculative_draft_num_layers)
             draft.config = draft.model.config
-        return cls(draft, context_len, args.speculative_num_draft_tokens, capacity)
+        added = list(target.tokenizer.backend.get_added_tokens_decoder())
+        vocab = DraftVocabulary.for_model(
+            draft.model.output_projection(), args.speculative_draft_vocab_size, added
+        )
+        return cls(draft, context_len, args.speculative_num_draft_tokens, capacity, vocab)
 
     # ------------------------------------------------------------------ Speculator
     def propose(self, req: Req) -> list[int]:
@@ -200,6 +216,7 @@ class DraftModelProposer:
                 "pool_tokens": self.pool.capacity,
                 "cached_tokens": self.cache.total_size(),
                 "forward_passes": self.forward_passes,
+                "vocab_size": self.vocab_size if self.vocab is None else self.vocab.size,
                 "drafts": self.acceptance.info(),
             },
         }
@@ -222,6 +239,8 @@ class DraftModelProposer:
         self.cache.lock(match.node)
         cached = len(match.slots)
         seq = DraftSequence(DraftLength(self.num_draft_tokens), match.node)
+        if self.vocab is not None:
+            seq.extra = self.vocab.rows_for(req.prompt_ids)
         seq.tokens, seq.slots = list(req.prompt_ids[:cached]), list(match.slots)
         seq.cached_len = seq.verified = cached
         return seq
@@ -249,7 +268,11 @@ class DraftModelProposer:
         seq.tokens.extend(feed)
         seq.slots.extend(self.pool.alloc(len(feed)))
         mode = ForwardMode.DECODE if len(feed) == 1 else ForwardMode.EXTEND
-        batch = ForwardBatch.build(mode, [feed], [start], [seq.slots], [len(feed) - 1], self.device)
+        last = [len(feed) - 1]
+        logit_rows = [] if self.vocab is not None else last
+        batch = ForwardBatch.build(mode, [feed], [start], [seq.slots], logit_rows, self.device)
+        if self.vocab is not None:  # the final hidden state, for the draft vocabulary's rows
+            batch.hidden_rows = torch.tensor(last, dtype=torch.long, device=self.device)
         self.forward_passes += 1
         try:
             logits = self.model(batch, self.pool)
@@ -257,7 +280,10 @@ class DraftModelProposer:
             self.pool.free(seq.slots[start:])
             del seq.tokens[start:], seq.slots[start:]
             raise
-        return int(torch.argmax(logits[0]))
+        if self.vocab is None:
+            return int(torch.argmax(logits[0]))
+        assert seq.extra is not None and batch.hidden is not None
+        return self.vocab.choose(batch.hidden, seq.extra, self.dtype)
 
     def _release(self, seq: DraftSequence) -> None:
         verified = min(seq.verified, len(seq.tokens))
