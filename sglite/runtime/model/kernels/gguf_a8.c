@@ -369,7 +369,7 @@ static inline __attribute__((always_inline)) void b32_row(const int R, int64_t t
                                                           const uint8_t *row, const rounded_x *x,
                                                           int64_t m0, row_sums *s) {
   const int64_t k = x->k, groups = k / QK;
-  const int64_t bytes = gguf_row_bytes(type, QK);
+  const int64_t bytes = type_block_bytes(type);
   int64_t g = 0;
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
   __m512 acc[A8_ROWS];
@@ -525,7 +525,7 @@ static void a8_range(void *p, int64_t n0, int64_t n1) {
       const int64_t n = stream_row(v, n0, len);
       if (n >= n1) continue;
       int64_t type;
-      const void *row = gguf_part_row(a->parts, n, k, &type);
+      const void *row = stacked_row(a->parts, n, k, &type);
       gguf_decode_row(type, row, k, decoded + (v - t0) * k);
     }
 #endif
@@ -538,7 +538,7 @@ static void a8_range(void *p, int64_t n0, int64_t n1) {
         int R = left >= A8_ROWS ? A8_ROWS : (int)left;
 #if defined(__AVX2__) && defined(__FMA__)
         int64_t type;
-        const uint8_t *row = gguf_part_row(a->parts, n, k, &type);
+        const uint8_t *row = stacked_row(a->parts, n, k, &type);
         if (R == 4)
           row_products(4, type, row, x, m0, out);
         else if (R == 3)

@@ -13,6 +13,62 @@ static inline float half(const uint8_t *p) {
   return f16_to_f32(h);
 }
 
+/* Values per block of a GGUF block type: 32, or 256 for the k-quants (0: not one we read). */
+static inline int64_t type_block_values(int64_t type) {
+  switch (type) {
+    case GGML_TYPE_Q4_0:
+    case GGML_TYPE_Q4_1:
+    case GGML_TYPE_Q5_0:
+    case GGML_TYPE_Q5_1:
+    case GGML_TYPE_Q8_0:
+      return 32;
+    case GGML_TYPE_Q4_K:
+    case GGML_TYPE_Q5_K:
+    case GGML_TYPE_Q6_K:
+      return 256;
+    default:
+      return 0;
+  }
+}
+
+/* Bytes per block of a GGUF block type (0: not one we read). */
+static inline int64_t type_block_bytes(int64_t type) {
+  switch (type) {
+    case GGML_TYPE_Q4_0:
+      return 18;
+    case GGML_TYPE_Q4_1:
+      return 20;
+    case GGML_TYPE_Q5_0:
+      return 22;
+    case GGML_TYPE_Q5_1:
+      return 24;
+    case GGML_TYPE_Q8_0:
+      return 34;
+    case GGML_TYPE_Q4_K:
+      return 144;
+    case GGML_TYPE_Q5_K:
+      return 176;
+    case GGML_TYPE_Q6_K:
+      return 210;
+    default:
+      return 0;
+  }
+}
+
+/* Row n of a weight's stacked parts (valid ones: gguf_parts_valid): its bytes and block type.
+ * Inline, as the GEMVs look up every weight row. */
+static inline const uint8_t *stacked_row(const gguf_part_t *parts, int64_t n, int64_t k,
+                                         int64_t *type) {
+  for (;; parts++) {
+    if (n < parts->rows) {
+      *type = parts->type;
+      const int64_t row_bytes = k / type_block_values(parts->type) * type_block_bytes(parts->type);
+      return (const uint8_t *)parts->data + n * row_bytes;
+    }
+    n -= parts->rows;
+  }
+}
+
 /* The 6-bit scale and min of group j (0..7) of a Q4_K / Q5_K super-block's 12 scale bytes. */
 static inline void k_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
   if (j < 4) {

@@ -23,50 +23,12 @@
 /* Values one buffer holds: a k-quant super-block, or 8 blocks of 32. */
 #define SPAN 256
 
-int64_t gguf_block_values(int64_t type) {
-  switch (type) {
-    case GGML_TYPE_Q4_0:
-    case GGML_TYPE_Q4_1:
-    case GGML_TYPE_Q5_0:
-    case GGML_TYPE_Q5_1:
-    case GGML_TYPE_Q8_0:
-      return QK;
-    case GGML_TYPE_Q4_K:
-    case GGML_TYPE_Q5_K:
-    case GGML_TYPE_Q6_K:
-      return QK_K;
-    default:
-      return 0;
-  }
-}
-
-static int64_t block_bytes(int64_t type) {
-  switch (type) {
-    case GGML_TYPE_Q4_0:
-      return 18;
-    case GGML_TYPE_Q4_1:
-      return 20;
-    case GGML_TYPE_Q5_0:
-      return 22;
-    case GGML_TYPE_Q5_1:
-      return 24;
-    case GGML_TYPE_Q8_0:
-      return 34;
-    case GGML_TYPE_Q4_K:
-      return 144;
-    case GGML_TYPE_Q5_K:
-      return 176;
-    case GGML_TYPE_Q6_K:
-      return 210;
-    default:
-      return 0;
-  }
-}
+int64_t gguf_block_values(int64_t type) { return type_block_values(type); }
 
 int64_t gguf_row_bytes(int64_t type, int64_t k) {
   const int64_t values = gguf_block_values(type);
   if (values == 0 || k % values) return -1;
-  return k / values * block_bytes(type);
+  return k / values * type_block_bytes(type);
 }
 
 /* ------------------------------------------------------------------ scalar block decoders */
@@ -221,7 +183,7 @@ static void vector_block(int64_t type, const uint8_t *b, float *out) {
 /* Values [v0, v0 + count) of a weight row of `type` (v0 and count whole blocks) into out. */
 static inline void decode_span(int64_t type, const uint8_t *row, int64_t v0, int64_t count,
                                float *out) {
-  const int64_t values = gguf_block_values(type), bytes = block_bytes(type);
+  const int64_t values = gguf_block_values(type), bytes = type_block_bytes(type);
   for (int64_t v = 0; v < count; v += values)
     decode_block(type, row + (v0 + v) / values * bytes, out + v);
 }
@@ -234,20 +196,8 @@ void gguf_decode_span(int64_t type, const void *row, int64_t v0, int64_t count, 
   decode_span(type, (const uint8_t *)row, v0, count, out);
 }
 
-/* Row n of the stacked parts: its bytes and type. */
-static inline const uint8_t *part_row(const gguf_part_t *parts, int64_t n, int64_t k,
-                                      int64_t *type) {
-  for (;; parts++) {
-    if (n < parts->rows) {
-      *type = parts->type;
-      return (const uint8_t *)parts->data + n * gguf_row_bytes(parts->type, k);
-    }
-    n -= parts->rows;
-  }
-}
-
 const void *gguf_part_row(const gguf_part_t *parts, int64_t n, int64_t k, int64_t *type) {
-  return part_row(parts, n, k, type);
+  return stacked_row(parts, n, k, type);
 }
 
 /* ------------------------------------------------------------------ GEMV */
@@ -466,7 +416,7 @@ static inline __attribute__((always_inline)) void block32_row(const int R, int64
                                                               const float *xsum, int64_t k,
                                                               __m256 acc[][ACC_CHAINS],
                                                               float *off) {
-  const int64_t bytes = block_bytes(type), groups = k / QK;
+  const int64_t bytes = type_block_bytes(type), groups = k / QK;
   for (int64_t g = 0; g < groups; g++) {
     float mn;
     const __m256i q = block32(type, row + g * bytes, &mn);
@@ -517,7 +467,7 @@ static inline __attribute__((always_inline)) void gemv_rows(const int R, const g
   const int64_t k = a->k;
   for (int64_t n = n0; n < n1; n++) {
     int64_t type;
-    const uint8_t *row = part_row(a->parts, n, k, &type);
+    const uint8_t *row = stacked_row(a->parts, n, k, &type);
     const int64_t row_bytes = gguf_row_bytes(type, k);
     if (n + 4 < n1) prefetch_bytes(row + 4 * row_bytes, row_bytes);
     float acc[QGEMV_MAX_ROWS] = {0};
@@ -618,7 +568,7 @@ static void gguf_dequant_range(void *p, int64_t i0, int64_t i1) {
   float buf[SPAN] __attribute__((aligned(64)));
   for (int64_t i = i0; i < i1; i++) {
     int64_t type;
-    const uint8_t *src = part_row(a->parts, a->ids ? a->ids[i] : i, k, &type);
+    const uint8_t *src = stacked_row(a->parts, a->ids ? a->ids[i] : i, k, &type);
     if (a->dtype == 0) {
       decode_span(type, src, 0, k, (float *)a->out + i * k);
       continue;
