@@ -285,14 +285,14 @@ def test_the_draft_vocabulary_is_off_where_it_cannot_help():
     assert DraftVocabulary.for_model(head, 0, []) is None  # the flag's "whole vocabulary"
     assert DraftVocabulary.for_model(head, 64, []) is None  # no smaller than the head
     assert DraftVocabulary.for_model(torch.zeros(64, 32), 16, []) is None  # not GGUF blocks
-    assert DraftVocabulary.for_model(head, 16, []).size == 16
+    assert DraftVocabulary.for_model(head, 16, []).size == 48
     with pytest.raises(ValueError, match="speculative_draft_vocab_size"):
         ServerArgs(speculative_draft_vocab_size=-1).validate()
 
 
 def test_a_draft_model_choosing_among_a_few_ids_leaves_outputs_unchanged(tmp_path):
     """A GGUF pair (a tiny Qwen2 with its tied Q8_0 head, drafting for itself) with a draft
-    vocabulary of 16 of its 64 ids: the draft's tokens come from those, the added tokens and
+    vocabulary of 48 of its 64 ids: the draft's tokens come from those, the added tokens and
     the prompt, and the outputs are the target's own."""
     import gguf
     from test_loader import make_hf_model, write_tiny_gguf
@@ -317,7 +317,7 @@ def test_a_draft_model_choosing_among_a_few_ids_leaves_outputs_unchanged(tmp_pat
         **common,
         speculative_algorithm="draft",
         speculative_draft_model_path=path,
-        speculative_draft_vocab_size=16,
+        speculative_draft_vocab_size=48,
         speculative_adaptive=False,
         speculative_draft_ngram=False,
     )
@@ -325,7 +325,7 @@ def test_a_draft_model_choosing_among_a_few_ids_leaves_outputs_unchanged(tmp_pat
         got = eng.generate(input_ids=PROMPTS, sampling_params=GREEDY)
         assert _ids(got) == _ids(want)
         assert sum(o["meta_info"]["spec_accepted_tokens"] for o in got) > 0
-        assert eng.get_server_info()["speculative_draft"]["vocab_size"] == 16
+        assert eng.get_server_info()["speculative_draft"]["vocab_size"] == 48
         eng.check_invariants()
     finally:
         eng.shutdown()

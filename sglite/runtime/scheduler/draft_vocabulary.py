@@ -25,9 +25,6 @@ import torch
 
 from sglite.runtime.model.gguf_weight import GGUFPart, GGUFWeight
 
-# Default rows of the head a draft is chosen from (`--speculative-draft-vocab-size`).
-DRAFT_VOCAB_SIZE = 32768
-
 
 @dataclass
 class RequestRows:
