@@ -285,7 +285,7 @@ def test_the_draft_vocabulary_is_off_where_it_cannot_help():
     assert DraftVocabulary.for_model(head, 0, []) is None  # the flag's "whole vocabulary"
     assert DraftVocabulary.for_model(head, 64, []) is None  # no smaller than the head
     assert DraftVocabulary.for_model(torch.zeros(64, 32), 16, []) is None  # not GGUF blocks
-    assert DraftVocabulary.for_model(head, 16, []).size == 48
+    assert DraftVocabulary.for_model(head, 16, []).size == 16
     with pytest.raises(ValueError, match="speculative_draft_vocab_size"):
         ServerArgs(speculative_draft_vocab_size=-1).validate()
 
