@@ -141,27 +141,36 @@ def _vnni_gemm_serves() -> bool:
 VNNI_GEMM = _vnni_gemm_serves()
 
 
+# Fused weights the VNNI GEMM reads: (block type, rows) per part, and k. 576 values are not
+# whole super-blocks: x is rounded per 32 values there.
+GEMM_WEIGHTS = [
+    ([("Q4_K", 48), ("Q6_K", 32)], 512),
+    ([("Q4_1", 48), ("Q8_0", 32)], 512),
+    ([("Q4_0", 32), ("Q5_0", 16), ("Q5_1", 16), ("Q8_0", 16)], 576),
+]
+
+
 @pytest.mark.skipif(not VNNI_GEMM, reason="the VNNI GEMM needs an AVX512-VNNI build")
+@pytest.mark.parametrize("parts_and_k", GEMM_WEIGHTS, ids=lambda w: "+".join(t for t, _ in w[0]))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_vnni_gemm_is_the_gemvs_product_and_each_row_its_own(dtype):
-    """gguf_gemm_a8 on a fused Q4_K + Q6_K weight (two super-blocks, 48 + 32 rows: blocks of 16
-    in each part): the GEMV's rounded product to float rounding for 1, 8 and 37 rows, and a
-    row's result bit for bit the same alone and in any batch."""
+def test_the_vnni_gemm_is_the_gemvs_product_and_each_row_its_own(dtype, parts_and_k):
+    """gguf_gemm_a8 on a fused weight of several block types (blocks of 16 rows in each part):
+    the GEMV's rounded product to float rounding for 1, 8 and 37 rows, and a row's result bit
+    for bit the same alone and in any batch."""
+    spec, k = parts_and_k
     rng = np.random.default_rng(40)
-    parts = [
-        GGUFPart("Q4_K", _blocks("Q4_K", 48, 512, rng)),
-        GGUFPart("Q6_K", _blocks("Q6_K", 32, 512, rng)),
-    ]
-    weight = GGUFWeight(parts, 512, None, True)
-    x = torch.randn(37, 512).to(dtype)
+    parts = [GGUFPart(t, _blocks(t, rows, k, rng)) for t, rows in spec]
+    n = sum(rows for _, rows in spec)
+    weight = GGUFWeight(parts, k, None, True)
+    x = torch.randn(37, k).to(dtype)
     x[:, 7] *= 30
-    alone = kernels.gguf_gemm_a8(x[5:6].contiguous(), weight.address, 80)
+    alone = kernels.gguf_gemm_a8(x[5:6].contiguous(), weight.address, n)
     for rows in (1, 8, 37):
         start = 5 if rows == 1 else 0
-        batch = kernels.gguf_gemm_a8(x[start : start + rows].contiguous(), weight.address, 80)
+        batch = kernels.gguf_gemm_a8(x[start : start + rows].contiguous(), weight.address, n)
         assert batch is not None and batch.dtype == dtype
         _assert_near(
-            batch, kernels.gguf_gemv_a8(x[start : start + rows].contiguous(), weight.address, 80)
+            batch, kernels.gguf_gemv_a8(x[start : start + rows].contiguous(), weight.address, n)
         )
         assert torch.equal(batch[5 - start], alone[0]), rows
 
@@ -170,10 +179,13 @@ def test_the_vnni_gemm_is_the_gemvs_product_and_each_row_its_own(dtype):
 def test_the_vnni_gemm_declines_what_it_cannot_serve_and_q6_k_takes_it_later():
     rng = np.random.default_rng(41)
     x = torch.randn(8, 512)
-    q5 = GGUFWeight([GGUFPart("Q5_0", _blocks("Q5_0", 16, 512, rng))], 512)
+    q5k = GGUFWeight([GGUFPart("Q5_K", _blocks("Q5_K", 16, 512, rng))], 512)
     ragged = GGUFWeight([GGUFPart("Q4_K", _blocks("Q4_K", 24, 512, rng))], 512)
-    assert kernels.gguf_gemm_a8(x, q5.address, 16) is None  # not a k-quant it reads
+    odd = GGUFWeight([GGUFPart("Q4_1", _blocks("Q4_1", 16, 96, rng))], 96)
+    assert kernels.gguf_gemm_a8(x, q5k.address, 16) is None  # a block type it does not read
     assert kernels.gguf_gemm_a8(x, ragged.address, 24) is None  # 24 rows: not blocks of 16
+    assert kernels.gguf_gemm_a8(x[:, :96].contiguous(), odd.address, 16) is None  # 3 blocks of 32
+    assert odd.a8_gemm_min_rows == ABI.constants["KERNEL_OFF_ROWS"]
     q4k = GGUFWeight([GGUFPart("Q4_K", _blocks("Q4_K", 16, 512, rng))], 512)
     q6k = GGUFWeight([GGUFPart("Q6_K", _blocks("Q6_K", 16, 512, rng))], 512)
     assert q4k.a8_gemm_min_rows == ABI.constants["A8_GEMM_MIN_ROWS"]
@@ -216,12 +228,12 @@ def test_decode_products_round_and_prefill_products_round_where_the_vnni_gemm_se
 
 @pytest.mark.skipif(not VNNI_GEMM, reason="the VNNI GEMM needs an AVX512-VNNI build")
 def test_a_weight_the_vnni_gemm_cannot_read_keeps_x_in_extend_passes():
-    """Q5_0 blocks (no VNNI GEMM for them): the GEMM is off for the weight, and a bf16 EXTEND
+    """Q5_K blocks (no VNNI GEMM for them): the GEMM is off for the weight, and a bf16 EXTEND
     pass's product is the float one, not the int8 GEMV's at prefill sizes."""
     rng = np.random.default_rng(6)
-    blocks = _blocks("Q5_0", 32, 512, rng)
-    rounding = GGUFWeight([GGUFPart("Q5_0", blocks)], 512, None, True)
-    keeping = GGUFWeight([GGUFPart("Q5_0", blocks)], 512, None, False)
+    blocks = _blocks("Q5_K", 32, 512, rng)
+    rounding = GGUFWeight([GGUFPart("Q5_K", blocks)], 512, None, True)
+    keeping = GGUFWeight([GGUFPart("Q5_K", blocks)], 512, None, False)
     assert rounding.a8_gemm_min_rows == ABI.constants["KERNEL_OFF_ROWS"]
     x = torch.randn(64, 512).to(torch.bfloat16)
     assert torch.equal(rounding.matmul(x), keeping.matmul(x))

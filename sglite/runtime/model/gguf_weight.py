@@ -25,7 +25,7 @@ With `round_activations` (the loader's choice where the CPU has integer dot prod
 `loader.resolve_gguf_activations`), DECODE batches (the decode step's `LINEAR_GGUF_A8` and
 `matmul_decode`, the output projection's) instead round each x row to int8 as llama.cpp does
 (`kernels/gguf_a8.c`: integer dot products over the blocks' own integers; from
-`a8_gemm_min_rows` rows of Q4_K / Q6_K weights `kernels/gguf_a8_gemm.c`, the same product with
+`a8_gemm_min_rows` rows (all block types but Q5_K) `kernels/gguf_a8_gemm.c`, the same product with
 512-bit VNNI, each block decoded once for all rows), as `w4a8` does in its decode GEMVs. Where
 that VNNI GEMM serves a weight it is faster than the float GEMMs at any row count short of the
 tile GEMM's, so bfloat16 prefill and other EXTEND passes (`matmul`) round x there too, through

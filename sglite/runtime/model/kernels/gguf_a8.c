@@ -324,42 +324,6 @@ static inline void b32_scales8(int64_t type, const uint8_t *b, int64_t bytes, __
 }
 #endif
 
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-/* Two consecutive blocks' integers (b32_ints of each) as one vector: for Q4_0/Q4_1 each block's
- * 16 nibble bytes loaded twice, the second copy shifted to its high nibbles (five operations for
- * the pair, where two b32_ints and a merge take eleven); Q5_0/Q5_1 add their fifth bits through
- * a byte mask (two b32_ints take some thirty operations). */
-static inline __m512i b32_pair_ints(int64_t type, const uint8_t *b, int64_t bytes) {
-  if (type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q4_1) {
-    const int64_t at = type == GGML_TYPE_Q4_0 ? 2 : 4;
-    const __m256i q0 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b + at)));
-    const __m256i q1 =
-        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b + bytes + at)));
-    const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1);
-    /* 128-bit lanes 1 and 3 (int16 lanes 8-15, 24-31) take the high nibbles */
-    const __m512i shifted = _mm512_mask_srli_epi16(both, 0xff00ff00u, both, 4);
-    return _mm512_and_si512(shifted, _mm512_set1_epi8(0x0f));
-  }
-  if (type == GGML_TYPE_Q5_0 || type == GGML_TYPE_Q5_1) {
-    /* the nibbles as Q4's, then 16 added where the block's 32 high bits (bit j: value j) are
-     * set: the two blocks' bits are one 64-bit mask over the 64 bytes */
-    const int64_t high_at = type == GGML_TYPE_Q5_0 ? 2 : 4, at = high_at + 4;
-    uint32_t high[2];
-    memcpy(&high[0], b + high_at, 4);
-    memcpy(&high[1], b + bytes + high_at, 4);
-    const __m256i q0 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b + at)));
-    const __m256i q1 =
-        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b + bytes + at)));
-    const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1);
-    const __m512i nibbles =
-        _mm512_and_si512(_mm512_mask_srli_epi16(both, 0xff00ff00u, both, 4), _mm512_set1_epi8(0x0f));
-    const __mmask64 set = (__mmask64)high[0] | ((__mmask64)high[1] << 32);
-    return _mm512_mask_add_epi8(nibbles, set, nibbles, _mm512_set1_epi8(16));
-  }
-  return _mm512_inserti64x4(_mm512_castsi256_si512(b32_ints(type, b)), b32_ints(type, b + bytes),
-                            1);
-}
-#endif
 
 /* Blocks of 32 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) of one weight row against R x rows. With VNNI,
  * eight blocks at a time: their scales as vectors, and each two blocks' 64 integers against

@@ -192,10 +192,11 @@ int gguf_dequantize(int dtype, const gguf_part_t *parts, const int64_t *ids, int
 int gguf_gemv_a8(int dtype, const void *x, const gguf_part_t *parts, void *y, int64_t rows,
                  int64_t n_out, int64_t k, int threads);
 /* gguf_a8_gemm.c: the same product for many rows with 512-bit VNNI (AVX512-VNNI builds): each
- * Q4_K / Q6_K super-block of 16 weight rows decoded once for every x row, x rounded as
- * gguf_gemv_a8 rounds it (values equal to its to float rounding; each row's result depends on
- * that row alone). -1 where the build lacks VNNI-512, k is not whole super-blocks, or a part is
- * not Q4_K / Q6_K in whole blocks of 16 rows. */
+ * Q4_K / Q6_K super-block (or two blocks of 32 of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) of 16 weight
+ * rows decoded once for every x row, x rounded as gguf_gemv_a8 rounds it (values equal to its to
+ * float rounding; each row's result depends on that row alone). -1 where the build lacks
+ * VNNI-512, k is not whole decoding units (256 values for the k-quants, 64 for blocks of 32), or
+ * a part is of another type (Q5_K) or not in whole blocks of 16 rows. */
 int gguf_gemm_a8(int dtype, const void *x, const gguf_part_t *parts, void *y, int64_t rows,
                  int64_t n_out, int64_t k, int threads);
 /* The rows from which a weight of these parts takes gguf_gemm_a8 (A8_GEMM_MIN_ROWS, or

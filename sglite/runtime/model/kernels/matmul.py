@@ -285,8 +285,9 @@ def gguf_gemv_a8(x: torch.Tensor, parts: int, n_out: int) -> torch.Tensor | None
 
 
 def gguf_gemm_a8(x: torch.Tensor, parts: int, n_out: int) -> torch.Tensor | None:
-    """`gguf_gemv_a8`'s product for many rows with 512-bit VNNI (gguf_a8_gemm.c: Q4_K / Q6_K
-    weights in whole blocks of 16 rows, k whole super-blocks): equal to it to float rounding,
+    """`gguf_gemv_a8`'s product for many rows with 512-bit VNNI (gguf_a8_gemm.c: weights of
+    every block type but Q5_K in whole blocks of 16 rows, k whole decoding units): equal to
+    it to float rounding,
     each row's result depending on that row alone. None where it cannot serve x."""
     lib = _lib_for(x)
     if lib is None or x.dim() != 2 or not x.is_contiguous():
