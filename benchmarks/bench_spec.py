@@ -133,11 +133,12 @@ def batch_run(
 ) -> tuple[float, list[dict], list[list[int]]]:
     """(decode tok/s of all `n` copies of `prompt` run at once, each run's meta_info, each
     answer's ids) from a flushed cache with the prompt cached beforehand (with `reask`, the
-    whole answer too). The time of the same batch writing one token is subtracted, so prefill
-    drops out."""
+    whole answer too), by a request that decodes a token, so that a draft model, which reads
+    a prompt as the target prefills it, caches it too, as after a conversation's earlier
+    turn. The time of the same batch writing one token is subtracted, so prefill drops out."""
     params = {"temperature": 0, "max_new_tokens": 1}
     engine.flush_cache()
-    engine.generate(prompt, {**params, "max_new_tokens": tokens if reask else 1})
+    engine.generate(prompt, {**params, "max_new_tokens": tokens if reask else 2})
     start = time.perf_counter()
     engine.generate([prompt] * n, [params] * n)
     first = time.perf_counter() - start

@@ -69,8 +69,9 @@ def test_an_agreeing_draft_is_accepted_and_outputs_are_identical(plain, self_dra
         assert got["output_ids"] == want["output_ids"]
         meta = got["meta_info"]
         assert meta["spec_accepted_tokens"] >= 0.9 * meta["spec_draft_tokens"] > 0, meta
-        # Each verification emits its accepted tokens plus one of the target's own.
-        assert meta["spec_verify_ct"] <= meta["completion_tokens"] // 4, meta
+        # Each verification emits its accepted tokens plus one of the target's own (drafts
+        # grow as the draft model's flat probabilities prove to understate its agreement).
+        assert meta["spec_verify_ct"] <= meta["completion_tokens"] // 3, meta
     info = self_draft.get_server_info()
     # The prompt and the output up to the last proposal.
     assert info["speculative_draft"]["cached_tokens"] >= len(PROMPT) + GREEDY["max_new_tokens"] // 2
@@ -198,6 +199,7 @@ def test_a_draft_models_pass_over_a_new_prompt_is_not_counted_as_draft_cost(tiny
     from sglite.runtime.scheduler.draft_model import DraftModelProposer
 
     proposer = DraftModelProposer(load_model(tiny["small"], progress=False), 256, 4, 256)
+    proposer.needed = 0.0  # every draft token pays: drafts as long as the draft length
     req = _request("r", PROMPT * 4)
     draft = proposer.propose(req)
     assert len(draft) == 4
@@ -207,6 +209,43 @@ def test_a_draft_models_pass_over_a_new_prompt_is_not_counted_as_draft_cost(tiny
     own = PROMPT[0] if PROMPT[0] != draft[1] else PROMPT[1]
     req.output_ids.extend([draft[0], own])
     assert len(proposer.propose(req)) > 0
+    assert proposer.take_prompt_seconds() == 0.0
+    proposer.forget(set())
+    proposer.check_invariants()
+
+
+def test_the_draft_model_reads_a_prompt_as_the_target_prefills_it(tiny, plain):
+    """The draft model's pass over a new prompt runs in the prefill step: a request that
+    decoded one token without any draft (the first step at a batch size measures the plain
+    cost) leaves its prompt in the draft model's cache, and a proposer that read the prompt
+    drafts with one pass per token, reading no prompt then."""
+    from sglite.runtime.model.loader import load_model
+    from sglite.runtime.scheduler.draft_model import DraftModelProposer
+
+    eng = _engine(
+        tiny,
+        speculative_algorithm="draft",
+        speculative_draft_model_path=tiny["small"],
+        speculative_draft_ngram=False,
+    )
+    try:
+        params = {**GREEDY, "max_new_tokens": 2}
+        got = eng.generate(input_ids=PROMPT, sampling_params=params)
+        assert got["output_ids"] == plain.generate(input_ids=PROMPT, sampling_params=params)[
+            "output_ids"]  # fmt: skip
+        assert got["meta_info"]["spec_draft_tokens"] == 0
+        assert eng.get_server_info()["speculative_draft"]["cached_tokens"] >= len(PROMPT)
+        eng.check_invariants()
+    finally:
+        eng.shutdown()
+    proposer = DraftModelProposer(load_model(tiny["small"], progress=False), 256, 4, 256)
+    proposer.needed = 0.0  # drafts as long as the draft length
+    req = _request("r", PROMPT * 4)
+    proposer.read_prompt(req)
+    assert proposer.forward_passes == 1
+    req.output_ids.append(PROMPT[0])
+    assert len(proposer.propose(req)) == 4
+    assert proposer.forward_passes == 1 + 4
     assert proposer.take_prompt_seconds() == 0.0
     proposer.forget(set())
     proposer.check_invariants()
@@ -247,6 +286,31 @@ def test_a_draft_model_below_its_break_even_stops_drafting_for_new_requests_too(
     proposer.check_invariants()
 
 
+def test_a_draft_stops_where_the_target_would_likely_reject_it(tiny):
+    """A draft grows while the draft model's probabilities, calibrated by the target's
+    agreement so far, say its tokens will be kept often enough to pay (the break-even): after
+    the target rejected tokens the draft model was sure of, one token per draft (the pass
+    already run); once it has kept far more than the probabilities predicted, full drafts."""
+    from sglite.runtime.model.loader import load_model
+    from sglite.runtime.scheduler.draft_model import DraftModelProposer
+
+    proposer = DraftModelProposer(load_model(tiny["small"], progress=False), 256, 4, 256)
+    for _ in range(40):
+        proposer.calibration.record([0.99, 0.99], 0)
+    req = _request("r", PROMPT * 2)
+    first = proposer.propose(req)
+    assert len(first) == 1
+    probability = proposer.sequences["r"].probabilities[0]
+    assert proposer.calibration.agreement(probability) < proposer.needed
+    for _ in range(200):
+        proposer.calibration.record([probability] * 4, 4)
+    assert proposer.calibration.agreement(probability) > 0.99
+    req.output_ids.append(first[0])
+    assert len(proposer.propose(req)) == 4
+    proposer.forget(set())
+    proposer.check_invariants()
+
+
 def _q8_head(rows: int, k: int, seed: int) -> GGUFWeight:
     import gguf
     import numpy as np
@@ -273,8 +337,9 @@ def test_the_draft_vocabulary_picks_the_heads_argmax_over_its_allowed_ids():
         logits = head.matmul_decode(hidden.to(torch.bfloat16))[0]
         masked = torch.full_like(logits, float("-inf"))
         masked[allowed] = logits[allowed]
-        got = vocab.choose(hidden, request, torch.bfloat16)
+        got, probability = vocab.choose(hidden, request, torch.bfloat16)
         assert got == int(torch.argmax(masked)), seed
+        assert probability == pytest.approx(float(torch.softmax(masked.float(), 0)[got]))
         restricted += int(torch.argmax(logits)) != got
     assert restricted > 10
     assert vocab.rows_for([1, 2, 3]).ids == [290, 295]

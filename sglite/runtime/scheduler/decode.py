@@ -85,6 +85,20 @@ class DecodeManager:
     def running(self) -> list[Req]:
         return self.table.with_status(ReqStatus.RUNNING)
 
+    def read_prompts(self, prefilled: list[Req]) -> None:
+        """The speculator reads the prompts of the requests just prefilled that now decode (a
+        draft model's pass over each, in the prefill step rather than the first decode step's);
+        a request whose speculator fails ends here, as in `_plan_drafts`."""
+        if self.speculator is None:
+            return
+        for req in prefilled:
+            if self.table.status(req) is not ReqStatus.RUNNING:
+                continue
+            try:
+                self.speculator.read_prompt(req)
+            except Exception as exc:
+                self.output.fail(req, exc)
+
     def run(self) -> None:
         """One token (plus any accepted draft tokens) for every running request; with
         `speculative_adaptive`, the step is timed for `SpeculationCosts`."""

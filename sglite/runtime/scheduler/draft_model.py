@@ -9,6 +9,14 @@ token by token; the target verifies the draft in its next forward (`drafts.Draft
 After a rejection the draft sequence is cut back to the tokens the target kept: its K/V follows
 the target's accepted tokens, never the rejected ones.
 
+A draft grows token by token while it is likely to be accepted whole: the draft model's own
+probability of each token it chose, scaled by how well such probabilities have predicted the
+target's agreement so far (`ConfidenceCalibration`) and multiplied along the draft, must stay
+above the share of accepted tokens at which a draft token pays (the break-even the scheduler
+measures). A draft
+pass costs a fair share of a target step on a CPU (the 0.5B drafting for the 1.5B: ~0.4), so a
+pass whose token would likely be rejected is not run.
+
 The draft is the draft model's greedy choice, a point distribution, so the verifier's rule (keep
 a draft token while the target's own sample equals it) is speculative sampling's accept rule
 for that draft: outputs follow token-by-token decoding of the target exactly, greedy or sampled
@@ -31,10 +39,11 @@ from sglite.runtime.cache.kv_pool import KVPool
 from sglite.runtime.cache.radix_cache import RadixCache, TreeNode
 from sglite.runtime.model.causal_lm import CausalLM
 from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
-from sglite.runtime.scheduler.draft_vocabulary import DraftVocabulary, RequestRows
+from sglite.runtime.scheduler.draft_vocabulary import DraftVocabulary, RequestRows, greedy_choice
 from sglite.runtime.scheduler.request import Req
 from sglite.runtime.scheduler.speculation import (
     DRAFT_MODEL_SOURCE,
+    KIND_DECAY,
     LOW_ACCEPTANCE,
     DraftLength,
     KindAcceptance,
@@ -67,6 +76,42 @@ class DraftSequence:
     verified: int = 0
     history: TokenHistory = field(default_factory=TokenHistory)
     extra: RequestRows | None = None  # its candidates past the draft vocabulary's prefix
+    probabilities: list[float] = field(default_factory=list)  # the last draft's tokens'
+
+
+# The calibration of the draft model's probabilities starts at CALIBRATION_PRIOR (accepted
+# tokens, their summed probabilities) and decays by KIND_DECAY per verification, as a kind's
+# acceptance does.
+CALIBRATION_PRIOR = (2.0, 2.0)
+
+
+@dataclass
+class ConfidenceCalibration:
+    """The target's agreement with draft tokens per unit of the draft model's probability of
+    them, over the recent verifications of all requests (a token counts when every token
+    before it in its draft was accepted): a draft model sure of tokens the target rejects is
+    scaled down; one that agrees with the target more than its probabilities say (the target
+    itself, drafting with flat probabilities) up, to certainty at most."""
+
+    accepted: float = CALIBRATION_PRIOR[0]
+    predicted: float = CALIBRATION_PRIOR[1]
+
+    def record(self, probabilities: list[float], accepted: int) -> None:
+        """A verification kept the first `accepted` tokens of a draft whose tokens the draft
+        model gave these probabilities."""
+        judged = probabilities[: accepted + 1]  # the first rejected token's too
+        self.accepted = self.accepted * KIND_DECAY + accepted
+        self.predicted = self.predicted * KIND_DECAY + sum(judged)
+
+    @property
+    def factor(self) -> float:
+        """Tokens the target kept per unit of the draft model's probability of them."""
+        return self.accepted / max(self.predicted, 1e-9)
+
+    def agreement(self, probability: float) -> float:
+        """The chance that the target keeps a token the draft model gave `probability`, given
+        it kept every token before it."""
+        return min(1.0, probability * self.factor)
 
 
 class DraftModelProposer:
@@ -101,6 +146,7 @@ class DraftModelProposer:
         # new request would otherwise spend its first drafts relearning what the last one saw).
         self.acceptance = KindAcceptance()
         self.needed = LOW_ACCEPTANCE  # a long draft's break-even, as the latest verification had it
+        self.calibration = ConfidenceCalibration()
 
     @classmethod
     def load(
@@ -160,18 +206,35 @@ class DraftModelProposer:
         self._rewind(seq, target)
         feed = target[len(seq.tokens) :]
         draft: list[int] = []
+        seq.probabilities = []
+        whole = 1.0  # the chance that the target keeps the whole draft so far
         reads_prompt = len(seq.tokens) < len(req.prompt_ids)
         while len(draft) < length:
             start = time.perf_counter()
-            token = self._extend(seq, feed)
+            choice = self._extend(seq, feed)
             if reads_prompt:  # the first pass: the prompt (and any tokens emitted since)
                 self.prompt_seconds += time.perf_counter() - start
                 reads_prompt = False
-            if token is None or token >= self.vocab_size:
+            if choice is None or choice[0] >= self.vocab_size:
                 break
-            draft.append(token)
-            feed = [token]
+            draft.append(choice[0])
+            seq.probabilities.append(choice[1])
+            whole *= self.calibration.agreement(choice[1])
+            if whole < self.needed:  # a next token would be kept too rarely to pay for its pass
+                break
+            feed = [choice[0]]
         return draft
+
+    def read_prompt(self, req: Req) -> None:
+        """The draft model's pass over the prompt (past what its cache holds), run as the target
+        prefills it, so the first draft costs one token's pass; a request it already follows
+        (re-prefilled after a retraction) is left as it is."""
+        if req.rid in self.sequences:
+            return
+        seq = self.sequences[req.rid] = self._start(req)
+        feed = req.prompt_ids[len(seq.tokens) :]
+        if feed and self._extend(seq, feed) is not None:
+            seq.verified = len(seq.tokens)
 
     def speculate(self, req: Req, allowed: SourceFilter) -> Proposal | None:
         """`propose`'s draft as the DRAFT_MODEL_SOURCE's."""
@@ -185,6 +248,7 @@ class DraftModelProposer:
         seq = self.sequences.get(req.rid)
         if seq is not None:
             seq.length.record(drafted, accepted, needed)
+            self.calibration.record(seq.probabilities[:drafted], accepted)
         self.acceptance.record(drafted, accepted)
         self.needed = max(needed if least is None else least, LOW_ACCEPTANCE)
 
@@ -218,6 +282,7 @@ class DraftModelProposer:
                 "forward_passes": self.forward_passes,
                 "vocab_size": self.vocab_size if self.vocab is None else self.vocab.size,
                 "drafts": self.acceptance.info(),
+                "agreement_per_probability": self.calibration.factor,
             },
         }
 
@@ -255,9 +320,10 @@ class DraftModelProposer:
         del seq.tokens[keep:], seq.slots[keep:]
         seq.verified = len(target)  # the tokens fed next are the request's own
 
-    def _extend(self, seq: DraftSequence, feed: list[int]) -> int | None:
-        """Run the draft model over `feed` after `seq`'s tokens; returns its greedy next token,
-        None when the pool has no room for `feed` or the context is full."""
+    def _extend(self, seq: DraftSequence, feed: list[int]) -> tuple[int, float] | None:
+        """Run the draft model over `feed` after `seq`'s tokens; returns its greedy next token
+        and that token's probability, None when the pool has no room for `feed` or the context
+        is full."""
         if not feed or len(seq.tokens) + len(feed) > self.context_len:
             return None
         if self.pool.num_free < len(feed):
@@ -281,7 +347,7 @@ class DraftModelProposer:
             del seq.tokens[start:], seq.slots[start:]
             raise
         if self.vocab is None:
-            return int(torch.argmax(logits[0]))
+            return greedy_choice(logits[0])
         assert seq.extra is not None and batch.hidden is not None
         return self.vocab.choose(batch.hidden, seq.extra, self.dtype)
 

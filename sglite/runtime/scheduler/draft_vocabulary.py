@@ -26,6 +26,13 @@ import torch
 from sglite.runtime.model.gguf_weight import GGUFPart, GGUFWeight
 
 
+def greedy_choice(logits: torch.Tensor) -> tuple[int, float]:
+    """The argmax of a row of logits (the lowest index among equals) and its softmax
+    probability."""
+    best = int(torch.argmax(logits))
+    return best, float(torch.softmax(logits.float(), dim=0)[best])
+
+
 @dataclass
 class RequestRows:
     """One request's extra candidates: token ids past the prefix and their head rows."""
@@ -67,18 +74,18 @@ class DraftVocabulary:
         """Every id `choose` can return for this request."""
         return list(range(self.size)) + request.ids
 
-    def choose(self, hidden: torch.Tensor, request: RequestRows, dtype: torch.dtype) -> int:
+    def choose(
+        self, hidden: torch.Tensor, request: RequestRows, dtype: torch.dtype
+    ) -> tuple[int, float]:
         """The argmax of the logits of `hidden` ([1, hidden], after the final norm) over
-        `allowed_for(request)` (the lowest id among equals); `dtype`: the model's activations'."""
+        `allowed_for(request)` (the lowest id among equals), and its probability under a softmax
+        over those ids; `dtype`: the model's activations'."""
         x = hidden.to(dtype)
         logits = self.prefix.matmul_decode(x)[0]
-        best = int(torch.argmax(logits))
         if request.weight is not None:
-            extra = request.weight.matmul_decode(x)[0]
-            at = int(torch.argmax(extra))
-            if extra[at] > logits[best]:
-                return request.ids[at]
-        return best
+            logits = torch.cat([logits, request.weight.matmul_decode(x)[0]])
+        best, probability = greedy_choice(logits)
+        return (best if best < self.size else request.ids[best - self.size]), probability
 
     def _weight(self, rows: np.ndarray) -> GGUFWeight:
         head = self.head

@@ -181,6 +181,9 @@ class NgramProposer:
             state.pointer = state.draft_start + accepted + 1
             state.pointer_for = state.proposed_at + accepted + 1
 
+    def read_prompt(self, req: Req) -> None:
+        """Nothing: a lookup indexes the prompt at its first proposal."""
+
     def forget(self, live: set[str]) -> None:
         """Drop the state of requests not in `live` (finished or aborted ones)."""
         for rid in [rid for rid in self.states if rid not in live]:

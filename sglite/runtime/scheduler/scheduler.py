@@ -284,6 +284,7 @@ class Scheduler:
             prefill = self.prefill.schedule()
             if prefill:
                 self.prefill.run(prefill)
+                self.decode.read_prompts([req for req, _ in prefill])
             elif self.table.count(ReqStatus.RUNNING):
                 self.decode.run()
             elif self.table.count(ReqStatus.GRAMMAR):

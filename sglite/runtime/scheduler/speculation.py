@@ -74,6 +74,12 @@ class Speculator(Protocol):
         verification's fixed cost spread to nothing; None: `needed`)."""
         ...
 
+    def read_prompt(self, req: Req) -> None:
+        """Read the prompt of `req`, just prefilled by the target and about to decode, ahead of
+        its first draft (a draft model's pass over it, as the target's prefill; nothing for
+        n-gram lookups)."""
+        ...
+
     def forget(self, live: set[str]) -> None:
         """Release what is kept for requests not in `live` (finished, aborted, retracted)."""
         ...
@@ -83,9 +89,9 @@ class Speculator(Protocol):
         ...
 
     def take_prompt_seconds(self) -> float:
-        """Seconds spent since the last call reading new requests' prompts (a draft model's
-        catch-up on a prompt: once per request, not per draft), which the step's measured
-        cost leaves out; resets the count."""
+        """Seconds spent since the last call reading new requests' prompts in a decode step
+        (a draft model's catch-up on a prompt `read_prompt` did not read: once per request, not
+        per draft), which the step's measured cost leaves out; resets the count."""
         ...
 
     def check_invariants(self) -> None:
@@ -391,6 +397,11 @@ class NgramBeforeDraft:
         source = self.last.get(req.rid)
         if source is not None:
             source.record(req, drafted, accepted, needed, least)
+
+    def read_prompt(self, req: Req) -> None:
+        """Both sources read the prompt."""
+        for source in self.sources:
+            source.read_prompt(req)
 
     def forget(self, live: set[str]) -> None:
         """Both sources forget the requests not in `live`."""
