@@ -139,6 +139,7 @@ def test_ngram_matches_draft_before_the_draft_model(tiny, plain):
 
 
 def test_server_info_describes_the_draft_model(tiny, self_draft):
+    self_draft.generate(input_ids=PROMPT, sampling_params=GREEDY)  # run alone, it drafts too
     info = self_draft.get_server_info()
     assert info["speculative_algorithm"] == "draft"
     draft = info["speculative_draft"]

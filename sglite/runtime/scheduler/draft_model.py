@@ -13,9 +13,8 @@ A draft grows token by token while it is likely to be accepted whole: the draft 
 probability of each token it chose, scaled by how well such probabilities have predicted the
 target's agreement so far (`ConfidenceCalibration`) and multiplied along the draft, must stay
 above the share of accepted tokens at which a draft token pays (the break-even the scheduler
-measures). A draft
-pass costs a fair share of a target step on a CPU (the 0.5B drafting for the 1.5B: ~0.4), so a
-pass whose token would likely be rejected is not run.
+measures). A draft pass costs a fair share of a target step on a CPU (the 0.5B drafting for
+the 1.5B: ~0.4), so a pass whose token would likely be rejected is not run.
 
 The draft is the draft model's greedy choice, a point distribution, so the verifier's rule (keep
 a draft token while the target's own sample equals it) is speculative sampling's accept rule

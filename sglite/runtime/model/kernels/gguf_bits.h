@@ -1,7 +1,8 @@
 /*
- * Pieces of GGUF's block layouts both block kernels read (gguf_blocks.c with float activations,
- * gguf_a8.c with int8 ones, gguf_amx.c decoding to bf16): the f16 scales, the k-quants' 6-bit
- * scales, and on AVX2 a block's nibbles and high bits as byte vectors.
+ * Pieces of GGUF's block layouts the block kernels read (gguf_blocks.c with float activations,
+ * gguf_a8.c and gguf_a8_gemm.c with int8 ones, gguf_amx.c decoding to bf16): the f16 scales, the
+ * k-quants' 6-bit scales, on AVX2 a block's nibbles and high bits as byte vectors, and on
+ * AVX-512 two blocks of 32's integers as one vector.
  */
 #ifndef SGLITE_KERNELS_GGUF_BITS_H
 #define SGLITE_KERNELS_GGUF_BITS_H
