@@ -38,57 +38,123 @@ typedef struct {
   float offset[16][WROWS]; /* group j's offset per unit of x's group sum */
 } decoded_block;
 
-/* The 64 values 64c..64c+63 of a row (as bytes, in order) for c = 0..3 -> v[c][r]. */
-static inline void q4k_row(const uint8_t *b, int r, decoded_block *out, __m512i v[4][WROWS]) {
-  const float d = half(b), dmin = half(b + 2);
-  uint32_t sc[2], mn[2];
-  k_scales8(b + 4, sc, mn);
-  for (int j = 0; j < 8; j++) {
-    out->scale[j][r] = d * (float)((sc[j >> 2] >> (8 * (j & 3))) & 0xff);
-    out->offset[j][r] = dmin * (float)((mn[j >> 2] >> (8 * (j & 3))) & 0xff);
+/* The 16 bytes at rows[r] + offset of each of the 16 rows, as four vectors: t[j] lane r holds
+ * bytes 4j..4j+3 of row r's 16 (a 16x4 transpose of 32-bit groups, done per 128-bit lane). */
+static inline void row_words4(const uint8_t *const rows[WROWS], int64_t offset, __m512i t[4]) {
+  __m512i a[4]; /* a[g], 128-bit lane l: row 4l + g */
+#define ROW16(r) _mm_loadu_si128((const __m128i *)(rows[r] + offset))
+  for (int g = 0; g < 4; g++) {
+    __m512i v = _mm512_castsi128_si512(ROW16(g));
+    v = _mm512_inserti32x4(v, ROW16(4 + g), 1);
+    v = _mm512_inserti32x4(v, ROW16(8 + g), 2);
+    a[g] = _mm512_inserti32x4(v, ROW16(12 + g), 3);
   }
-  for (int c = 0; c < 4; c++) {
-    const __m256i packed = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * c));
-    v[c][r] = _mm512_inserti64x4(_mm512_castsi256_si512(low4(packed)), high4(packed), 1);
+#undef ROW16
+  const __m512i t0 = _mm512_unpacklo_epi32(a[0], a[1]), t1 = _mm512_unpackhi_epi32(a[0], a[1]);
+  const __m512i t2 = _mm512_unpacklo_epi32(a[2], a[3]), t3 = _mm512_unpackhi_epi32(a[2], a[3]);
+  t[0] = _mm512_unpacklo_epi64(t0, t2);
+  t[1] = _mm512_unpackhi_epi64(t0, t2);
+  t[2] = _mm512_unpacklo_epi64(t1, t3);
+  t[3] = _mm512_unpackhi_epi64(t1, t3);
+}
+
+/* The 16 rows' 4-byte groups 16h..16h+15 of the `bytes` at rows[r] + offset (bytes = 64 per h):
+ * p[16h + i] lane r holds bytes 4(16h + i)..+3 of row r. */
+static inline void row_words(const uint8_t *const rows[WROWS], int64_t offset, int halves,
+                             __m512i *p) {
+  for (int h = 0; h < halves; h++) {
+    __m512i *v = p + 16 * h;
+    for (int r = 0; r < WROWS; r++)
+      v[r] = _mm512_loadu_si512((const void *)(rows[r] + offset + 64 * h));
+    transpose16(v);
   }
 }
 
-static inline void q6k_row(const uint8_t *b, int r, decoded_block *out, __m512i v[4][WROWS]) {
-  const float d = half(b + 208);
+/* Byte j % 4 of word w's lanes (unsigned) as floats. */
+static inline __m512 byte_floats(__m512i w, int j) {
+  return _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(w, 8 * (j & 3)),
+                                             _mm512_set1_epi32(0xff)));
+}
+
+/* Super-block sb of the 16 Q4_K rows at rows[r]: the rows' bytes are transposed as stored (the
+ * nibbles of 4 bytes hold 4 values of two groups) and split afterwards, and the scales of all
+ * 16 rows are unpacked at once as k_scales8 unpacks one row's. */
+static void decode_q4k(const uint8_t *const rows[WROWS], int64_t sb, decoded_block *out) {
+  const int64_t at = sb * 144;
+  __m512i head[4]; /* d and dmin (f16), then the 12 scale bytes */
+  row_words4(rows, at, head);
+  const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head[0]));
+  const __m512 dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head[0], 16)));
+  const __m512i low6 = _mm512_set1_epi32(0x3f3f3f3f), four = _mm512_set1_epi32(0x0f0f0f0f);
+  const __m512i top2 = _mm512_set1_epi32(0x30303030); /* bits 6-7 of a byte, moved to 4-5 */
+  const __m512i sc[2] = {
+      _mm512_and_si512(head[1], low6),
+      _mm512_or_si512(_mm512_and_si512(head[3], four),
+                      _mm512_and_si512(_mm512_srli_epi32(head[1], 2), top2))};
+  const __m512i mn[2] = {
+      _mm512_and_si512(head[2], low6),
+      _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(head[3], 4), four),
+                      _mm512_and_si512(_mm512_srli_epi32(head[2], 2), top2))};
+  for (int j = 0; j < 8; j++) {
+    _mm512_store_ps(out->scale[j], _mm512_mul_ps(d, byte_floats(sc[j >> 2], j)));
+    _mm512_store_ps(out->offset[j], _mm512_mul_ps(dmin, byte_floats(mn[j >> 2], j)));
+  }
+  __m512i p[32]; /* p[i]: bytes 4i..4i+3 of the 128 nibble bytes */
+  row_words(rows, at + 16, 2, p);
+  const __m512i nibble = _mm512_set1_epi8(0x0f);
+  for (int c = 0; c < 4; c++)
+    for (int t = 0; t < 8; t++) {
+      /* bytes 32c + 4t..: low nibbles are values 64c + 4t.., high ones 64c + 32 + 4t.. */
+      const __m512i w = p[8 * c + t];
+      out->w[16 * c + t] = _mm512_and_si512(w, nibble);
+      out->w[16 * c + 8 + t] = _mm512_and_si512(_mm512_srli_epi32(w, 4), nibble);
+    }
+}
+
+/* Super-block sb of the 16 Q6_K rows at rows[r], as decode_q4k: the low 4 bits (ql) and high 2
+ * (qh) transposed as stored, values q in 0..63 (the block's -32 is in the offset). */
+static void decode_q6k(const uint8_t *const rows[WROWS], int64_t sb, decoded_block *out) {
+  const int64_t at = sb * 210;
+  uint16_t dh[WROWS];
+  for (int r = 0; r < WROWS; r++) memcpy(&dh[r], rows[r] + at + 208, 2);
+  const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)dh));
+  __m512i scales[4]; /* the 16 int8 scales */
+  row_words4(rows, at + 192, scales);
   for (int j = 0; j < 16; j++) {
-    const float scale = d * (float)(int8_t)b[192 + j];
-    out->scale[j][r] = scale;
-    out->offset[j][r] = 32.0f * scale;
+    const __m512i byte = _mm512_srai_epi32(_mm512_slli_epi32(scales[j >> 2], 24 - 8 * (j & 3)), 24);
+    const __m512 scale = _mm512_mul_ps(d, _mm512_cvtepi32_ps(byte));
+    _mm512_store_ps(out->scale[j], scale);
+    _mm512_store_ps(out->offset[j], _mm512_mul_ps(_mm512_set1_ps(32.0f), scale));
   }
-  const __m256i bias = _mm256_set1_epi8(32); /* back to q in 0..63: vpdpbusd's unsigned side */
-  for (int h = 0; h < 2; h++) {
-    __m256i q[4];
-    q6k_half(b, h, q);
-    for (int i = 0; i < 4; i++) q[i] = _mm256_add_epi8(q[i], bias);
-    v[2 * h][r] = _mm512_inserti64x4(_mm512_castsi256_si512(q[0]), q[1], 1);
-    v[2 * h + 1][r] = _mm512_inserti64x4(_mm512_castsi256_si512(q[2]), q[3], 1);
-  }
+  __m512i ql[32], qh[16];
+  row_words(rows, at, 2, ql);
+  row_words(rows, at + 128, 1, qh);
+  const __m512i nibble = _mm512_set1_epi8(0x0f), two = _mm512_set1_epi8(0x30);
+  for (int h = 0; h < 2; h++)
+    for (int s = 0; s < 4; s++)
+      for (int t = 0; t < 8; t++) {
+        /* values 128h + 32s + 4t..: ql bytes 64h + 32(s & 1) + 4t.. (nibble s >> 1), qh bytes
+         * 32h + 4t.. (bits 2s, 2s + 1) */
+        const __m512i low = ql[16 * h + 8 * (s & 1) + t], high = qh[8 * h + t];
+        const __m512i lo4 = _mm512_and_si512(_mm512_srli_epi32(low, 4 * (s >> 1)), nibble);
+        const __m512i hi2 = s < 2 ? _mm512_slli_epi32(high, 4 - 2 * s)
+                                  : _mm512_srli_epi32(high, 2 * s - 4);
+        out->w[32 * h + 8 * s + t] = _mm512_or_si512(lo4, _mm512_and_si512(hi2, two));
+      }
 }
 
 /* Super-block sb of the 16 weight rows at rows[r] (Q4_K or Q6_K: `type`). */
 static void decode_block(int64_t type, const uint8_t *const rows[WROWS], int64_t sb,
                          decoded_block *out) {
-  __m512i v[4][WROWS];
-  for (int r = 0; r < WROWS; r++) {
-    if (type == GGML_TYPE_Q4_K)
-      q4k_row(rows[r] + sb * 144, r, out, v);
-    else
-      q6k_row(rows[r] + sb * 210, r, out, v);
-  }
-  for (int c = 0; c < 4; c++) {
-    transpose16(v[c]);
-    for (int j = 0; j < 16; j++) out->w[16 * c + j] = v[c][j];
-  }
+  if (type == GGML_TYPE_Q4_K)
+    decode_q4k(rows, sb, out);
+  else
+    decode_q6k(rows, sb, out);
 }
 
 /* X rows taken together against a decoded block: their sums are independent chains of
  * `vpdpbusd` (its latency hidden) and each weight vector loaded is used R times. */
-#define GEMM_ROWS 4
+#define GEMM_ROWS 8
 
 /* sums[m] (2 vectors: products, offsets) += the block's products with x rows m0..m0+R-1 over
  * super-block sb (groups of `size` values). */
@@ -103,21 +169,20 @@ static inline __attribute__((always_inline)) void block_rows(const int R, const 
     off[m] = _mm512_load_ps(sums + (2 * (m0 + m) + 1) * WROWS);
   }
   for (int j = 0; j < QK_K / size; j++) {
-    __m512i dot[GEMM_ROWS][2];
-    for (int m = 0; m < R; m++) dot[m][0] = dot[m][1] = _mm512_setzero_si512();
+    __m512i dot[GEMM_ROWS];
+    for (int m = 0; m < R; m++) dot[m] = _mm512_setzero_si512();
     for (int q = 0; q < size / 4; q++) {
       const __m512i w = _mm512_load_si512((const void *)&blk->w[(size / 4) * j + q]);
       for (int m = 0; m < R; m++) {
         int32_t four;
         memcpy(&four, x->q + (m0 + m) * k + sb * QK_K + size * j + 4 * q, 4);
-        dot[m][q & 1] = _mm512_dpbusd_epi32(dot[m][q & 1], w, _mm512_set1_epi32(four));
+        dot[m] = _mm512_dpbusd_epi32(dot[m], w, _mm512_set1_epi32(four));
       }
     }
     const __m512 scale = _mm512_load_ps(blk->scale[j]), offset = _mm512_load_ps(blk->offset[j]);
     for (int m = 0; m < R; m++) {
       const int64_t i = m0 + m;
-      const __m512i both = _mm512_add_epi32(dot[m][0], dot[m][1]);
-      total[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(both), scale, total[m]);
+      total[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[m]), scale, total[m]);
       const float xsum = size == 32 ? x->dxsum32[i * (k / 32) + sb * 8 + j]
                                     : x->dx[i * blocks + sb] * (float)x->sum16[i * (k / 16) + sb * 16 + j];
       off[m] = _mm512_fmadd_ps(offset, _mm512_set1_ps(xsum), off[m]);
@@ -172,22 +237,21 @@ static inline __attribute__((always_inline)) void pair_rows(const int R, const d
     off[m] = _mm512_load_ps(sums + (2 * (m0 + m) + 1) * WROWS);
   }
   for (int j = 0; j < 2; j++) {
-    __m512i dot[GEMM_ROWS][2];
-    for (int m = 0; m < R; m++) dot[m][0] = dot[m][1] = _mm512_setzero_si512();
+    __m512i dot[GEMM_ROWS];
+    for (int m = 0; m < R; m++) dot[m] = _mm512_setzero_si512();
     for (int q = 0; q < 8; q++) {
       const __m512i w = _mm512_load_si512((const void *)&blk->w[8 * j + q]);
       for (int m = 0; m < R; m++) {
         int32_t four;
         memcpy(&four, x->q + (m0 + m) * k + 64 * p + 32 * j + 4 * q, 4);
-        dot[m][q & 1] = _mm512_dpbusd_epi32(dot[m][q & 1], w, _mm512_set1_epi32(four));
+        dot[m] = _mm512_dpbusd_epi32(dot[m], w, _mm512_set1_epi32(four));
       }
     }
     const __m512 scale = _mm512_load_ps(blk->scale[j]), offset = _mm512_load_ps(blk->offset[j]);
     for (int m = 0; m < R; m++) {
       const int64_t i = (m0 + m) * groups + 2 * p + j;
-      const __m512i both = _mm512_add_epi32(dot[m][0], dot[m][1]);
       const __m512 scaled = _mm512_mul_ps(scale, _mm512_set1_ps(x->dx32[i]));
-      total[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(both), scaled, total[m]);
+      total[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[m]), scaled, total[m]);
       off[m] = _mm512_fmadd_ps(offset, _mm512_set1_ps(x->dxsum32[i]), off[m]);
     }
   }
@@ -197,23 +261,47 @@ static inline __attribute__((always_inline)) void pair_rows(const int R, const d
   }
 }
 
+/* The rows a pass takes below GEMM_ROWS, each count compiled (R is a constant in each call). */
+#define TAIL_CASES(call) \
+  switch (m1 - m0) {     \
+    case 1: call(1); break; \
+    case 2: call(2); break; \
+    case 3: call(3); break; \
+    case 4: call(4); break; \
+    case 5: call(5); break; \
+    case 6: call(6); break; \
+    case 7: call(7); break; \
+    default: break;      \
+  }
+
 /* pair_rows for x rows [m0, m1). */
 static void pair_row_range(const decoded_pair *blk, const rounded_x *x, int64_t p, int64_t m0,
                            int64_t m1, float *sums) {
   for (; m0 + GEMM_ROWS <= m1; m0 += GEMM_ROWS) pair_rows(GEMM_ROWS, blk, x, m0, p, sums);
-  for (; m0 < m1; m0++) pair_rows(1, blk, x, m0, p, sums);
+#define PAIR(R) pair_rows(R, blk, x, m0, p, sums)
+  TAIL_CASES(PAIR)
+#undef PAIR
+}
+
+/* block_rows for x rows [m0, m1) over groups of `size` values (32: Q4_K, 16: Q6_K). */
+static inline __attribute__((always_inline)) void block_range(const int size,
+                                                              const decoded_block *blk,
+                                                              const rounded_x *x, int64_t sb,
+                                                              int64_t m0, int64_t m1,
+                                                              float *sums) {
+  for (; m0 + GEMM_ROWS <= m1; m0 += GEMM_ROWS) block_rows(GEMM_ROWS, size, blk, x, m0, sb, sums);
+#define BLOCK(R) block_rows(R, size, blk, x, m0, sb, sums)
+  TAIL_CASES(BLOCK)
+#undef BLOCK
 }
 
 /* block_rows for x rows [m0, m1), R compiled per count and block type. */
 static void block_row_range(int64_t type, const decoded_block *blk, const rounded_x *x,
                             int64_t sb, int64_t m0, int64_t m1, float *sums) {
-  if (type == GGML_TYPE_Q4_K) {
-    for (; m0 + GEMM_ROWS <= m1; m0 += GEMM_ROWS) block_rows(GEMM_ROWS, 32, blk, x, m0, sb, sums);
-    for (; m0 < m1; m0++) block_rows(1, 32, blk, x, m0, sb, sums);
-  } else {
-    for (; m0 + GEMM_ROWS <= m1; m0 += GEMM_ROWS) block_rows(GEMM_ROWS, 16, blk, x, m0, sb, sums);
-    for (; m0 < m1; m0++) block_rows(1, 16, blk, x, m0, sb, sums);
-  }
+  if (type == GGML_TYPE_Q4_K)
+    block_range(32, blk, x, sb, m0, m1, sums);
+  else
+    block_range(16, blk, x, sb, m0, m1, sums);
 }
 
 typedef struct {

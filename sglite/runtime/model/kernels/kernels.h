@@ -47,7 +47,7 @@ enum { BF16_DOT_PAYS_PERCENT = 50, KERNEL_OFF_ROWS = 1073741824 };
  * (where the tile GEMM does not take it first; never in deterministic mode, whose products keep
  * one kernel for every row count): A8_GEMM_MIN_ROWS_Q6_K for a weight mostly of Q6_K blocks,
  * slower to decode (gguf_a8_gemm_min_rows). */
-enum { A8_GEMM_MIN_ROWS = 8, A8_GEMM_MIN_ROWS_Q6_K = 16 };
+enum { A8_GEMM_MIN_ROWS = 4, A8_GEMM_MIN_ROWS_Q6_K = 8 };
 /* Rows decode_layers takes (quantized layers in bf16: at most QGEMV_MAX_ROWS; the caller picks). */
 enum { NATIVE_MAX_ROWS = 256 };
 
