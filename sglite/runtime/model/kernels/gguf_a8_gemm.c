@@ -196,6 +196,10 @@ static inline __attribute__((always_inline)) void block_rows(const int R, const 
   }
 }
 
+/* X rows a pass takes against a decoded pair of blocks of 32: fewer than GEMM_ROWS, with two
+ * chains of sums each (its groups are half a super-block's, so fewer products per scaling). */
+#define PAIR_ROWS 4
+
 /* Two blocks of 32 (64 values) of 16 weight rows, decoded. */
 typedef struct {
   __m512i w[16];           /* w[g]: values 4g..4g+3 of each row, row r in lane r */
@@ -231,27 +235,28 @@ static inline __attribute__((always_inline)) void pair_rows(const int R, const d
                                                             const rounded_x *x, int64_t m0,
                                                             int64_t p, float *sums) {
   const int64_t k = x->k, groups = k / 32;
-  __m512 total[GEMM_ROWS], off[GEMM_ROWS];
+  __m512 total[PAIR_ROWS], off[PAIR_ROWS];
   for (int m = 0; m < R; m++) {
     total[m] = _mm512_load_ps(sums + 2 * (m0 + m) * WROWS);
     off[m] = _mm512_load_ps(sums + (2 * (m0 + m) + 1) * WROWS);
   }
   for (int j = 0; j < 2; j++) {
-    __m512i dot[GEMM_ROWS];
-    for (int m = 0; m < R; m++) dot[m] = _mm512_setzero_si512();
+    __m512i dot[PAIR_ROWS][2];
+    for (int m = 0; m < R; m++) dot[m][0] = dot[m][1] = _mm512_setzero_si512();
     for (int q = 0; q < 8; q++) {
       const __m512i w = _mm512_load_si512((const void *)&blk->w[8 * j + q]);
       for (int m = 0; m < R; m++) {
         int32_t four;
         memcpy(&four, x->q + (m0 + m) * k + 64 * p + 32 * j + 4 * q, 4);
-        dot[m] = _mm512_dpbusd_epi32(dot[m], w, _mm512_set1_epi32(four));
+        dot[m][q & 1] = _mm512_dpbusd_epi32(dot[m][q & 1], w, _mm512_set1_epi32(four));
       }
     }
     const __m512 scale = _mm512_load_ps(blk->scale[j]), offset = _mm512_load_ps(blk->offset[j]);
     for (int m = 0; m < R; m++) {
       const int64_t i = (m0 + m) * groups + 2 * p + j;
+      const __m512i both = _mm512_add_epi32(dot[m][0], dot[m][1]);
       const __m512 scaled = _mm512_mul_ps(scale, _mm512_set1_ps(x->dx32[i]));
-      total[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[m]), scaled, total[m]);
+      total[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(both), scaled, total[m]);
       off[m] = _mm512_fmadd_ps(offset, _mm512_set1_ps(x->dxsum32[i]), off[m]);
     }
   }
@@ -261,25 +266,25 @@ static inline __attribute__((always_inline)) void pair_rows(const int R, const d
   }
 }
 
-/* The rows a pass takes below GEMM_ROWS, each count compiled (R is a constant in each call). */
-#define TAIL_CASES(call) \
-  switch (m1 - m0) {     \
-    case 1: call(1); break; \
-    case 2: call(2); break; \
-    case 3: call(3); break; \
-    case 4: call(4); break; \
-    case 5: call(5); break; \
-    case 6: call(6); break; \
-    case 7: call(7); break; \
-    default: break;      \
-  }
+/* The rows left after whole passes (fewer than GEMM_ROWS, or PAIR_ROWS), each count compiled
+ * (R is a constant in each call). */
+#define TAIL_CASES_3(call)    \
+  case 1: call(1); break; \
+  case 2: call(2); break; \
+  case 3: call(3); break;
+#define TAIL_CASES_7(call)    \
+  TAIL_CASES_3(call)      \
+  case 4: call(4); break; \
+  case 5: call(5); break; \
+  case 6: call(6); break; \
+  case 7: call(7); break;
 
 /* pair_rows for x rows [m0, m1). */
 static void pair_row_range(const decoded_pair *blk, const rounded_x *x, int64_t p, int64_t m0,
                            int64_t m1, float *sums) {
-  for (; m0 + GEMM_ROWS <= m1; m0 += GEMM_ROWS) pair_rows(GEMM_ROWS, blk, x, m0, p, sums);
+  for (; m0 + PAIR_ROWS <= m1; m0 += PAIR_ROWS) pair_rows(PAIR_ROWS, blk, x, m0, p, sums);
 #define PAIR(R) pair_rows(R, blk, x, m0, p, sums)
-  TAIL_CASES(PAIR)
+  switch (m1 - m0) { TAIL_CASES_3(PAIR) default: break; }
 #undef PAIR
 }
 
@@ -291,7 +296,7 @@ static inline __attribute__((always_inline)) void block_range(const int size,
                                                               float *sums) {
   for (; m0 + GEMM_ROWS <= m1; m0 += GEMM_ROWS) block_rows(GEMM_ROWS, size, blk, x, m0, sb, sums);
 #define BLOCK(R) block_rows(R, size, blk, x, m0, sb, sums)
-  TAIL_CASES(BLOCK)
+  switch (m1 - m0) { TAIL_CASES_7(BLOCK) default: break; }
 #undef BLOCK
 }
 
