@@ -287,6 +287,34 @@ def test_a_draft_model_below_its_break_even_stops_drafting_for_new_requests_too(
     proposer.check_invariants()
 
 
+def test_a_draft_models_first_pass_runs_only_while_its_first_tokens_pay(tiny):
+    """A draft's first pass is paid before its token's probability is known: where the draft
+    model's first tokens have been kept less often than a one-token draft needs (the
+    verification's fixed cost included), it runs no pass but the rare probe, though its tokens'
+    share would pay for long drafts."""
+    from sglite.runtime.model.loader import load_model
+    from sglite.runtime.scheduler.draft_model import DraftModelProposer
+    from sglite.runtime.scheduler.speculation import KIND_PROBE_EVERY
+
+    proposer = DraftModelProposer(load_model(tiny["small"], progress=False), 256, 4, 256)
+    first = _request("a", PROMPT)
+    assert proposer.propose(first)
+    for i in range(30):  # one-token drafts kept 2 times in 5, where one token needs 0.6
+        proposer.record(first, 1, int(i % 5 < 2), needed=0.6, least=0.3)
+    assert proposer.first_needed == pytest.approx(0.6)
+    proposer.forget(set())
+    passes = proposer.forward_passes
+    fresh = [_request(f"r{i}", PROMPT[i:]) for i in range(KIND_PROBE_EVERY)]
+    refused = [proposer.propose(req) for req in fresh[:-1]]
+    assert refused == [[]] * (KIND_PROBE_EVERY - 1) and proposer.forward_passes == passes
+    assert proposer.propose(fresh[-1])  # the probe
+    info = proposer.info()["speculative_draft"]
+    assert info["drafts"]["recent_acceptance"] > 0.3
+    assert info["first_tokens"]["recent_acceptance"] < 0.6
+    proposer.forget(set())
+    proposer.check_invariants()
+
+
 def test_a_draft_stops_where_the_target_would_likely_reject_it(tiny):
     """A draft grows while the draft model's probabilities, calibrated by the target's
     agreement so far, say its tokens will be kept often enough to pay (the break-even): after

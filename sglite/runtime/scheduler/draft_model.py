@@ -145,6 +145,12 @@ class DraftModelProposer:
         # new request would otherwise spend its first drafts relearning what the last one saw).
         self.acceptance = KindAcceptance()
         self.needed = LOW_ACCEPTANCE  # a long draft's break-even, as the latest verification had it
+        # How often its first token is kept, over all requests: a draft's first pass is paid
+        # before its probability is known, so it runs only while that share pays for a
+        # one-token draft (`first_needed`); the pass skipped is a catch-up deferred, which a
+        # later pass does for several tokens at nearly one token's cost.
+        self.first = KindAcceptance()
+        self.first_needed = LOW_ACCEPTANCE
         self.calibration = ConfidenceCalibration()
 
     @classmethod
@@ -199,7 +205,8 @@ class DraftModelProposer:
         if seq is None:
             seq = self.sequences[req.rid] = self._start(req)
         length = seq.length.next(draft_room(req, self.context_len))
-        if length <= 0 or not self.acceptance.allows(self.needed):
+        paying = self.acceptance.pays(self.needed) and self.first.pays(self.first_needed)
+        if length <= 0 or not self.acceptance.admit(paying):
             return []
         target = seq.history.sync(req)
         self._rewind(seq, target)
@@ -242,14 +249,20 @@ class DraftModelProposer:
     def record(
         self, req: Req, drafted: int, accepted: int, needed: float, least: float | None = None
     ) -> None:
-        """Adapt the request's draft length and the model's recent share to a verification's
-        result (the share judged by what the longest drafts need, `least`)."""
+        """Adapt the request's draft length and the model's recent shares to a verification's
+        result (the share of tokens judged by what the longest drafts need, `least`; that of
+        first tokens by what a one-token draft needs: with the costs linear in the length,
+        `least` plus the fixed part, which `needed` spreads over the `drafted` tokens)."""
         seq = self.sequences.get(req.rid)
         if seq is not None:
             seq.length.record(drafted, accepted, needed)
             self.calibration.record(seq.probabilities[:drafted], accepted)
         self.acceptance.record(drafted, accepted)
-        self.needed = max(needed if least is None else least, LOW_ACCEPTANCE)
+        if drafted > 0:
+            self.first.record(1, int(accepted > 0))
+        longest = needed if least is None else least
+        self.needed = max(longest, LOW_ACCEPTANCE)
+        self.first_needed = max(longest + (needed - longest) * drafted, LOW_ACCEPTANCE)
 
     def take_prompt_seconds(self) -> float:
         """The seconds of catch-up passes that read prompt tokens since the last call."""
@@ -281,6 +294,7 @@ class DraftModelProposer:
                 "forward_passes": self.forward_passes,
                 "vocab_size": self.vocab_size if self.vocab is None else self.vocab.size,
                 "drafts": self.acceptance.info(),
+                "first_tokens": self.first.info(),
                 "agreement_per_probability": self.calibration.factor,
             },
         }

@@ -197,7 +197,16 @@ class KindAcceptance:
     def allows(self, needed: float) -> bool:
         """Whether to draft this kind now: its share is above `needed` (the break-even share
         of drafted tokens), or this is one of the probes while it is not (see KIND_PROBE_MAX)."""
-        if self.accepted > needed * self.drafted:
+        return self.admit(self.pays(needed))
+
+    def pays(self, needed: float) -> bool:
+        """Whether its recent share is above `needed`."""
+        return self.accepted > needed * self.drafted
+
+    def admit(self, paying: bool) -> bool:
+        """Whether to draft now, given whether drafts pay (`pays`, possibly with other
+        conditions): always while they do, else once per probe gap."""
+        if paying:
             self.refused, self.probe_gap = 0, KIND_PROBE_EVERY
             return True
         self.refused += 1
