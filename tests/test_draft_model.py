@@ -315,6 +315,35 @@ def test_a_draft_models_first_pass_runs_only_while_its_first_tokens_pay(tiny):
     proposer.check_invariants()
 
 
+def test_the_draft_model_drafts_for_several_requests_in_one_pass_per_token(tiny):
+    """Requests decoding together get their drafts from one batch of the draft model per
+    token (a batch costs it about one request's pass), each the draft it would get alone."""
+    from sglite.runtime.model.loader import load_model
+    from sglite.runtime.scheduler.draft_model import DraftModelProposer
+
+    loaded = load_model(tiny["small"], progress=False)
+    together, alone = (DraftModelProposer(loaded, 256, 4, 1024) for _ in range(2))
+    prompts = [PROMPT[i:] + [7 + i] for i in range(3)]
+    for proposer in (together, alone):
+        for i, prompt in enumerate(prompts):
+            proposer.read_prompt(_request(f"r{i}", prompt))
+
+    def decoding(i: int):  # the target has emitted one token since the prefill
+        req = _request(f"r{i}", prompts[i])
+        req.output_ids.append(5 + i)
+        return req
+
+    passes = together.forward_passes
+    drafts = together.propose_many([decoding(i) for i in range(3)])
+    assert len(drafts) == 3 and all(drafts.values())
+    assert together.forward_passes - passes == max(len(d) for d in drafts.values())
+    for i in range(3):
+        assert alone.propose(decoding(i)) == drafts[f"r{i}"]
+    for proposer in (together, alone):
+        proposer.forget(set())
+        proposer.check_invariants()
+
+
 def test_a_draft_stops_where_the_target_would_likely_reject_it(tiny):
     """A draft grows while the draft model's probabilities, calibrated by the target's
     agreement so far, say its tokens will be kept often enough to pay (the break-even): after

@@ -173,19 +173,27 @@ class DecodeManager:
         def allowed(source: str) -> bool:
             return costs is None or costs.pays(size, source)
 
+        undrafted = []
         for req in running:
             try:
                 draft = self.proposer.propose(req) if self.proposer is not None else []
-                if not draft and speculate:
-                    proposal = self.speculator.speculate(req, allowed)  # type: ignore[union-attr]
-                    if proposal is not None:
-                        draft = proposal.tokens
-                        self.speculated[req.rid] = proposal.source
             except Exception as exc:
                 self.output.fail(req, exc)
                 continue
             if draft:
                 drafts[req.rid] = draft
+            else:
+                undrafted.append(req)
+        if speculate and undrafted:
+            try:  # the speculator proposes for all of them at once (a draft model's batch)
+                proposals = self.speculator.speculate(undrafted, allowed)  # type: ignore[union-attr]
+            except Exception as exc:
+                for req in undrafted:
+                    self.output.fail(req, exc)
+                return drafts
+            for rid, proposal in proposals.items():
+                drafts[rid] = proposal.tokens
+                self.speculated[rid] = proposal.source
         return drafts
 
     def _run_verify(self, reqs: list[Req], drafts: dict[str, list[int]], speculative: int) -> None:

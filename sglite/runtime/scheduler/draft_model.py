@@ -28,89 +28,37 @@ N` (its first N layers, then its final norm and output projection: an early exit
 
 from __future__ import annotations
 
+import itertools
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from sglite.runtime.cache.kv_pool import KVPool
-from sglite.runtime.cache.radix_cache import RadixCache, TreeNode
+from sglite.runtime.cache.radix_cache import RadixCache
 from sglite.runtime.model.causal_lm import CausalLM
 from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
-from sglite.runtime.scheduler.draft_vocabulary import DraftVocabulary, RequestRows, greedy_choice
+from sglite.runtime.scheduler.draft_model_state import (
+    ConfidenceCalibration,
+    DraftSequence,
+    GrowingDraft,
+)
+from sglite.runtime.scheduler.draft_vocabulary import DraftVocabulary, greedy_choice
 from sglite.runtime.scheduler.request import Req
 from sglite.runtime.scheduler.speculation import (
     DRAFT_MODEL_SOURCE,
-    KIND_DECAY,
     LOW_ACCEPTANCE,
     DraftLength,
     KindAcceptance,
     Proposal,
     SourceFilter,
-    TokenHistory,
     draft_room,
-    proposal_from,
+    proposals_from,
 )
 
 if TYPE_CHECKING:
     from sglite.runtime.model.loader import LoadedModel
     from sglite.runtime.server_args import ServerArgs
-
-
-@dataclass
-class DraftSequence:
-    """The draft model's K/V of one request: `slots[i]` holds that of `tokens[i]`.
-
-    Invariants: `tokens[:verified]` are the request's own tokens (prompt and output); any
-    tokens after them are the last draft's, not yet checked. `slots[:cached_len]` belong to the
-    draft cache and are locked through `node`; the rest belong to this sequence.
-    """
-
-    length: DraftLength
-    node: TreeNode
-    tokens: list[int] = field(default_factory=list)
-    slots: list[int] = field(default_factory=list)
-    cached_len: int = 0
-    verified: int = 0
-    history: TokenHistory = field(default_factory=TokenHistory)
-    extra: RequestRows | None = None  # its candidates past the draft vocabulary's prefix
-    probabilities: list[float] = field(default_factory=list)  # the last draft's tokens'
-
-
-# The calibration of the draft model's probabilities starts at CALIBRATION_PRIOR (accepted
-# tokens, their summed probabilities) and decays by KIND_DECAY per verification, as a kind's
-# acceptance does.
-CALIBRATION_PRIOR = (2.0, 2.0)
-
-
-@dataclass
-class ConfidenceCalibration:
-    """The target's agreement with draft tokens per unit of the draft model's probability of
-    them, over the recent verifications of all requests (a token counts when every token
-    before it in its draft was accepted): a draft model sure of tokens the target rejects is
-    scaled down; one that agrees with the target more than its probabilities say (the target
-    itself, drafting with flat probabilities) up, to certainty at most."""
-
-    accepted: float = CALIBRATION_PRIOR[0]
-    predicted: float = CALIBRATION_PRIOR[1]
-
-    def record(self, probabilities: list[float], accepted: int) -> None:
-        """A verification kept the first `accepted` tokens of a draft whose tokens the draft
-        model gave these probabilities."""
-        judged = probabilities[: accepted + 1]  # the first rejected token's too
-        self.accepted = self.accepted * KIND_DECAY + accepted
-        self.predicted = self.predicted * KIND_DECAY + sum(judged)
-
-    @property
-    def factor(self) -> float:
-        """Tokens the target kept per unit of the draft model's probability of them."""
-        return self.accepted / max(self.predicted, 1e-9)
-
-    def agreement(self, probability: float) -> float:
-        """The chance that the target keeps a token the draft model gave `probability`, given
-        it kept every token before it."""
-        return min(1.0, probability * self.factor)
 
 
 class DraftModelProposer:
@@ -199,37 +147,50 @@ class DraftModelProposer:
 
     # ------------------------------------------------------------------ Speculator
     def propose(self, req: Req) -> list[int]:
-        """The draft model's greedy continuation of `req`, up to the request's draft length
-        (the `DraftProposer` bound holds); shorter when the draft pool is full."""
+        """The draft model's greedy continuation of `req` (`propose_many` of one request)."""
+        return self.propose_many([req]).get(req.rid, [])
+
+    def propose_many(self, reqs: list[Req]) -> dict[str, list[int]]:
+        """The draft model's greedy continuation of each request that drafts now, up to its
+        draft length (the `DraftProposer` bound holds; shorter when the draft pool is full),
+        token by token for all of them at once: one pass of the draft model per token,
+        whatever the number of requests."""
+        drafting = [d for d in (self._begin(req) for req in reqs) if d is not None]
+        drafts = {d.rid: d.tokens for d in drafting}
+        while drafting:
+            start = time.perf_counter()
+            choices = self._extend_many([(d.seq, d.feed) for d in drafting])
+            if any(d.reads_prompt for d in drafting):  # a first pass over a prompt
+                self.prompt_seconds += time.perf_counter() - start
+            growing = []
+            for d, choice in zip(drafting, choices, strict=True):
+                if choice is None or choice[0] >= self.vocab_size:
+                    continue
+                d.tokens.append(choice[0])
+                d.seq.probabilities.append(choice[1])
+                d.whole *= self.calibration.agreement(choice[1])
+                # past the break-even, a next token would be kept too rarely to pay for its pass
+                if len(d.tokens) < d.length and d.whole >= self.needed:
+                    d.feed, d.reads_prompt = [choice[0]], False
+                    growing.append(d)
+            drafting = growing
+        return {rid: tokens for rid, tokens in drafts.items() if tokens}
+
+    def _begin(self, req: Req) -> GrowingDraft | None:
+        """The request's draft about to grow (its sequence brought to the request's tokens),
+        or None when it drafts nothing now."""
         seq = self.sequences.get(req.rid)
         if seq is None:
             seq = self.sequences[req.rid] = self._start(req)
         length = seq.length.next(draft_room(req, self.context_len))
         paying = self.acceptance.pays(self.needed) and self.first.pays(self.first_needed)
         if length <= 0 or not self.acceptance.admit(paying):
-            return []
+            return None
         target = seq.history.sync(req)
         self._rewind(seq, target)
-        feed = target[len(seq.tokens) :]
-        draft: list[int] = []
         seq.probabilities = []
-        whole = 1.0  # the chance that the target keeps the whole draft so far
         reads_prompt = len(seq.tokens) < len(req.prompt_ids)
-        while len(draft) < length:
-            start = time.perf_counter()
-            choice = self._extend(seq, feed)
-            if reads_prompt:  # the first pass: the prompt (and any tokens emitted since)
-                self.prompt_seconds += time.perf_counter() - start
-                reads_prompt = False
-            if choice is None or choice[0] >= self.vocab_size:
-                break
-            draft.append(choice[0])
-            seq.probabilities.append(choice[1])
-            whole *= self.calibration.agreement(choice[1])
-            if whole < self.needed:  # a next token would be kept too rarely to pay for its pass
-                break
-            feed = [choice[0]]
-        return draft
+        return GrowingDraft(req.rid, seq, length, target[len(seq.tokens) :], reads_prompt)
 
     def read_prompt(self, req: Req) -> None:
         """The draft model's pass over the prompt (past what its cache holds), run as the target
@@ -242,9 +203,9 @@ class DraftModelProposer:
         if feed and self._extend(seq, feed) is not None:
             seq.verified = len(seq.tokens)
 
-    def speculate(self, req: Req, allowed: SourceFilter) -> Proposal | None:
-        """`propose`'s draft as the DRAFT_MODEL_SOURCE's."""
-        return proposal_from(DRAFT_MODEL_SOURCE, self.propose, req, allowed)
+    def speculate(self, reqs: list[Req], allowed: SourceFilter) -> dict[str, Proposal]:
+        """`propose_many`'s drafts as the DRAFT_MODEL_SOURCE's."""
+        return proposals_from(DRAFT_MODEL_SOURCE, self.propose_many, reqs, allowed)
 
     def record(
         self, req: Req, drafted: int, accepted: int, needed: float, least: float | None = None
@@ -334,9 +295,49 @@ class DraftModelProposer:
         seq.verified = len(target)  # the tokens fed next are the request's own
 
     def _extend(self, seq: DraftSequence, feed: list[int]) -> tuple[int, float] | None:
-        """Run the draft model over `feed` after `seq`'s tokens; returns its greedy next token
-        and that token's probability, None when the pool has no room for `feed` or the context
-        is full."""
+        """`_extend_many` of one sequence."""
+        return self._extend_many([(seq, feed)])[0]
+
+    def _extend_many(
+        self, items: list[tuple[DraftSequence, list[int]]]
+    ) -> list[tuple[int, float] | None]:
+        """Run the draft model over each `feed` after its sequence's tokens, all in one pass;
+        per item its greedy next token and that token's probability, None where the pool has
+        no room for `feed` or the context is full (that item is left out of the pass)."""
+        runs = [(seq, feed, self._append(seq, feed)) for seq, feed in items]
+        batch_items = [(seq, feed, start) for seq, feed, start in runs if start is not None]
+        if not batch_items:
+            return [None] * len(items)
+        feeds = [feed for _, feed, _ in batch_items]
+        ends = list(itertools.accumulate(len(feed) for feed in feeds))
+        last = [end - 1 for end in ends]
+        mode = ForwardMode.DECODE if len(ends) == ends[-1] else ForwardMode.EXTEND
+        starts = [start for _, _, start in batch_items]
+        slots = [seq.slots for seq, _, _ in batch_items]
+        logit_rows = [] if self.vocab is not None else last
+        batch = ForwardBatch.build(mode, feeds, starts, slots, logit_rows, self.device)
+        if self.vocab is not None:  # the final hidden states, for the draft vocabulary's rows
+            batch.hidden_rows = torch.tensor(last, dtype=torch.long, device=self.device)
+        self.forward_passes += 1
+        try:
+            logits = self.model(batch, self.pool)
+        except BaseException:  # the K/V of the feeds was not (fully) written: never keep it
+            for seq, _, start in batch_items:
+                self.pool.free(seq.slots[start:])
+                del seq.tokens[start:], seq.slots[start:]
+            raise
+        if self.vocab is None:
+            chosen = [greedy_choice(row) for row in logits]
+        else:
+            assert batch.hidden is not None
+            extras = [seq.extra for seq, _, _ in batch_items]
+            chosen = self.vocab.choose_many(batch.hidden, extras, self.dtype)  # type: ignore[arg-type]
+        found = iter(chosen)
+        return [next(found) if start is not None else None for _, _, start in runs]
+
+    def _append(self, seq: DraftSequence, feed: list[int]) -> int | None:
+        """Slots for `feed` after `seq`'s tokens (the cache evicted for room), `feed` appended;
+        the position it starts at, or None (nothing changed) when it does not fit."""
         if not feed or len(seq.tokens) + len(feed) > self.context_len:
             return None
         if self.pool.num_free < len(feed):
@@ -346,23 +347,7 @@ class DraftModelProposer:
         start = len(seq.tokens)
         seq.tokens.extend(feed)
         seq.slots.extend(self.pool.alloc(len(feed)))
-        mode = ForwardMode.DECODE if len(feed) == 1 else ForwardMode.EXTEND
-        last = [len(feed) - 1]
-        logit_rows = [] if self.vocab is not None else last
-        batch = ForwardBatch.build(mode, [feed], [start], [seq.slots], logit_rows, self.device)
-        if self.vocab is not None:  # the final hidden state, for the draft vocabulary's rows
-            batch.hidden_rows = torch.tensor(last, dtype=torch.long, device=self.device)
-        self.forward_passes += 1
-        try:
-            logits = self.model(batch, self.pool)
-        except BaseException:  # the K/V of `feed` was not (fully) written: never keep it
-            self.pool.free(seq.slots[start:])
-            del seq.tokens[start:], seq.slots[start:]
-            raise
-        if self.vocab is None:
-            return greedy_choice(logits[0])
-        assert seq.extra is not None and batch.hidden is not None
-        return self.vocab.choose(batch.hidden, seq.extra, self.dtype)
+        return start
 
     def _release(self, seq: DraftSequence) -> None:
         verified = min(seq.verified, len(seq.tokens))

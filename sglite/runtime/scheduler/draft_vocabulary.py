@@ -77,15 +77,27 @@ class DraftVocabulary:
     def choose(
         self, hidden: torch.Tensor, request: RequestRows, dtype: torch.dtype
     ) -> tuple[int, float]:
-        """The argmax of the logits of `hidden` ([1, hidden], after the final norm) over
-        `allowed_for(request)` (the lowest id among equals), and its probability under a softmax
-        over those ids; `dtype`: the model's activations'."""
+        """`choose_many` of one row."""
+        return self.choose_many(hidden, [request], dtype)[0]
+
+    def choose_many(
+        self, hidden: torch.Tensor, requests: list[RequestRows], dtype: torch.dtype
+    ) -> list[tuple[int, float]]:
+        """Per row i of `hidden` ([n, hidden], after the final norm): the argmax of its logits
+        over `allowed_for(requests[i])` (the lowest id among equals), and its probability under
+        a softmax over those ids; `dtype`: the model's activations'. The shared prefix's logits
+        come from one product for all rows."""
         x = hidden.to(dtype)
-        logits = self.prefix.matmul_decode(x)[0]
-        if request.weight is not None:
-            logits = torch.cat([logits, request.weight.matmul_decode(x)[0]])
-        best, probability = greedy_choice(logits)
-        return (best if best < self.size else request.ids[best - self.size]), probability
+        prefix = self.prefix.matmul_decode(x)
+        chosen = []
+        for i, request in enumerate(requests):
+            logits = prefix[i]
+            if request.weight is not None:
+                logits = torch.cat([logits, request.weight.matmul_decode(x[i : i + 1])[0]])
+            best, probability = greedy_choice(logits)
+            token = best if best < self.size else request.ids[best - self.size]
+            chosen.append((token, probability))
+        return chosen
 
     def _weight(self, rows: np.ndarray) -> GGUFWeight:
         head = self.head

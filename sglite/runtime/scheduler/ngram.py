@@ -55,7 +55,7 @@ from sglite.runtime.scheduler.speculation import (
     SourceFilter,
     TokenHistory,
     draft_room,
-    proposal_from,
+    proposals_from,
 )
 
 # A draft from the radix cache continues the request's whole context, not just its last few
@@ -152,9 +152,12 @@ class NgramProposer:
         state.draft_start = start
         return _tokens_only(tokens[start : start + length])
 
-    def speculate(self, req: Req, allowed: SourceFilter) -> Proposal | None:
-        """`propose`'s draft as the NGRAM_SOURCE's."""
-        return proposal_from(NGRAM_SOURCE, self.propose, req, allowed)
+    def speculate(self, reqs: list[Req], allowed: SourceFilter) -> dict[str, Proposal]:
+        """`propose`'s drafts as the NGRAM_SOURCE's."""
+        return proposals_from(NGRAM_SOURCE, self._propose_each, reqs, allowed)
+
+    def _propose_each(self, reqs: list[Req]) -> dict[str, list[int]]:
+        return {req.rid: self.propose(req) for req in reqs}
 
     def record(
         self, req: Req, drafted: int, accepted: int, needed: float, least: float | None = None

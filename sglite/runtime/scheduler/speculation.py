@@ -49,21 +49,25 @@ class Proposal:
     source: str
 
 
-def proposal_from(
-    source: str, propose: Callable[[Req], list[int]], req: Req, allowed: SourceFilter
-) -> Proposal | None:
-    """One source's `Speculator.speculate`: `propose(req)` as `source`'s draft, when `allowed`
-    takes that source and the draft is not empty."""
-    tokens = propose(req) if allowed(source) else []
-    return Proposal(tokens, source) if tokens else None
+def proposals_from(
+    source: str,
+    propose_many: Callable[[list[Req]], dict[str, list[int]]],
+    reqs: list[Req],
+    allowed: SourceFilter,
+) -> dict[str, Proposal]:
+    """One source's `Speculator.speculate`: `propose_many(reqs)`'s non-empty drafts as
+    `source`'s, when `allowed` takes that source."""
+    if not reqs or not allowed(source):
+        return {}
+    return {rid: Proposal(tokens, source) for rid, tokens in propose_many(reqs).items() if tokens}
 
 
 class Speculator(Protocol):
     """A speculative draft source (a `drafts.DraftProposer` that learns from verification)."""
 
-    def speculate(self, req: Req, allowed: SourceFilter) -> Proposal | None:
-        """The request's draft from a source `allowed` takes, within the
-        `DraftProposer.propose` bound; None for none."""
+    def speculate(self, reqs: list[Req], allowed: SourceFilter) -> dict[str, Proposal]:
+        """Drafts (by request id) for those of `reqs` that get one, from sources `allowed`
+        takes, each within the `DraftProposer.propose` bound."""
         ...
 
     def record(
@@ -389,15 +393,17 @@ class NgramBeforeDraft:
         self.last: dict[str, Speculator] = {}  # rid -> the source of its latest draft
         self.proposals = {NGRAM_SOURCE: 0, DRAFT_MODEL_SOURCE: 0}  # drafts proposed, by source
 
-    def speculate(self, req: Req, allowed: SourceFilter) -> Proposal | None:
-        """The n-gram draft, else the draft model's."""
+    def speculate(self, reqs: list[Req], allowed: SourceFilter) -> dict[str, Proposal]:
+        """Each request's n-gram draft, else the draft model's (one batch of the requests
+        without an n-gram draft)."""
+        found: dict[str, Proposal] = {}
         for source in self.sources:
-            proposal = source.speculate(req, allowed)
-            if proposal is not None:
-                self.last[req.rid] = source
+            proposals = source.speculate([r for r in reqs if r.rid not in found], allowed)
+            for rid, proposal in proposals.items():
+                self.last[rid] = source
                 self.proposals[proposal.source] += 1
-                return proposal
-        return None
+            found.update(proposals)
+        return found
 
     def record(
         self, req: Req, drafted: int, accepted: int, needed: float, least: float | None = None

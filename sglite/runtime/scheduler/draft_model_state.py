@@ -1,0 +1,83 @@
+"""The draft model's state per request and across requests (`draft_model.py` uses it).
+
+`DraftSequence` holds one request's K/V in the draft model's pool, `GrowingDraft` a draft while
+`DraftModelProposer.propose_many` grows it, and `ConfidenceCalibration` how far the draft
+model's probabilities predict the target's agreement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sglite.runtime.cache.radix_cache import TreeNode
+from sglite.runtime.scheduler.draft_vocabulary import RequestRows
+from sglite.runtime.scheduler.speculation import KIND_DECAY, DraftLength, TokenHistory
+
+
+@dataclass
+class DraftSequence:
+    """The draft model's K/V of one request: `slots[i]` holds that of `tokens[i]`.
+
+    Invariants: `tokens[:verified]` are the request's own tokens (prompt and output); any
+    tokens after them are the last draft's, not yet checked. `slots[:cached_len]` belong to the
+    draft cache and are locked through `node`; the rest belong to this sequence.
+    """
+
+    length: DraftLength
+    node: TreeNode
+    tokens: list[int] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+    cached_len: int = 0
+    verified: int = 0
+    history: TokenHistory = field(default_factory=TokenHistory)
+    extra: RequestRows | None = None  # its candidates past the draft vocabulary's prefix
+    probabilities: list[float] = field(default_factory=list)  # the last draft's tokens'
+
+
+# The calibration of the draft model's probabilities starts at CALIBRATION_PRIOR (accepted
+# tokens, their summed probabilities) and decays by KIND_DECAY per verification, as a kind's
+# acceptance does.
+CALIBRATION_PRIOR = (2.0, 2.0)
+
+
+@dataclass
+class GrowingDraft:
+    """A draft growing in `DraftModelProposer.propose_many`: the tokens so far, the tokens the
+    next pass feeds its sequence, and the chance that the target keeps the whole draft."""
+
+    rid: str
+    seq: DraftSequence
+    length: int
+    feed: list[int]
+    reads_prompt: bool
+    tokens: list[int] = field(default_factory=list)
+    whole: float = 1.0
+
+
+@dataclass
+class ConfidenceCalibration:
+    """The target's agreement with draft tokens per unit of the draft model's probability of
+    them, over the recent verifications of all requests (a token counts when every token
+    before it in its draft was accepted): a draft model sure of tokens the target rejects is
+    scaled down; one that agrees with the target more than its probabilities say (the target
+    itself, drafting with flat probabilities) up, to certainty at most."""
+
+    accepted: float = CALIBRATION_PRIOR[0]
+    predicted: float = CALIBRATION_PRIOR[1]
+
+    def record(self, probabilities: list[float], accepted: int) -> None:
+        """A verification kept the first `accepted` tokens of a draft whose tokens the draft
+        model gave these probabilities."""
+        judged = probabilities[: accepted + 1]  # the first rejected token's too
+        self.accepted = self.accepted * KIND_DECAY + accepted
+        self.predicted = self.predicted * KIND_DECAY + sum(judged)
+
+    @property
+    def factor(self) -> float:
+        """Tokens the target kept per unit of the draft model's probability of them."""
+        return self.accepted / max(self.predicted, 1e-9)
+
+    def agreement(self, probability: float) -> float:
+        """The chance that the target keeps a token the draft model gave `probability`, given
+        it kept every token before it."""
+        return min(1.0, probability * self.factor)
