@@ -161,7 +161,8 @@ class DecodeManager:
         """Each running request's draft to verify this step: the tokens its grammar forces
         (jump-forward), else a speculative one (small batches only: a large batch is compute
         bound, and verification rows would slow every request in it). A request whose
-        proposer fails ends here."""
+        jump-forward proposer fails ends here, and the requests a failed speculator proposed
+        for (it proposes for all of them at once)."""
         drafts: dict[str, list[int]] = {}
         self.speculated = {}
         running = self.running()
@@ -212,17 +213,21 @@ class DecodeManager:
             if source is None:
                 self.verifier.verify(item.req, item.draft, item.kept, rows, sample)
                 continue
-            needed = least = LOW_ACCEPTANCE  # the step's speculative drafts pay or not together
+            # the step's speculative drafts pay or not together
+            needed = least = single = LOW_ACCEPTANCE
             if self.spec_costs is not None:
                 needed = self.spec_costs.break_even(len(reqs), speculative, source)
                 least = self.spec_costs.marginal(len(reqs), source)
+                single = self.spec_costs.break_even(len(reqs), len(reqs), source)
             verdict = self.verifier.verify(
                 item.req, item.draft, item.kept, rows, sample, SPECULATION
             )
             item.req.spec_verify_ct += 1
             self.stats.spec_verify_passes += 1
             assert self.speculator is not None
-            self.speculator.record(item.req, len(item.draft), verdict.accepted, needed, least)
+            self.speculator.record(
+                item.req, len(item.draft), verdict.accepted, needed, least, single
+            )
 
     def _verify_forward_batch(self, reqs: list[Req], batch: VerifyBatch) -> ForwardBatch:
         """The verification pass as a DECODE batch of one row per token: row i of a request

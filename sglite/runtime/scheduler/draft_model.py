@@ -5,7 +5,8 @@ the scheduler process. Per running request it keeps the draft model's K/V of the
 tokens (`DraftSequence`) in its own `KVPool`, under its own `RadixCache`, so a prompt prefix
 the draft model has seen before costs it nothing. Each decode step the draft model catches up
 on the tokens the target emitted since (usually one), then proposes its greedy continuation
-token by token; the target verifies the draft in its next forward (`drafts.DraftVerifier`).
+token by token, one pass per token for all the step's requests it drafts for; the target
+verifies the drafts in its next forward (`drafts.DraftVerifier`).
 After a rejection the draft sequence is cut back to the tokens the target kept: its K/V follows
 the target's accepted tokens, never the rejected ones.
 
@@ -208,12 +209,17 @@ class DraftModelProposer:
         return proposals_from(DRAFT_MODEL_SOURCE, self.propose_many, reqs, allowed)
 
     def record(
-        self, req: Req, drafted: int, accepted: int, needed: float, least: float | None = None
+        self,
+        req: Req,
+        drafted: int,
+        accepted: int,
+        needed: float,
+        least: float | None = None,
+        single: float | None = None,
     ) -> None:
         """Adapt the request's draft length and the model's recent shares to a verification's
         result (the share of tokens judged by what the longest drafts need, `least`; that of
-        first tokens by what a one-token draft needs: with the costs linear in the length,
-        `least` plus the fixed part, which `needed` spreads over the `drafted` tokens)."""
+        first tokens by what a one-token draft needs, `single`)."""
         seq = self.sequences.get(req.rid)
         if seq is not None:
             seq.length.record(drafted, accepted, needed)
@@ -221,9 +227,8 @@ class DraftModelProposer:
         self.acceptance.record(drafted, accepted)
         if drafted > 0:
             self.first.record(1, int(accepted > 0))
-        longest = needed if least is None else least
-        self.needed = max(longest, LOW_ACCEPTANCE)
-        self.first_needed = max(longest + (needed - longest) * drafted, LOW_ACCEPTANCE)
+        self.needed = max(needed if least is None else least, LOW_ACCEPTANCE)
+        self.first_needed = max(needed if single is None else single, LOW_ACCEPTANCE)
 
     def take_prompt_seconds(self) -> float:
         """The seconds of catch-up passes that read prompt tokens since the last call."""

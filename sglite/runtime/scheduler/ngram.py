@@ -160,7 +160,13 @@ class NgramProposer:
         return {req.rid: self.propose(req) for req in reqs}
 
     def record(
-        self, req: Req, drafted: int, accepted: int, needed: float, least: float | None = None
+        self,
+        req: Req,
+        drafted: int,
+        accepted: int,
+        needed: float,
+        least: float | None = None,
+        single: float | None = None,
     ) -> None:
         """Adapt the request's draft length to a verification's result and move the source
         pointer past the model's own token: set after a rejected draft, kept while its own

@@ -71,11 +71,18 @@ class Speculator(Protocol):
         ...
 
     def record(
-        self, req: Req, drafted: int, accepted: int, needed: float, least: float | None = None
+        self,
+        req: Req,
+        drafted: int,
+        accepted: int,
+        needed: float,
+        least: float | None = None,
+        single: float | None = None,
     ) -> None:
         """A verification of `req`'s draft kept `accepted` of its `drafted` tokens; drafts of
         its length pay at an acceptance above `needed`, the longest ones above `least` (the
-        verification's fixed cost spread to nothing; None: `needed`)."""
+        verification's fixed cost spread to nothing; None: `needed`), one token per request in
+        the step above `single` (None: `needed`)."""
         ...
 
     def read_prompt(self, req: Req) -> None:
@@ -406,12 +413,18 @@ class NgramBeforeDraft:
         return found
 
     def record(
-        self, req: Req, drafted: int, accepted: int, needed: float, least: float | None = None
+        self,
+        req: Req,
+        drafted: int,
+        accepted: int,
+        needed: float,
+        least: float | None = None,
+        single: float | None = None,
     ) -> None:
         """Tell the source of the request's latest draft how it fared."""
         source = self.last.get(req.rid)
         if source is not None:
-            source.record(req, drafted, accepted, needed, least)
+            source.record(req, drafted, accepted, needed, least, single)
 
     def read_prompt(self, req: Req) -> None:
         """Both sources read the prompt."""

@@ -6,8 +6,9 @@
  * lanes, is bound by that work rather than by the products.
  *
  * Layout: a block of 16 weight rows is decoded, one super-block (256 values) at a time, into 64
- * vectors whose 32-bit lane r holds 4 consecutive integers of weight row r (a 16x16 transpose
- * of 32-bit groups). An x row's 4 rounded values are then broadcast as `vpdpbusd`'s signed
+ * vectors whose 32-bit lane r holds 4 consecutive integers of weight row r: the rows' bytes are
+ * transposed as stored (16x16 transposes of 32-bit groups) and split into integers afterwards,
+ * the 16 rows' scales unpacked as vectors at once. An x row's 4 rounded values are then broadcast as `vpdpbusd`'s signed
  * operand: one instruction adds 4 products to each of the 16 rows' sums, no horizontal sums.
  * A group's integer sums (32 values for Q4_K, 16 for Q6_K) are converted once and scaled by
  * the 16 rows' group scales as a vector; the offsets (Q4_K's mins, Q6_K's -32) by x's group sums
