@@ -1,14 +1,15 @@
-"""A GGUF model's projections by row count: the int8 GEMV (gguf_gemv_a8) against the tile GEMM
+"""A GGUF model's projections by row count: the int8 GEMV (gguf_gemv_a8), the VNNI GEMM
+(gguf_gemm_a8, where the build has 512-bit VNNI and it serves the weight) and the tile GEMM
 (gguf_gemm_amx: AMX tiles, or AVX512-BF16 dot products on CPUs without AMX), the weights as the
 model holds them, bfloat16 x.
 
 For each kind of weight in the model (the fused q/k/v, the MLP's gate_up, a down projection of
-each block type, the output head) and each row count, the two kernels run in alternation,
-`--rounds` times each, and the table prints each one's best time in ms, their ratio and which
-one the model takes at that count (`GGUFWeight.amx_min_rows`, from the weight's block types).
-Where the CPU has neither only the GEMV is timed. These are the data behind `AMX_MIN_ROWS`,
-`AMX_MIN_ROWS_Q6_K` and the `BF16_DOT_MIN_ROWS` pair (kernels.h): a verification of a
-speculative draft, or a small decode batch, is such a product per layer.
+each block type, the output head) and each row count, the kernels that run here alternate,
+`--rounds` times each, and the table prints each one's best time in ms and which one the model
+takes at that count (`GGUFWeight.amx_min_rows` and `a8_gemm_min_rows`, from the weight's block
+types and the CPU). These are the data behind the `AMX_MIN_ROWS`, `BF16_DOT_MIN_ROWS` and
+`A8_GEMM_MIN_ROWS` families (kernels.h): a verification of a speculative draft, or a small
+decode batch, is such a product per layer.
 
 Run: python -m benchmarks.bench_products [--model qwen2.5-coder-1.5b] [--rows 1,2,4,6,8,9,12,16]
 [--rounds 15]
@@ -26,7 +27,10 @@ from benchmarks.host import cpu_line
 from sglite.runtime.model import kernels
 from sglite.runtime.model.catalog import resolve_model_path
 from sglite.runtime.model.gguf_weight import GGUFWeight
+from sglite.runtime.model.kernels.abi import ABI
 from sglite.runtime.model.loader import load_model
+
+KERNEL_OFF_ROWS = ABI.constants["KERNEL_OFF_ROWS"]
 
 
 def weights_by_kind(model) -> dict[str, GGUFWeight]:
@@ -53,11 +57,14 @@ def call_ms(fn: Callable[[], object]) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def measure(weight: GGUFWeight, rows: int, rounds: int) -> tuple[float, float | None]:
-    """(GEMV ms, tile GEMM ms or None where it cannot run): the best of `rounds`, the two
-    kernels alternated call by call after one warm-up call each."""
+def measure(weight: GGUFWeight, rows: int, rounds: int) -> dict[str, float]:
+    """ms by kernel ("gemv"; "vnni" where the VNNI GEMM serves the weight; "tile" where the tile
+    GEMM runs here): the best of `rounds`, the kernels alternated call by call after one
+    warm-up call each."""
     x = torch.randn(rows, weight.in_features).to(torch.bfloat16)
     kernels_by_name = {"gemv": kernels.gguf_gemv_a8}
+    if weight.a8_gemm_min_rows < KERNEL_OFF_ROWS:
+        kernels_by_name["vnni"] = kernels.gguf_gemm_a8
     if kernels.tile_gemm_available():
         kernels_by_name["tile"] = kernels.gguf_gemm_amx
     calls = {
@@ -70,7 +77,14 @@ def measure(weight: GGUFWeight, rows: int, rounds: int) -> tuple[float, float | 
     for _ in range(rounds):
         for name, call in calls.items():
             best[name] = min(best[name], call_ms(call))
-    return best["gemv"], best.get("tile")
+    return best
+
+
+def kernel_taken(weight: GGUFWeight, rows: int) -> str:
+    """The kernel the model takes for a DECODE batch of `rows` rows (the weight's thresholds)."""
+    if kernels.tile_gemm_available() and rows >= weight.amx_min_rows:
+        return "tile"
+    return "vnni" if rows >= weight.a8_gemm_min_rows else "gemv"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,17 +101,17 @@ def main(argv: list[str] | None = None) -> int:
     rate = kernels.bf16_dot_speed_percent()
     taken = "taken" if kernels.bf16_matmul_pays() else "not taken: bf16 products do not pay"
     print(f"host: {cpu_line()}; tile GEMM: {tiles if kernels.tile_gemm_available() else 'no'}")
+    split = "split in two halves" if kernels.vectors_512_split() else "whole"
     print(f"vdpbf16ps at {rate}% of an FMA's rate; the model's tile GEMM: {taken}")
+    print(f"512-bit operations: {split} (the VNNI GEMM's thresholds follow)")
     table = []
     for kind, weight in weights_by_kind(loaded.model).items():
         for rows in (int(r) for r in args.rows.split(",")):
-            gemv_ms, tile_ms = measure(weight, rows, args.rounds)
-            takes = "tile" if tile_ms is not None and rows >= weight.amx_min_rows else "gemv"
-            ratio = "-" if tile_ms is None else f"{gemv_ms / tile_ms:.2f}"
-            tile_text = "-" if tile_ms is None else f"{tile_ms:.2f}"
+            ms = measure(weight, rows, args.rounds)
+            cells = [f"{ms[name]:.2f}" if name in ms else "-" for name in ("gemv", "vnni", "tile")]
             shape = "x".join(map(str, weight.shape()))
-            table.append([kind, shape, str(rows), f"{gemv_ms:.2f}", tile_text, ratio, takes])
-    heads = ["weight", "shape", "rows", "int8 GEMV ms", "tile ms", "GEMV / tile", "model takes"]
+            table.append([kind, shape, str(rows), *cells, kernel_taken(weight, rows)])
+    heads = ["weight", "shape", "rows", "int8 GEMV ms", "VNNI GEMM ms", "tile ms", "model takes"]
     print(markdown_table(heads, table, right={2, 3, 4, 5}))
     return 0
 

@@ -1,6 +1,6 @@
 """benchmarks/bench_products.py on the default model: one row per weight kind and row count,
-and the kernel it says the model takes is the weight's own threshold's (never the tile GEMM
-where bf16 products do not pay here)."""
+and the kernel it says the model takes is the weight's own thresholds' (never the tile GEMM
+where bf16 products do not pay here, nor before the VNNI GEMM without AMX)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,15 @@ def test_the_table_names_each_kind_and_the_kernel_the_model_takes(capsys):
     cells = [[c.strip() for c in row] for row in rows]
     kinds = {row[0] for row in cells}
     assert {"qkv q4_1", "gate_up q4_1", "down q4_1", "head q8_0"} <= kinds
-    for kind, _, rows, gemv_ms, tile_ms, _, takes in cells:
+    for kind, _, rows, gemv_ms, vnni_ms, tile_ms, takes in cells:
         assert float(gemv_ms) > 0
-        if rows == "1" or tile_ms == "-":
+        if rows == "1":
             assert takes == "gemv", kind
-        else:  # 24 rows: past every threshold
-            assert takes == ("tile" if kernels.bf16_matmul_pays() else "gemv"), kind
+        elif vnni_ms != "-" and not kernels.amx_available():  # 24 rows: past every threshold
+            assert takes == "vnni", kind  # int8 products before AVX512-BF16 ones
+        elif tile_ms != "-" and kernels.bf16_matmul_pays():
+            assert takes == "tile", kind
+        else:
+            assert takes == ("vnni" if vnni_ms != "-" else "gemv"), kind
     assert "of an FMA's rate" in out
+    assert "512-bit operations: " in out

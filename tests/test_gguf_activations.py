@@ -188,8 +188,47 @@ def test_the_vnni_gemm_declines_what_it_cannot_serve_and_q6_k_takes_it_later():
     assert odd.a8_gemm_min_rows == ABI.constants["KERNEL_OFF_ROWS"]
     q4k = GGUFWeight([GGUFPart("Q4_K", _blocks("Q4_K", 16, 512, rng))], 512)
     q6k = GGUFWeight([GGUFPart("Q6_K", _blocks("Q6_K", 16, 512, rng))], 512)
-    assert q4k.a8_gemm_min_rows == ABI.constants["A8_GEMM_MIN_ROWS"]
-    assert q6k.a8_gemm_min_rows == ABI.constants["A8_GEMM_MIN_ROWS_Q6_K"] > q4k.a8_gemm_min_rows
+    split = "_SPLIT" if kernels.vectors_512_split() else ""
+    assert q4k.a8_gemm_min_rows == ABI.constants["A8_GEMM_MIN_ROWS" + split]
+    q6k_rows = ABI.constants["A8_GEMM_MIN_ROWS_Q6_K" + split]
+    assert q6k.a8_gemm_min_rows == q6k_rows > q4k.a8_gemm_min_rows
+
+
+def _cpuinfo_field(name: str) -> str:
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key.strip() == name:
+                return value.strip()
+    return ""
+
+
+def test_512_bit_operations_count_as_split_on_amd_zen_4_alone():
+    """CPUID's vendor and family, as /proc/cpuinfo names them: AMD family 25 (Zen 3 and Zen 4; only
+    Zen 4 has AVX-512) runs 512-bit operations in two halves; Intel and Zen 5 (26) do not."""
+    zen4 = _cpuinfo_field("vendor_id") == "AuthenticAMD" and _cpuinfo_field("cpu family") == "25"
+    assert kernels.vectors_512_split() == (zen4 and kernels.native_available())
+
+
+@pytest.mark.skipif(not VNNI_GEMM, reason="the build has no 512-bit VNNI GEMM")
+def test_without_amx_a_rounding_weight_takes_the_vnni_gemm_before_bf16_dot_products():
+    """Where the VNNI GEMM serves a weight that rounds activations, bf16 batches of every size
+    take it rather than the tile GEMM's AVX512-BF16 dot products (no AMX); with AMX the tiles
+    keep them from `amx_min_rows`. A weight that keeps x keeps the tile threshold."""
+    rng = np.random.default_rng(43)
+    blocks = _blocks("Q4_K", 32, 512, rng)
+    rounding = GGUFWeight([GGUFPart("Q4_K", blocks)], 512, None, True)
+    keeping = GGUFWeight([GGUFPart("Q4_K", blocks)], 512, None, False)
+    off = ABI.constants["KERNEL_OFF_ROWS"]
+    assert keeping.amx_min_rows == kernels.gguf_amx_min_rows(keeping.address, 32, 512)
+    if kernels.amx_available():
+        assert rounding.amx_min_rows == keeping.amx_min_rows < off
+        return
+    assert rounding.amx_min_rows == off
+    x = torch.randn(64, 512).to(torch.bfloat16)
+    gemm = kernels.gguf_gemm_a8(x, rounding.address, 32)
+    assert torch.equal(rounding.matmul(x), gemm)
+    assert torch.equal(rounding.matmul_decode(x), gemm)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

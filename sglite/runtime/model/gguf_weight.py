@@ -28,12 +28,14 @@ With `round_activations` (the loader's choice where the CPU has integer dot prod
 `a8_gemm_min_rows` rows (all block types but Q5_K) `kernels/gguf_a8_gemm.c`, the same product with
 512-bit VNNI, each block decoded once for all rows), as `w4a8` does in its decode GEMVs. Where
 that VNNI GEMM serves a weight it is faster than the float GEMMs at any row count short of the
-tile GEMM's, so bfloat16 prefill and other EXTEND passes (`matmul`) round x there too, through
-the same kernels: a token's product is then the same rounded one (to float rounding) in prefill
-and decode, alone or batched. Elsewhere (float32, an AVX2 build, a weight of other block types)
-EXTEND passes keep x for the float GEMMs. `matmul_rows` (deterministic inference) takes the int8
-GEMV for every row count: its rows are independent, so a token's values then do not depend on
-its batch, on prefill or decode, or on the thread count.
+tile GEMM's (and than AVX512-BF16 dot products at every count: without AMX, such a weight takes
+no tile GEMM, `_vnni_before_dot_products`), so bfloat16 prefill and other EXTEND passes
+(`matmul`) round x there too, through the same kernels: a token's product is then the same
+rounded one (to float rounding) in prefill and decode, alone or batched. Elsewhere (float32, an
+AVX2 build, a weight of other block types) EXTEND passes keep x for the float GEMMs.
+`matmul_rows` (deterministic inference) takes the int8 GEMV for every row count: its rows are
+independent, so a token's values then do not depend on its batch, on prefill or decode, or on
+the thread count.
 
 Invariant: `matmul(x)` computes `x @ W.T` for `W` the weight gguf's own dequantization gives;
 rounding, `matmul_decode`, `matmul_rows` and a bf16 `matmul` where `_rounds_extend` compute it
@@ -136,6 +138,21 @@ class GGUFWeight(QuantizedWeight):
         )
         self.a8_gemm_min_rows = kernels.gguf_a8_gemm_min_rows(
             self.address, self.out_features, self.in_features
+        )
+        if self._vnni_before_dot_products():
+            self.amx_min_rows = KERNEL_OFF_ROWS
+
+    def _vnni_before_dot_products(self) -> bool:
+        """Whether the VNNI GEMM takes the bf16 batches the tile GEMM would: rounding
+        activations, on a CPU without AMX, where that GEMM serves the weight. An int8
+        `vpdpbusd` does twice the multiplies of a bf16 `vdpbf16ps` of the same width, and int8
+        decoding is the cheaper, so it is the faster product at every row count (prefill's
+        included) wherever the tiles are not AMX's."""
+        return (
+            self.round_activations
+            and self.a8_gemm_min_rows < KERNEL_OFF_ROWS
+            and self.amx_min_rows < KERNEL_OFF_ROWS
+            and not kernels.amx_available()
         )
 
     def shape(self) -> tuple[int, int]:

@@ -40,6 +40,7 @@ from sglite.runtime.model.kernels.matmul import (  # noqa: F401 (the package's A
     q8_gemv,
     qgemv_max_rows,
     tile_gemm_available,
+    vectors_512_split,
 )
 from sglite.runtime.model.kernels.native import DTYPE_CODES as _DTYPE_CODES
 from sglite.runtime.model.kernels.native import lib_for as _lib_for

@@ -428,5 +428,7 @@ static int gemm_serves(const gguf_part_t *parts, int64_t n_out, int64_t k) {
 
 int64_t gguf_a8_gemm_min_rows(const gguf_part_t *parts, int64_t n_out, int64_t k) {
   if (!gemm_serves(parts, n_out, k)) return KERNEL_OFF_ROWS;
-  return q6k_mostly(parts, n_out) ? A8_GEMM_MIN_ROWS_Q6_K : A8_GEMM_MIN_ROWS;
+  const int q6k = q6k_mostly(parts, n_out);
+  if (vectors_512_split()) return q6k ? A8_GEMM_MIN_ROWS_Q6_K_SPLIT : A8_GEMM_MIN_ROWS_SPLIT;
+  return q6k ? A8_GEMM_MIN_ROWS_Q6_K : A8_GEMM_MIN_ROWS;
 }

@@ -48,6 +48,9 @@ enum { BF16_DOT_PAYS_PERCENT = 50, KERNEL_OFF_ROWS = 1073741824 };
  * one kernel for every row count): A8_GEMM_MIN_ROWS_Q6_K for a weight mostly of Q6_K blocks,
  * slower to decode (gguf_a8_gemm_min_rows). */
 enum { A8_GEMM_MIN_ROWS = 4, A8_GEMM_MIN_ROWS_Q6_K = 8 };
+/* The same thresholds where the CPU runs 512-bit operations as two halves (vectors_512_split:
+ * AMD Zen 4): the GEMM's transposes cost twice as much there, the GEMV's 256-bit sums do not. */
+enum { A8_GEMM_MIN_ROWS_SPLIT = 8, A8_GEMM_MIN_ROWS_Q6_K_SPLIT = 16 };
 /* Rows decode_layers takes (quantized layers in bf16: at most QGEMV_MAX_ROWS; the caller picks). */
 enum { NATIVE_MAX_ROWS = 256 };
 
@@ -200,7 +203,8 @@ int gguf_gemv_a8(int dtype, const void *x, const gguf_part_t *parts, void *y, in
 int gguf_gemm_a8(int dtype, const void *x, const gguf_part_t *parts, void *y, int64_t rows,
                  int64_t n_out, int64_t k, int threads);
 /* The rows from which a weight of these parts takes gguf_gemm_a8 (A8_GEMM_MIN_ROWS, or
- * A8_GEMM_MIN_ROWS_Q6_K when Q6_K parts hold most of its rows); KERNEL_OFF_ROWS where
+ * A8_GEMM_MIN_ROWS_Q6_K when Q6_K parts hold most of its rows; the _SPLIT pair where
+ * vectors_512_split); KERNEL_OFF_ROWS where
  * gguf_gemm_a8 cannot serve it (no VNNI-512 build, k or the parts not as it reads them). */
 int64_t gguf_a8_gemm_min_rows(const gguf_part_t *parts, int64_t n_out, int64_t k);
 
@@ -219,6 +223,9 @@ int64_t tile_gemm_available(void);
  * BF16_DOT_PAYS_PERCENT (SGLITE_BF16_DOT=0/1 in the environment decides instead). */
 int64_t bf16_dot_speed_percent(void);
 int64_t bf16_dot_pays(void);
+/* cpu_kind.c: 1 where the CPU runs a 512-bit vector operation as two 256-bit halves (AMD Zen 4),
+ * read from CPUID; 0 elsewhere (Intel, AMD Zen 5, other architectures). */
+int64_t vectors_512_split(void);
 /* gguf_amx.c: y [rows, n_out / 2] = act(x G^T) * (x U^T) for a weight [G; U] of n_out rows
  * (a multiple of 32), act = ACT_SILU or ACT_GELU_TANH: gguf_gemm_amx's product with act_mul's
  * arithmetic on its bf16-rounded halves, bit for bit, without the [rows, n_out] intermediate.

@@ -344,6 +344,14 @@ def tile_gemm_available() -> bool:
 
 
 @functools.cache
+def vectors_512_split() -> bool:
+    """Whether this CPU runs 512-bit vector operations as two 256-bit halves (AMD Zen 4;
+    kernels.h `vectors_512_split`), where the int8 GEMV keeps more rows before the VNNI GEMM."""
+    lib = native.load()
+    return lib is not None and bool(lib.vectors_512_split())
+
+
+@functools.cache
 def bf16_dot_speed_percent() -> int:
     """A `vdpbf16ps`'s measured rate in percent of a `vfmadd231ps`'s here (kernels.h
     `bf16_dot_speed_percent`; 0 without the native library or AVX512-BF16)."""

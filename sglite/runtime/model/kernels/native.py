@@ -40,6 +40,7 @@ SOURCES = [
     _HERE / "a8_rounding.c",
     _HERE / "gguf_amx.c",
     _HERE / "bf16_probe.c",
+    _HERE / "cpu_kind.c",
     _HERE / "decode_step.c",
     _HERE / "panel_gemm.c",
     _HERE / "quant_gemm.c",
