@@ -6,6 +6,10 @@ prefill against decode."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -208,6 +212,46 @@ def test_512_bit_operations_count_as_split_on_amd_zen_4_alone():
     Zen 4 has AVX-512) runs 512-bit operations in two halves; Intel and Zen 5 (26) do not."""
     zen4 = _cpuinfo_field("vendor_id") == "AuthenticAMD" and _cpuinfo_field("cpu family") == "25"
     assert kernels.vectors_512_split() == (zen4 and kernels.native_available())
+
+
+SPLIT_CHECK = """
+import sys, numpy as np, torch
+sys.path.insert(0, sys.argv[1])
+from test_gguf_activations import _blocks
+from sglite.runtime.model import kernels
+from sglite.runtime.model.gguf_weight import GGUFPart, GGUFWeight
+rng = np.random.default_rng(47)
+x = torch.from_numpy(rng.standard_normal((3, 1024)).astype(np.float32))
+out = [str(int(kernels.vectors_512_split()))]
+for kind in ("Q4_K", "Q6_K", "Q4_1"):
+    w = GGUFWeight([GGUFPart(kind, _blocks(kind, 40, 1024, rng))], 1024)
+    for rows in (1, 3):
+        y = kernels.gguf_gemv_a8(x[:rows].contiguous(), w.address, 40)
+        out.append(" ".join(repr(v) for v in y.flatten().tolist()))
+print("|".join(out))
+"""
+
+
+def test_the_gemv_computes_the_same_sums_whether_512_bit_operations_are_split_or_not():
+    """The int8 GEMV's two x86 layouts (a split CPU's 256-bit k-quant path and one stream of
+    rows, or the 512-bit path and two streams), forced by SGLITE_VECTORS_512_SPLIT on any host:
+    the same integer sums, so results equal to float rounding of their order."""
+    here = os.path.dirname(__file__)
+    results = {}
+    for setting in ("0", "1"):
+        done = subprocess.run(
+            [sys.executable, "-c", SPLIT_CHECK, here],
+            env={**os.environ, "SGLITE_VECTORS_512_SPLIT": setting},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        flag, *values = done.stdout.strip().splitlines()[-1].split("|")
+        assert flag == (setting if kernels.native_available() else "0")
+        results[setting] = [torch.tensor([float(v) for v in part.split()]) for part in values]
+    for narrow, wide in zip(results["1"], results["0"], strict=True):
+        assert torch.allclose(narrow, wide, rtol=1e-5, atol=1e-4), (narrow - wide).abs().max()
 
 
 @pytest.mark.skipif(not VNNI_GEMM, reason="the build has no 512-bit VNNI GEMM")

@@ -43,6 +43,15 @@ static inline __attribute__((always_inline)) void prefetch_ahead(const uint8_t *
 
 static inline float hsum_ps(__m256 v) { return sum256(v); }
 
+/* acc + the int16 pair products of p and s summed per int32 lane (one vpdpwssd with VNNI). */
+static inline __m256i add_madd16(__m256i acc, __m256i p, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpwssd_epi32(acc, p, s);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(p, s));
+#endif
+}
+
 /* int16 j (0..7) of each 128-bit lane, in every int16 of that lane. */
 static inline __m256i spread_int16(__m256i v, int j) {
   const __m256i ctrl = _mm256_set1_epi16((short)((2 * j) | ((2 * j + 1) << 8)));
@@ -85,8 +94,8 @@ static inline __attribute__((always_inline)) void k4_k5_row(const int R, const i
         const __m256i p_lo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)xq));
         const __m256i p_hi =
             _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xq + 32)));
-        isum[m] = _mm256_add_epi32(isum[m], _mm256_madd_epi16(p_lo, s_lo));
-        isum[m] = _mm256_add_epi32(isum[m], _mm256_madd_epi16(p_hi, s_hi));
+        isum[m] = add_madd16(isum[m], p_lo, s_lo);
+        isum[m] = add_madd16(isum[m], p_hi, s_hi);
       }
     }
     const float d = half(b), dmin = half(b + 2);
@@ -141,7 +150,7 @@ static inline __attribute__((always_inline)) void k6_row(const int R, const uint
         for (int m = 0; m < R; m++) {
           const int8_t *xq = x->q + (m0 + m) * k + blk * QK_K + 128 * h + 32 * r;
           const __m256i p = _mm256_maddubs_epi16(q[r], _mm256_loadu_si256((const __m256i *)xq));
-          isum[m] = _mm256_add_epi32(isum[m], _mm256_madd_epi16(p, sv));
+          isum[m] = add_madd16(isum[m], p, sv);
         }
       }
     }
@@ -385,8 +394,8 @@ static inline __attribute__((always_inline)) void b32_row(const int R, int64_t t
   }
 }
 
-static inline __attribute__((always_inline)) void row_products(const int R, int64_t type,
-                                                               const uint8_t *row,
+static inline __attribute__((always_inline)) void row_products(const int R, const int narrow,
+                                                               int64_t type, const uint8_t *row,
                                                                const rounded_x *x, int64_t m0,
                                                                float *out) {
   row_sums s;
@@ -396,16 +405,18 @@ static inline __attribute__((always_inline)) void row_products(const int R, int6
     s.off_vec[m] = _mm_setzero_ps();
   }
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-  if (type == GGML_TYPE_Q4_K)
+  if (type == GGML_TYPE_Q4_K && !narrow)
     k4_row_vnni(R, row, x, m0, &s);
-  else if (type == GGML_TYPE_Q6_K)
+  else if (type == GGML_TYPE_Q6_K && !narrow)
     k6_row_vnni(R, row, x, m0, &s);
+  else
 #else
+  (void)narrow;
+#endif
   if (type == GGML_TYPE_Q4_K)
     k4_k5_row(R, 0, row, x, m0, &s);
   else if (type == GGML_TYPE_Q6_K)
     k6_row(R, row, x, m0, &s);
-#endif
   else if (type == GGML_TYPE_Q5_K)
     k4_k5_row(R, 1, row, x, m0, &s);
   else /* each block-of-32 type compiled on its own: no per-block branch on the type */
@@ -454,6 +465,8 @@ typedef struct {
   const gguf_part_t *parts;
   void *y;
   int64_t n_out;
+  int narrow;      /* k-quants through the 256-bit path (vectors_512_split) */
+  int64_t streams; /* interleaved sequences a thread reads its rows as */
 } a8_args;
 
 /* Weight rows of one tile: read once from memory, then in cache for every group of x rows. */
@@ -462,31 +475,34 @@ typedef struct {
 /* A thread reads its rows as STREAMS interleaved sequences, far apart in memory, taking a row
  * of each in turn: on Intel one sequential stream leaves the core's hardware prefetchers
  * waiting on a single run of lines while the products compute, and two keep more lines in
- * flight; on AMD Zen 4 more than two streams defeat its prefetchers. Two is the fastest count
- * on both (docs/benchmarks.md). */
+ * flight. Where 512-bit operations run as two halves (AMD Zen 4) the k-quants take the 256-bit
+ * path (its sums cost fewer issue slots there than the 512-bit path's shuffles) and one stream
+ * (STREAMS_SPLIT), which its prefetchers keep ahead of those products (docs/benchmarks.md). */
 #define STREAMS 2
+#define STREAMS_SPLIT 1
 
-/* The weight row at position v of the interleaved order of rows [n0, n0 + len * STREAMS):
- * stream v % STREAMS, its (v / STREAMS)-th row; rows past n1 are skipped by the caller. */
-static inline int64_t stream_row(int64_t v, int64_t n0, int64_t len) {
-  return n0 + (v % STREAMS) * len + v / STREAMS;
+/* The weight row at position v of the interleaved order of rows [n0, n0 + len * streams):
+ * stream v % streams, its (v / streams)-th row; rows past n1 are skipped by the caller. */
+static inline int64_t stream_row(int64_t v, int64_t n0, int64_t len, int64_t streams) {
+  return n0 + (v % streams) * len + v / streams;
 }
 
 static void a8_range(void *p, int64_t n0, int64_t n1) {
   const a8_args *a = p;
   const rounded_x *x = a->x;
   const int64_t k = x->k;
-  const int64_t len = (n1 - n0 + STREAMS - 1) / STREAMS;
+  const int64_t streams = a->streams;
+  const int64_t len = (n1 - n0 + streams - 1) / streams;
 #if !(defined(__AVX2__) && defined(__FMA__))
   float *decoded = (float *)malloc((size_t)(TILE_ROWS * k) * sizeof(float));
   if (decoded == NULL) abort(); /* a few KB: out of memory is not recoverable here */
 #endif
-  const int64_t positions = len * STREAMS;
+  const int64_t positions = len * streams;
   for (int64_t t0 = 0; t0 < positions; t0 += TILE_ROWS) {
     const int64_t t1 = t0 + TILE_ROWS < positions ? t0 + TILE_ROWS : positions;
 #if !(defined(__AVX2__) && defined(__FMA__))
     for (int64_t v = t0; v < t1; v++) {
-      const int64_t n = stream_row(v, n0, len);
+      const int64_t n = stream_row(v, n0, len, streams);
       if (n >= n1) continue;
       int64_t type;
       const void *row = stacked_row(a->parts, n, k, &type);
@@ -496,7 +512,7 @@ static void a8_range(void *p, int64_t n0, int64_t n1) {
     for (int64_t m0 = 0; m0 < x->rows; m0 += A8_ROWS) {
       const int64_t left = x->rows - m0;
       for (int64_t v = t0; v < t1; v++) {
-        const int64_t n = stream_row(v, n0, len);
+        const int64_t n = stream_row(v, n0, len, streams);
         if (n >= n1) continue;
         float out[A8_ROWS];
         int R = left >= A8_ROWS ? A8_ROWS : (int)left;
@@ -504,13 +520,13 @@ static void a8_range(void *p, int64_t n0, int64_t n1) {
         int64_t type;
         const uint8_t *row = stacked_row(a->parts, n, k, &type);
         if (R == 4)
-          row_products(4, type, row, x, m0, out);
+          row_products(4, a->narrow, type, row, x, m0, out);
         else if (R == 3)
-          row_products(3, type, row, x, m0, out);
+          row_products(3, a->narrow, type, row, x, m0, out);
         else if (R == 2)
-          row_products(2, type, row, x, m0, out);
+          row_products(2, a->narrow, type, row, x, m0, out);
         else
-          row_products(1, type, row, x, m0, out);
+          row_products(1, a->narrow, type, row, x, m0, out);
 #else
         row_products_decoded(R, decoded + (v - t0) * k, x, m0, out);
 #endif
@@ -528,7 +544,8 @@ int gguf_gemv_a8(int dtype, const void *x, const gguf_part_t *parts, void *y, in
   if (rows < 1 || k % QK || !gguf_parts_valid(parts, n_out, k)) return -1;
   rounded_x rx;
   if (round_x(dtype, x, rows, k, &rx)) return -1;
-  a8_args a = {dtype, &rx, parts, y, n_out};
+  const int split = (int)vectors_512_split();
+  a8_args a = {dtype, &rx, parts, y, n_out, split, split ? STREAMS_SPLIT : STREAMS};
   const int64_t pieces = 4 * (threads > 1 ? threads : 1);
   int64_t chunk = ((n_out + pieces - 1) / pieces + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS;
   if (chunk < 32) chunk = 32;

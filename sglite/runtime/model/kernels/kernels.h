@@ -224,7 +224,9 @@ int64_t tile_gemm_available(void);
 int64_t bf16_dot_speed_percent(void);
 int64_t bf16_dot_pays(void);
 /* cpu_kind.c: 1 where the CPU runs a 512-bit vector operation as two 256-bit halves (AMD Zen 4),
- * read from CPUID; 0 elsewhere (Intel, AMD Zen 5, other architectures). */
+ * read from CPUID once (SGLITE_VECTORS_512_SPLIT=0/1 decides instead); 0 elsewhere (Intel, AMD
+ * Zen 5, other architectures). There gguf_gemv_a8 takes the k-quants' 256-bit path and reads
+ * a thread's rows as one stream. */
 int64_t vectors_512_split(void);
 /* gguf_amx.c: y [rows, n_out / 2] = act(x G^T) * (x U^T) for a weight [G; U] of n_out rows
  * (a multiple of 32), act = ACT_SILU or ACT_GELU_TANH: gguf_gemm_amx's product with act_mul's
