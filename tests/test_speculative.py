@@ -22,15 +22,17 @@ from sglite.runtime.scheduler.ngram import (
     cached_continuation,
 )
 from sglite.runtime.scheduler.speculation import (
-    HOPELESS_PROBE_EVERY,
     KIND_PROBE_EVERY,
     LOW_ACCEPTANCE,
     MAX_BACKOFF,
     PAUSE_STEPS,
-    PLAIN_PROBE_EVERY,
     START_DRAFT_TOKENS,
     DraftLength,
     KindAcceptance,
+)
+from sglite.runtime.scheduler.speculation_costs import (
+    HOPELESS_PROBE_EVERY,
+    PLAIN_PROBE_EVERY,
     SpeculationCosts,
 )
 

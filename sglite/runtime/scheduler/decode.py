@@ -32,11 +32,8 @@ from sglite.runtime.scheduler.model_runner import ModelRunner
 from sglite.runtime.scheduler.output import OutputProcessor
 from sglite.runtime.scheduler.request import Req
 from sglite.runtime.scheduler.request_table import ReqStatus, RequestTable
-from sglite.runtime.scheduler.speculation import (
-    LOW_ACCEPTANCE,
-    SpeculationCosts,
-    Speculator,
-)
+from sglite.runtime.scheduler.speculation import LOW_ACCEPTANCE, Speculator
+from sglite.runtime.scheduler.speculation_costs import SpeculationCosts
 from sglite.runtime.scheduler.stats import SchedulerStats
 from sglite.runtime.scheduler.token_sampler import TokenSampler
 from sglite.runtime.server_args import ServerArgs

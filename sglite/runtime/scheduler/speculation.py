@@ -6,7 +6,7 @@ Two sources exist: n-gram lookup in the radix cache and the request's own text (
 and a draft model (`draft_model.py`); with a draft model, n-gram matches come first
 (`NgramBeforeDraft`). Each keeps, per request, a copy of its tokens extended by the new ones
 (`TokenHistory`) and a draft length adapted to its acceptance (`DraftLength`), and the
-scheduler measures each source's cost (`SpeculationCosts`).
+scheduler measures each source's cost (`speculation_costs.SpeculationCosts`).
 """
 
 from __future__ import annotations
@@ -248,140 +248,6 @@ class TokenHistory:
             self.tokens = list(req.prompt_ids)
         self.tokens.extend(req.output_ids[len(self.tokens) - len(req.prompt_ids) :])
         return self.tokens
-
-
-# Step costs: weight of the newest step in the moving averages, and how often a step runs
-# without drafts to keep the plain cost current.
-COST_SMOOTHING = 0.125
-PLAIN_PROBE_EVERY = 64
-# Below this variance of the draft lengths seen, a verification's fixed cost is not told apart
-# from the cost per token (`DraftCostFit`).
-MIN_DRAFT_LENGTH_VARIANCE = 0.5
-# Where drafts cannot pay at any acceptance, one step in this many still tries them (a probe
-# costs a draft model its catch-up on every token since the last one).
-HOPELESS_PROBE_EVERY = 1024
-
-
-@dataclass
-class DraftCostFit:
-    """The seconds drafts add to a step, fitted as `fixed + per_token * drafted` over smoothed
-    moments of (drafted, extra seconds): a verification pass has a cost of its own (the rows'
-    layout, a matmul kernel for more rows) besides one row per drafted token, so a short draft
-    costs more per token than a long one."""
-
-    drafted: float = 0.0  # smoothed means of d, d^2, extra and d * extra
-    drafted_sq: float = 0.0
-    extra: float = 0.0
-    drafted_extra: float = 0.0
-    seen: bool = False
-
-    def add(self, drafted: int, extra: float) -> None:
-        """Fold in a step that drafted `drafted` tokens and took `extra` seconds more than a
-        plain one (the first step sets the means)."""
-        weight = COST_SMOOTHING if self.seen else 1.0
-        self.drafted += weight * (drafted - self.drafted)
-        self.drafted_sq += weight * (drafted * drafted - self.drafted_sq)
-        self.extra += weight * (extra - self.extra)
-        self.drafted_extra += weight * (drafted * extra - self.drafted_extra)
-        self.seen = True
-
-    def coefficients(self) -> tuple[float, float]:
-        """(fixed seconds per verification, seconds per drafted token), both >= 0. While the
-        draft lengths seen barely vary, the fixed part cannot be told apart: all per token."""
-        variance = self.drafted_sq - self.drafted**2
-        proportional = (0.0, self.extra / max(self.drafted, 1e-9))
-        if variance < MIN_DRAFT_LENGTH_VARIANCE:
-            return proportional
-        per_token = (self.drafted_extra - self.drafted * self.extra) / variance
-        fixed = self.extra - per_token * self.drafted
-        return (fixed, per_token) if per_token >= 0.0 and fixed >= 0.0 else proportional
-
-
-class SpeculationCosts:
-    """What speculation costs, measured per batch size: a plain decode step's seconds, and per
-    draft source (n-gram lookups, a draft model) the seconds a step's drafts add to it
-    (`DraftCostFit`: a fixed part per verification and a part per drafted token: its
-    verification row, and the passes that proposed it). A step of a batch of B requests emits B
-    tokens, so an accepted token saves 1/B of a plain step of that batch, and a step's `drafted`
-    tokens pay when more than `break_even(batch, drafted, source) * drafted` of them are
-    accepted; `DraftLength` pauses drafting below it. This separates what the hardware and
-    models cost (here) from what the request's text allows (its acceptance)."""
-
-    def __init__(self) -> None:
-        self.plain: dict[int, float] = {}
-        self.fits: dict[tuple[int, str], DraftCostFit] = {}
-        self.steps: dict[int, int] = {}
-
-    def allows_drafts(self, batch_size: int) -> bool:
-        """Whether this step may verify speculative drafts: not when it is due to measure the
-        plain cost (none measured yet at this batch size, or every `PLAIN_PROBE_EVERY` steps).
-        Counts the step (`pays` asks about the step last counted)."""
-        step = self.steps.get(batch_size, 0)
-        self.steps[batch_size] = step + 1
-        return batch_size in self.plain and step % PLAIN_PROBE_EVERY != PLAIN_PROBE_EVERY - 1
-
-    def pays(self, batch_size: int, source: str) -> bool:
-        """Whether `source`'s drafts can pay at some acceptance this step: not where a drafted
-        token costs a plain step or more however long the draft, except one step in
-        `HOPELESS_PROBE_EVERY`, to notice when that changes."""
-        step = max(self.steps.get(batch_size, 1) - 1, 0)
-        return self.marginal(batch_size, source) < 1.0 or step % HOPELESS_PROBE_EVERY == 0
-
-    def observe(self, batch_size: int, drafted: int, seconds: float, source: str) -> None:
-        """A decode step of `batch_size` requests verified `drafted` speculative draft tokens,
-        all from `source` (proposing included), and took `seconds`."""
-        if drafted == 0:
-            self.plain[batch_size] = _smooth(self.plain.get(batch_size), seconds)
-        elif batch_size in self.plain:
-            extra = max(0.0, seconds - self.plain[batch_size])
-            self.fits.setdefault((batch_size, source), DraftCostFit()).add(drafted, extra)
-
-    def break_even(self, batch_size: int, drafted: int, source: str) -> float:
-        """The acceptance at which a step's `drafted` tokens from `source` pay: the seconds they
-        add over the seconds their acceptance would save, a plain step's 1/`batch_size` per
-        token (`LOW_ACCEPTANCE` until measured)."""
-        fit = self.fits.get((batch_size, source))
-        if fit is None or drafted <= 0:
-            return LOW_ACCEPTANCE
-        fixed, per_token = fit.coefficients()
-        return (fixed + per_token * drafted) / (drafted * self._saved_per_token(batch_size))
-
-    def marginal(self, batch_size: int, source: str) -> float:
-        """The break-even of an arbitrarily long draft (the fixed part spread to nothing)."""
-        fit = self.fits.get((batch_size, source))
-        if fit is None:
-            return LOW_ACCEPTANCE
-        return fit.coefficients()[1] / self._saved_per_token(batch_size)
-
-    def _saved_per_token(self, batch_size: int) -> float:
-        """Seconds an accepted token saves: the plain step's share of one request."""
-        return max(self.plain[batch_size] / batch_size, 1e-9)
-
-    def info(self) -> dict[str, Any]:
-        """Per batch size: the plain step, and per draft source the fixed cost of a
-        verification, the cost per drafted token, and the break-even of a draft of 1, 4 and 8
-        tokens."""
-        out: dict[str, Any] = {}
-        for size, plain in sorted(self.plain.items()):
-            entry: dict[str, Any] = {"plain_step_ms": 1e3 * plain}
-            for (fit_size, source), fit in sorted(self.fits.items()):
-                if fit_size != size:
-                    continue
-                fixed, per_token = fit.coefficients()
-                costs = {
-                    "verify_fixed_ms": 1e3 * fixed,
-                    "ms_per_drafted_token": 1e3 * per_token,
-                    "break_even_acceptance": {
-                        str(d): self.break_even(size, d, source) for d in (1, 4, 8)
-                    },
-                }
-                entry.setdefault("sources", {})[source] = costs
-            out[str(size)] = entry
-        return out
-
-
-def _smooth(old: float | None, new: float) -> float:
-    return new if old is None else (1 - COST_SMOOTHING) * old + COST_SMOOTHING * new
 
 
 def draft_room(req: Req, context_len: int) -> int:
