@@ -16,6 +16,7 @@ from test_loader import PROMPT, make_hf_model
 import sglite
 from sglite.runtime.model.gguf_weight import GGUFWeight
 from sglite.runtime.scheduler.draft_vocabulary import DraftVocabulary
+from sglite.runtime.scheduler.speculation import BreakEvens
 from sglite.runtime.server_args import ServerArgs
 
 GREEDY = {"temperature": 0, "max_new_tokens": 24}
@@ -277,7 +278,7 @@ def test_a_draft_model_below_its_break_even_stops_drafting_for_new_requests_too(
     first = _request("a", PROMPT)
     assert proposer.propose(first)  # the prior share pays at the default break-even
     for _ in range(6):  # each draft of 4 kept 1 token, where 90% was needed
-        proposer.record(first, 4, 1, needed=0.9, least=0.9)
+        proposer.record(first, 4, 1, BreakEvens(0.9, 0.9, 0.9))
     proposer.forget(set())
     fresh = [_request(f"r{i}", PROMPT[i:]) for i in range(KIND_PROBE_EVERY)]
     drafts = [proposer.propose(req) for req in fresh]
@@ -300,7 +301,7 @@ def test_a_draft_models_first_pass_runs_only_while_its_first_tokens_pay(tiny):
     first = _request("a", PROMPT)
     assert proposer.propose(first)
     for i in range(30):  # one-token drafts kept 2 times in 5, where one token needs 0.6
-        proposer.record(first, 1, int(i % 5 < 2), needed=0.6, least=0.3)
+        proposer.record(first, 1, int(i % 5 < 2), BreakEvens(0.6, 0.3, 0.6))
     assert proposer.first_needed == pytest.approx(0.6)
     proposer.forget(set())
     passes = proposer.forward_passes
@@ -395,7 +396,7 @@ def test_the_draft_vocabulary_picks_the_heads_argmax_over_its_allowed_ids():
         logits = head.matmul_decode(hidden.to(torch.bfloat16))[0]
         masked = torch.full_like(logits, float("-inf"))
         masked[allowed] = logits[allowed]
-        got, probability = vocab.choose(hidden, request, torch.bfloat16)
+        got, probability = vocab.choose_many(hidden, [request], torch.bfloat16)[0]
         assert got == int(torch.argmax(masked)), seed
         assert probability == pytest.approx(float(torch.softmax(masked.float(), 0)[got]))
         restricted += int(torch.argmax(logits)) != got

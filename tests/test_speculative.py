@@ -27,6 +27,7 @@ from sglite.runtime.scheduler.speculation import (
     MAX_BACKOFF,
     PAUSE_STEPS,
     START_DRAFT_TOKENS,
+    BreakEvens,
     DraftLength,
     KindAcceptance,
 )
@@ -90,17 +91,17 @@ def test_after_an_edit_the_draft_follows_the_source_past_the_replaced_token():
 
     def edited_once(proposer: NgramProposer, rid: str = "r") -> None:
         assert proposer.propose(at([1, 2], rid)) == [3, 10, 4, 5]
-        proposer.record(at([1, 2], rid), drafted=4, accepted=1, needed=LOW_ACCEPTANCE)
+        proposer.record(at([1, 2], rid), drafted=4, accepted=1, shares=BreakEvens.uniform())
 
     proposer = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=2, max_match=4)
     edited_once(proposer)
     edited = [1, 2, 3, 20]  # the model's own token replaced 10
     assert proposer.propose(at(edited)) == [4, 5]  # just past what was accepted: 2 tokens
-    proposer.record(at(edited), drafted=2, accepted=2, needed=LOW_ACCEPTANCE)
+    proposer.record(at(edited), drafted=2, accepted=2, shares=BreakEvens.uniform())
     # Its drafts accepted, the pointer goes on (drafts of at most POINTER_DRAFT_TOKENS) ...
     draft = proposer.propose(at(edited + [4, 5, 6]))
     assert draft == [7, 8, 101][:POINTER_DRAFT_TOKENS]
-    proposer.record(at(edited + [4, 5, 6]), len(draft), len(draft), LOW_ACCEPTANCE)
+    proposer.record(at(edited + [4, 5, 6]), len(draft), len(draft), BreakEvens.uniform())
     # ... until a match of STRONG_MATCH tokens takes over.
     assert POINTER_DRAFT_TOKENS == 2  # the model then wrote 101 itself
     assert proposer.propose(at(edited + [4, 5, 6, 7, 8, 101])) == [1, 2, 3, 20, 4, 5, 6, 7]
@@ -109,7 +110,7 @@ def test_after_an_edit_the_draft_follows_the_source_past_the_replaced_token():
     dropped = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=2, max_match=4)
     edited_once(dropped)
     assert dropped.propose(at(edited)) == [4, 5]
-    dropped.record(at(edited), drafted=2, accepted=0, needed=LOW_ACCEPTANCE)
+    dropped.record(at(edited), drafted=2, accepted=0, shares=BreakEvens.uniform())
     assert dropped.propose(at(edited + [30])) == []
     # Stale: a token was written after the verification without a draft.
     stale = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=2, max_match=4)
@@ -152,19 +153,19 @@ def test_draft_length_follows_acceptance_and_speculation_pauses_when_it_does_not
     tokens = list(range(20)) * 3
     req = _req(tokens)
     assert len(proposer.propose(req)) == START_DRAFT_TOKENS  # a first draft starts short
-    proposer.record(req, drafted=4, accepted=4, needed=LOW_ACCEPTANCE)
+    proposer.record(req, drafted=4, accepted=4, shares=BreakEvens.uniform())
     assert len(proposer.propose(req)) == 8  # and doubles while whole drafts are accepted
-    proposer.record(req, drafted=8, accepted=2, needed=LOW_ACCEPTANCE)
+    proposer.record(req, drafted=8, accepted=2, shares=BreakEvens.uniform())
     assert len(proposer.propose(req)) == 3  # just past what was accepted
-    proposer.record(req, drafted=3, accepted=3, needed=LOW_ACCEPTANCE)
+    proposer.record(req, drafted=3, accepted=3, shares=BreakEvens.uniform())
     assert len(proposer.propose(req)) == 6  # doubles while whole drafts are accepted
     proposer.record(
-        req, drafted=6, accepted=0, needed=LOW_ACCEPTANCE
+        req, drafted=6, accepted=0, shares=BreakEvens.uniform()
     )  # closes a window: 9 of 21 accepted, fine
     assert len(proposer.propose(req)) == 1
-    proposer.record(req, drafted=8, accepted=0, needed=LOW_ACCEPTANCE)
+    proposer.record(req, drafted=8, accepted=0, shares=BreakEvens.uniform())
     proposer.record(
-        req, drafted=8, accepted=0, needed=LOW_ACCEPTANCE
+        req, drafted=8, accepted=0, shares=BreakEvens.uniform()
     )  # none of 16 accepted: speculation pauses
     assert [proposer.propose(req) for _ in range(PAUSE_STEPS)] == [[]] * PAUSE_STEPS
     assert len(proposer.propose(req)) == START_DRAFT_TOKENS  # back, short again
@@ -196,11 +197,13 @@ def test_short_matches_stop_being_drafted_when_they_fail_while_long_ones_go_on()
         req = _req(weak, rid=f"w{i}")
         draft = proposer.propose(req)
         if draft:
-            proposer.record(req, drafted=len(draft), accepted=0, needed=0.35)
+            proposer.record(req, drafted=len(draft), accepted=0, shares=BreakEvens.uniform(0.35))
         req = _req(strong, rid=f"s{i}")
         draft = proposer.propose(req)
         assert draft == [14, 15, 10, 11]
-        proposer.record(req, drafted=len(draft), accepted=len(draft), needed=0.35)
+        proposer.record(
+            req, drafted=len(draft), accepted=len(draft), shares=BreakEvens.uniform(0.35)
+        )
     weak_kind = proposer.kinds["weak"]
     assert weak_kind.probe_gap > KIND_PROBE_EVERY  # its probes failed: rarer and rarer
     left = weak_kind.probe_gap - weak_kind.refused

@@ -32,7 +32,7 @@ from sglite.runtime.scheduler.model_runner import ModelRunner
 from sglite.runtime.scheduler.output import OutputProcessor
 from sglite.runtime.scheduler.request import Req
 from sglite.runtime.scheduler.request_table import ReqStatus, RequestTable
-from sglite.runtime.scheduler.speculation import LOW_ACCEPTANCE, Speculator
+from sglite.runtime.scheduler.speculation import BreakEvens, Speculator
 from sglite.runtime.scheduler.speculation_costs import SpeculationCosts
 from sglite.runtime.scheduler.stats import SchedulerStats
 from sglite.runtime.scheduler.token_sampler import TokenSampler
@@ -204,6 +204,7 @@ class DecodeManager:
         if plain:
             rows = torch.tensor([item.first_row for item in plain], device=logits.device)
             sample([item.req for item in plain], logits.index_select(0, rows))
+        shares: dict[str, BreakEvens] = {}  # by draft source
         for item in batch.drafted():
             rows = logits[item.first_row : item.first_row + len(item.draft) + 1]
             source = self.speculated.get(item.req.rid)
@@ -211,20 +212,19 @@ class DecodeManager:
                 self.verifier.verify(item.req, item.draft, item.kept, rows, sample)
                 continue
             # the step's speculative drafts pay or not together
-            needed = least = single = LOW_ACCEPTANCE
-            if self.spec_costs is not None:
-                needed = self.spec_costs.break_even(len(reqs), speculative, source)
-                least = self.spec_costs.marginal(len(reqs), source)
-                single = self.spec_costs.break_even(len(reqs), len(reqs), source)
+            if source not in shares:
+                shares[source] = (
+                    self.spec_costs.break_evens(len(reqs), speculative, source)
+                    if self.spec_costs is not None
+                    else BreakEvens.uniform()
+                )
             verdict = self.verifier.verify(
                 item.req, item.draft, item.kept, rows, sample, SPECULATION
             )
             item.req.spec_verify_ct += 1
             self.stats.spec_verify_passes += 1
             assert self.speculator is not None
-            self.speculator.record(
-                item.req, len(item.draft), verdict.accepted, needed, least, single
-            )
+            self.speculator.record(item.req, len(item.draft), verdict.accepted, shares[source])
 
     def _verify_forward_batch(self, reqs: list[Req], batch: VerifyBatch) -> ForwardBatch:
         """The verification pass as a DECODE batch of one row per token: row i of a request

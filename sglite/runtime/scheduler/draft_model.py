@@ -49,6 +49,7 @@ from sglite.runtime.scheduler.request import Req
 from sglite.runtime.scheduler.speculation import (
     DRAFT_MODEL_SOURCE,
     LOW_ACCEPTANCE,
+    BreakEvens,
     DraftLength,
     KindAcceptance,
     Proposal,
@@ -208,27 +209,19 @@ class DraftModelProposer:
         """`propose_many`'s drafts as the DRAFT_MODEL_SOURCE's."""
         return proposals_from(DRAFT_MODEL_SOURCE, self.propose_many, reqs, allowed)
 
-    def record(
-        self,
-        req: Req,
-        drafted: int,
-        accepted: int,
-        needed: float,
-        least: float | None = None,
-        single: float | None = None,
-    ) -> None:
+    def record(self, req: Req, drafted: int, accepted: int, shares: BreakEvens) -> None:
         """Adapt the request's draft length and the model's recent shares to a verification's
-        result (the share of tokens judged by what the longest drafts need, `least`; that of
-        first tokens by what a one-token draft needs, `single`)."""
+        result (the share of tokens judged by what the longest drafts need, `shares.least`; that
+        of first tokens by what a one-token draft needs, `shares.single`)."""
         seq = self.sequences.get(req.rid)
         if seq is not None:
-            seq.length.record(drafted, accepted, needed)
+            seq.length.record(drafted, accepted, shares.needed)
             self.calibration.record(seq.probabilities[:drafted], accepted)
         self.acceptance.record(drafted, accepted)
         if drafted > 0:
             self.first.record(1, int(accepted > 0))
-        self.needed = max(needed if least is None else least, LOW_ACCEPTANCE)
-        self.first_needed = max(needed if single is None else single, LOW_ACCEPTANCE)
+        self.needed = max(shares.least, LOW_ACCEPTANCE)
+        self.first_needed = max(shares.single, LOW_ACCEPTANCE)
 
     def take_prompt_seconds(self) -> float:
         """The seconds of catch-up passes that read prompt tokens since the last call."""

@@ -11,7 +11,7 @@ tokenizer's added tokens (end of turn, tool-call markers) and the request's prom
 them (what a copying answer needs): each request's few extra rows are copied once, as blocks,
 into a weight of their own.
 
-Invariant: `choose` returns the argmax of the logits the whole head would give over the ids
+Invariant: `choose_many` returns the argmax of the logits the whole head would give over the ids
 `allowed_for` the request: both weights are the head's own blocks through the same kernel,
 whose every output row depends on its weight row and x alone.
 """
@@ -71,14 +71,8 @@ class DraftVocabulary:
         return RequestRows(ids, self._weight(self.head.parts[0].data[np.array(ids)]))
 
     def allowed_for(self, request: RequestRows) -> list[int]:
-        """Every id `choose` can return for this request."""
+        """Every id `choose_many` can return for this request."""
         return list(range(self.size)) + request.ids
-
-    def choose(
-        self, hidden: torch.Tensor, request: RequestRows, dtype: torch.dtype
-    ) -> tuple[int, float]:
-        """`choose_many` of one row."""
-        return self.choose_many(hidden, [request], dtype)[0]
 
     def choose_many(
         self, hidden: torch.Tensor, requests: list[RequestRows], dtype: torch.dtype

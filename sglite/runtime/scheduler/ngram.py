@@ -49,6 +49,7 @@ from sglite.runtime.scheduler.request import Req
 from sglite.runtime.scheduler.speculation import (
     LOW_ACCEPTANCE,
     NGRAM_SOURCE,
+    BreakEvens,
     DraftLength,
     KindAcceptance,
     Proposal,
@@ -159,15 +160,7 @@ class NgramProposer:
     def _propose_each(self, reqs: list[Req]) -> dict[str, list[int]]:
         return {req.rid: self.propose(req) for req in reqs}
 
-    def record(
-        self,
-        req: Req,
-        drafted: int,
-        accepted: int,
-        needed: float,
-        least: float | None = None,
-        single: float | None = None,
-    ) -> None:
+    def record(self, req: Req, drafted: int, accepted: int, shares: BreakEvens) -> None:
         """Adapt the request's draft length to a verification's result and move the source
         pointer past the model's own token: set after a rejected draft, kept while its own
         drafts are accepted, dropped after an n-gram draft accepted whole or when its own
@@ -175,12 +168,12 @@ class NgramProposer:
         state = self.states.get(req.rid)
         if state is None:
             return
-        state.length.record(drafted, accepted, needed)
+        state.length.record(drafted, accepted, shares.needed)
         if state.kind in self.kinds:
             self.kinds[state.kind].record(drafted, accepted)
         # a kind is judged by what its longest drafts need: its short ones are the draft
         # length's to stop (DraftLength)
-        self.needed = max(needed if least is None else least, LOW_ACCEPTANCE)
+        self.needed = max(shares.least, LOW_ACCEPTANCE)
         # A copy matched whole goes on by the n-gram lookup; the pointer only follows edits.
         matched_whole = accepted == drafted and not state.from_pointer
         failed = state.from_pointer and accepted == 0

@@ -49,6 +49,23 @@ class Proposal:
     source: str
 
 
+@dataclass(frozen=True)
+class BreakEvens:
+    """The accepted shares at which a step's drafts pay (`SpeculationCosts.break_evens`):
+    drafts of the step's length above `needed`, the longest ones above `least` (the
+    verification's fixed cost spread to nothing), one token per request in the step above
+    `single`."""
+
+    needed: float
+    least: float
+    single: float
+
+    @classmethod
+    def uniform(cls, share: float = LOW_ACCEPTANCE) -> BreakEvens:
+        """The same share for every length (`LOW_ACCEPTANCE` while nothing is measured)."""
+        return cls(share, share, share)
+
+
 def proposals_from(
     source: str,
     propose_many: Callable[[list[Req]], dict[str, list[int]]],
@@ -70,19 +87,9 @@ class Speculator(Protocol):
         takes, each within the `DraftProposer.propose` bound."""
         ...
 
-    def record(
-        self,
-        req: Req,
-        drafted: int,
-        accepted: int,
-        needed: float,
-        least: float | None = None,
-        single: float | None = None,
-    ) -> None:
-        """A verification of `req`'s draft kept `accepted` of its `drafted` tokens; drafts of
-        its length pay at an acceptance above `needed`, the longest ones above `least` (the
-        verification's fixed cost spread to nothing; None: `needed`), one token per request in
-        the step above `single` (None: `needed`)."""
+    def record(self, req: Req, drafted: int, accepted: int, shares: BreakEvens) -> None:
+        """A verification of `req`'s draft kept `accepted` of its `drafted` tokens; `shares`:
+        the acceptances at which the step's drafts pay."""
         ...
 
     def read_prompt(self, req: Req) -> None:
@@ -278,19 +285,11 @@ class NgramBeforeDraft:
             found.update(proposals)
         return found
 
-    def record(
-        self,
-        req: Req,
-        drafted: int,
-        accepted: int,
-        needed: float,
-        least: float | None = None,
-        single: float | None = None,
-    ) -> None:
+    def record(self, req: Req, drafted: int, accepted: int, shares: BreakEvens) -> None:
         """Tell the source of the request's latest draft how it fared."""
         source = self.last.get(req.rid)
         if source is not None:
-            source.record(req, drafted, accepted, needed, least, single)
+            source.record(req, drafted, accepted, shares)
 
     def read_prompt(self, req: Req) -> None:
         """Both sources read the prompt."""

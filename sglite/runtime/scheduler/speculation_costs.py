@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sglite.runtime.scheduler.speculation import LOW_ACCEPTANCE
+from sglite.runtime.scheduler.speculation import LOW_ACCEPTANCE, BreakEvens
 
 # Step costs: weight of the newest step in the moving averages, and how often a step runs
 # without drafts to keep the plain cost current.
@@ -107,6 +107,16 @@ class SpeculationCosts:
             return LOW_ACCEPTANCE
         fixed, per_token = fit.coefficients()
         return (fixed + per_token * drafted) / (drafted * self._saved_per_token(batch_size))
+
+    def break_evens(self, batch_size: int, drafted: int, source: str) -> BreakEvens:
+        """The shares at which a step of `batch_size` requests drafting `drafted` tokens from
+        `source` pays: for that step, for the longest drafts (`marginal`), and for one token per
+        request."""
+        return BreakEvens(
+            self.break_even(batch_size, drafted, source),
+            self.marginal(batch_size, source),
+            self.break_even(batch_size, batch_size, source),
+        )
 
     def marginal(self, batch_size: int, source: str) -> float:
         """The break-even of an arbitrarily long draft (the fixed part spread to nothing)."""
