@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -142,6 +145,21 @@ def test_truncated_gguf_is_rejected(tmp_path):
         truncated.write_bytes(src.read(4 << 20))  # metadata intact, tensor data cut short
     with pytest.raises(ValueError, match="not a valid GGUF"):
         load_model(str(truncated), progress=False)
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_gguf_cut_inside_its_vocabulary_is_rejected(tmp_path, keep):
+    from sglite.runtime.model.gguf_header import read_header
+
+    truncated = tmp_path / "cut.gguf"
+    with open(default_model_path(), "rb") as src:
+        truncated.write_bytes(src.read(200_000))  # inside tokenizer.ggml.tokens
+    keys = ["tokenizer.ggml.tokens"] if keep else []
+    with pytest.raises(ValueError, match="not a valid GGUF.*ends early"):
+        read_header(str(truncated), keep_keys=keys)
+    whole = read_header(default_model_path(), keep_keys=["tokenizer.ggml.tokens"])
+    tokens = whole.metadata["tokenizer.ggml.tokens"]
+    assert len(tokens) == 49152 and tokens[:3] == ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated"])
@@ -461,6 +479,62 @@ def test_gguf_tokenizer_conversion_is_autotokenizers(tmp_path, smol_gguf):
     for config in configs:  # how from_pretrained was called, not what the tokenizer is
         config.pop("is_local", None), config.pop("local_files_only", None)
     assert configs[0] == configs[1]
+
+
+def test_gguf_tokenizer_classes_are_transformers_choice():
+    """The table that spares a first start importing torch names the classes transformers
+    picks, for every GGUF architecture sglite serves."""
+    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
+
+    from sglite.runtime.model import models
+    from sglite.runtime.model.tokenizer_files import _GGUF_MODEL_TYPES, GGUF_TOKENIZER_CLASSES
+
+    for model_type, class_name in GGUF_TOKENIZER_CLASSES.items():
+        assert TOKENIZER_MAPPING_NAMES.get(model_type) == class_name, model_type
+    for arch in models.supported_gguf_architectures():
+        assert _GGUF_MODEL_TYPES.get(arch, arch) in GGUF_TOKENIZER_CLASSES, arch
+
+
+def test_gguf_tokenizer_converts_without_importing_torch(tmp_path):
+    """A first start's conversion runs in the HTTP server's process, beside the scheduler's
+    torch import: it must not import torch itself."""
+    script = (
+        "import sys; from sglite.runtime.model.tokenizer_files import load_tokenizer_files; "
+        "tok = load_tokenizer_files(None); "
+        "print('torch' in sys.modules, tok.encode('Hello world! <|im_end|>'))"
+    )
+    env = {**os.environ, "SGLITE_CACHE_DIR": str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    )
+    torch_imported, ids = out.stdout.strip().split(" ", 1)
+    assert torch_imported == "False"
+    assert ids == str(load_tokenizer(None).encode("Hello world! <|im_end|>"))
+    assert list((tmp_path / "tokenizers").glob("*/tokenizer.json"))  # converted and cached
+
+
+def test_one_process_converts_a_gguf_tokenizer_at_a_time(tmp_path, monkeypatch):
+    """While one process converts (holding the entry's lock), another waits and then reads the
+    cache instead of converting too."""
+    from sglite.runtime.model import tokenizer_files
+    from sglite.runtime.model.gguf_index import open_gguf
+
+    monkeypatch.setenv("SGLITE_CACHE_DIR", str(tmp_path))
+    path = default_model_path()
+    calls: list[str] = []
+    real = tokenizer_files.convert_gguf_tokenizer
+    monkeypatch.setattr(
+        tokenizer_files, "convert_gguf_tokenizer", lambda p, gf: calls.append(p) or real(p, gf)
+    )
+    entry = tokenizer_files._cache_root() / tokenizer_files._cache_key(path)
+    with ThreadPoolExecutor(1) as pool:
+        with tokenizer_files._conversion_lock(entry):
+            waiter = pool.submit(tokenizer_files.load_gguf_tokenizer, path)
+            mine = tokenizer_files._convert_and_store(path, open_gguf(path), entry)
+            assert not waiter.done()  # blocked on the lock while this conversion runs
+        theirs = waiter.result(timeout=60)
+    assert calls == [path]  # converted once
+    assert theirs.encode("Hello world!") == mine.encode("Hello world!")
 
 
 TOKENIZER_TEXTS = [

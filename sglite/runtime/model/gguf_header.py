@@ -34,6 +34,7 @@ _SCALAR = {
     12: "d",
 }
 _STRING, _ARRAY = 8, 9
+_U64 = struct.Struct("<Q")
 _DEFAULT_ALIGNMENT = 32
 
 
@@ -102,12 +103,27 @@ class _Cursor:
                 values = list(struct.unpack_from(fmt, self.buffer, self.pos))
             self.pos += n * size
             return values
-        if item == _STRING and not keep:
-            for _ in range(n):
-                length = self.unpack("Q")  # (`pos += unpack()` would read pos first)
-                self.pos += length
-            return None
+        if item == _STRING:
+            return self.strings(n, keep)
         return [self.value(item, keep) for _ in range(n)]
+
+    def strings(self, n: int, keep: bool) -> list[str] | None:
+        """`n` strings (None when not `keep`: skipped). One loop over the lengths with locals:
+        a vocabulary and its merges are ~300k strings, read on a first start."""
+        buffer, pos, end = self.buffer, self.pos, len(self.buffer)
+        length_at = _U64.unpack_from
+        values: list[str] = []
+        for _ in range(n):
+            if pos + 8 > end:
+                raise ValueError("the header ends early (a truncated or damaged file)")
+            (length,) = length_at(buffer, pos)
+            pos += 8 + length
+            if pos > end:
+                raise ValueError("the header ends early (a truncated or damaged file)")
+            if keep:
+                values.append(buffer[pos - length : pos].decode("utf-8"))
+        self.pos = pos
+        return values if keep else None
 
 
 def read_header(path: str, keep_arrays: int = 1024, keep_keys: Collection[str] = ()) -> GGUFHeader:

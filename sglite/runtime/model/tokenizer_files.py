@@ -6,11 +6,14 @@ from the model's family where the files lack them)."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,24 +45,12 @@ def single_gguf_in(path: str) -> str | None:
 def load_tokenizer_files(path: str | None) -> Tokenizer:
     """The tokenizer of a model path (a GGUF file, a directory holding one, or a Hugging Face
     directory; names and None resolved by the catalog), without the family's additions."""
-    tokenizer = _load_tokenizer_files(path, convert=True)
-    assert tokenizer is not None
-    return tokenizer
-
-
-def load_converted_tokenizer_files(path: str | None) -> Tokenizer | None:
-    """As `load_tokenizer_files`, but None for a GGUF whose tokenizer is not converted (cached)
-    yet: the HTTP server's process leaves that to the scheduler's, which does it anyway."""
-    return _load_tokenizer_files(path, convert=False)
-
-
-def _load_tokenizer_files(path: str | None, convert: bool) -> Tokenizer | None:
     from sglite.runtime.model.catalog import resolve_model_path
 
     path = resolve_model_path(path)
     path = single_gguf_in(path) or path
     if is_gguf(path):
-        return load_gguf_tokenizer(path) if convert else cached_gguf_tokenizer(path)
+        return load_gguf_tokenizer(path)
     if os.path.isdir(path):
         return load_hf_tokenizer(path)
     raise ValueError(f"{path} is neither a GGUF file nor a Hugging Face model directory")
@@ -142,19 +133,26 @@ def cached_gguf_tokenizer(path: str) -> Tokenizer | None:
 def load_gguf_tokenizer(path: str, gf: GGUFFile | None = None) -> Tokenizer:
     """The tokenizer (and chat template) embedded in a GGUF file.
 
-    Converting it takes transformers seconds (`convert_gguf_tokenizer`), so the converted
-    tokenizer is cached on disk (under `$SGLITE_CACHE_DIR`, default
+    Converting it takes transformers a second or more (`convert_gguf_tokenizer`), so the
+    converted tokenizer is cached on disk (under `$SGLITE_CACHE_DIR`, default
     `~/.cache/sglite`), keyed by file identity, and always read back from there by
     `Tokenizer.from_files`: the same tokenizer on every start, without importing transformers.
+    One process converts at a time (a lock file beside the entry): the server's HTTP process
+    and its scheduler both ask on a first start, and the second one reads the first's result.
     """
     cached = cached_gguf_tokenizer(path)
     if cached is not None:
         return cached
     cache_dir = _cache_root() / _cache_key(path)
-    meta_file = cache_dir / "sglite_meta.json"
+    with _conversion_lock(cache_dir):
+        cached = cached_gguf_tokenizer(path)  # converted while this process waited
+        if cached is not None:
+            return cached
+        return _convert_and_store(path, gf or open_gguf(path), cache_dir)
+
+
+def _convert_and_store(path: str, gf: GGUFFile, cache_dir: Path) -> Tokenizer:
     shutil.rmtree(cache_dir, ignore_errors=True)  # a damaged entry, if any: rebuilt
-    if gf is None:
-        gf = open_gguf(path)
     eos = [gf.field(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
     eos_ids = [int(e) for e in dict.fromkeys(eos) if e is not None]
     hf = convert_gguf_tokenizer(path, gf)
@@ -163,8 +161,23 @@ def load_gguf_tokenizer(path: str, gf: GGUFFile | None = None) -> Tokenizer:
     unused = [i for i, t in enumerate(token_types) if t == GGUF_TOKEN_UNUSED]
     meta = {"eos_token_ids": eos_ids, "unused_token_ids": unused, "source": os.path.realpath(path)}
     if _store_cache(cache_dir, hf, meta):
-        return _cached_tokenizer(cache_dir, meta_file)
+        return _cached_tokenizer(cache_dir, cache_dir / "sglite_meta.json")
     return Tokenizer.from_transformers(hf, eos_ids)  # the cache could not be written
+
+
+@contextlib.contextmanager
+def _conversion_lock(cache_dir: Path) -> Iterator[None]:
+    """Held while one process converts the tokenizer of `cache_dir`'s entry; a process that
+    cannot create the lock file (a read-only cache) converts without it."""
+    try:
+        cache_dir.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(cache_dir.with_name(cache_dir.name + ".lock"), "a+")  # noqa: SIM115
+    except OSError:
+        yield
+        return
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process ends
+        yield
 
 
 # llama.cpp's architecture names that transformers' GGUF loader renames to its model type.
@@ -176,34 +189,66 @@ _GGUF_MODEL_TYPES = {
 }
 
 
+# The tokenizer class AutoTokenizer picks for the model types of the GGUF architectures sglite
+# serves (transformers' TOKENIZER_MAPPING_NAMES; None: it names none, TokenizersBackend is
+# used). Looking one up in transformers imports torch, a second and a half of a first start that
+# converts the tokenizer beside the scheduler's own torch import; other model types take that
+# path. A test holds this table equal to transformers' and covering every served architecture.
+GGUF_TOKENIZER_CLASSES: dict[str, str | None] = {
+    "llama": None,
+    "qwen2": "Qwen2Tokenizer",
+    "qwen3": "Qwen2Tokenizer",
+    "qwen3_moe": "Qwen2Tokenizer",
+    "gemma3": "GemmaTokenizer",
+    "phi3": "TokenizersBackend",
+}
+
+
+def gguf_model_type(gf: GGUFFile) -> str:
+    """The transformers model type of a GGUF's architecture."""
+    arch = str(gf.field("general.architecture") or "")
+    return _GGUF_MODEL_TYPES.get(arch, arch)
+
+
 def gguf_tokenizer_class_name(gf: GGUFFile) -> str | None:
     """The transformers tokenizer class `AutoTokenizer` picks for this GGUF (by the model type
     its architecture maps to; `TokenizersBackend` where transformers names none), or None where
     the choice depends on more than the architecture (Mistral and T5 files)."""
-    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
-
     arch = str(gf.field("general.architecture") or "")
     name = str(gf.field("general.name") or "").lower()
     if not arch or "t5" in arch or ("llama" in arch and "mistral" in name):
         return None
-    return TOKENIZER_MAPPING_NAMES.get(_GGUF_MODEL_TYPES.get(arch, arch)) or "TokenizersBackend"
+    model_type = gguf_model_type(gf)
+    if model_type in GGUF_TOKENIZER_CLASSES:
+        return GGUF_TOKENIZER_CLASSES[model_type] or "TokenizersBackend"
+    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
+
+    return TOKENIZER_MAPPING_NAMES.get(model_type) or "TokenizersBackend"
+
+
+def _tokenizer_class(class_name: str) -> Any:
+    """The transformers tokenizer class named `class_name` (None where there is none), through
+    transformers' lazy top-level names, which import only that class's module."""
+    import transformers
+
+    return getattr(transformers, class_name, None)
 
 
 def convert_gguf_tokenizer(path: str, gf: GGUFFile) -> Any:
     """transformers' tokenizer for the GGUF at `path`, as `AutoTokenizer.from_pretrained(...,
     gguf_file=...)` builds it: the class AutoTokenizer picks, over the tokenizer transformers'
-    GGUF converter builds from the file's vocabulary. AutoTokenizer itself would walk every
-    metadata array in Python twice (gguf's reader for the model config, which only names the
-    class, then its own reader, each making a Python object per vocabulary entry and merge); the
-    vocabulary is read here with `gguf_header` instead.
+    GGUF converter builds from the file's vocabulary. AutoTokenizer itself would import torch
+    and walk every metadata array in Python twice (gguf's reader for the model config, which
+    only names the class, then its own reader, each making a Python object per vocabulary entry
+    and merge); here the served architectures' classes are found without importing torch and
+    the vocabulary is read with `gguf_header`.
     """
-    from transformers import AutoTokenizer
-    from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
-
     directory, name = os.path.dirname(path) or ".", os.path.basename(path)
     class_name = gguf_tokenizer_class_name(gf)
-    cls = tokenizer_class_from_name(class_name) if class_name else None
+    cls = _tokenizer_class(class_name) if class_name else None
     if cls is None or os.path.isfile(os.path.join(directory, "tokenizer_config.json")):
+        from transformers import AutoTokenizer
+
         return AutoTokenizer.from_pretrained(directory, gguf_file=name)  # the general path
     backend, config = _converted_backend(path)
     return cls(tokenizer_object=backend, **config)

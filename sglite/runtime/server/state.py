@@ -224,13 +224,14 @@ def model_names(args: ServerArgs, resolved_path: str) -> tuple[str, frozenset[st
     return name, frozenset(a for a in aliases if a)
 
 
-def _load_tokenizer_early(source: str | None) -> Tokenizer | None:
-    """The tokenizer from its converted files, and, when they hold a chat template, its
+def _load_tokenizer_early(source: str | None) -> Tokenizer:
+    """The tokenizer from its files (a GGUF's converted here on a first start, without torch,
+    while the scheduler's process imports torch), and, when they hold a chat template, its
     transformers renderer started on a thread: this process waits for the scheduler's start-up
     anyway, while loading the renderer after it (a second of imports) would slow the warm-up."""
-    from sglite.runtime.model.tokenizer_files import load_converted_tokenizer_files
+    from sglite.runtime.model.tokenizer_files import load_tokenizer_files
 
-    tokenizer = load_converted_tokenizer_files(source)
+    tokenizer = load_tokenizer_files(source)
     if tokenizer is not None and tokenizer.chat_template is not None:
         tokenizer.load_hf_in_background()
     return tokenizer
@@ -244,8 +245,6 @@ def build_state(
     `client`: the scheduler, already started (`create_client(args, wait=False)`), or None to
     start it here. On failure it is stopped.
     """
-    from sglite.runtime.model.tokenizer_files import load_tokenizer_files
-
     if client is None:
         client = create_client(args, wait=False)
     # The tokenizer loads from its files alone (this process imports no torch); the scheduler,
@@ -253,10 +252,9 @@ def build_state(
     source = args.tokenizer_path or args.model_path
     try:
         with ThreadPoolExecutor(1) as pool:
-            # A GGUF tokenizer not converted yet is left to the scheduler, which converts it.
             tokenizer_future = pool.submit(_load_tokenizer_early, source)
             client.wait_ready()
-            tokenizer = tokenizer_future.result() or load_tokenizer_files(source)
+            tokenizer = tokenizer_future.result()
     except BaseException:
         client.shutdown()
         raise
