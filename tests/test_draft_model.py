@@ -281,9 +281,42 @@ def test_a_draft_model_below_its_break_even_stops_drafting_for_new_requests_too(
         proposer.record(first, 4, 1, BreakEvens(0.9, 0.9, 0.9))
     proposer.forget(set())
     fresh = [_request(f"r{i}", PROMPT[i:]) for i in range(KIND_PROBE_EVERY)]
+    for req in fresh:
+        proposer.read_prompt(req)  # as the target prefills it
+        req.output_ids.append(PROMPT[0])  # the prefill's token: a first decode step
     drafts = [proposer.propose(req) for req in fresh]
     assert [bool(d) for d in drafts] == [False] * (KIND_PROBE_EVERY - 1) + [True]  # one probe
     assert proposer.info()["speculative_draft"]["drafts"]["recent_acceptance"] < 0.9
+    proposer.forget(set())
+    proposer.check_invariants()
+
+
+def test_a_probe_waits_for_a_request_the_draft_model_is_in_step_with(tiny):
+    """A probe of a non-paying draft model would first catch up on every token a request
+    emitted since the draft model last followed it: the probe that falls due there is
+    deferred to the next request the draft model holds all but a few tokens of."""
+    from sglite.runtime.model.loader import load_model
+    from sglite.runtime.scheduler.draft_model import PROBE_MAX_BEHIND, DraftModelProposer
+
+    proposer = DraftModelProposer(load_model(tiny["small"], progress=False), 256, 4, 256)
+    first = _request("a", PROMPT)
+    proposer.read_prompt(first)
+    first.output_ids.append(PROMPT[0])
+    assert proposer.propose(first)
+    for _ in range(6):
+        proposer.record(first, 4, 0, BreakEvens(0.9, 0.9, 0.9))
+    proposer.forget(set())
+    behind = _request("behind", PROMPT[:4])
+    proposer.read_prompt(behind)
+    behind.output_ids = list(PROMPT[4 : 4 + PROBE_MAX_BEHIND + 2])  # emitted while refused
+    tally = proposer.acceptance
+    tally.refused = tally.probe_gap  # a probe is due
+    passes = proposer.forward_passes
+    assert proposer.propose(behind) == [] and proposer.forward_passes == passes
+    in_step = _request("in-step", PROMPT[1:])
+    proposer.read_prompt(in_step)
+    in_step.output_ids = [PROMPT[0]]  # its first decode step: one token behind
+    assert proposer.propose(in_step)  # the deferred probe
     proposer.forget(set())
     proposer.check_invariants()
 
@@ -304,8 +337,11 @@ def test_a_draft_models_first_pass_runs_only_while_its_first_tokens_pay(tiny):
         proposer.record(first, 1, int(i % 5 < 2), BreakEvens(0.6, 0.3, 0.6))
     assert proposer.first_needed == pytest.approx(0.6)
     proposer.forget(set())
-    passes = proposer.forward_passes
     fresh = [_request(f"r{i}", PROMPT[i:]) for i in range(KIND_PROBE_EVERY)]
+    for req in fresh:
+        proposer.read_prompt(req)
+        req.output_ids.append(PROMPT[0])
+    passes = proposer.forward_passes
     refused = [proposer.propose(req) for req in fresh[:-1]]
     assert refused == [[]] * (KIND_PROBE_EVERY - 1) and proposer.forward_passes == passes
     assert proposer.propose(fresh[-1])  # the probe

@@ -187,6 +187,18 @@ def test_a_draft_kind_that_does_not_pay_is_only_probed_until_it_does():
     assert tally.allows(0.35) and tally.probe_gap == KIND_PROBE_EVERY
 
 
+def test_a_due_probe_waits_for_a_cheap_moment():
+    tally = KindAcceptance()
+    for _ in range(40):
+        tally.record(drafted=2, accepted=0)
+    assert [tally.admit(False) for _ in range(KIND_PROBE_EVERY - 1)] == [False] * (
+        KIND_PROBE_EVERY - 1
+    )
+    assert [tally.admit(False, cheap=False) for _ in range(3)] == [False] * 3  # due, not cheap
+    assert tally.admit(False, cheap=True)  # the deferred probe
+    assert tally.probe_gap == 2 * KIND_PROBE_EVERY and tally.refused == 0
+
+
 def test_short_matches_stop_being_drafted_when_they_fail_while_long_ones_go_on():
     """Free writing repeats short token runs that are not copies: drafts from them are
     rejected, and every verification of them costs rows that save no step."""

@@ -63,6 +63,13 @@ if TYPE_CHECKING:
     from sglite.runtime.server_args import ServerArgs
 
 
+# A probe (a draft while the draft model does not pay: `KindAcceptance.admit`) waits for a
+# request the draft model holds all but at most this many tokens of, such as one starting to
+# decode (its prompt read as the target prefilled it): a probe of a request it fell behind on
+# would first pass over every token emitted since, a cost no acceptance repays.
+PROBE_MAX_BEHIND = 4
+
+
 class DraftModelProposer:
     """Drafts from a second, smaller model (a `speculation.Speculator`)."""
 
@@ -185,10 +192,13 @@ class DraftModelProposer:
         if seq is None:
             seq = self.sequences[req.rid] = self._start(req)
         length = seq.length.next(draft_room(req, self.context_len))
-        paying = self.acceptance.pays(self.needed) and self.first.pays(self.first_needed)
-        if length <= 0 or not self.acceptance.admit(paying):
+        if length <= 0:
             return None
         target = seq.history.sync(req)
+        paying = self.acceptance.pays(self.needed) and self.first.pays(self.first_needed)
+        behind = len(target) - self._held(seq, target)
+        if not self.acceptance.admit(paying, cheap=behind <= PROBE_MAX_BEHIND):
+            return None
         self._rewind(seq, target)
         seq.probabilities = []
         reads_prompt = len(seq.tokens) < len(req.prompt_ids)
@@ -282,12 +292,19 @@ class DraftModelProposer:
         seq.cached_len = seq.verified = cached
         return seq
 
-    def _rewind(self, seq: DraftSequence, target: list[int]) -> None:
-        """Cut `seq` back to its longest prefix that is in `target` (the request's tokens)."""
+    @staticmethod
+    def _held(seq: DraftSequence, target: list[int]) -> int:
+        """How many of `target`'s tokens (the request's) `seq` holds: its longest prefix that
+        is in `target`."""
         keep = min(seq.verified, len(seq.tokens))
         end = min(len(seq.tokens), len(target))
         while keep < end and seq.tokens[keep] == target[keep]:
             keep += 1
+        return keep
+
+    def _rewind(self, seq: DraftSequence, target: list[int]) -> None:
+        """Cut `seq` back to its longest prefix that is in `target` (the request's tokens)."""
+        keep = self._held(seq, target)
         self.pool.free(seq.slots[keep:])
         del seq.tokens[keep:], seq.slots[keep:]
         seq.verified = len(target)  # the tokens fed next are the request's own

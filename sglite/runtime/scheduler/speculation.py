@@ -221,14 +221,15 @@ class KindAcceptance:
         """Whether its recent share is above `needed`."""
         return self.accepted > needed * self.drafted
 
-    def admit(self, paying: bool) -> bool:
+    def admit(self, paying: bool, cheap: bool = True) -> bool:
         """Whether to draft now, given whether drafts pay (`pays`, possibly with other
-        conditions): always while they do, else once per probe gap."""
+        conditions): always while they do, else once per probe gap, at the first proposal
+        past the gap where a probe is `cheap` (a draft model in step with the request)."""
         if paying:
             self.refused, self.probe_gap = 0, KIND_PROBE_EVERY
             return True
         self.refused += 1
-        if self.refused < self.probe_gap:
+        if self.refused < self.probe_gap or not cheap:
             return False
         self.refused, self.probe_gap = 0, min(2 * self.probe_gap, KIND_PROBE_MAX)
         return True
