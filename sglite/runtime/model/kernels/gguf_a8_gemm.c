@@ -328,18 +328,37 @@ static int is_k_quant(int64_t type) {
   return type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K;
 }
 
+/* Bytes [from, from + bytes) of each of the next block's 16 rows (none when next[0] is NULL),
+ * fetched into L2 while this block decodes: its 16 rows are 16 streams, more than the hardware
+ * prefetchers follow, and with few x rows a block's products are too short to hide its loads
+ * (into L1, the prefetched lines would evict the block being decoded). */
+static inline void prefetch_next(const uint8_t *const next[WROWS], int64_t from, int64_t bytes) {
+  if (next[0] == NULL) return;
+  for (int r = 0; r < WROWS; r++) {
+    const uintptr_t first = ((uintptr_t)(next[r] + from)) & ~(uintptr_t)63;
+    for (uintptr_t line = first; line < (uintptr_t)(next[r] + from + bytes); line += 64)
+      _mm_prefetch((const char *)line, _MM_HINT_T1);
+  }
+}
+
 /* One block of 16 weight rows (n..n+15, block type `type`, at rows[r]) against every x row into
  * sums: its super-blocks (or pairs of blocks of 32) decoded once into `decoded`, then
- * multiplied by the x rows a chunk at a time. */
-static void gemm_block(int64_t type, const uint8_t *const rows[WROWS], const rounded_x *x,
-                       void *decoded, float *sums) {
+ * multiplied by the x rows a chunk at a time; the next block's rows (`next`, of the same
+ * type) are prefetched as this one decodes. */
+static void gemm_block(int64_t type, const uint8_t *const rows[WROWS],
+                       const uint8_t *const next[WROWS], const rounded_x *x, void *decoded,
+                       float *sums) {
   const int64_t k = x->k;
   int64_t chunk = X_CHUNK_BYTES / k / GEMM_ROWS * GEMM_ROWS;
   if (chunk < GEMM_ROWS) chunk = GEMM_ROWS;
   memset(sums, 0, (size_t)(2 * x->rows * WROWS) * sizeof(float));
   if (is_k_quant(type)) {
     decoded_block *blk = decoded;
-    for (int64_t sb = 0; sb < k / QK_K; sb++) decode_block(type, rows, sb, blk + sb);
+    const int64_t sb_bytes = type_block_bytes(type);
+    for (int64_t sb = 0; sb < k / QK_K; sb++) {
+      prefetch_next(next, sb * sb_bytes, sb_bytes);
+      decode_block(type, rows, sb, blk + sb);
+    }
     for (int64_t m0 = 0; m0 < x->rows; m0 += chunk) {
       const int64_t m1 = m0 + chunk < x->rows ? m0 + chunk : x->rows;
       for (int64_t sb = 0; sb < k / QK_K; sb++) block_row_range(type, blk + sb, x, sb, m0, m1, sums);
@@ -347,7 +366,11 @@ static void gemm_block(int64_t type, const uint8_t *const rows[WROWS], const rou
     return;
   }
   decoded_pair *pairs = decoded;
-  for (int64_t p = 0; p < k / 64; p++) decode_pair(type, rows, p, pairs + p);
+  const int64_t pair_bytes = 2 * type_block_bytes(type);
+  for (int64_t p = 0; p < k / 64; p++) {
+    prefetch_next(next, p * pair_bytes, pair_bytes);
+    decode_pair(type, rows, p, pairs + p);
+  }
   for (int64_t m0 = 0; m0 < x->rows; m0 += chunk) {
     const int64_t m1 = m0 + chunk < x->rows ? m0 + chunk : x->rows;
     for (int64_t p = 0; p < k / 64; p++) pair_row_range(pairs + p, x, p, m0, m1, sums);
@@ -371,10 +394,14 @@ static void gemm_range(void *p, int64_t b0, int64_t b1) {
   }
   for (int64_t bi = b0; bi < b1; bi++) {
     const int64_t n = bi * WROWS;
-    const uint8_t *row_at[WROWS];
-    int64_t type;
+    const uint8_t *row_at[WROWS], *next_at[WROWS] = {NULL};
+    int64_t type, next_type = -1;
     for (int r = 0; r < WROWS; r++) row_at[r] = stacked_row(a->parts, n + r, k, &type);
-    gemm_block(type, row_at, x, decoded, sums);
+    if (bi + 1 < b1) {
+      for (int r = 0; r < WROWS; r++) next_at[r] = stacked_row(a->parts, n + WROWS + r, k, &next_type);
+      if (next_type != type) next_at[0] = NULL; /* another part's type: other row sizes */
+    }
+    gemm_block(type, row_at, next_at, x, decoded, sums);
     for (int64_t m = 0; m < rows; m++)
       for (int r = 0; r < WROWS; r++)
         store(a->y, m * a->n_out + n + r,
