@@ -98,13 +98,16 @@ def test_after_an_edit_the_draft_follows_the_source_past_the_replaced_token():
     edited = [1, 2, 3, 20]  # the model's own token replaced 10
     assert proposer.propose(at(edited)) == [4, 5]  # just past what was accepted: 2 tokens
     proposer.record(at(edited), drafted=2, accepted=2, shares=BreakEvens.uniform())
-    # Its drafts accepted, the pointer goes on (drafts of at most POINTER_DRAFT_TOKENS) ...
+    # Its drafts accepted whole, the pointer goes on, each draft twice as long as the last
+    # (from POINTER_DRAFT_TOKENS up to the request's draft length) ...
     draft = proposer.propose(at(edited + [4, 5, 6]))
-    assert draft == [7, 8, 101][:POINTER_DRAFT_TOKENS]
-    proposer.record(at(edited + [4, 5, 6]), len(draft), len(draft), BreakEvens.uniform())
-    # ... until a match of STRONG_MATCH tokens takes over.
-    assert POINTER_DRAFT_TOKENS == 2  # the model then wrote 101 itself
-    assert proposer.propose(at(edited + [4, 5, 6, 7, 8, 101])) == [1, 2, 3, 20, 4, 5, 6, 7]
+    assert POINTER_DRAFT_TOKENS == 2 and draft == [7, 8, 101, 1]
+    proposer.record(at(edited + [4, 5, 6]), len(draft), 3, BreakEvens.uniform())
+    # ... back to POINTER_DRAFT_TOKENS after one that is not (the model wrote its own token
+    # after 101), until a match of STRONG_MATCH tokens takes over.
+    assert proposer.states["r"].pointer_length == POINTER_DRAFT_TOKENS
+    # (its length the request's: just past the 3 tokens the last draft kept)
+    assert proposer.propose(at(edited + [4, 5, 6, 7, 8, 101])) == [1, 2, 3, 20]
     assert proposer.propose(at(edited, rid="fresh")) == []  # no pointer: nothing matches
     # Its own draft rejected at once: the pointer goes.
     dropped = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=2, max_match=4)

@@ -26,7 +26,8 @@ proposer therefore follows its source: after a draft is rejected it keeps the po
 text just past the token the model wrote in place of the first unaccepted one (a substitution
 of one token), and when no match of `STRONG_MATCH` tokens or more exists, it drafts what
 follows that position before trying shorter matches (which often point at the wrong one of
-several similar lines). Its drafts are at most `POINTER_DRAFT_TOKENS` long. A pointer whose
+several similar lines). Its first draft is `POINTER_DRAFT_TOKENS` long, each next one twice
+the last while they are accepted whole (a copy running on between edits). A pointer whose
 own draft is rejected at its first token is dropped, and an n-gram draft accepted whole leaves
 none (a copy that goes on is matched as usual; one that ended would be drafted on at a loss).
 
@@ -70,8 +71,9 @@ STRONG_MATCH = 4
 # edit, free writing), so each kind is drafted only while its tokens' accepted share pays
 # (`KindAcceptance`).
 DRAFT_KINDS = ("cache", "strong", "pointer", "weak")
-# A draft from the source pointer is a guess about an edit's extent: kept short, so that a wrong
-# one costs a verification of a few rows (about a plain step) rather than of a long draft.
+# A draft from the source pointer is a guess about an edit's extent: it starts short, so that a
+# wrong one costs a verification of a few rows (about a plain step) rather than of a long draft,
+# and doubles while the copy runs on.
 POINTER_DRAFT_TOKENS = 2
 
 
@@ -89,6 +91,7 @@ class NgramState:
     pointer: int | None = None  # the source position the copy continues at (module docstring)
     proposed_at: int = 0  # the request's length when the last draft was proposed
     pointer_for: int = -1  # the request's length the pointer was set for (else it is stale)
+    pointer_length: int = POINTER_DRAFT_TOKENS  # the pointer's next draft length
     kind: str = ""  # where the last draft came from (a DRAFT_KINDS name)
 
 
@@ -143,7 +146,7 @@ class NgramProposer:
         pointing = state.pointer is not None and state.pointer < len(tokens) - 1
         if start is None and pointing and self._pays(state, "pointer"):
             start, state.from_pointer = state.pointer, True
-            length = min(length, POINTER_DRAFT_TOKENS)
+            length = min(length, state.pointer_length)
         if start is None:
             start = self._match(state, tokens, self.min_match, strong - 1)
             if start is not None and not self._pays(state, "weak"):
@@ -177,6 +180,10 @@ class NgramProposer:
         # A copy matched whole goes on by the n-gram lookup; the pointer only follows edits.
         matched_whole = accepted == drafted and not state.from_pointer
         failed = state.from_pointer and accepted == 0
+        if state.from_pointer:  # a copy past an edit that goes on is drafted further each time
+            whole = accepted == drafted
+            longer = min(2 * state.pointer_length, self.num_draft_tokens)
+            state.pointer_length = longer if whole else POINTER_DRAFT_TOKENS
         if state.draft_start is None or matched_whole or failed:
             state.pointer = None
         else:
