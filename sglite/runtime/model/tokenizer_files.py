@@ -204,12 +204,6 @@ GGUF_TOKENIZER_CLASSES: dict[str, str | None] = {
 }
 
 
-def gguf_model_type(gf: GGUFFile) -> str:
-    """The transformers model type of a GGUF's architecture."""
-    arch = str(gf.field("general.architecture") or "")
-    return _GGUF_MODEL_TYPES.get(arch, arch)
-
-
 def gguf_tokenizer_class_name(gf: GGUFFile) -> str | None:
     """The transformers tokenizer class `AutoTokenizer` picks for this GGUF (by the model type
     its architecture maps to; `TokenizersBackend` where transformers names none), or None where
@@ -218,7 +212,7 @@ def gguf_tokenizer_class_name(gf: GGUFFile) -> str | None:
     name = str(gf.field("general.name") or "").lower()
     if not arch or "t5" in arch or ("llama" in arch and "mistral" in name):
         return None
-    model_type = gguf_model_type(gf)
+    model_type = _GGUF_MODEL_TYPES.get(arch, arch)
     if model_type in GGUF_TOKENIZER_CLASSES:
         return GGUF_TOKENIZER_CLASSES[model_type] or "TokenizersBackend"
     from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES

@@ -196,10 +196,10 @@ class DraftModelProposer:
             return None
         target = seq.history.sync(req)
         paying = self.acceptance.pays(self.needed) and self.first.pays(self.first_needed)
-        behind = len(target) - self._held(seq, target)
-        if not self.acceptance.admit(paying, cheap=behind <= PROBE_MAX_BEHIND):
+        held = self._held(seq, target)
+        if not self.acceptance.admit(paying, cheap=len(target) - held <= PROBE_MAX_BEHIND):
             return None
-        self._rewind(seq, target)
+        self._rewind(seq, target, held)
         seq.probabilities = []
         reads_prompt = len(seq.tokens) < len(req.prompt_ids)
         return GrowingDraft(req.rid, seq, length, target[len(seq.tokens) :], reads_prompt)
@@ -302,9 +302,9 @@ class DraftModelProposer:
             keep += 1
         return keep
 
-    def _rewind(self, seq: DraftSequence, target: list[int]) -> None:
-        """Cut `seq` back to its longest prefix that is in `target` (the request's tokens)."""
-        keep = self._held(seq, target)
+    def _rewind(self, seq: DraftSequence, target: list[int], keep: int) -> None:
+        """Cut `seq` back to the `keep` tokens of it that are in `target` (the request's
+        tokens; `_held`)."""
         self.pool.free(seq.slots[keep:])
         del seq.tokens[keep:], seq.slots[keep:]
         seq.verified = len(target)  # the tokens fed next are the request's own

@@ -177,13 +177,13 @@ class NgramProposer:
         # a kind is judged by what its longest drafts need: its short ones are the draft
         # length's to stop (DraftLength)
         self.needed = max(shares.least, LOW_ACCEPTANCE)
-        # A copy matched whole goes on by the n-gram lookup; the pointer only follows edits.
-        matched_whole = accepted == drafted and not state.from_pointer
-        failed = state.from_pointer and accepted == 0
+        whole = accepted == drafted
         if state.from_pointer:  # a copy past an edit that goes on is drafted further each time
-            whole = accepted == drafted
             longer = min(2 * state.pointer_length, self.num_draft_tokens)
             state.pointer_length = longer if whole else POINTER_DRAFT_TOKENS
+        # A copy matched whole goes on by the n-gram lookup; the pointer only follows edits.
+        matched_whole = whole and not state.from_pointer
+        failed = state.from_pointer and accepted == 0
         if state.draft_start is None or matched_whole or failed:
             state.pointer = None
         else:

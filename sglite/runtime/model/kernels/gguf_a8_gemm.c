@@ -328,12 +328,12 @@ static int is_k_quant(int64_t type) {
   return type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K;
 }
 
-/* Bytes [from, from + bytes) of each of the next block's 16 rows (none when next[0] is NULL),
+/* Bytes [from, from + bytes) of each of the next block's 16 rows (none when next is NULL),
  * fetched into L2 while this block decodes: its 16 rows are 16 streams, more than the hardware
  * prefetchers follow, and with few x rows a block's products are too short to hide its loads
  * (into L1, the prefetched lines would evict the block being decoded). */
 static inline void prefetch_next(const uint8_t *const next[WROWS], int64_t from, int64_t bytes) {
-  if (next[0] == NULL) return;
+  if (next == NULL) return;
   for (int r = 0; r < WROWS; r++) {
     const uintptr_t first = ((uintptr_t)(next[r] + from)) & ~(uintptr_t)63;
     for (uintptr_t line = first; line < (uintptr_t)(next[r] + from + bytes); line += 64)
@@ -344,7 +344,7 @@ static inline void prefetch_next(const uint8_t *const next[WROWS], int64_t from,
 /* One block of 16 weight rows (n..n+15, block type `type`, at rows[r]) against every x row into
  * sums: its super-blocks (or pairs of blocks of 32) decoded once into `decoded`, then
  * multiplied by the x rows a chunk at a time; the next block's rows (`next`, of the same
- * type) are prefetched as this one decodes. */
+ * type; NULL for none) are prefetched as this one decodes. */
 static void gemm_block(int64_t type, const uint8_t *const rows[WROWS],
                        const uint8_t *const next[WROWS], const rounded_x *x, void *decoded,
                        float *sums) {
@@ -377,6 +377,12 @@ static void gemm_block(int64_t type, const uint8_t *const rows[WROWS],
   }
 }
 
+/* The 16 rows of weight row block bi (rows[r] = row 16 bi + r) and their block type. */
+static void block_rows_at(const gguf_part_t *parts, int64_t bi, int64_t k,
+                          const uint8_t *rows[WROWS], int64_t *type) {
+  for (int r = 0; r < WROWS; r++) rows[r] = stacked_row(parts, bi * WROWS + r, k, type);
+}
+
 /* Weight row blocks [b0, b1) (of 16 rows) against every x row. */
 static void gemm_range(void *p, int64_t b0, int64_t b1) {
   gemm_args *a = p;
@@ -392,20 +398,23 @@ static void gemm_range(void *p, int64_t b0, int64_t b1) {
     a->failed = 1;
     return;
   }
+  const uint8_t *row_at[WROWS], *next_at[WROWS];
+  int64_t type = -1, next_type = -1;
+  if (b0 < b1) block_rows_at(a->parts, b0, k, row_at, &type);
   for (int64_t bi = b0; bi < b1; bi++) {
     const int64_t n = bi * WROWS;
-    const uint8_t *row_at[WROWS], *next_at[WROWS] = {NULL};
-    int64_t type, next_type = -1;
-    for (int r = 0; r < WROWS; r++) row_at[r] = stacked_row(a->parts, n + r, k, &type);
-    if (bi + 1 < b1) {
-      for (int r = 0; r < WROWS; r++) next_at[r] = stacked_row(a->parts, n + WROWS + r, k, &next_type);
-      if (next_type != type) next_at[0] = NULL; /* another part's type: other row sizes */
-    }
-    gemm_block(type, row_at, next_at, x, decoded, sums);
+    const int has_next = bi + 1 < b1;
+    if (has_next) block_rows_at(a->parts, bi + 1, k, next_at, &next_type);
+    /* a next block of another part's type has other row sizes: not prefetched */
+    gemm_block(type, row_at, has_next && next_type == type ? next_at : NULL, x, decoded, sums);
     for (int64_t m = 0; m < rows; m++)
       for (int r = 0; r < WROWS; r++)
         store(a->y, m * a->n_out + n + r,
               sums[2 * m * WROWS + r] - sums[(2 * m + 1) * WROWS + r], a->dtype);
+    if (has_next) {
+      memcpy(row_at, next_at, sizeof(row_at));
+      type = next_type;
+    }
   }
   free(decoded);
   free(sums);

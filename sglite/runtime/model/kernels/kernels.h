@@ -49,8 +49,8 @@ enum { BF16_DOT_PAYS_PERCENT = 50, KERNEL_OFF_ROWS = 1073741824 };
  * slower to decode (gguf_a8_gemm_min_rows). */
 enum { A8_GEMM_MIN_ROWS = 4, A8_GEMM_MIN_ROWS_Q6_K = 8 };
 /* The same thresholds where the CPU runs 512-bit operations as two halves (vectors_512_split:
- * AMD Zen 4): the GEMM's transposes cost twice as much there, the GEMV's 256-bit sums do not;
- * a Q6_K weight (the tall output head among them) pays from 6 rows. */
+ * AMD Zen 4), measured there since the GEMM prefetches its next block (docs/benchmarks.md); the
+ * pair above is from an Intel host without AMX before that prefetch. */
 enum { A8_GEMM_MIN_ROWS_SPLIT = 4, A8_GEMM_MIN_ROWS_Q6_K_SPLIT = 6 };
 /* Rows decode_layers takes (quantized layers in bf16: at most QGEMV_MAX_ROWS; the caller picks). */
 enum { NATIVE_MAX_ROWS = 256 };
