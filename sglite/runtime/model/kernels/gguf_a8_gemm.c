@@ -11,8 +11,11 @@
  * the 16 rows' scales unpacked as vectors at once. An x row's 4 rounded values are then broadcast as `vpdpbusd`'s signed
  * operand: one instruction adds 4 products to each of the 16 rows' sums, no horizontal sums.
  * A group's integer sums (32 values for Q4_K, 16 for Q6_K) are converted once and scaled by
- * the 16 rows' group scales as a vector; the offsets (Q4_K's mins, Q6_K's -32) by x's group sums
- * (rounded_x's dxsum32 / sum16). Each super-block is decoded once for all x rows. Blocks of 32
+ * the 16 rows' group scales as a vector. The K-quants' offsets stay in the integers, off the
+ * unit the products use (a float multiply-add per group and x row there costs an eighth of the
+ * products): Q6_K's -32 starts each group's sum at -32 times x's sum over it, Q4_K's mins times
+ * x's group sums take one `vpdpwssd` per two groups, scaled by dmin once per super-block. Each
+ * super-block is decoded once for all x rows. Blocks of 32
  * are decoded 64 values (two blocks) at a time the same way, their unsigned integers as stored
  * (Q8_0's signed ones plus 128, taken back through its offset) and each group's products scaled
  * by its block's d and x's group scale (dx32: x's span may be 32 values there).
@@ -34,9 +37,10 @@
 
 /* One super-block of 16 weight rows, decoded. */
 typedef struct {
-  __m512i w[QK_K / 4];  /* w[g]: values 4g..4g+3 of each row, row r in lane r */
+  __m512i w[QK_K / 4];     /* w[g]: values 4g..4g+3 of each row, row r in lane r */
+  __m512i min_pairs[4];    /* Q4_K: row r's mins of groups 2p (low half) and 2p + 1, lane r */
   float scale[16][WROWS];  /* group j's scale of each row (8 groups of 32, or 16 of 16) */
-  float offset[16][WROWS]; /* group j's offset per unit of x's group sum */
+  float dmin[WROWS];       /* Q4_K: each row's scale of its mins */
 } decoded_block;
 
 /* The 16 bytes at rows[r] + offset of each of the 16 rows, as four vectors: t[j] lane r holds
@@ -96,9 +100,15 @@ static void decode_q4k(const uint8_t *const rows[WROWS], int64_t sb, decoded_blo
       _mm512_and_si512(head[2], low6),
       _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(head[3], 4), four),
                       _mm512_and_si512(_mm512_srli_epi32(head[2], 2), top2))};
-  for (int j = 0; j < 8; j++) {
+  for (int j = 0; j < 8; j++)
     _mm512_store_ps(out->scale[j], _mm512_mul_ps(d, byte_floats(sc[j >> 2], j)));
-    _mm512_store_ps(out->offset[j], _mm512_mul_ps(dmin, byte_floats(mn[j >> 2], j)));
+  _mm512_store_ps(out->dmin, dmin);
+  for (int p = 0; p < 4; p++) {
+    /* bytes 2(p & 1), 2(p & 1) + 1 of the lane: mins of groups 2p and 2p + 1, as int16 */
+    const __m512i two = _mm512_srli_epi32(mn[p >> 1], 16 * (p & 1));
+    out->min_pairs[p] = _mm512_or_si512(
+        _mm512_and_si512(two, _mm512_set1_epi32(0xff)),
+        _mm512_slli_epi32(_mm512_and_si512(two, _mm512_set1_epi32(0xff00)), 8));
   }
   __m512i p[32]; /* p[i]: bytes 4i..4i+3 of the 128 nibble bytes */
   row_words(rows, at + 16, 2, p);
@@ -123,9 +133,7 @@ static void decode_q6k(const uint8_t *const rows[WROWS], int64_t sb, decoded_blo
   row_words4(rows, at + 192, scales);
   for (int j = 0; j < 16; j++) {
     const __m512i byte = _mm512_srai_epi32(_mm512_slli_epi32(scales[j >> 2], 24 - 8 * (j & 3)), 24);
-    const __m512 scale = _mm512_mul_ps(d, _mm512_cvtepi32_ps(byte));
-    _mm512_store_ps(out->scale[j], scale);
-    _mm512_store_ps(out->offset[j], _mm512_mul_ps(_mm512_set1_ps(32.0f), scale));
+    _mm512_store_ps(out->scale[j], _mm512_mul_ps(d, _mm512_cvtepi32_ps(byte)));
   }
   __m512i ql[32], qh[16];
   row_words(rows, at, 2, ql);
@@ -155,23 +163,40 @@ static void decode_block(int64_t type, const uint8_t *const rows[WROWS], int64_t
 
 /* X rows taken together against a decoded block: their sums are independent chains of
  * `vpdpbusd` (its latency hidden) and each weight vector loaded is used R times. */
-#define GEMM_ROWS 8
+#define GEMM_ROWS 6
 
-/* sums[m] (2 vectors: products, offsets) += the block's products with x rows m0..m0+R-1 over
- * super-block sb (groups of `size` values). */
+/* sums[m] (products) += the block's products with x rows m0..m0+R-1 over super-block sb (groups
+ * of `size` values: 32, Q4_K; 16, Q6_K). The offsets are taken in the integer sums: Q6_K's -32
+ * as each group's sum's start (q6k_starts: -32 times x's sum over the group), Q4_K's mins as one
+ * `vpdpwssd` per two groups (the mins and x's group sums as int16 pairs), scaled by dmin once
+ * per super-block. */
 static inline __attribute__((always_inline)) void block_rows(const int R, const int size,
                                                              const decoded_block *blk,
-                                                             const rounded_x *x, int64_t m0,
-                                                             int64_t sb, float *sums) {
+                                                             const rounded_x *x,
+                                                             const int32_t *q6k_starts,
+                                                             int64_t m0, int64_t sb, float *sums) {
   const int64_t k = x->k, blocks = k / QK_K;
-  __m512 total[GEMM_ROWS], off[GEMM_ROWS];
-  for (int m = 0; m < R; m++) {
-    total[m] = _mm512_setzero_ps();
-    off[m] = _mm512_load_ps(sums + (2 * (m0 + m) + 1) * WROWS);
-  }
+  __m512 total[GEMM_ROWS];
+  for (int m = 0; m < R; m++) total[m] = _mm512_setzero_ps();
   for (int j = 0; j < QK_K / size; j++) {
     __m512i dot[GEMM_ROWS];
-    for (int m = 0; m < R; m++) dot[m] = _mm512_setzero_si512();
+    for (int m = 0; m < R; m++)
+      dot[m] = size == 32 ? _mm512_setzero_si512()
+                          : _mm512_set1_epi32(q6k_starts[(m0 + m) * (k / 16) + sb * 16 + j]);
+#ifdef EXP_TWO
+    __m512i dot2[GEMM_ROWS];
+    for (int m = 0; m < R; m++) dot2[m] = _mm512_setzero_si512();
+    for (int q = 0; q < size / 4; q++) {
+      const __m512i w = _mm512_load_si512((const void *)&blk->w[(size / 4) * j + q]);
+      for (int m = 0; m < R; m++) {
+        int32_t four;
+        memcpy(&four, x->q + (m0 + m) * k + sb * QK_K + size * j + 4 * q, 4);
+        if (q & 1) dot2[m] = _mm512_dpbusd_epi32(dot2[m], w, _mm512_set1_epi32(four));
+        else dot[m] = _mm512_dpbusd_epi32(dot[m], w, _mm512_set1_epi32(four));
+      }
+    }
+    for (int m = 0; m < R; m++) dot[m] = _mm512_add_epi32(dot[m], dot2[m]);
+#else
     for (int q = 0; q < size / 4; q++) {
       const __m512i w = _mm512_load_si512((const void *)&blk->w[(size / 4) * j + q]);
       for (int m = 0; m < R; m++) {
@@ -180,20 +205,25 @@ static inline __attribute__((always_inline)) void block_rows(const int R, const 
         dot[m] = _mm512_dpbusd_epi32(dot[m], w, _mm512_set1_epi32(four));
       }
     }
-    const __m512 scale = _mm512_load_ps(blk->scale[j]), offset = _mm512_load_ps(blk->offset[j]);
-    for (int m = 0; m < R; m++) {
-      const int64_t i = m0 + m;
+#endif
+    const __m512 scale = _mm512_load_ps(blk->scale[j]);
+    for (int m = 0; m < R; m++)
       total[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[m]), scale, total[m]);
-      const float xsum = size == 32 ? x->dxsum32[i * (k / 32) + sb * 8 + j]
-                                    : x->dx[i * blocks + sb] * (float)x->sum16[i * (k / 16) + sb * 16 + j];
-      off[m] = _mm512_fmadd_ps(offset, _mm512_set1_ps(xsum), off[m]);
-    }
   }
   for (int m = 0; m < R; m++) {
+    if (size == 32) {
+      const int16_t *xsums = x->sum32 + (m0 + m) * (k / 32) + sb * 8;
+      __m512i mins = _mm512_setzero_si512();
+      for (int p = 0; p < 4; p++) {
+        int32_t two;
+        memcpy(&two, xsums + 2 * p, 4);
+        mins = _mm512_dpwssd_epi32(mins, blk->min_pairs[p], _mm512_set1_epi32(two));
+      }
+      total[m] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mins), _mm512_load_ps(blk->dmin), total[m]);
+    }
     float *acc = sums + 2 * (m0 + m) * WROWS;
     const __m512 dx = _mm512_set1_ps(x->dx[(m0 + m) * blocks + sb]);
     _mm512_store_ps(acc, _mm512_fmadd_ps(total[m], dx, _mm512_load_ps(acc)));
-    _mm512_store_ps(acc + WROWS, off[m]);
   }
 }
 
@@ -292,27 +322,31 @@ static void pair_row_range(const decoded_pair *blk, const rounded_x *x, int64_t 
 /* block_rows for x rows [m0, m1) over groups of `size` values (32: Q4_K, 16: Q6_K). */
 static inline __attribute__((always_inline)) void block_range(const int size,
                                                               const decoded_block *blk,
-                                                              const rounded_x *x, int64_t sb,
-                                                              int64_t m0, int64_t m1,
+                                                              const rounded_x *x,
+                                                              const int32_t *q6k_starts,
+                                                              int64_t sb, int64_t m0, int64_t m1,
                                                               float *sums) {
-  for (; m0 + GEMM_ROWS <= m1; m0 += GEMM_ROWS) block_rows(GEMM_ROWS, size, blk, x, m0, sb, sums);
-#define BLOCK(R) block_rows(R, size, blk, x, m0, sb, sums)
+  for (; m0 + GEMM_ROWS <= m1; m0 += GEMM_ROWS)
+    block_rows(GEMM_ROWS, size, blk, x, q6k_starts, m0, sb, sums);
+#define BLOCK(R) block_rows(R, size, blk, x, q6k_starts, m0, sb, sums)
   switch (m1 - m0) { TAIL_CASES_7(BLOCK) default: break; }
 #undef BLOCK
 }
 
 /* block_rows for x rows [m0, m1), R compiled per count and block type. */
 static void block_row_range(int64_t type, const decoded_block *blk, const rounded_x *x,
-                            int64_t sb, int64_t m0, int64_t m1, float *sums) {
+                            const int32_t *q6k_starts, int64_t sb, int64_t m0, int64_t m1,
+                            float *sums) {
   if (type == GGML_TYPE_Q4_K)
-    block_range(32, blk, x, sb, m0, m1, sums);
+    block_range(32, blk, x, NULL, sb, m0, m1, sums);
   else
-    block_range(16, blk, x, sb, m0, m1, sums);
+    block_range(16, blk, x, q6k_starts, sb, m0, m1, sums);
 }
 
 typedef struct {
   int dtype;
   const rounded_x *x;
+  const int32_t *q6k_starts; /* [rows, k / 16]: -32 times x's sum over each 16 values */
   const gguf_part_t *parts;
   void *y;
   int64_t n_out;
@@ -346,8 +380,8 @@ static inline void prefetch_next(const uint8_t *const next[WROWS], int64_t from,
  * multiplied by the x rows a chunk at a time; the next block's rows (`next`, of the same
  * type; NULL for none) are prefetched as this one decodes. */
 static void gemm_block(int64_t type, const uint8_t *const rows[WROWS],
-                       const uint8_t *const next[WROWS], const rounded_x *x, void *decoded,
-                       float *sums) {
+                       const uint8_t *const next[WROWS], const rounded_x *x,
+                       const int32_t *q6k_starts, void *decoded, float *sums) {
   const int64_t k = x->k;
   int64_t chunk = X_CHUNK_BYTES / k / GEMM_ROWS * GEMM_ROWS;
   if (chunk < GEMM_ROWS) chunk = GEMM_ROWS;
@@ -361,7 +395,8 @@ static void gemm_block(int64_t type, const uint8_t *const rows[WROWS],
     }
     for (int64_t m0 = 0; m0 < x->rows; m0 += chunk) {
       const int64_t m1 = m0 + chunk < x->rows ? m0 + chunk : x->rows;
-      for (int64_t sb = 0; sb < k / QK_K; sb++) block_row_range(type, blk + sb, x, sb, m0, m1, sums);
+      for (int64_t sb = 0; sb < k / QK_K; sb++)
+        block_row_range(type, blk + sb, x, q6k_starts, sb, m0, m1, sums);
     }
     return;
   }
@@ -402,15 +437,16 @@ static void gemm_range(void *p, int64_t b0, int64_t b1) {
   int64_t type = -1, next_type = -1;
   if (b0 < b1) block_rows_at(a->parts, b0, k, row_at, &type);
   for (int64_t bi = b0; bi < b1; bi++) {
-    const int64_t n = bi * WROWS;
     const int has_next = bi + 1 < b1;
     if (has_next) block_rows_at(a->parts, bi + 1, k, next_at, &next_type);
     /* a next block of another part's type has other row sizes: not prefetched */
-    gemm_block(type, row_at, has_next && next_type == type ? next_at : NULL, x, decoded, sums);
-    for (int64_t m = 0; m < rows; m++)
-      for (int r = 0; r < WROWS; r++)
-        store(a->y, m * a->n_out + n + r,
-              sums[2 * m * WROWS + r] - sums[(2 * m + 1) * WROWS + r], a->dtype);
+    gemm_block(type, row_at, has_next && next_type == type ? next_at : NULL, x, a->q6k_starts,
+               decoded, sums);
+    for (int64_t m = 0; m < rows; m++) {
+      const float *acc = sums + 2 * m * WROWS;
+      vstore_as(a->y, m * a->n_out + bi * WROWS,
+                _mm512_sub_ps(_mm512_load_ps(acc), _mm512_load_ps(acc + WROWS)), a->dtype);
+    }
     if (has_next) {
       memcpy(row_at, next_at, sizeof(row_at));
       type = next_type;
@@ -441,11 +477,18 @@ int gguf_gemm_a8(int dtype, const void *x, const gguf_part_t *parts, void *y, in
   if (rows < 1 || !gemm_serves(parts, n_out, k)) return -1;
   rounded_x rx;
   if (round_x(dtype, x, rows, k, &rx)) return -1;
-  gemm_args a = {dtype, &rx, parts, y, n_out, 0};
+  int32_t *q6k_starts = malloc((size_t)(rows * (k / 16)) * sizeof(int32_t));
+  if (q6k_starts == NULL) {
+    free_rounded(&rx);
+    return -1;
+  }
+  for (int64_t i = 0; i < rows * (k / 16); i++) q6k_starts[i] = -32 * (int32_t)rx.sum16[i];
+  gemm_args a = {dtype, &rx, q6k_starts, parts, y, n_out, 0};
   const int64_t blocks = n_out / WROWS;
   const int64_t pieces = 4 * (threads > 1 ? threads : 1);
   const int64_t chunk = (blocks + pieces - 1) / pieces;
   parallel_range(gemm_range, &a, blocks, chunk > 0 ? chunk : 1, threads, 1);
+  free(q6k_starts);
   free_rounded(&rx);
   return a.failed ? -1 : 0;
 }
