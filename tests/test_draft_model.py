@@ -296,7 +296,11 @@ def test_a_probe_waits_for_a_request_the_draft_model_is_in_step_with(tiny):
     emitted since the draft model last followed it: the probe that falls due there is
     deferred to the next request the draft model holds all but a few tokens of."""
     from sglite.runtime.model.loader import load_model
-    from sglite.runtime.scheduler.draft_model import PROBE_MAX_BEHIND, DraftModelProposer
+    from sglite.runtime.scheduler.draft_model import (
+        PROBE_MAX_BEHIND,
+        PROMPT_READ_EVERY_UNPAID,
+        DraftModelProposer,
+    )
 
     proposer = DraftModelProposer(load_model(tiny["small"], progress=False), 256, 4, 256)
     first = _request("a", PROMPT)
@@ -314,9 +318,42 @@ def test_a_probe_waits_for_a_request_the_draft_model_is_in_step_with(tiny):
     passes = proposer.forward_passes
     assert proposer.propose(behind) == [] and proposer.forward_passes == passes
     in_step = _request("in-step", PROMPT[1:])
+    proposer.prompts_unread = PROMPT_READ_EVERY_UNPAID - 1  # this prompt is the one read
     proposer.read_prompt(in_step)
     in_step.output_ids = [PROMPT[0]]  # its first decode step: one token behind
     assert proposer.propose(in_step)  # the deferred probe
+    proposer.forget(set())
+    proposer.check_invariants()
+
+
+def test_a_draft_model_that_does_not_pay_reads_few_prompts(tiny):
+    """A prompt's pass costs the draft model a prefill: while its drafts pay every new prompt
+    is read as the target prefills it, while they do not only one in
+    PROMPT_READ_EVERY_UNPAID (a request for a probe to try); an unread prompt is read by the
+    request's first draft if drafts pay again."""
+    from sglite.runtime.model.loader import load_model
+    from sglite.runtime.scheduler.draft_model import PROMPT_READ_EVERY_UNPAID, DraftModelProposer
+
+    proposer = DraftModelProposer(load_model(tiny["small"], progress=False), 256, 4, 256)
+    paying = [_request(f"p{i}", PROMPT[i:]) for i in range(3)]
+    for req in paying:
+        proposer.read_prompt(req)
+    assert proposer.forward_passes == len(paying)
+    for _ in range(6):  # drafts of 4 that kept nothing, where 90% was needed
+        proposer.record(paying[0], 4, 0, BreakEvens(0.9, 0.9, 0.9))
+    unpaid = [_request(f"u{i}", PROMPT[i % 4 :]) for i in range(2 * PROMPT_READ_EVERY_UNPAID)]
+    read = []
+    for req in unpaid:
+        passes = proposer.forward_passes
+        proposer.read_prompt(req)
+        read.append(proposer.forward_passes > passes)
+    one_in_n = [False] * (PROMPT_READ_EVERY_UNPAID - 1) + [True]
+    assert read == one_in_n * 2
+    proposer.needed = proposer.first_needed = 0.0  # drafts pay again
+    late = unpaid[0]
+    late.output_ids.append(PROMPT[0])
+    assert len(proposer.propose(late)) == 4  # its prompt read by its first draft
+    assert proposer.take_prompt_seconds() > 0.0
     proposer.forget(set())
     proposer.check_invariants()
 

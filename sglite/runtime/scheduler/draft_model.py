@@ -68,6 +68,11 @@ if TYPE_CHECKING:
 # decode (its prompt read as the target prefilled it): a probe of a request it fell behind on
 # would first pass over every token emitted since, a cost no acceptance repays.
 PROBE_MAX_BEHIND = 4
+# While the draft model does not pay, one prompt in this many is read as the target prefills
+# it (the rest when a draft needs them): a prompt's pass costs the draft model a prefill, which
+# drafts that are not taken never repay (at batch 4 on the Qwen pair, a tenth of the
+# throughput), and the prompts read keep requests that a probe can try cheaply.
+PROMPT_READ_EVERY_UNPAID = 8
 
 
 class DraftModelProposer:
@@ -109,6 +114,7 @@ class DraftModelProposer:
         self.first = KindAcceptance()
         self.first_needed = LOW_ACCEPTANCE
         self.calibration = ConfidenceCalibration()
+        self.prompts_unread = 0  # prompts left unread since the last one read while not paying
 
     @classmethod
     def load(
@@ -185,6 +191,11 @@ class DraftModelProposer:
             drafting = growing
         return {rid: tokens for rid, tokens in drafts.items() if tokens}
 
+    def _pays(self) -> bool:
+        """Whether drafts pay now: the recent shares of tokens and of first tokens kept against
+        the latest verification's break-evens."""
+        return self.acceptance.pays(self.needed) and self.first.pays(self.first_needed)
+
     def _begin(self, req: Req) -> GrowingDraft | None:
         """The request's draft about to grow (its sequence brought to the request's tokens),
         or None when it drafts nothing now."""
@@ -195,9 +206,8 @@ class DraftModelProposer:
         if length <= 0:
             return None
         target = seq.history.sync(req)
-        paying = self.acceptance.pays(self.needed) and self.first.pays(self.first_needed)
         held = self._held(seq, target)
-        if not self.acceptance.admit(paying, cheap=len(target) - held <= PROBE_MAX_BEHIND):
+        if not self.acceptance.admit(self._pays(), cheap=len(target) - held <= PROBE_MAX_BEHIND):
             return None
         self._rewind(seq, target, held)
         seq.probabilities = []
@@ -206,10 +216,17 @@ class DraftModelProposer:
 
     def read_prompt(self, req: Req) -> None:
         """The draft model's pass over the prompt (past what its cache holds), run as the target
-        prefills it, so the first draft costs one token's pass; a request it already follows
-        (re-prefilled after a retraction) is left as it is."""
+        prefills it, so the first draft costs one token's pass: while drafts pay, and for one
+        prompt in PROMPT_READ_EVERY_UNPAID while they do not (a prompt left unread is read by
+        the request's first draft, if one comes). A request it already follows (re-prefilled
+        after a retraction) is left as it is."""
         if req.rid in self.sequences:
             return
+        if not self._pays():
+            self.prompts_unread += 1
+            if self.prompts_unread < PROMPT_READ_EVERY_UNPAID:
+                return
+        self.prompts_unread = 0
         seq = self.sequences[req.rid] = self._start(req)
         feed = req.prompt_ids[len(seq.tokens) :]
         if feed and self._extend(seq, feed) is not None:
