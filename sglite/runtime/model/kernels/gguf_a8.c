@@ -476,10 +476,20 @@ typedef struct {
  * of each in turn: on Intel one sequential stream leaves the core's hardware prefetchers
  * waiting on a single run of lines while the products compute, and two keep more lines in
  * flight. Where 512-bit operations run as two halves (AMD Zen 4) the k-quants take the 256-bit
- * path (its sums cost fewer issue slots there than the 512-bit path's shuffles) and one stream
- * (STREAMS_SPLIT), which its prefetchers keep ahead of those products (docs/benchmarks.md). */
+ * path (its sums cost fewer issue slots there than the 512-bit path's shuffles); there rows of
+ * at most SHORT_ROW_BYTES are read as two streams too (a short row is a short run, which one
+ * stream's prefetchers do not keep ahead of), longer ones as one (STREAMS_SPLIT), which its
+ * prefetchers keep ahead of those products (docs/benchmarks.md). */
 #define STREAMS 2
 #define STREAMS_SPLIT 1
+#define SHORT_ROW_BYTES 2048
+
+/* The streams a thread reads its rows of `parts` (k values each) as. */
+static int64_t row_streams(const gguf_part_t *parts, int64_t k, int split) {
+  if (!split) return STREAMS;
+  const int64_t row_bytes = k / type_block_values(parts->type) * type_block_bytes(parts->type);
+  return row_bytes <= SHORT_ROW_BYTES ? STREAMS : STREAMS_SPLIT;
+}
 
 /* The weight row at position v of the interleaved order of rows [n0, n0 + len * streams):
  * stream v % streams, its (v / streams)-th row; rows past n1 are skipped by the caller. */
@@ -545,7 +555,7 @@ int gguf_gemv_a8(int dtype, const void *x, const gguf_part_t *parts, void *y, in
   rounded_x rx;
   if (round_x(dtype, x, rows, k, &rx)) return -1;
   const int split = (int)vectors_512_split();
-  a8_args a = {dtype, &rx, parts, y, n_out, split, split ? STREAMS_SPLIT : STREAMS};
+  a8_args a = {dtype, &rx, parts, y, n_out, split, row_streams(parts, k, split)};
   const int64_t pieces = 4 * (threads > 1 ? threads : 1);
   int64_t chunk = ((n_out + pieces - 1) / pieces + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS;
   if (chunk < 32) chunk = 32;
