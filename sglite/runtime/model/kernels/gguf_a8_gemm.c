@@ -303,12 +303,11 @@ static inline __attribute__((always_inline)) void pair_rows(const int R, const d
   case 1: call(1); break; \
   case 2: call(2); break; \
   case 3: call(3); break;
-#define TAIL_CASES_7(call)    \
+#define TAIL_CASES_5(call)    \
   TAIL_CASES_3(call)      \
   case 4: call(4); break; \
-  case 5: call(5); break; \
-  case 6: call(6); break; \
-  case 7: call(7); break;
+  case 5: call(5); break;
+_Static_assert(GEMM_ROWS == 6 && PAIR_ROWS == 4, "the tail cases cover a pass's rows but one");
 
 /* pair_rows for x rows [m0, m1). */
 static void pair_row_range(const decoded_pair *blk, const rounded_x *x, int64_t p, int64_t m0,
@@ -329,7 +328,7 @@ static inline __attribute__((always_inline)) void block_range(const int size,
   for (; m0 + GEMM_ROWS <= m1; m0 += GEMM_ROWS)
     block_rows(GEMM_ROWS, size, blk, x, q6k_starts, m0, sb, sums);
 #define BLOCK(R) block_rows(R, size, blk, x, q6k_starts, m0, sb, sums)
-  switch (m1 - m0) { TAIL_CASES_7(BLOCK) default: break; }
+  switch (m1 - m0) { TAIL_CASES_5(BLOCK) default: break; }
 #undef BLOCK
 }
 
