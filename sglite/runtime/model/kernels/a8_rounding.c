@@ -55,25 +55,25 @@ void free_rounded(rounded_x *r) {
   free(r->dxsum32);
 }
 
-int round_x(int dtype, const void *x, int64_t rows, int64_t k, rounded_x *r) {
-  r->rows = rows;
-  r->k = k;
-  r->span = k % QK_K == 0 ? QK_K : QK;
-  r->q = (int8_t *)malloc((size_t)(rows * k));
-  r->dx = (float *)malloc((size_t)(rows * (k / r->span)) * sizeof(float));
-  r->sum16 = (int16_t *)malloc((size_t)(rows * (k / 16)) * sizeof(int16_t));
-  r->sum32 = (int16_t *)malloc((size_t)(rows * (k / QK)) * sizeof(int16_t));
-  r->dx32 = (float *)malloc((size_t)(rows * (k / QK)) * sizeof(float));
-  r->dxsum32 = (float *)malloc((size_t)(rows * (k / QK)) * sizeof(float));
+typedef struct {
+  int dtype;
+  const void *x;
+  rounded_x *r;
+  int failed;
+} round_args;
+
+/* Rows [m0, m1) of x rounded into r. */
+static void round_rows(void *p, int64_t m0, int64_t m1) {
+  round_args *a = p;
+  rounded_x *r = a->r;
+  const int64_t k = r->k, spans = k / r->span;
   float *xf = (float *)malloc((size_t)k * sizeof(float));
-  if (!r->q || !r->dx || !r->sum16 || !r->sum32 || !r->dx32 || !r->dxsum32 || !xf) {
-    free(xf);
-    free_rounded(r);
-    return -1;
+  if (xf == NULL) {
+    a->failed = 1;
+    return;
   }
-  const int64_t spans = k / r->span;
-  for (int64_t m = 0; m < rows; m++) {
-    load_row(x, m * k, k, xf, dtype);
+  for (int64_t m = m0; m < m1; m++) {
+    load_row(a->x, m * k, k, xf, a->dtype);
     int8_t *q = r->q + m * k;
     for (int64_t s = 0; s < spans; s++) {
       const float *xs = xf + s * r->span;
@@ -95,5 +95,30 @@ int round_x(int dtype, const void *x, int64_t rows, int64_t k, rounded_x *r) {
     }
   }
   free(xf);
+}
+
+/* x values below which rounding runs on the calling thread alone. */
+#define ROUND_PARALLEL_MIN (1 << 16)
+
+int round_x(int dtype, const void *x, int64_t rows, int64_t k, int threads, rounded_x *r) {
+  r->rows = rows;
+  r->k = k;
+  r->span = k % QK_K == 0 ? QK_K : QK;
+  r->q = (int8_t *)malloc((size_t)(rows * k));
+  r->dx = (float *)malloc((size_t)(rows * (k / r->span)) * sizeof(float));
+  r->sum16 = (int16_t *)malloc((size_t)(rows * (k / 16)) * sizeof(int16_t));
+  r->sum32 = (int16_t *)malloc((size_t)(rows * (k / QK)) * sizeof(int16_t));
+  r->dx32 = (float *)malloc((size_t)(rows * (k / QK)) * sizeof(float));
+  r->dxsum32 = (float *)malloc((size_t)(rows * (k / QK)) * sizeof(float));
+  if (!r->q || !r->dx || !r->sum16 || !r->sum32 || !r->dx32 || !r->dxsum32) {
+    free_rounded(r);
+    return -1;
+  }
+  round_args a = {dtype, x, r, 0};
+  parallel_range(round_rows, &a, rows, 8, threads, rows * k >= ROUND_PARALLEL_MIN);
+  if (a.failed) {
+    free_rounded(r);
+    return -1;
+  }
   return 0;
 }

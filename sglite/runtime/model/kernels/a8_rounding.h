@@ -18,8 +18,9 @@ typedef struct {
   float *dxsum32; /* [rows, k / 32]: dx32 times sum32 (x's sum over the group, for offsets) */
 } rounded_x;
 
-/* x [rows, k] (dtype) rounded into r (its buffers allocated here). -1 when out of memory. */
-int round_x(int dtype, const void *x, int64_t rows, int64_t k, rounded_x *r);
+/* x [rows, k] (dtype) rounded into r (its buffers allocated here), rows shared among `threads`
+ * threads. -1 when out of memory. */
+int round_x(int dtype, const void *x, int64_t rows, int64_t k, int threads, rounded_x *r);
 /* Free r's buffers. */
 void free_rounded(rounded_x *r);
 

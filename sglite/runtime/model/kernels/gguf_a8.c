@@ -553,7 +553,7 @@ int gguf_gemv_a8(int dtype, const void *x, const gguf_part_t *parts, void *y, in
                  int64_t n_out, int64_t k, int threads) {
   if (rows < 1 || k % QK || !gguf_parts_valid(parts, n_out, k)) return -1;
   rounded_x rx;
-  if (round_x(dtype, x, rows, k, &rx)) return -1;
+  if (round_x(dtype, x, rows, k, threads, &rx)) return -1;
   const int split = (int)vectors_512_split();
   a8_args a = {dtype, &rx, parts, y, n_out, split, row_streams(parts, k, split)};
   const int64_t pieces = 4 * (threads > 1 ? threads : 1);

@@ -475,7 +475,7 @@ int gguf_gemm_a8(int dtype, const void *x, const gguf_part_t *parts, void *y, in
                  int64_t n_out, int64_t k, int threads) {
   if (rows < 1 || !gemm_serves(parts, n_out, k)) return -1;
   rounded_x rx;
-  if (round_x(dtype, x, rows, k, &rx)) return -1;
+  if (round_x(dtype, x, rows, k, threads, &rx)) return -1;
   int32_t *q6k_starts = malloc((size_t)(rows * (k / 16)) * sizeof(int32_t));
   if (q6k_starts == NULL) {
     free_rounded(&rx);
