@@ -183,20 +183,6 @@ static inline __attribute__((always_inline)) void block_rows(const int R, const 
     for (int m = 0; m < R; m++)
       dot[m] = size == 32 ? _mm512_setzero_si512()
                           : _mm512_set1_epi32(q6k_starts[(m0 + m) * (k / 16) + sb * 16 + j]);
-#ifdef EXP_TWO
-    __m512i dot2[GEMM_ROWS];
-    for (int m = 0; m < R; m++) dot2[m] = _mm512_setzero_si512();
-    for (int q = 0; q < size / 4; q++) {
-      const __m512i w = _mm512_load_si512((const void *)&blk->w[(size / 4) * j + q]);
-      for (int m = 0; m < R; m++) {
-        int32_t four;
-        memcpy(&four, x->q + (m0 + m) * k + sb * QK_K + size * j + 4 * q, 4);
-        if (q & 1) dot2[m] = _mm512_dpbusd_epi32(dot2[m], w, _mm512_set1_epi32(four));
-        else dot[m] = _mm512_dpbusd_epi32(dot[m], w, _mm512_set1_epi32(four));
-      }
-    }
-    for (int m = 0; m < R; m++) dot[m] = _mm512_add_epi32(dot[m], dot2[m]);
-#else
     for (int q = 0; q < size / 4; q++) {
       const __m512i w = _mm512_load_si512((const void *)&blk->w[(size / 4) * j + q]);
       for (int m = 0; m < R; m++) {
@@ -205,7 +191,6 @@ static inline __attribute__((always_inline)) void block_rows(const int R, const 
         dot[m] = _mm512_dpbusd_epi32(dot[m], w, _mm512_set1_epi32(four));
       }
     }
-#endif
     const __m512 scale = _mm512_load_ps(blk->scale[j]);
     for (int m = 0; m < R; m++)
       total[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[m]), scale, total[m]);
@@ -345,7 +330,7 @@ static void block_row_range(int64_t type, const decoded_block *blk, const rounde
 typedef struct {
   int dtype;
   const rounded_x *x;
-  const int32_t *q6k_starts; /* [rows, k / 16]: -32 times x's sum over each 16 values */
+  const int32_t *q6k_starts; /* q6k_group_starts (NULL without Q6_K parts) */
   const gguf_part_t *parts;
   void *y;
   int64_t n_out;
@@ -471,17 +456,26 @@ static int gemm_serves(const gguf_part_t *parts, int64_t n_out, int64_t k) {
   return gguf_parts_valid(parts, n_out, k) && parts_fit(parts, n_out, k);
 }
 
+/* Q6_K's -32 per group of 16 in x's integer sums: -32 times x's sum over each 16 values,
+ * [rows, k / 16] (NULL when out of memory). */
+static int32_t *q6k_group_starts(const rounded_x *rx) {
+  const int64_t n = rx->rows * (rx->k / 16);
+  int32_t *starts = malloc((size_t)n * sizeof(int32_t));
+  if (starts != NULL)
+    for (int64_t i = 0; i < n; i++) starts[i] = -32 * (int32_t)rx->sum16[i];
+  return starts;
+}
+
 int gguf_gemm_a8(int dtype, const void *x, const gguf_part_t *parts, void *y, int64_t rows,
                  int64_t n_out, int64_t k, int threads) {
   if (rows < 1 || !gemm_serves(parts, n_out, k)) return -1;
   rounded_x rx;
   if (round_x(dtype, x, rows, k, threads, &rx)) return -1;
-  int32_t *q6k_starts = malloc((size_t)(rows * (k / 16)) * sizeof(int32_t));
-  if (q6k_starts == NULL) {
+  int32_t *q6k_starts = NULL;
+  if (q6k_rows(parts, n_out) > 0 && (q6k_starts = q6k_group_starts(&rx)) == NULL) {
     free_rounded(&rx);
     return -1;
   }
-  for (int64_t i = 0; i < rows * (k / 16); i++) q6k_starts[i] = -32 * (int32_t)rx.sum16[i];
   gemm_args a = {dtype, &rx, q6k_starts, parts, y, n_out, 0};
   const int64_t blocks = n_out / WROWS;
   const int64_t pieces = 4 * (threads > 1 ? threads : 1);

@@ -93,13 +93,18 @@ static inline void k_scales8(const uint8_t *s, uint32_t sc[2], uint32_t mn[2]) {
   mn[1] = ((w[2] >> 4) & four) | (((w[1] >> 6) & two) << 4);
 }
 
-/* Whether Q6_K parts hold most of a weight's n_out rows (it decodes slower: later thresholds). */
-static inline int q6k_mostly(const gguf_part_t *parts, int64_t n_out) {
+/* Rows of a weight's n_out held by Q6_K parts. */
+static inline int64_t q6k_rows(const gguf_part_t *parts, int64_t n_out) {
   int64_t q6k = 0;
   for (int64_t seen = 0, i = 0; seen < n_out && i < GGUF_MAX_PARTS && parts[i].rows > 0;
        seen += parts[i].rows, i++)
     if (parts[i].type == GGML_TYPE_Q6_K) q6k += parts[i].rows;
-  return 2 * q6k > n_out;
+  return q6k;
+}
+
+/* Whether Q6_K parts hold most of a weight's n_out rows (it decodes slower: later thresholds). */
+static inline int q6k_mostly(const gguf_part_t *parts, int64_t n_out) {
+  return 2 * q6k_rows(parts, n_out) > n_out;
 }
 
 /* Whether a block of 32 stores its min after its scale (Q4_1, Q5_1); the other types' offset
