@@ -196,6 +196,17 @@ def test_the_vnni_gemm_declines_what_it_cannot_serve_and_q6_k_takes_it_later():
     assert q4k.a8_gemm_min_rows == ABI.constants["A8_GEMM_MIN_ROWS" + split]
     q6k_rows = ABI.constants["A8_GEMM_MIN_ROWS_Q6_K" + split]
     assert q6k.a8_gemm_min_rows == q6k_rows > q4k.a8_gemm_min_rows
+    # Where 512-bit operations are split, the GEMV reads long k-quant rows as one stream and the
+    # GEMM takes them sooner; blocks of 32 later (their GEMV keeps the lead longer there).
+    k_long = 256 * (ABI.constants["SHORT_ROW_BYTES"] // 144 + 1)  # Q4_K rows past the bound
+    long_q4k = GGUFWeight([GGUFPart("Q4_K", _blocks("Q4_K", 16, k_long, rng))], k_long)
+    q8 = GGUFWeight([GGUFPart("Q8_0", _blocks("Q8_0", 16, 512, rng))], 512)
+    if split:
+        assert long_q4k.a8_gemm_min_rows == ABI.constants["A8_GEMM_MIN_ROWS_LONG_SPLIT"]
+        assert long_q4k.a8_gemm_min_rows < q4k.a8_gemm_min_rows < q8.a8_gemm_min_rows
+        assert q8.a8_gemm_min_rows == ABI.constants["A8_GEMM_MIN_ROWS_B32_SPLIT"]
+    else:
+        assert long_q4k.a8_gemm_min_rows == q8.a8_gemm_min_rows == q4k.a8_gemm_min_rows
 
 
 def _cpuinfo_field(name: str) -> str:

@@ -482,13 +482,11 @@ typedef struct {
  * prefetchers keep ahead of those products (docs/benchmarks.md). */
 #define STREAMS 2
 #define STREAMS_SPLIT 1
-#define SHORT_ROW_BYTES 2048
 
 /* The streams a thread reads its rows of `parts` (k values each) as. */
 static int64_t row_streams(const gguf_part_t *parts, int64_t k, int split) {
   if (!split) return STREAMS;
-  const int64_t row_bytes = k / type_block_values(parts->type) * type_block_bytes(parts->type);
-  return row_bytes <= SHORT_ROW_BYTES ? STREAMS : STREAMS_SPLIT;
+  return gguf_row_bytes(parts->type, k) <= SHORT_ROW_BYTES ? STREAMS : STREAMS_SPLIT;
 }
 
 /* The weight row at position v of the interleaved order of rows [n0, n0 + len * streams):

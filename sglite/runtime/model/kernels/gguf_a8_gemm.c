@@ -31,6 +31,10 @@
 /* Weight rows a decoded block covers: one 32-bit lane each. */
 #define WROWS 16
 
+static int is_k_quant(int64_t type) {
+  return type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K;
+}
+
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__) && \
     defined(__AVX2__) && defined(__FMA__)
 #include "transpose16.h"
@@ -342,10 +346,6 @@ typedef struct {
  * per block of 16 weight rows in a prefill's thousand rows. */
 #define X_CHUNK_BYTES (256 << 10)
 
-static int is_k_quant(int64_t type) {
-  return type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K;
-}
-
 /* Bytes [from, from + bytes) of each of the next block's 16 rows (none when next is NULL),
  * fetched into L2 while this block decodes: its 16 rows are 16 streams, more than the hardware
  * prefetchers follow, and with few x rows a block's products are too short to hide its loads
@@ -501,6 +501,8 @@ static int gemm_serves(const gguf_part_t *parts, int64_t n_out, int64_t k) {
 int64_t gguf_a8_gemm_min_rows(const gguf_part_t *parts, int64_t n_out, int64_t k) {
   if (!gemm_serves(parts, n_out, k)) return KERNEL_OFF_ROWS;
   const int q6k = q6k_mostly(parts, n_out);
-  if (vectors_512_split()) return q6k ? A8_GEMM_MIN_ROWS_Q6_K_SPLIT : A8_GEMM_MIN_ROWS_SPLIT;
-  return q6k ? A8_GEMM_MIN_ROWS_Q6_K : A8_GEMM_MIN_ROWS;
+  if (!vectors_512_split()) return q6k ? A8_GEMM_MIN_ROWS_Q6_K : A8_GEMM_MIN_ROWS;
+  if (!is_k_quant(parts->type)) return A8_GEMM_MIN_ROWS_B32_SPLIT;
+  if (gguf_row_bytes(parts->type, k) > SHORT_ROW_BYTES) return A8_GEMM_MIN_ROWS_LONG_SPLIT;
+  return q6k ? A8_GEMM_MIN_ROWS_Q6_K_SPLIT : A8_GEMM_MIN_ROWS_SPLIT;
 }

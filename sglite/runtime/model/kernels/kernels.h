@@ -48,10 +48,22 @@ enum { BF16_DOT_PAYS_PERCENT = 50, KERNEL_OFF_ROWS = 1073741824 };
  * one kernel for every row count): A8_GEMM_MIN_ROWS_Q6_K for a weight mostly of Q6_K blocks,
  * slower to decode (gguf_a8_gemm_min_rows). */
 enum { A8_GEMM_MIN_ROWS = 4, A8_GEMM_MIN_ROWS_Q6_K = 8 };
-/* The same thresholds where the CPU runs 512-bit operations as two halves (vectors_512_split:
- * AMD Zen 4), measured there since the GEMM prefetches its next block (docs/benchmarks.md); the
- * pair above is from an Intel host without AMX before that prefetch. */
-enum { A8_GEMM_MIN_ROWS_SPLIT = 4, A8_GEMM_MIN_ROWS_Q6_K_SPLIT = 6 };
+/* The thresholds where the CPU runs 512-bit operations as two halves (vectors_512_split: AMD
+ * Zen 4), measured there per kind of weight since the GEMM keeps the k-quants' offsets in its
+ * integer sums (docs/benchmarks.md); the pair above is from an Intel host without AMX. There the
+ * GEMV reads k-quant rows longer than SHORT_ROW_BYTES as one stream (gguf_a8.c), and the GEMM
+ * takes those weights from A8_GEMM_MIN_ROWS_LONG_SPLIT rows; shorter rows from
+ * A8_GEMM_MIN_ROWS_SPLIT (A8_GEMM_MIN_ROWS_Q6_K_SPLIT mostly of Q6_K), blocks of 32 from
+ * A8_GEMM_MIN_ROWS_B32_SPLIT. */
+enum {
+  A8_GEMM_MIN_ROWS_SPLIT = 4,
+  A8_GEMM_MIN_ROWS_Q6_K_SPLIT = 5,
+  A8_GEMM_MIN_ROWS_LONG_SPLIT = 3,
+  A8_GEMM_MIN_ROWS_B32_SPLIT = 5
+};
+/* Bytes of a weight row up to which a thread of the int8 GEMV reads its rows as two streams
+ * where 512-bit operations run as two halves (one stream past it: gguf_a8.c's row_streams). */
+enum { SHORT_ROW_BYTES = 2048 };
 /* Rows decode_layers takes (quantized layers in bf16: at most QGEMV_MAX_ROWS; the caller picks). */
 enum { NATIVE_MAX_ROWS = 256 };
 
