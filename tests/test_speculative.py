@@ -96,17 +96,17 @@ def test_after_an_edit_the_draft_follows_the_source_past_the_replaced_token():
     proposer = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=2, max_match=4)
     edited_once(proposer)
     edited = [1, 2, 3, 20]  # the model's own token replaced 10
+    assert POINTER_DRAFT_TOKENS == 2
     assert proposer.propose(at(edited)) == [4, 5]  # just past what was accepted: 2 tokens
+    assert proposer.states["r"].kind == "pointer"
     proposer.record(at(edited), drafted=2, accepted=2, shares=BreakEvens.uniform())
-    # Its drafts accepted whole, the pointer goes on, each draft twice as long as the last
-    # (from POINTER_DRAFT_TOKENS up to the request's draft length) ...
+    # The copy went on past 20: a rename, so the suffix ending 20 4 5 6 matches the source's
+    # 10 4 5 6, and the copy goes on as a match of STRONG_MATCH tokens.
     draft = proposer.propose(at(edited + [4, 5, 6]))
-    assert POINTER_DRAFT_TOKENS == 2 and draft == [7, 8, 101, 1]
+    assert draft == [7, 8, 101, 1] and proposer.states["r"].kind == "strong"
     proposer.record(at(edited + [4, 5, 6]), len(draft), 3, BreakEvens.uniform())
-    # ... back to POINTER_DRAFT_TOKENS after one that is not (the model wrote its own token
-    # after 101), until a match of STRONG_MATCH tokens takes over.
-    assert proposer.states["r"].pointer_length == POINTER_DRAFT_TOKENS
-    # (its length the request's: just past the 3 tokens the last draft kept)
+    # (the model wrote its own token after 101; its length the request's: just past the 3
+    # tokens the last draft kept)
     assert proposer.propose(at(edited + [4, 5, 6, 7, 8, 101])) == [1, 2, 3, 20]
     assert proposer.propose(at(edited, rid="fresh")) == []  # no pointer: nothing matches
     # Its own draft rejected at once: the pointer goes.
@@ -119,6 +119,45 @@ def test_after_an_edit_the_draft_follows_the_source_past_the_replaced_token():
     stale = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=2, max_match=4)
     edited_once(stale)
     assert stale.propose(at(edited + [30])) == []
+
+
+def test_a_rename_that_the_copy_goes_on_past_is_carried_into_later_drafts():
+    """The model writes 20 where the source has 10, then the source's next token: a rename, so
+    later drafts copied from the source carry 20 (and suffixes ending in 20 match the source's
+    10); an insertion (the source's next token does not follow) teaches nothing, and a rename
+    the model stops writing is dropped."""
+    prompt = [100, 1, 10, 2, 3, 10, 4, 5, 10, 6, 101]
+
+    def at(output: list[int], rid: str = "r") -> SimpleNamespace:
+        req = _req(prompt, rid)
+        req.output_ids, req.num_fill = output, len(prompt) + len(output)
+        return req
+
+    def verify(proposer: NgramProposer, output: list[int], accepted: int, rid: str) -> list:
+        draft = proposer.propose(at(output, rid))
+        proposer.record(at(output, rid), len(draft), accepted, BreakEvens.uniform())
+        return draft
+
+    def renamed_once(proposer: NgramProposer, rid: str) -> None:
+        assert verify(proposer, [100, 1], 0, rid) == [10, 2, 3, 10]  # the model wrote 20
+        assert verify(proposer, [100, 1, 20], 1, rid) == [2]  # and went on with the source
+
+    proposer = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=2, max_match=4)
+    renamed_once(proposer, "r")
+    # the suffix 1 20 2 3 is found as the source's 1 10 2 3, and what follows carries 20
+    assert verify(proposer, [100, 1, 20, 2, 3], 2, "r") == [20, 4]
+    assert proposer.states["r"].substitutions == {10: 20}
+
+    inserted = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=2, max_match=4)
+    assert verify(inserted, [100, 1], 0, "i") == [10, 2, 3, 10]  # 20 written ...
+    assert verify(inserted, [100, 1, 20], 0, "i") == [2]  # ... then 30, not the source's 2
+    inserted.propose(at([100, 1, 20, 30], "i"))
+    assert inserted.states["i"].substitutions == {}
+
+    refused = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=2, max_match=4)
+    renamed_once(refused, "x")
+    assert verify(refused, [100, 1, 20, 2, 3], 0, "x") == [20, 4]  # 20 refused for 10 ...
+    assert refused.states["x"].substitutions == {}  # ... so it is dropped
 
 
 def test_the_radix_cache_drafts_what_followed_the_whole_sequence():

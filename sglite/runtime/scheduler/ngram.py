@@ -31,6 +31,15 @@ the last while they are accepted whole (a copy running on between edits). A poin
 own draft is rejected at its first token is dropped, and an n-gram draft accepted whole leaves
 none (a copy that goes on is matched as usual; one that ended would be drafted on at a loss).
 
+Renames: an edit that renames something writes the same new token for every occurrence of the
+old one. When the model writes its own token where a draft copied another, and its next token
+is the one that followed in the source (the copy goes on past a replacement), the replacement
+is the request's substitution (`NgramState.substitutions`): later drafts copied from its own
+text carry it, and suffixes are also looked up with the new tokens read as the old ones, so a
+copy of a renamed passage matches its source; a draft whose substituted token the model does
+not write drops it. An insertion or the end of a copy (the source's next token does not follow)
+teaches nothing.
+
 Those are four kinds of draft (`DRAFT_KINDS`), accepted at very different rates by the text:
 free writing repeats short runs that are not copies, and an edit's pointer guesses wrong in
 prose. Each kind is proposed only while its recent tokens' accepted share (`KindAcceptance`,
@@ -93,6 +102,34 @@ class NgramState:
     pointer_for: int = -1  # the request's length the pointer was set for (else it is stale)
     pointer_length: int = POINTER_DRAFT_TOKENS  # the pointer's next draft length
     kind: str = ""  # where the last draft came from (a DRAFT_KINDS name)
+    # The request's replacements (a source token -> the token the model writes for it; their
+    # inverse, for lookups), the last draft as copied (before them), and a replacement awaiting
+    # the token after it.
+    substitutions: dict[int, int] = field(default_factory=dict)
+    originals: dict[int, int] = field(default_factory=dict)
+    copied: list[int] = field(default_factory=list)
+    pending: Replacement | None = None
+
+    def substitute(self, source: int, written: int) -> None:
+        """Copies of `source` are written as `written` from now on."""
+        self.forget_substitution(source)
+        self.substitutions[source] = written
+        self.originals[written] = source
+
+    def forget_substitution(self, source: int) -> None:
+        """Copies of `source` are copied as they are again."""
+        written = self.substitutions.pop(source, None)
+        if written is not None and self.originals.get(written) == source:
+            del self.originals[written]
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """The model's own token, at position `written_at` of the request, written where a draft
+    copied the token at text position `source_at`."""
+
+    source_at: int
+    written_at: int
 
 
 class NgramProposer:
@@ -130,6 +167,7 @@ class NgramProposer:
         if length <= 0:
             return []
         tokens = state.history.sync(req)
+        self._confirm_replacement(state, tokens)
         state.draft_start, state.from_pointer, state.proposed_at = None, False, len(tokens)
         if state.pointer_for != len(tokens):  # tokens written without a draft since
             state.pointer = None
@@ -154,7 +192,8 @@ class NgramProposer:
         if start is None:
             return []
         state.draft_start = start
-        return _tokens_only(tokens[start : start + length])
+        state.copied = _tokens_only(tokens[start : start + length])
+        return [state.substitutions.get(t, t) for t in state.copied]
 
     def speculate(self, reqs: list[Req], allowed: SourceFilter) -> dict[str, Proposal]:
         """`propose`'s drafts as the NGRAM_SOURCE's."""
@@ -177,6 +216,7 @@ class NgramProposer:
         # a kind is judged by what its longest drafts need: its short ones are the draft
         # length's to stop (DraftLength)
         self.needed = max(shares.least, LOW_ACCEPTANCE)
+        self._note_replacement(state, drafted, accepted)
         whole = accepted == drafted
         if state.from_pointer:  # a copy past an edit that goes on is drafted further each time
             longer = min(2 * state.pointer_length, self.num_draft_tokens)
@@ -189,6 +229,26 @@ class NgramProposer:
         else:
             state.pointer = state.draft_start + accepted + 1
             state.pointer_for = state.proposed_at + accepted + 1
+
+    @staticmethod
+    def _note_replacement(state: NgramState, drafted: int, accepted: int) -> None:
+        """After a verification of a copied draft that the model left at a token: note where,
+        for `_confirm_replacement`; a substituted token it did not write is forgotten."""
+        if state.draft_start is None or accepted >= min(drafted, len(state.copied)):
+            return
+        state.forget_substitution(state.copied[accepted])
+        state.pending = Replacement(state.draft_start + accepted, state.proposed_at + accepted)
+
+    @staticmethod
+    def _confirm_replacement(state: NgramState, tokens: list[int]) -> None:
+        """Once the token after a noted replacement is written: when it is the one that
+        followed the replaced token in the source, the replacement is a substitution."""
+        pending = state.pending
+        if pending is None or pending.written_at + 1 >= len(tokens):
+            return
+        state.pending = None
+        if tokens[pending.written_at + 1] == tokens[pending.source_at + 1]:
+            state.substitute(tokens[pending.source_at], tokens[pending.written_at])
 
     def read_prompt(self, req: Req) -> None:
         """Nothing: a lookup indexes the prompt at its first proposal."""
@@ -228,9 +288,14 @@ class NgramProposer:
     @staticmethod
     def _match(state: NgramState, tokens: list[int], low: int, high: int) -> int | None:
         """Where what followed the latest earlier occurrence of the longest suffix of `low` to
-        `high` tokens starts, or None."""
+        `high` tokens (as written, or with the request's substitutions read as their sources)
+        starts, or None."""
         for n in range(min(high, len(tokens) - 1), low - 1, -1):
-            end = state.ends.get(n, {}).get(tuple(tokens[-n:]))
+            ends = state.ends.get(n, {})
+            suffix = tuple(tokens[-n:])
+            end = ends.get(suffix)
+            if end is None and state.originals:
+                end = ends.get(tuple(state.originals.get(t, t) for t in suffix))
             if end is not None:
                 return end
         return None
