@@ -79,8 +79,10 @@ static inline __attribute__((always_inline)) void k4_k5_row(const int R, const i
     const __m128i mn16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)mn[1], (int)mn[0]));
     const __m256i scales = _mm256_broadcastsi128_si256(sc16);
     const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
-    __m256i isum[A8_ROWS];
-    for (int m = 0; m < R; m++) isum[m] = _mm256_setzero_si256();
+    /* the low and high nibbles' sums as two chains: one `vpdpwssd` chain's latency bounds a
+     * row's products at one x row (a short row's product is bound by that, not by memory) */
+    __m256i isum[A8_ROWS], isum_high[A8_ROWS];
+    for (int m = 0; m < R; m++) isum[m] = isum_high[m] = _mm256_setzero_si256();
     for (int c = 0; c < 4; c++) {
       const __m256i packed = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
       __m256i lo = low4(packed), hi = high4(packed);
@@ -95,13 +97,14 @@ static inline __attribute__((always_inline)) void k4_k5_row(const int R, const i
         const __m256i p_hi =
             _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xq + 32)));
         isum[m] = add_madd16(isum[m], p_lo, s_lo);
-        isum[m] = add_madd16(isum[m], p_hi, s_hi);
+        isum_high[m] = add_madd16(isum_high[m], p_hi, s_hi);
       }
     }
     const float d = half(b), dmin = half(b + 2);
     for (int m = 0; m < R; m++) {
       const float dx = x->dx[(m0 + m) * blocks + blk];
-      s->acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[m]), _mm256_set1_ps(d * dx), s->acc[m]);
+      const __m256i both = _mm256_add_epi32(isum[m], isum_high[m]);
+      s->acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(both), _mm256_set1_ps(d * dx), s->acc[m]);
       const __m128i sums = _mm_loadu_si128((const __m128i *)(x->sum32 + (m0 + m) * (k / QK) + 8 * blk));
       const __m128i mins = _mm_madd_epi16(mn16, sums);
       s->off_vec[m] = _mm_fnmadd_ps(_mm_cvtepi32_ps(mins), _mm_set1_ps(dmin * dx), s->off_vec[m]);
