@@ -64,6 +64,26 @@ typedef struct {
   __m128 off_vec[A8_ROWS]; /* more offsets, per lane (summed into the result with off) */
 } row_sums;
 
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+/* A Q4_K / Q5_K super-block's 6-bit scales and mins (k_scales8's values) from its 12 scale
+ * bytes at s, with vector instructions: bytes 0-7 the scales of groups 0-7, 8-15 their mins.
+ * Reads 16 bytes (the super-block's nibbles follow its scales). */
+static inline __m128i k_scales16(const uint8_t *s) {
+  const __m128i v = _mm_loadu_si128((const __m128i *)s);
+  const __m128i a =
+      _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7));
+  const __m128i b =
+      _mm_shuffle_epi8(v, _mm_setr_epi8(8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11));
+  /* groups 4-7: 4 low bits from bytes 8-11 (the mins' high nibbles), 2 high bits from the
+   * top of bytes 0-7 */
+  const __m128i b_shifted = _mm_srlv_epi16(b, _mm_setr_epi16(0, 0, 0, 0, 0, 0, 4, 4));
+  const __m128i top = _mm_srli_epi16(_mm_and_si128(a, _mm_set1_epi8((char)0xc0)), 2);
+  const __m128i high = _mm_or_si128(_mm_and_si128(b_shifted, _mm_set1_epi8(0x0f)), top);
+  const __m128i low = _mm_and_si128(a, _mm_set1_epi8(0x3f));
+  return _mm_blend_epi32(low, high, 0xa);
+}
+#endif
+
 /* Q4_K (five = 0) / Q5_K super-blocks of one weight row against R x rows. */
 static inline __attribute__((always_inline)) void k4_k5_row(const int R, const int five,
                                                             const uint8_t *row,
@@ -73,10 +93,16 @@ static inline __attribute__((always_inline)) void k4_k5_row(const int R, const i
   for (int64_t blk = 0; blk < blocks; blk++) {
     const uint8_t *b = row + blk * bytes, *qs = b + (five ? 48 : 16);
     prefetch_ahead(b, 3); /* 144 or 176 bytes */
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    const __m256i scales_mins = _mm256_cvtepu8_epi16(k_scales16(b + 4));
+    const __m128i sc16 = _mm256_castsi256_si128(scales_mins);
+    const __m128i mn16 = _mm256_extracti128_si256(scales_mins, 1);
+#else
     uint32_t sc[2], mn[2];
     k_scales8(b + 4, sc, mn);
     const __m128i sc16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)sc[1], (int)sc[0]));
     const __m128i mn16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)mn[1], (int)mn[0]));
+#endif
     const __m256i scales = _mm256_broadcastsi128_si256(sc16);
     const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
     /* the low and high nibbles' sums as two chains: one `vpdpwssd` chain's latency bounds a
@@ -100,14 +126,18 @@ static inline __attribute__((always_inline)) void k4_k5_row(const int R, const i
         isum_high[m] = add_madd16(isum_high[m], p_hi, s_hi);
       }
     }
-    const float d = half(b), dmin = half(b + 2);
+    int32_t dd_bits;
+    memcpy(&dd_bits, b, 4);
+    const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128(dd_bits)); /* d, dmin: one conversion */
     for (int m = 0; m < R; m++) {
-      const float dx = x->dx[(m0 + m) * blocks + blk];
+      const __m128 scaled = _mm_mul_ps(dd, _mm_broadcast_ss(x->dx + (m0 + m) * blocks + blk));
       const __m256i both = _mm256_add_epi32(isum[m], isum_high[m]);
-      s->acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(both), _mm256_set1_ps(d * dx), s->acc[m]);
+      s->acc[m] =
+          _mm256_fmadd_ps(_mm256_cvtepi32_ps(both), _mm256_broadcastss_ps(scaled), s->acc[m]);
       const __m128i sums = _mm_loadu_si128((const __m128i *)(x->sum32 + (m0 + m) * (k / QK) + 8 * blk));
       const __m128i mins = _mm_madd_epi16(mn16, sums);
-      s->off_vec[m] = _mm_fnmadd_ps(_mm_cvtepi32_ps(mins), _mm_set1_ps(dmin * dx), s->off_vec[m]);
+      s->off_vec[m] =
+          _mm_fnmadd_ps(_mm_cvtepi32_ps(mins), _mm_permute_ps(scaled, 0x55), s->off_vec[m]);
     }
   }
 }
@@ -166,24 +196,6 @@ static inline __attribute__((always_inline)) void k6_row(const int R, const uint
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-/* A Q4_K / Q5_K super-block's 6-bit scales and mins (k_scales8's values) from its 12 scale
- * bytes at s, with vector instructions: bytes 0-7 the scales of groups 0-7, 8-15 their mins.
- * Reads 16 bytes (the super-block's nibbles follow its scales). */
-static inline __m128i k_scales16(const uint8_t *s) {
-  const __m128i v = _mm_loadu_si128((const __m128i *)s);
-  const __m128i a =
-      _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7));
-  const __m128i b =
-      _mm_shuffle_epi8(v, _mm_setr_epi8(8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11));
-  /* groups 4-7: 4 low bits from bytes 8-11 (the mins' high nibbles), 2 high bits from the
-   * top of bytes 0-7 */
-  const __m128i b_shifted = _mm_srlv_epi16(b, _mm_setr_epi16(0, 0, 0, 0, 0, 0, 4, 4));
-  const __m128i top = _mm_srli_epi16(_mm_and_si128(a, _mm_set1_epi8((char)0xc0)), 2);
-  const __m128i high = _mm_or_si128(_mm_and_si128(b_shifted, _mm_set1_epi8(0x0f)), top);
-  const __m128i low = _mm_and_si128(a, _mm_set1_epi8(0x3f));
-  return _mm_blend_epi32(low, high, 0xa);
-}
-
 /* The int32 lanes of a 512-bit sum folded to 256 bits (integers: exact). */
 static inline __m256i fold_epi32(__m512i v) {
   return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
