@@ -180,6 +180,32 @@ def test_the_vnni_gemm_is_the_gemvs_product_and_each_row_its_own(dtype, parts_an
 
 
 @pytest.mark.skipif(not VNNI_GEMM, reason="the VNNI GEMM needs an AVX512-VNNI build")
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+def test_the_vnni_gemms_gated_product_is_the_unfused_ones_bit_for_bit(act):
+    """`matmul_gated` on a fused [gate; up] weight rounding activations (Q4_K gate and up halves
+    over a Q6_K part, 37 bf16 rows) equals the VNNI GEMM's product followed by `gated_act`, bit
+    for bit; a row's result depends on that row alone; below the GEMM's rows, and for halves
+    that are not whole blocks of 16 rows, there is no fused form."""
+    rng = np.random.default_rng(17)
+    inter, k = 48, 512
+    parts = [
+        GGUFPart("Q4_K", _blocks("Q4_K", inter, k, rng)),
+        GGUFPart("Q6_K", _blocks("Q6_K", inter, k, rng)),
+    ]
+    weight = GGUFWeight(parts, k, None, True)
+    x = torch.randn(37, k).to(torch.bfloat16)
+    fused = weight.matmul_gated(x, act)
+    assert fused is not None and fused.shape == (37, inter)
+    assert torch.equal(fused, kernels.gated_act(weight.matmul(x), act))
+    end = 5 + weight.a8_gemm_min_rows
+    assert torch.equal(weight.matmul_gated(x[5:end].contiguous(), act), fused[5:end])
+    below = x[: weight.a8_gemm_min_rows - 1].contiguous()
+    assert weight.matmul_gated(below, act) is None  # the caller takes the unfused form
+    odd = GGUFWeight([GGUFPart("Q4_K", _blocks("Q4_K", 48, 256, rng))], 256, None, True)
+    assert odd.matmul_gated(torch.randn(16, 256).to(torch.bfloat16), act) is None  # halves of 24
+
+
+@pytest.mark.skipif(not VNNI_GEMM, reason="the VNNI GEMM needs an AVX512-VNNI build")
 def test_the_vnni_gemm_declines_what_it_cannot_serve_and_q6_k_takes_it_later():
     rng = np.random.default_rng(41)
     x = torch.randn(8, 512)

@@ -239,12 +239,16 @@ class GGUFWeight(QuantizedWeight):
         )
 
     def matmul_gated(self, x: torch.Tensor, act: str) -> torch.Tensor | None:
-        """Through the tile GEMM (where `matmul` takes it), the gated product without the
-        `[rows, out_features]` intermediate (`kernels.gguf_gemm_amx_glu`); else None."""
-        if not self._tile_rows(x):
-            return None
+        """The gated product without the `[rows, out_features]` intermediate, through the
+        GEMM `matmul` takes for x: the tile GEMM (`kernels.gguf_gemm_amx_glu`), or the VNNI GEMM
+        on rounded activations from `a8_gemm_min_rows` rows (`kernels.gguf_gemm_a8_glu`); else
+        None. Equal bit for bit to that GEMM followed by `gated_act`."""
         code = kernels.ACTIVATION_CODES[act]
-        return kernels.gguf_gemm_amx_glu(x.contiguous(), self.address, self.out_features, code)
+        if self._tile_rows(x):
+            return kernels.gguf_gemm_amx_glu(x.contiguous(), self.address, self.out_features, code)
+        if self._rounds_extend(x) and x.shape[0] >= self.a8_gemm_min_rows:
+            return kernels.gguf_gemm_a8_glu(x.contiguous(), self.address, self.out_features, code)
+        return None
 
     def _tile_rows(self, x: torch.Tensor) -> bool:
         """Whether `matmul` takes `gguf_gemm_amx` for x (bfloat16, `amx_min_rows` rows or more,

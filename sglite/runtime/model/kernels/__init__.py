@@ -25,6 +25,7 @@ from sglite.runtime.model.kernels.matmul import (  # noqa: F401 (the package's A
     gguf_dequantize,
     gguf_gemm,
     gguf_gemm_a8,
+    gguf_gemm_a8_glu,
     gguf_gemm_amx,
     gguf_gemm_amx_glu,
     gguf_gemv,

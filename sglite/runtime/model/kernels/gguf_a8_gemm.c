@@ -333,6 +333,7 @@ static void block_row_range(int64_t type, const decoded_block *blk, const rounde
 
 typedef struct {
   int dtype;
+  int act; /* -1: y = x W^T; else ACT_*: y [rows, n_out / 2] = act(gate) * up (W = [gate; up]) */
   const rounded_x *x;
   const int32_t *q6k_starts; /* q6k_group_starts (NULL without Q6_K parts) */
   const gguf_part_t *parts;
@@ -402,34 +403,65 @@ static void block_rows_at(const gguf_part_t *parts, int64_t bi, int64_t k,
   for (int r = 0; r < WROWS; r++) rows[r] = stacked_row(parts, bi * WROWS + r, k, type);
 }
 
-/* Weight row blocks [b0, b1) (of 16 rows) against every x row. */
+/* Row m's 16 outputs of a block's sums (products less offsets). */
+static inline __m512 block_out(const float *sums, int64_t m) {
+  const float *acc = sums + 2 * m * WROWS;
+  return _mm512_sub_ps(_mm512_load_ps(acc), _mm512_load_ps(acc + WROWS));
+}
+
+/* act(gate) * up of 16 columns of every x row into y [rows, n_out / 2] at column `col`: gate
+ * and up rounded to the dtype, then as act_mul computes it (elementwise.c). */
+static void store_glu(const gemm_args *a, const float *gate, const float *up, int64_t col) {
+  const int gelu = a->act == ACT_GELU_TANH;
+  for (int64_t m = 0; m < a->x->rows; m++) {
+    const __m512 g = vround_to(block_out(gate, m), a->dtype);
+    const __m512 u = vround_to(block_out(up, m), a->dtype);
+    const __m512 arg = gelu ? vmul(g, vfma(vmul(g, g), vset(GELU_2C3), vset(GELU_2C))) : g;
+    const __m512 act = vdiv(g, vadd(vset(1.0f), vexp(vsub(vzero(), arg))));
+    vstore_as(a->y, m * (a->n_out / 2) + col, vmul(act, u), a->dtype);
+  }
+}
+
+/* The weight row blocks a range's position i stands for: block i, or with act >= 0 gate block
+ * i / 2 (i even) and the up block of the same columns (i odd). */
+static int64_t range_block(const gemm_args *a, int64_t i) {
+  return a->act < 0 ? i : i / 2 + (i & 1) * (a->n_out / 2 / WROWS);
+}
+
+/* Weight row blocks at range positions [b0, b1) (of 16 rows) against every x row: each block's
+ * outputs stored as it is done, or with act >= 0 each gate block's and its up block's together
+ * (positions in pairs). */
 static void gemm_range(void *p, int64_t b0, int64_t b1) {
   gemm_args *a = p;
   const rounded_x *x = a->x;
   const int64_t k = x->k, rows = x->rows;
   const size_t by_blocks = (size_t)(k / QK_K) * sizeof(decoded_block);
   const size_t by_pairs = (size_t)(k / 64) * sizeof(decoded_pair);
+  const size_t sums_bytes = (size_t)(2 * rows * WROWS) * sizeof(float);
   void *decoded = aligned_alloc(64, by_blocks > by_pairs ? by_blocks : by_pairs);
-  float *sums = aligned_alloc(64, (size_t)(2 * rows * WROWS) * sizeof(float));
+  float *sums = aligned_alloc(64, 2 * sums_bytes); /* a gate block's, then its up block's */
   if (decoded == NULL || sums == NULL) {
     free(decoded);
     free(sums);
     a->failed = 1;
     return;
   }
+  if (a->act >= 0) b0 *= 2, b1 *= 2;
   const uint8_t *row_at[WROWS], *next_at[WROWS];
   int64_t type = -1, next_type = -1;
-  if (b0 < b1) block_rows_at(a->parts, b0, k, row_at, &type);
-  for (int64_t bi = b0; bi < b1; bi++) {
-    const int has_next = bi + 1 < b1;
-    if (has_next) block_rows_at(a->parts, bi + 1, k, next_at, &next_type);
+  if (b0 < b1) block_rows_at(a->parts, range_block(a, b0), k, row_at, &type);
+  for (int64_t i = b0; i < b1; i++) {
+    const int has_next = i + 1 < b1;
+    if (has_next) block_rows_at(a->parts, range_block(a, i + 1), k, next_at, &next_type);
+    float *block_sums = sums + (a->act >= 0 && (i & 1) ? 2 * rows * WROWS : 0);
     /* a next block of another part's type has other row sizes: not prefetched */
     gemm_block(type, row_at, has_next && next_type == type ? next_at : NULL, x, a->q6k_starts,
-               decoded, sums);
-    for (int64_t m = 0; m < rows; m++) {
-      const float *acc = sums + 2 * m * WROWS;
-      vstore_as(a->y, m * a->n_out + bi * WROWS,
-                _mm512_sub_ps(_mm512_load_ps(acc), _mm512_load_ps(acc + WROWS)), a->dtype);
+               decoded, block_sums);
+    if (a->act >= 0) {
+      if (i & 1) store_glu(a, sums, block_sums, (i / 2) * WROWS);
+    } else {
+      for (int64_t m = 0; m < rows; m++)
+        vstore_as(a->y, m * a->n_out + i * WROWS, block_out(sums, m), a->dtype);
     }
     if (has_next) {
       memcpy(row_at, next_at, sizeof(row_at));
@@ -466,9 +498,11 @@ static int32_t *q6k_group_starts(const rounded_x *rx) {
   return starts;
 }
 
-int gguf_gemm_a8(int dtype, const void *x, const gguf_part_t *parts, void *y, int64_t rows,
-                 int64_t n_out, int64_t k, int threads) {
+/* gguf_gemm_a8, or with act >= 0 its gated form (see gemm_args). */
+static int gemm_a8(int dtype, int act, const void *x, const gguf_part_t *parts, void *y,
+                   int64_t rows, int64_t n_out, int64_t k, int threads) {
   if (rows < 1 || !gemm_serves(parts, n_out, k)) return -1;
+  if (act >= 0 && n_out % (2 * WROWS)) return -1; /* whole gate blocks, up blocks alike */
   rounded_x rx;
   if (round_x(dtype, x, rows, k, threads, &rx)) return -1;
   int32_t *q6k_starts = NULL;
@@ -476,8 +510,8 @@ int gguf_gemm_a8(int dtype, const void *x, const gguf_part_t *parts, void *y, in
     free_rounded(&rx);
     return -1;
   }
-  gemm_args a = {dtype, &rx, q6k_starts, parts, y, n_out, 0};
-  const int64_t blocks = n_out / WROWS;
+  gemm_args a = {dtype, act, &rx, q6k_starts, parts, y, n_out, 0};
+  const int64_t blocks = (act >= 0 ? n_out / 2 : n_out) / WROWS;
   const int64_t pieces = 4 * (threads > 1 ? threads : 1);
   const int64_t chunk = (blocks + pieces - 1) / pieces;
   parallel_range(gemm_range, &a, blocks, chunk > 0 ? chunk : 1, threads, 1);
@@ -485,10 +519,28 @@ int gguf_gemm_a8(int dtype, const void *x, const gguf_part_t *parts, void *y, in
   free_rounded(&rx);
   return a.failed ? -1 : 0;
 }
+
+int gguf_gemm_a8(int dtype, const void *x, const gguf_part_t *parts, void *y, int64_t rows,
+                 int64_t n_out, int64_t k, int threads) {
+  return gemm_a8(dtype, -1, x, parts, y, rows, n_out, k, threads);
+}
+
+int gguf_gemm_a8_glu(int dtype, int act, const void *x, const gguf_part_t *parts, void *y,
+                     int64_t rows, int64_t n_out, int64_t k, int threads) {
+  if (act != ACT_SILU && act != ACT_GELU_TANH) return -1;
+  return gemm_a8(dtype, act, x, parts, y, rows, n_out, k, threads);
+}
 #else
 int gguf_gemm_a8(int dtype, const void *x, const gguf_part_t *parts, void *y, int64_t rows,
                  int64_t n_out, int64_t k, int threads) {
   (void)dtype, (void)x, (void)parts, (void)y, (void)rows, (void)n_out, (void)k, (void)threads;
+  return -1;
+}
+
+int gguf_gemm_a8_glu(int dtype, int act, const void *x, const gguf_part_t *parts, void *y,
+                     int64_t rows, int64_t n_out, int64_t k, int threads) {
+  (void)dtype, (void)act, (void)x, (void)parts, (void)y, (void)rows, (void)n_out, (void)k;
+  (void)threads;
   return -1;
 }
 

@@ -215,6 +215,12 @@ int gguf_gemv_a8(int dtype, const void *x, const gguf_part_t *parts, void *y, in
  * a part is of another type (Q5_K) or not in whole blocks of 16 rows. */
 int gguf_gemm_a8(int dtype, const void *x, const gguf_part_t *parts, void *y, int64_t rows,
                  int64_t n_out, int64_t k, int threads);
+/* Its gated form for a fused [gate; up] weight of n_out rows (n_out / 2 a multiple of 16), act
+ * = ACT_SILU or ACT_GELU_TANH: y [rows, n_out / 2] = act(x G^T) * (x U^T), equal bit for bit to
+ * gguf_gemm_a8 followed by act_mul (gate and up rounded to dtype first), without the
+ * [rows, n_out] product in memory. -1 where gguf_gemm_a8 would refuse, or n_out does not fit. */
+int gguf_gemm_a8_glu(int dtype, int act, const void *x, const gguf_part_t *parts, void *y,
+                     int64_t rows, int64_t n_out, int64_t k, int threads);
 /* The rows from which a weight of these parts takes gguf_gemm_a8 (A8_GEMM_MIN_ROWS, or
  * A8_GEMM_MIN_ROWS_Q6_K when Q6_K parts hold most of its rows; the _SPLIT pair where
  * vectors_512_split); KERNEL_OFF_ROWS where

@@ -297,6 +297,24 @@ def gguf_gemm_a8(x: torch.Tensor, parts: int, n_out: int) -> torch.Tensor | None
     return _call_gguf(lib.gguf_gemm_a8, x, parts, n_out)
 
 
+def gguf_gemm_a8_glu(x: torch.Tensor, parts: int, n_out: int, act: int) -> torch.Tensor | None:
+    """`act(x G^T) * (x U^T)` (`[M, n_out / 2]`) through `gguf_gemm_a8` for a GGUF weight
+    `[G; U]` of `n_out` rows, equal bit for bit to `gguf_gemm_a8` followed by `gated_act`
+    (kernels.h `gguf_gemm_a8_glu`; `act` an ACT_* code). None where it cannot serve x."""
+    lib = _lib_for(x)
+    if lib is None or x.dim() != 2 or not x.is_contiguous():
+        return None
+    rows, k = x.shape
+    out = x.new_empty(rows, n_out // 2)
+    if rows == 0:
+        return out
+    threads = torch.get_num_threads()
+    status = lib.gguf_gemm_a8_glu(
+        _DTYPE_CODES[x.dtype], act, x.data_ptr(), parts, out.data_ptr(), rows, n_out, k, threads
+    )
+    return out if status == 0 else None
+
+
 def gguf_gemm_amx(x: torch.Tensor, parts: int, n_out: int) -> torch.Tensor | None:
     """`x @ W.T` for bfloat16 `x [M, K]` on AMX tiles, or with AVX512-BF16 dot products where
     the CPU has no AMX (gguf_amx.c: the weight decoded to bfloat16 a block of rows at a time,
