@@ -304,15 +304,7 @@ def gguf_gemm_a8_glu(x: torch.Tensor, parts: int, n_out: int, act: int) -> torch
     lib = _lib_for(x)
     if lib is None or x.dim() != 2 or not x.is_contiguous():
         return None
-    rows, k = x.shape
-    out = x.new_empty(rows, n_out // 2)
-    if rows == 0:
-        return out
-    threads = torch.get_num_threads()
-    status = lib.gguf_gemm_a8_glu(
-        _DTYPE_CODES[x.dtype], act, x.data_ptr(), parts, out.data_ptr(), rows, n_out, k, threads
-    )
-    return out if status == 0 else None
+    return _call_gated(lib.gguf_gemm_a8_glu, x, parts, n_out, act)
 
 
 def gguf_gemm_amx(x: torch.Tensor, parts: int, n_out: int) -> torch.Tensor | None:
@@ -335,12 +327,20 @@ def gguf_gemm_amx_glu(x: torch.Tensor, parts: int, n_out: int, act: int) -> torc
     lib = _lib_for(x)
     if lib is None or x.dtype != torch.bfloat16 or x.dim() != 2 or not x.is_contiguous():
         return None
+    return _call_gated(lib.gguf_gemm_amx_glu, x, parts, n_out, act)
+
+
+def _call_gated(
+    kernel: Any, x: torch.Tensor, parts: int, n_out: int, act: int
+) -> torch.Tensor | None:
+    """`[M, n_out / 2]` = a gated GGUF kernel's product (gguf_gemm_a8_glu, gguf_gemm_amx_glu),
+    None on refusal."""
     rows, k = x.shape
     out = x.new_empty(rows, n_out // 2)
     if rows == 0:
         return out
     threads = torch.get_num_threads()
-    status = lib.gguf_gemm_amx_glu(
+    status = kernel(
         _DTYPE_CODES[x.dtype], act, x.data_ptr(), parts, out.data_ptr(), rows, n_out, k, threads
     )
     return out if status == 0 else None
