@@ -247,8 +247,9 @@ class NgramProposer:
         if pending is None or pending.written_at + 1 >= len(tokens):
             return
         state.pending = None
-        if tokens[pending.written_at + 1] == tokens[pending.source_at + 1]:
-            state.substitute(tokens[pending.source_at], tokens[pending.written_at])
+        source, written = tokens[pending.source_at], tokens[pending.written_at]
+        if written != source and tokens[pending.written_at + 1] == tokens[pending.source_at + 1]:
+            state.substitute(source, written)
 
     def read_prompt(self, req: Req) -> None:
         """Nothing: a lookup indexes the prompt at its first proposal."""
