@@ -389,6 +389,13 @@ static inline void vstore(float *p, vec_t a) { *p = a; }
 static inline void vstore_as(void *p, int64_t i, vec_t v, int dtype) { store(p, i, v, dtype); }
 #endif
 
+/* act(g) * u, act silu (gelu 0) or gelu_tanh (g sigmoid(2c g + 2c 0.044715 g^3)): the one
+ * formula act_mul and the gated GEMMs share, so a fused product equals the unfused one. */
+static inline vec_t vgated(vec_t g, vec_t u, int gelu) {
+  const vec_t arg = gelu ? vmul(g, vfma(vmul(g, g), vset(GELU_2C3), vset(GELU_2C))) : g;
+  return vmul(vdiv(g, vadd(vset(1.0f), vexp(vsub(vzero(), arg)))), u);
+}
+
 typedef void (*range_fn)(void *ctx, int64_t begin, int64_t end);
 typedef struct {
   range_fn fn;

@@ -96,11 +96,7 @@ static void act_mul_rows(void *p, int64_t begin, int64_t end) {
     for (; i + VEC <= inter; i += VEC) {
       const vec_t g = vload(a->gate_up, in_off + i, dtype);
       const vec_t u = vload(a->gate_up, in_off + inter + i, dtype);
-      /* silu: g sigmoid(g); gelu_tanh: g sigmoid(2c g + 2c 0.044715 g^3). */
-      const vec_t arg = gelu ? vmul(g, vfma(vmul(g, g), vset(GELU_2C3), vset(GELU_2C))) : g;
-      const vec_t e = vexp(vsub(vzero(), arg));
-      const vec_t act = vdiv(g, vadd(vset(1.0f), e));
-      vstore_as(a->out, out_off + i, vmul(act, u), dtype);
+      vstore_as(a->out, out_off + i, vgated(g, u, gelu), dtype);
     }
 #endif
     for (; i < inter; i++) {

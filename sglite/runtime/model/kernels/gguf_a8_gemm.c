@@ -421,15 +421,13 @@ static inline __m512 block_out(const float *sums, int64_t m) {
 }
 
 /* act(gate) * up of 16 columns of every x row into y [rows, n_out / 2] at column `col`: gate
- * and up rounded to the dtype, then as act_mul computes it (elementwise.c). */
+ * and up rounded to the dtype, then act_mul's vgated (common.h). */
 static void store_glu(const gemm_args *a, const float *gate, const float *up, int64_t col) {
   const int gelu = a->act == ACT_GELU_TANH;
   for (int64_t m = 0; m < a->x->rows; m++) {
     const __m512 g = vround_to(block_out(gate, m), a->dtype);
     const __m512 u = vround_to(block_out(up, m), a->dtype);
-    const __m512 arg = gelu ? vmul(g, vfma(vmul(g, g), vset(GELU_2C3), vset(GELU_2C))) : g;
-    const __m512 act = vdiv(g, vadd(vset(1.0f), vexp(vsub(vzero(), arg))));
-    vstore_as(a->y, m * (a->n_out / 2) + col, vmul(act, u), a->dtype);
+    vstore_as(a->y, m * (a->n_out / 2) + col, vgated(g, u, gelu), a->dtype);
   }
 }
 

@@ -281,7 +281,7 @@ static void store_y(const gemm_args *a, const float *c, int64_t n0, int64_t m0) 
 
 /* The gated product of C tiles 0/1 (gate rows n.. by x tiles from m) and 2/3 (the up rows of
  * the same columns) into y [rows, n_out / 2]: gate and up rounded to bf16 and act(gate) * up
- * computed as act_mul computes it (elementwise.c), so the result equals the unfused product's,
+ * computed by act_mul's vgated (common.h), so the result equals the unfused product's,
  * bit for bit. */
 static void store_y_glu(const gemm_args *a, const float *c, int64_t n, int64_t m) {
   uint16_t *y = a->y;
@@ -297,9 +297,7 @@ static void store_y_glu(const gemm_args *a, const float *c, int64_t n, int64_t m
     for (int q = 0; q < 16; q++) {
       const __m512 g = vround_to(_mm512_loadu_ps(c + xi * TILE * TILE + q * TILE), 1);
       const __m512 u = vround_to(_mm512_loadu_ps(c + (2 + xi) * TILE * TILE + q * TILE), 1);
-      const __m512 arg = gelu ? vmul(g, vfma(vmul(g, g), vset(GELU_2C3), vset(GELU_2C))) : g;
-      const __m512 act = vdiv(g, vadd(vset(1.0f), vexp(vsub(vzero(), arg))));
-      r[q] = _mm512_castps_si512(vmul(act, u));
+      r[q] = _mm512_castps_si512(vgated(g, u, gelu));
     }
     transpose16(r);
     for (int j = 0; j < TILE && mx + j < a->rows; j++)
