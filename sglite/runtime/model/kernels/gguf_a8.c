@@ -12,8 +12,9 @@
  * scales; a k-quant super-block is summed in int32 and scaled once. With AVX-512 VNNI, blocks
  * of 32 go eight at a time (their scales as vectors, two blocks per `vpdpbusd`), and Q4_K /
  * Q6_K 64 values a vector (`vpmaddubsw`, then `vpdpwssd` with the group scales). Elsewhere a
- * weight row is decoded to float32 and dotted with xq dx. Every block prefetches its row's
- * bytes PREFETCH_BYTES ahead, and each thread reads its rows as STREAMS interleaved sequences.
+ * weight row is decoded to float32 and dotted with xq dx. Each thread reads its rows as
+ * STREAMS interleaved sequences, every block prefetching its row's bytes PREFETCH_BYTES ahead
+ * (but for one x row read as one stream, which the hardware prefetchers keep ahead of).
  *
  * Invariant: a row's result depends on that x row alone (not on the other rows, their number or
  * the thread count): every output is computed by one thread in one fixed order, so prefill,
@@ -34,9 +35,12 @@
  * find it in cache, which the hardware prefetchers, stopping at every 4 KB page, do not ensure. */
 #define PREFETCH_BYTES 2048
 
-/* `lines` cache lines (a block's) PREFETCH_BYTES ahead of block `b`. */
-static inline __attribute__((always_inline)) void prefetch_ahead(const uint8_t *b,
+/* `lines` cache lines (a block's) PREFETCH_BYTES ahead of block `b`, where `prefetch` (a
+ * constant in every inlined caller) says so. */
+static inline __attribute__((always_inline)) void prefetch_ahead(const int prefetch,
+                                                                 const uint8_t *b,
                                                                  const int lines) {
+  if (!prefetch) return;
   for (int l = 0; l < lines; l++)
     _mm_prefetch((const char *)b + PREFETCH_BYTES + 64 * l, _MM_HINT_T0);
 }
@@ -85,14 +89,15 @@ static inline __m128i k_scales16(const uint8_t *s) {
 #endif
 
 /* Q4_K (five = 0) / Q5_K super-blocks of one weight row against R x rows. */
-static inline __attribute__((always_inline)) void k4_k5_row(const int R, const int five,
+static inline __attribute__((always_inline)) void k4_k5_row(const int R, const int prefetch,
+                                                            const int five,
                                                             const uint8_t *row,
                                                             const rounded_x *x, int64_t m0,
                                                             row_sums *s) {
   const int64_t k = x->k, blocks = k / QK_K, bytes = five ? 176 : 144;
   for (int64_t blk = 0; blk < blocks; blk++) {
     const uint8_t *b = row + blk * bytes, *qs = b + (five ? 48 : 16);
-    prefetch_ahead(b, 3); /* 144 or 176 bytes */
+    prefetch_ahead(prefetch, b, 3); /* 144 or 176 bytes */
 #if defined(__AVX512BW__) && defined(__AVX512VL__)
     const __m256i scales_mins = _mm256_cvtepu8_epi16(k_scales16(b + 4));
     const __m128i sc16 = _mm256_castsi256_si128(scales_mins);
@@ -144,13 +149,14 @@ static inline __attribute__((always_inline)) void k4_k5_row(const int R, const i
 
 /* Q6_K super-blocks of one weight row against R x rows: the integers q in 0..63 times xq, less
  * 32 times the sums of xq, each group of 16 scaled by its int8 scale. */
-static inline __attribute__((always_inline)) void k6_row(const int R, const uint8_t *row,
+static inline __attribute__((always_inline)) void k6_row(const int R, const int prefetch,
+                                                         const uint8_t *row,
                                                          const rounded_x *x, int64_t m0,
                                                          row_sums *s) {
   const int64_t k = x->k, blocks = k / QK_K;
   for (int64_t blk = 0; blk < blocks; blk++) {
     const uint8_t *b = row + blk * 210;
-    prefetch_ahead(b, 4);
+    prefetch_ahead(prefetch, b, 4);
     const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
     __m256i isum[A8_ROWS];
     for (int m = 0; m < R; m++) {
@@ -205,7 +211,8 @@ static inline __m256i fold_epi32(__m512i v) {
  * as its low nibbles (group 2c) and high nibbles (group 2c + 1), `vpmaddubsw` with xq, and
  * `vpdpwssd` with the groups' scales spread over the lanes by `vpermd` (the same integer sums as
  * k4_k5_row's, in fewer instructions per x row). */
-static inline __attribute__((always_inline)) void k4_row_vnni(const int R, const uint8_t *row,
+static inline __attribute__((always_inline)) void k4_row_vnni(const int R, const int prefetch,
+                                                              const uint8_t *row,
                                                               const rounded_x *x, int64_t m0,
                                                               row_sums *s) {
   const int64_t k = x->k, blocks = k / QK_K;
@@ -216,7 +223,7 @@ static inline __attribute__((always_inline)) void k4_row_vnni(const int R, const
     spread[c] = _mm512_inserti64x4(_mm512_set1_epi32(2 * c), _mm256_set1_epi32(2 * c + 1), 1);
   for (int64_t blk = 0; blk < blocks; blk++) {
     const uint8_t *b = row + blk * 144, *qs = b + 16;
-    prefetch_ahead(b, 3);
+    prefetch_ahead(prefetch, b, 3);
     const __m256i scales_mins = _mm256_cvtepu8_epi16(k_scales16(b + 4));
     const __m128i sc16 = _mm256_castsi256_si128(scales_mins);
     const __m128i mn16 = _mm256_extracti128_si256(scales_mins, 1);
@@ -252,7 +259,8 @@ static inline __attribute__((always_inline)) void k4_row_vnni(const int R, const
  * low-bit bytes give values 0-63 (low nibbles) and 64-127 (high nibbles), their 2 high bits
  * from one broadcast of the half's 32 high-bit bytes (the high 256 bits shifted 2 further), then
  * as k4_row_vnni with 16 groups of 16. */
-static inline __attribute__((always_inline)) void k6_row_vnni(const int R, const uint8_t *row,
+static inline __attribute__((always_inline)) void k6_row_vnni(const int R, const int prefetch,
+                                                              const uint8_t *row,
                                                               const rounded_x *x, int64_t m0,
                                                               row_sums *s) {
   const int64_t k = x->k, blocks = k / QK_K;
@@ -271,7 +279,7 @@ static inline __attribute__((always_inline)) void k6_row_vnni(const int R, const
   }
   for (int64_t blk = 0; blk < blocks; blk++) {
     const uint8_t *b = row + blk * 210;
-    prefetch_ahead(b, 4);
+    prefetch_ahead(prefetch, b, 4);
     const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
     const __m512i pairs = _mm512_inserti64x4(
         _mm512_castsi256_si512(_mm256_unpacklo_epi16(sc16, sc16)), _mm256_unpackhi_epi16(sc16, sc16),
@@ -353,7 +361,8 @@ static inline void b32_scales8(int64_t type, const uint8_t *b, int64_t bytes, __
  * eight blocks at a time: their scales as vectors, and each two blocks' 64 integers against
  * 64 xq in one vpdpbusd, whose int32 lanes 0-7 and 8-15 are the two blocks' (the same integers
  * as the AVX2 path's); Q8_0's signed values as |q| times xq with q's sign. */
-static inline __attribute__((always_inline)) void b32_row(const int R, int64_t type,
+static inline __attribute__((always_inline)) void b32_row(const int R, const int prefetch,
+                                                          int64_t type,
                                                           const uint8_t *row, const rounded_x *x,
                                                           int64_t m0, row_sums *s) {
   const int64_t k = x->k, groups = k / QK;
@@ -368,7 +377,7 @@ static inline __attribute__((always_inline)) void b32_row(const int R, int64_t t
   }
   for (; g + 8 <= groups; g += 8) {
     const uint8_t *b = row + g * bytes;
-    prefetch_ahead(b, 5); /* eight blocks: at most 272 bytes */
+    prefetch_ahead(prefetch, b, 5); /* eight blocks: at most 272 bytes */
     __m256 d, mn;
     b32_scales8(type, b, bytes, &d, &mn);
     __m512i w[4];
@@ -404,12 +413,13 @@ static inline __attribute__((always_inline)) void b32_row(const int R, int64_t t
   }
 #endif
   for (; g < groups; g++) {
-    prefetch_ahead(row + g * bytes, 1); /* at most 34 bytes */
+    prefetch_ahead(prefetch, row + g * bytes, 1); /* at most 34 bytes */
     b32_group(R, type, row + g * bytes, g, x, m0, s);
   }
 }
 
-static inline __attribute__((always_inline)) void row_products(const int R, const int narrow,
+static inline __attribute__((always_inline)) void row_products(const int R, const int prefetch,
+                                                               const int narrow,
                                                                int64_t type, const uint8_t *row,
                                                                const rounded_x *x, int64_t m0,
                                                                float *out) {
@@ -421,35 +431,35 @@ static inline __attribute__((always_inline)) void row_products(const int R, cons
   }
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
   if (type == GGML_TYPE_Q4_K && !narrow)
-    k4_row_vnni(R, row, x, m0, &s);
+    k4_row_vnni(R, prefetch, row, x, m0, &s);
   else if (type == GGML_TYPE_Q6_K && !narrow)
-    k6_row_vnni(R, row, x, m0, &s);
+    k6_row_vnni(R, prefetch, row, x, m0, &s);
   else
 #else
   (void)narrow;
 #endif
   if (type == GGML_TYPE_Q4_K)
-    k4_k5_row(R, 0, row, x, m0, &s);
+    k4_k5_row(R, prefetch, 0, row, x, m0, &s);
   else if (type == GGML_TYPE_Q6_K)
-    k6_row(R, row, x, m0, &s);
+    k6_row(R, prefetch, row, x, m0, &s);
   else if (type == GGML_TYPE_Q5_K)
-    k4_k5_row(R, 1, row, x, m0, &s);
+    k4_k5_row(R, prefetch, 1, row, x, m0, &s);
   else /* each block-of-32 type compiled on its own: no per-block branch on the type */
     switch (type) {
       case GGML_TYPE_Q4_0:
-        b32_row(R, GGML_TYPE_Q4_0, row, x, m0, &s);
+        b32_row(R, prefetch, GGML_TYPE_Q4_0, row, x, m0, &s);
         break;
       case GGML_TYPE_Q4_1:
-        b32_row(R, GGML_TYPE_Q4_1, row, x, m0, &s);
+        b32_row(R, prefetch, GGML_TYPE_Q4_1, row, x, m0, &s);
         break;
       case GGML_TYPE_Q5_0:
-        b32_row(R, GGML_TYPE_Q5_0, row, x, m0, &s);
+        b32_row(R, prefetch, GGML_TYPE_Q5_0, row, x, m0, &s);
         break;
       case GGML_TYPE_Q5_1:
-        b32_row(R, GGML_TYPE_Q5_1, row, x, m0, &s);
+        b32_row(R, prefetch, GGML_TYPE_Q5_1, row, x, m0, &s);
         break;
       default:
-        b32_row(R, GGML_TYPE_Q8_0, row, x, m0, &s);
+        b32_row(R, prefetch, GGML_TYPE_Q8_0, row, x, m0, &s);
     }
   for (int m = 0; m < R; m++) {
     const float off_lanes = hsum_ps(_mm256_zextps128_ps256(s.off_vec[m]));
@@ -516,7 +526,11 @@ static void a8_range(void *p, int64_t n0, int64_t n1) {
   const int64_t k = x->k;
   const int64_t streams = a->streams;
   const int64_t len = (n1 - n0 + streams - 1) / streams;
-#if !(defined(__AVX2__) && defined(__FMA__))
+#if defined(__AVX2__) && defined(__FMA__)
+  /* One x row read as one stream (split hosts' long rows): the products are too short for the
+   * software prefetches to lead, and the hardware prefetchers, left alone, keep further ahead */
+  const int prefetch = !(x->rows == 1 && streams == 1);
+#else
   float *decoded = (float *)malloc((size_t)(TILE_ROWS * k) * sizeof(float));
   if (decoded == NULL) abort(); /* a few KB: out of memory is not recoverable here */
 #endif
@@ -543,13 +557,15 @@ static void a8_range(void *p, int64_t n0, int64_t n1) {
         int64_t type;
         const uint8_t *row = stacked_row(a->parts, n, k, &type);
         if (R == 4)
-          row_products(4, a->narrow, type, row, x, m0, out);
+          row_products(4, 1, a->narrow, type, row, x, m0, out);
         else if (R == 3)
-          row_products(3, a->narrow, type, row, x, m0, out);
+          row_products(3, 1, a->narrow, type, row, x, m0, out);
         else if (R == 2)
-          row_products(2, a->narrow, type, row, x, m0, out);
+          row_products(2, 1, a->narrow, type, row, x, m0, out);
+        else if (prefetch)
+          row_products(1, 1, a->narrow, type, row, x, m0, out);
         else
-          row_products(1, a->narrow, type, row, x, m0, out);
+          row_products(1, 0, a->narrow, type, row, x, m0, out);
 #else
         row_products_decoded(R, decoded + (v - t0) * k, x, m0, out);
 #endif
