@@ -258,7 +258,7 @@ def _request(rid: str, prompt: list[int]):
     import time
 
     from sglite.runtime.sampling.params import SamplingParams
-    from sglite.runtime.sampling.sampler import SamplingInfo
+    from sglite.runtime.sampling.request_state import SamplingInfo
     from sglite.runtime.scheduler.request import Req
 
     params = SamplingParams.from_dict({"max_new_tokens": 16})

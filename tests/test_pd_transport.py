@@ -21,7 +21,7 @@ from sglite.runtime.disaggregation.pages import gather_pages, payload_bytes, sca
 from sglite.runtime.disaggregation.prefill_side import KVSender
 from sglite.runtime.disaggregation.transport import SharedMemoryTransport
 from sglite.runtime.sampling.params import SamplingParams
-from sglite.runtime.sampling.sampler import SamplingInfo
+from sglite.runtime.sampling.request_state import SamplingInfo
 from sglite.runtime.scheduler.kv_manager import RequestKVManager
 from sglite.runtime.scheduler.request import Req
 from sglite.runtime.scheduler.stats import SchedulerStats

@@ -8,7 +8,7 @@ from sglite.runtime.cache.kv_pool import KVPool
 from sglite.runtime.cache.radix_cache import RadixCache
 from sglite.runtime.detokenizer import StopChecker
 from sglite.runtime.sampling.params import SamplingParams
-from sglite.runtime.sampling.sampler import SamplingInfo
+from sglite.runtime.sampling.request_state import SamplingInfo
 from sglite.runtime.scheduler.policy import order_waiting
 from sglite.runtime.scheduler.request import Req
 

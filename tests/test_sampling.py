@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from sglite.runtime.sampling.params import SamplingParams
-from sglite.runtime.sampling.sampler import Sampler, SamplingInfo
+from sglite.runtime.sampling.request_state import SamplingInfo
+from sglite.runtime.sampling.sampler import Sampler
 
 EOS = 2
 

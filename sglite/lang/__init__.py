@@ -37,8 +37,8 @@ from sglite.lang.choices import (
     unconditional_likelihood_normalized,
 )
 from sglite.lang.global_config import global_config
-from sglite.lang.interpreter import ProgramState, ProgramStateGroup
 from sglite.lang.program import SglFunction
+from sglite.lang.program_state import ProgramState, ProgramStateGroup
 from sglite.lang.tools import call_tool, function_tool, tools_prompt
 
 __all__ = [

@@ -1,7 +1,7 @@
 """The language's intermediate representation: expressions appended to a program state.
 
 A program is a Python function whose first argument `s` is a program state; `s += expr` appends an
-expression. The interpreter (`interpreter.py`) executes expressions in order on a worker thread;
+expression. The executor (`stream_executor.py`) runs expressions in order on a worker thread;
 the tracer (`tracer.py`) records them as a graph without running the model. Both see the same
 classes defined here, so what can be traced can be run.
 

@@ -1,7 +1,8 @@
 """The program object: `@sgl.function` turns a Python function into an `SglFunction`.
 
-It ties the expressions (`ir.py`) to the two ways of executing them, running (`interpreter.py`)
-and tracing (`tracer.py`), so the IR itself depends on neither.
+It ties the expressions (`ir.py`) to the two ways of executing them, running (`interpreter.py`,
+`program_state.py`, `stream_executor.py`) and tracing (`tracer.py`), so the IR itself depends on
+neither.
 """
 
 from __future__ import annotations
@@ -10,13 +11,9 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sglite.lang.interpreter import (
-    ProgramState,
-    cache_program,
-    run_program,
-    run_program_batch,
-)
+from sglite.lang.interpreter import cache_program, run_program, run_program_batch
 from sglite.lang.ir import SglSamplingParams
+from sglite.lang.program_state import ProgramState
 from sglite.lang.tracer import TracerProgramState, TracingScope, trace_program
 
 

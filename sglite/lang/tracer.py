@@ -14,7 +14,6 @@ import threading
 import uuid
 from typing import Any
 
-from sglite.lang.interpreter import ProgramState, ProgramStateGroup
 from sglite.lang.ir import (
     SglArgument,
     SglConcateAndAppend,
@@ -33,6 +32,7 @@ from sglite.lang.ir import (
     SglVarScopeEnd,
     as_expr,
 )
+from sglite.lang.program_state import ProgramState, ProgramStateGroup
 
 logger = logging.getLogger(__name__)
 

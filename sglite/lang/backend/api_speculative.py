@@ -51,7 +51,7 @@ from sglite.lang.ir import (
 )
 
 if TYPE_CHECKING:
-    from sglite.lang.interpreter import StreamExecutor
+    from sglite.lang.stream_executor import StreamExecutor
 
 logger = logging.getLogger(__name__)
 

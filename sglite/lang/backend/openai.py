@@ -40,7 +40,7 @@ from sglite.lang.choices import ChoicesDecision, ChoicesSamplingMethod, token_le
 from sglite.lang.ir import SglSamplingParams
 
 if TYPE_CHECKING:
-    from sglite.lang.interpreter import StreamExecutor
+    from sglite.lang.stream_executor import StreamExecutor
 
 logger = logging.getLogger(__name__)
 

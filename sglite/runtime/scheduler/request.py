@@ -24,7 +24,7 @@ from sglite.runtime.detokenizer import IncrementalDetokenizer, StopChecker
 from sglite.runtime.disaggregation.messages import Bootstrap
 from sglite.runtime.multimodal.processor import ImageItem, is_pad
 from sglite.runtime.sampling.params import SamplingParams
-from sglite.runtime.sampling.sampler import SamplingInfo
+from sglite.runtime.sampling.request_state import SamplingInfo
 from sglite.runtime.scheduler.io import GenerateInput, RequestOutput
 from sglite.runtime.scheduler.pooling import Pooling
 from sglite.runtime.tokenizer import Tokenizer
