@@ -105,6 +105,9 @@ HELP = {
     "gguf_activations": "with a GGUF's own blocks: int8 rounds the activations of decode "
     "batches as llama.cpp does and takes integer dot products, prefill keeps them for the float "
     "GEMMs; float keeps them everywhere; auto: int8 on x86 with AVX2 or AVX-512, else float",
+    "mmap_weights": "serve a GGUF's blocks from the file's mapping (pages shared by processes "
+    "serving the same file, e.g. data-parallel replicas) instead of reading them into the "
+    "process's own memory at load (the default: faster decode)",
     "gemm_packing": "GEMM-friendly copies of the dense weights (float32: panels for the native "
     "GEMM, every batch; bf16: oneDNN-packed and transposed) for faster batches and prefill (one "
     "or two more copies of the weights): auto = models up to 1 GiB",

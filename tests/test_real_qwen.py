@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 import torch
 from gguf_reference import BLOCK_NAMES, hf_state_dict
+from test_weight_arena import mapped_file
 
 from sglite.runtime.model.gguf_index import open_gguf
 from sglite.runtime.model.gguf_weight import GGUFWeight
@@ -63,11 +65,14 @@ def transformers_reference(path: str) -> torch.nn.Module:
 
 def test_every_quantized_tensor_is_held_once_as_the_file_stores_it(path):
     """Each projection, the embedding and the output projection compute from the file's own
-    blocks: the bytes held are the file's bytes for those tensors, and no dense weight of them
-    exists in any dtype."""
+    blocks: the bytes held are the file's bytes for those tensors, read into the process's
+    memory (not views of the file's mapping), and no dense weight of them exists in any
+    dtype."""
     loaded = load_model(path, "float32", progress=False, quantization="auto")
     model = loaded.model
-    sizes = {t.name: t.n_bytes for t in open_gguf(path).tensors}
+    gf = open_gguf(path)
+    sizes = {t.name: t.n_bytes for t in gf.tensors}
+    data = {t.name: np.asarray(t.data).view(np.uint8).reshape(-1) for t in gf.tensors}
     layer = 3
     expected = {
         f"layers.{layer}.self_attn.qkv_proj": ("attn_q", "attn_k", "attn_v"),
@@ -80,6 +85,9 @@ def test_every_quantized_tensor_is_held_once_as_the_file_stores_it(path):
         assert isinstance(module, Linear) and module.weight.numel() == 0
         assert isinstance(module.kernel, GGUFWeight)
         assert module.kernel.nbytes() == sum(sizes[f"blk.{layer}.{p}.weight"] for p in parts)
+        for held, p in zip(module.kernel.parts, parts, strict=True):
+            assert np.array_equal(held.data.reshape(-1), data[f"blk.{layer}.{p}.weight"])
+            assert mapped_file(held.data.ctypes.data) is None  # anonymous memory
     assert model.embed_tokens.weight.numel() == 0
     assert model.embedding_blocks is not None
     assert model.embedding_blocks.nbytes() == sizes["token_embd.weight"]

@@ -136,6 +136,11 @@ class ServerArgs:
     # for the float GEMMs; float keeps them everywhere; auto = int8 where the kernels have
     # integer dot products (x86 with AVX2 or AVX-512), else float.
     gguf_activations: str = "auto"
+    # GGUF blocks (quantization auto) are read into the process's own memory at load (huge
+    # pages where the kernel offers them: faster decode, `model/weight_arena.py`); with
+    # mmap_weights they stay views of the file's mapping, whose pages processes serving the
+    # same file share (data-parallel replicas) and which load lazily.
+    mmap_weights: bool = False
     # GEMM-friendly copies of the dense weights (float32: panels for the native GEMM; bf16:
     # oneDNN-packed and transposed), faster for batches and prefill at the cost of one or two
     # more copies of the weights in memory: auto = for models up to 1 GiB.

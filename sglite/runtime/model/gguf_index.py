@@ -73,10 +73,23 @@ class GGUFFile:
     path: str
     metadata: dict[str, Any] = field(default_factory=dict)
     tensors: list[GGUFTensor] = field(default_factory=list)
+    mapping_address: int = 0  # where the tensors' mapping of the file starts
+    mapping_size: int = 0
 
     def field(self, key: str, default: Any = None) -> Any:
         """A metadata value (python scalar, str or list), or `default` when absent."""
         return self.metadata.get(key, default)
+
+    def file_offset(self, array: np.ndarray) -> int | None:
+        """The file offset of `array` when it is a C-contiguous view of this file's mapping
+        (a tensor's data or rows of it), else None."""
+        if not array.flags.c_contiguous:
+            return None
+        address = array.ctypes.data
+        end = self.mapping_address + self.mapping_size
+        if self.mapping_address <= address and address + array.nbytes <= end:
+            return address - self.mapping_address
+        return None
 
 
 def open_gguf(path: str) -> GGUFFile:
@@ -168,7 +181,8 @@ def _from_entry(path: str, record: dict[str, Any]) -> GGUFFile:
         data = np.ndarray(tuple(row["data_shape"]), dtype, buffer, offset=row["offset"])
         kind = gguf.GGMLQuantizationType(row["type"])
         tensors.append(GGUFTensor(row["name"], kind, tuple(row["shape"]), row["n_bytes"], data))
-    return GGUFFile(path, record["metadata"], tensors)
+    address = np.frombuffer(buffer, dtype=np.uint8).ctypes.data
+    return GGUFFile(path, record["metadata"], tensors, address, len(buffer))
 
 
 def _store(entry: Path, record: dict[str, Any]) -> None:

@@ -33,6 +33,7 @@ from sglite.runtime.model.quantization import (
     q8_weight_from_gguf,
     q8_weight_from_gguf_type,
 )
+from sglite.runtime.model.weight_arena import WeightArena
 from sglite.runtime.model.weight_policy import QuantizedSource
 
 logger = logging.getLogger(__name__)
@@ -175,14 +176,16 @@ def gguf_block_weights(
     config: ModelConfig,
     plan: TensorParallelPlan | None = None,
     round_activations: bool = False,
+    arena: WeightArena | None = None,
 ) -> BlockWeights:
     """Every projection, the embedding and the output projection of `model` whose GGUF tensors
-    are all of a block type the kernels read, as `GGUFWeight`s over the mapped file (`config`:
-    the whole model's). Rows the file stores permuted (llama's q/k) are reordered into a copy;
-    with a tensor-parallel `plan`, each tensor is cut to this rank's rows (a view) or input
-    columns (a copy of whole blocks; a projection whose cut falls inside a block is left to the
-    dense path). Projections made of other tensors (float, other types, 3D experts) are not
-    included. `round_activations`: the weights' products round x to int8 (`GGUFWeight`)."""
+    are all of a block type the kernels read, as `GGUFWeight`s over the file's blocks: read into
+    `arena` (`weight_arena.py`), or without one, views of the mapped file (`config`: the whole
+    model's). Rows the file stores permuted (llama's q/k) are reordered into a copy; with a
+    tensor-parallel `plan`, each tensor is cut to this rank's rows (a view) or input columns (a
+    copy of whole blocks; a projection whose cut falls inside a block is left to the dense
+    path). Projections made of other tensors (float, other types, 3D experts) are not included.
+    `round_activations`: the weights' products round x to int8 (`GGUFWeight`)."""
     from sglite.runtime.model.linear import Linear
 
     family = gguf_family(gf, gf.path)
@@ -194,23 +197,32 @@ def gguf_block_weights(
     scratch = DecodeScratch()
     out = BlockWeights()
 
-    def weight(names: list[str], heads: list[int | None]) -> GGUFWeight | None:
+    def weight(
+        names: list[str], heads: list[int | None], shape: tuple[int, int] | None = None
+    ) -> GGUFWeight | None:
+        """The tensors `names` as one weight, or None where they cannot be one (of `shape`,
+        when given)."""
         tensors = [by_name.get(n) for n in names]
         if any(t is None or t.tensor_type.name not in BLOCK_TYPES for t in tensors):
             return None
         if any(len(t.shape) != 2 for t in tensors):
             return None
         k = int(tensors[0].shape[0])
-        parts = []
+        kinds, blocks = [], []
         for name, tensor, h in zip(names, tensors, heads, strict=True):
-            kind = tensor.tensor_type.name
+            kinds.append(tensor.tensor_type.name)
             rows: np.ndarray | None = _block_rows(tensor, h)
             if plan is not None:
-                rows, k = _rank_blocks(plan, name, kind, rows, int(tensor.shape[0]))
+                rows, k = _rank_blocks(plan, name, kinds[-1], rows, int(tensor.shape[0]))
             if rows is None:
                 return None
-            parts.append(GGUFPart(kind, rows))
+            blocks.append(rows)
+        if shape is not None and (sum(b.shape[0] for b in blocks), k) != shape:
+            return None
+        if arena is not None:
+            blocks = [arena.place(b) for b in blocks]
         out.consumed.update(t.name for t in tensors)
+        parts = [GGUFPart(kind, b) for kind, b in zip(kinds, blocks, strict=True)]
         return GGUFWeight(parts, k, scratch, round_activations)
 
     def permuted_heads(name: str) -> int | None:
@@ -224,10 +236,11 @@ def gguf_block_weights(
         if not isinstance(module, Linear) or path == "lm_head":
             continue
         names = checkpoint_names(model, path)
-        found = weight(names, [permuted_heads(n) for n in names])
+        shape = (module.out_features, module.in_features)
+        found = weight(names, [permuted_heads(n) for n in names], shape)
         if found is None and len(names) > 1:  # stored fused in the file (Phi-3)
-            found = weight([f"model.{path}.weight"], [None])
-        if found is not None and found.shape() == (module.out_features, module.in_features):
+            found = weight([f"model.{path}.weight"], [None], shape)
+        if found is not None:
             out.projections[path] = found
     out.embedding = weight(["model.embed_tokens.weight"], [None])
     out.head = out.embedding if config.tie_word_embeddings else weight(["lm_head.weight"], [None])

@@ -37,6 +37,8 @@ from sglite.runtime.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     from sglite.runtime.model.gguf_index import GGUFFile
+    from sglite.runtime.model.gguf_loader import BlockWeights
+    from sglite.runtime.model.weight_arena import WeightArena
 
 logger = logging.getLogger(__name__)
 
@@ -231,6 +233,28 @@ def load_tokenizer(path: str | None = None, model_path: str | None = None) -> To
     return tokenizer
 
 
+def _gguf_blocks(
+    gguf_file: GGUFFile,
+    model: CausalLM,
+    config: ModelConfig,
+    plan: TensorParallelPlan | None,
+    activations: str,
+    arena: WeightArena | None,
+) -> BlockWeights:
+    """The GGUF's block weights, placed in `arena` when given (whose reads are waited for
+    here only when building them fails)."""
+    from sglite.runtime.model import gguf_loader
+
+    try:
+        return gguf_loader.gguf_block_weights(
+            gguf_file, model, config, plan, activations == "int8", arena
+        )
+    except BaseException:
+        if arena is not None:
+            arena.wait()
+        raise
+
+
 def _tokenizer_for(path: str, tokenizer_path: str | None, gguf_file: Any) -> Tokenizer:
     if tokenizer_path is None and gguf_file is not None:
         return load_gguf_tokenizer(path, gguf_file)  # reuse the parsed metadata
@@ -248,6 +272,7 @@ def load_model(
     gemm_packing: str = "auto",
     tp: TensorParallelGroup = SINGLE,
     gguf_activations: str = "auto",
+    mmap_weights: bool = False,
 ) -> LoadedModel:
     """Load weights, config and tokenizer. `model_path=None` loads the default model.
 
@@ -261,6 +286,8 @@ def load_model(
     `weight_policy.AUTO_PACK_MAX_BYTES`.
     `gguf_activations` (auto, int8, float): how a GGUF's own blocks take their activations
     (`resolve_gguf_activations`; int8 rounds every product's x rows as llama.cpp does).
+    A GGUF's blocks are read into the process's memory (`weight_arena.py`), or with
+    `mmap_weights` served from the file's mapping.
     With a tensor-parallel group `tp`, only this rank's shard of every weight is kept (each
     checkpoint tensor is read, cut and dropped in turn) and the returned config is the rank's.
 
@@ -269,6 +296,7 @@ def load_model(
     """
     from sglite.runtime.model import gguf_loader, hf_loader
     from sglite.runtime.model.gguf_index import open_gguf
+    from sglite.runtime.model.weight_arena import WeightArena
 
     path = _resolve_path(model_path)
     path = single_gguf_in(path) or path
@@ -298,13 +326,13 @@ def load_model(
     model = CausalLM.empty(config, torch_dtype, dev, plan, tp)
     provided: frozenset[str] = frozenset()
     activations = "float"
+    arena = None
     if gguf_file is not None:
         consumed: frozenset[str] = frozenset()
         if quantization == "auto" and _serves_gguf_blocks(resolved, dev):
             activations = resolve_gguf_activations(gguf_activations)
-            blocks = gguf_loader.gguf_block_weights(
-                gguf_file, model, config, plan, round_activations=activations == "int8"
-            )
+            arena = None if mmap_weights else WeightArena.for_file(gguf_file)
+            blocks = _gguf_blocks(gguf_file, model, config, plan, activations, arena)
             provided = weight_policy.use_gguf_blocks(model, blocks)
             consumed = frozenset(blocks.consumed)
         weights = gguf_loader.iter_gguf_weights(gguf_file, config, progress, consumed)
@@ -321,7 +349,13 @@ def load_model(
     on_loaded = None
     if kind_for is not None and quantized_rows is not None and quantized_rows < 0:
         on_loaded = _quantize_when_loaded(model, kind_for, quantized_rows, source)
-    model.load_weights(weights, on_loaded, provided)
+    try:
+        model.load_weights(weights, on_loaded, provided)
+    finally:
+        if arena is not None:
+            arena.wait()  # the blocks' reads ran beside the rest of the load
+    if arena is not None:
+        arena.collapse_in_background()
     if kind_for is not None:
         assert quantized_rows is not None
         # What loading has not done.

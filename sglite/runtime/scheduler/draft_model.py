@@ -145,6 +145,7 @@ class DraftModelProposer:
             quantization=args.speculative_draft_model_quantization,
             gemm_packing="off",  # the draft runs small decode batches only
             gguf_activations=args.gguf_activations,
+            mmap_weights=args.mmap_weights,
         )
         if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
             raise ValueError(

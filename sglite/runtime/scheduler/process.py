@@ -119,6 +119,7 @@ def _load(args: ServerArgs, rank: int) -> tuple[Any, Any]:
         gemm_packing=packing,
         tp=tp,
         gguf_activations=args.gguf_activations,
+        mmap_weights=args.mmap_weights,
     )
     if deterministic:
         loaded.model.enable_deterministic()

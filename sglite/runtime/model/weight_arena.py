@@ -1,0 +1,145 @@
+"""Process memory for a GGUF's quantized blocks, read from the file once at load.
+
+Why: a decode step reads every weight byte, and the kernels read anonymous memory faster than
+the file's mapping, the more so in 2 MB pages (docs/benchmarks.md): a file's page-cache pages lie
+scattered in physical memory, and each 4 KB page costs a TLB entry. So the blocks are read into
+one anonymous region, tensor by tensor, byte for byte as the file stores them: `preadv` for a
+range of the file (the file's pages stay in the page cache, reclaimable, never in the process's
+resident set), a copy for blocks the loader already copied (permuted or column-cut rows). Once
+the server runs, a background thread moves the region into 2 MB pages (`collapse_in_background`).
+
+Invariant: `place` returns a C-contiguous array holding exactly its source's bytes (once `wait`
+returns), at a 4 KB boundary of the region; the region lives as long as any array placed in it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import mmap
+import os
+import sys
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+
+from sglite.runtime.model.gguf_index import GGUFFile
+
+logger = logging.getLogger(__name__)
+
+HUGE_PAGE = 2 << 20
+ALIGN = 4096
+# Reads are queued in pieces of at most this many bytes, so the threads share a large tensor.
+READ_PIECE = 16 << 20
+# madvise(2)'s MADV_COLLAPSE (Linux 6.1), and how much of the region one call collapses.
+MADV_COLLAPSE = 25
+COLLAPSE_PIECE = 32 << 20
+
+
+class WeightArena:
+    """An anonymous region of `capacity` bytes (virtual until written) that weight blocks of
+    the GGUF file `gf` are placed into. Reads from the file run on `threads` threads while the
+    caller goes on; `wait` returns once every placed array holds its bytes."""
+
+    def __init__(self, gf: GGUFFile, capacity: int, threads: int = 2) -> None:
+        self.gf = gf
+        size = capacity + HUGE_PAGE
+        self._region = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        whole = np.frombuffer(self._region, dtype=np.uint8)
+        start = (-whole.ctypes.data) % HUGE_PAGE  # huge pages need 2 MB-aligned addresses
+        self._free = whole[start : start + capacity]
+        self._used = 0
+        self._fd = os.open(gf.path, os.O_RDONLY)
+        self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="weights")
+        self._reads: list[Future[None]] = []
+
+    @classmethod
+    def for_file(cls, gf: GGUFFile, threads: int = 2) -> WeightArena:
+        """An arena that can hold every tensor of `gf` (each block tensor is placed at most
+        once; only the bytes placed become resident)."""
+        return cls(gf, os.path.getsize(gf.path) + ALIGN * (len(gf.tensors) + 1), threads)
+
+    @property
+    def used(self) -> int:
+        """Bytes of the region taken so far (placed arrays and their alignment)."""
+        return self._used
+
+    def place(self, rows: np.ndarray) -> np.ndarray:
+        """An array in the region that will hold `rows` (uint8, 2D) once `wait` returns: read
+        from the file when `rows` is a range of its mapping, else copied now. Raises ValueError
+        when it does not fit."""
+        n = rows.nbytes
+        begin = -(-self._used // ALIGN) * ALIGN
+        if begin + n > self._free.shape[0]:
+            raise ValueError(f"{n} bytes do not fit the weight arena ({self._free.shape[0]})")
+        target = self._free[begin : begin + n].reshape(rows.shape)
+        self._used = begin + n
+        offset = self.gf.file_offset(rows)
+        if offset is None:
+            np.copyto(target, rows)
+            return target
+        flat = target.reshape(-1)
+        for piece in range(0, n, READ_PIECE):
+            end = min(piece + READ_PIECE, n)
+            self._reads.append(self._pool.submit(_read, self._fd, flat[piece:end], offset + piece))
+        return target
+
+    def wait(self) -> None:
+        """Return once every read is done (raising the first read's error, if any); the arena
+        takes no more reads after."""
+        try:
+            for read in self._reads:
+                read.result()
+        finally:
+            self._pool.shutdown()
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+    def collapse_in_background(self) -> threading.Thread | None:
+        """Move the placed bytes into 2 MB pages on a background thread (`MADV_COLLAPSE`, Linux
+        6.1 and later: the same addresses, so the kernels never notice), a piece at a time;
+        None where the system cannot. Why not allocate huge pages at once: on a VM, memory the
+        host has not backed recently costs seconds per GB to touch in 2 MB pages, which would
+        delay the start; in 4 KB pages the start pays ~0.5 s per GB."""
+        madvise = _libc_madvise()
+        if madvise is None or self._used == 0:
+            return None
+        start, size = self._free.ctypes.data, -(-self._used // HUGE_PAGE) * HUGE_PAGE
+
+        def collapse() -> None:
+            for offset in range(0, size, COLLAPSE_PIECE):
+                if madvise(start + offset, min(COLLAPSE_PIECE, size - offset), MADV_COLLAPSE):
+                    logger.debug("weights stay in 4 KB pages from byte %d", offset)
+                    return
+
+        thread = threading.Thread(target=collapse, name="weights-huge-pages", daemon=True)
+        thread.start()
+        return thread
+
+
+def _read(fd: int, target: np.ndarray, offset: int) -> None:
+    """target = the file's bytes at `offset` (preadv until complete)."""
+    view = memoryview(target)
+    done = 0
+    while done < target.nbytes:
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if got <= 0:
+            raise OSError(f"the weights' file ended at byte {offset + done}")
+        done += got
+
+
+def _libc_madvise() -> Callable[[int, int, int], int] | None:
+    """libc's madvise(addr, length, advice) -> 0 or -1, on Linux; else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+    madvise = libc.madvise
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    madvise.restype = ctypes.c_int
+    return madvise
