@@ -37,8 +37,6 @@ from sglite.runtime.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     from sglite.runtime.model.gguf_index import GGUFFile
-    from sglite.runtime.model.gguf_loader import BlockWeights
-    from sglite.runtime.model.weight_arena import WeightArena
 
 logger = logging.getLogger(__name__)
 
@@ -233,28 +231,6 @@ def load_tokenizer(path: str | None = None, model_path: str | None = None) -> To
     return tokenizer
 
 
-def _gguf_blocks(
-    gguf_file: GGUFFile,
-    model: CausalLM,
-    config: ModelConfig,
-    plan: TensorParallelPlan | None,
-    activations: str,
-    arena: WeightArena | None,
-) -> BlockWeights:
-    """The GGUF's block weights, placed in `arena` when given (whose reads are waited for
-    here only when building them fails)."""
-    from sglite.runtime.model import gguf_loader
-
-    try:
-        return gguf_loader.gguf_block_weights(
-            gguf_file, model, config, plan, activations == "int8", arena
-        )
-    except BaseException:
-        if arena is not None:
-            arena.wait()
-        raise
-
-
 def _tokenizer_for(path: str, tokenizer_path: str | None, gguf_file: Any) -> Tokenizer:
     if tokenizer_path is None and gguf_file is not None:
         return load_gguf_tokenizer(path, gguf_file)  # reuse the parsed metadata
@@ -332,7 +308,9 @@ def load_model(
         if quantization == "auto" and _serves_gguf_blocks(resolved, dev):
             activations = resolve_gguf_activations(gguf_activations)
             arena = None if mmap_weights else WeightArena.for_file(gguf_file)
-            blocks = _gguf_blocks(gguf_file, model, config, plan, activations, arena)
+            blocks = gguf_loader.gguf_block_weights(
+                gguf_file, model, config, plan, activations == "int8", arena
+            )
             provided = weight_policy.use_gguf_blocks(model, blocks)
             consumed = frozenset(blocks.consumed)
         weights = gguf_loader.iter_gguf_weights(gguf_file, config, progress, consumed)
@@ -349,12 +327,9 @@ def load_model(
     on_loaded = None
     if kind_for is not None and quantized_rows is not None and quantized_rows < 0:
         on_loaded = _quantize_when_loaded(model, kind_for, quantized_rows, source)
-    try:
-        model.load_weights(weights, on_loaded, provided)
-    finally:
-        if arena is not None:
-            arena.wait()  # the blocks' reads ran beside the rest of the load
+    model.load_weights(weights, on_loaded, provided)
     if arena is not None:
+        arena.wait()  # the blocks' reads ran beside the rest of the load
         arena.collapse_in_background()
     if kind_for is not None:
         assert quantized_rows is not None

@@ -20,6 +20,7 @@ import mmap
 import os
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -54,6 +55,9 @@ class WeightArena:
         self._fd = os.open(gf.path, os.O_RDONLY)
         self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="weights")
         self._reads: list[Future[None]] = []
+        # An arena dropped before `wait` (a load that failed) still lets its reads end and
+        # closes the file.
+        self._release = weakref.finalize(self, _release, self._pool, self._fd)
 
     @classmethod
     def for_file(cls, gf: GGUFFile, threads: int = 2) -> WeightArena:
@@ -93,10 +97,7 @@ class WeightArena:
             for read in self._reads:
                 read.result()
         finally:
-            self._pool.shutdown()
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
+            self._release()
 
     def collapse_in_background(self) -> threading.Thread | None:
         """Move the placed bytes into 2 MB pages on a background thread (`MADV_COLLAPSE`, Linux
@@ -118,6 +119,11 @@ class WeightArena:
         thread = threading.Thread(target=collapse, name="weights-huge-pages", daemon=True)
         thread.start()
         return thread
+
+
+def _release(pool: ThreadPoolExecutor, fd: int) -> None:
+    pool.shutdown()
+    os.close(fd)
 
 
 def _read(fd: int, target: np.ndarray, offset: int) -> None:
