@@ -17,7 +17,8 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
-from sglite.runtime.server_args import (
+from sglite.runtime.server_args import ServerArgs
+from sglite.runtime.server_args_checks import (
     DP_POLICIES,
     DTYPES,
     GEMM_PACKING,
@@ -30,7 +31,6 @@ from sglite.runtime.server_args import (
     RADIX_EVICTION_POLICIES,
     SCHEDULE_POLICIES,
     SEGMENT_SELECTIONS,
-    ServerArgs,
 )
 
 HELP = {

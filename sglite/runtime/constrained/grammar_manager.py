@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sglite.runtime.constrained.base import Constraint, GrammarBackend, GrammarError, GrammarMatcher
-from sglite.runtime.server_args import GRAMMAR_BACKENDS
+from sglite.runtime.server_args_checks import GRAMMAR_BACKENDS
 
 if TYPE_CHECKING:
     from sglite.runtime.tokenizer import Tokenizer

@@ -28,7 +28,7 @@ import torch
 
 from sglite.runtime.cache.kv_pool import KVPool
 from sglite.runtime.model.forward_batch import ForwardBatch
-from sglite.runtime.server_args import SEGMENT_SELECTIONS
+from sglite.runtime.server_args_checks import SEGMENT_SELECTIONS
 
 SELECT_AFTER_LAYER = 1  # the first layer whose K/V can deviate from the copied ones
 # Layerwise selection's first share, as a multiple of the fraction. Starting at 2f (down to no
