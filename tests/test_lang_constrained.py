@@ -17,7 +17,7 @@ import jsonschema
 import pytest
 
 import sglite as sgl
-from sglite.lang.ir import REGEX_BOOL, REGEX_STR
+from sglite.lang.sampling_params import REGEX_BOOL, REGEX_STR
 
 SCHEMA = {
     "type": "object",

@@ -23,7 +23,8 @@ from sglite.lang.choices import (
     token_length_normalized,
     unconditional_likelihood_normalized,
 )
-from sglite.lang.ir import REGEX_INT, SglConstantText, SglFork, SglGen, SglSelect
+from sglite.lang.ir import SglConstantText, SglFork, SglGen, SglSelect
+from sglite.lang.sampling_params import REGEX_INT
 from sglite.lang.tracer import extract_prefix_by_tracing
 
 

@@ -23,15 +23,10 @@ import requests
 
 import sglite as sgl
 from sglite.lang.backend.api_select import select_by_logit_bias
-from sglite.lang.backend.api_speculative import (
-    SpecReply,
-    _Gen,
-    _Text,
-    find_cut,
-    match_turn,
-    token_ends_from_pieces,
-)
-from sglite.lang.ir import SglGen, SglSamplingParams
+from sglite.lang.backend.api_speculative_chat import _Gen, _Text, match_turn
+from sglite.lang.backend.api_speculative_reply import SpecReply, find_cut, token_ends_from_pieces
+from sglite.lang.ir import SglGen
+from sglite.lang.sampling_params import SglSamplingParams
 
 MODEL = "SmolLM2-135M-Instruct"
 

@@ -89,7 +89,7 @@ def run_programs(
     """
     from sglite.lang.global_config import global_config
     from sglite.lang.interpreter import cache_program, run_program
-    from sglite.lang.ir import SglSamplingParams
+    from sglite.lang.sampling_params import SglSamplingParams
 
     defaults = SglSamplingParams(temperature=temperature)
 

@@ -34,7 +34,7 @@ from benchmarks.runners.common import System, default_threads
 from sglite.lang.backend.base import BaseBackend, apply_dtype, mean_logprob
 from sglite.lang.chat_template import from_tokenizer
 from sglite.lang.choices import ChoicesDecision, token_length_normalized
-from sglite.lang.ir import SglSamplingParams
+from sglite.lang.sampling_params import SglSamplingParams
 
 MAX_BATCH = 16  # rows per generate / scoring forward (the micro-batch cap)
 COLLECT_S = 0.005  # how long the worker waits for more calls to join a batch

@@ -53,7 +53,7 @@ from benchmarks.runners.gbnf import literal_gbnf, regex_to_gbnf
 from sglite.lang.backend.base import BaseBackend, apply_dtype, mean_logprob
 from sglite.lang.chat_template import from_tokenizer
 from sglite.lang.choices import ChoicesDecision, token_length_normalized
-from sglite.lang.ir import SglSamplingParams
+from sglite.lang.sampling_params import SglSamplingParams
 
 SLOTS = 16
 CTX_PER_SLOT = 2048

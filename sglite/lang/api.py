@@ -17,12 +17,12 @@ from sglite.lang.ir import (
     SglImage,
     SglRoleBegin,
     SglRoleEnd,
-    SglSamplingParams,
     SglSegment,
     SglSelect,
     as_expr,
 )
 from sglite.lang.program import SglFunction
+from sglite.lang.sampling_params import SglSamplingParams
 from sglite.lang.tools import tool_grammar
 
 

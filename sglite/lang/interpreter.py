@@ -17,8 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from sglite.lang.global_config import global_config
-from sglite.lang.ir import SglSamplingParams
 from sglite.lang.program_state import ProgramState
+from sglite.lang.sampling_params import SglSamplingParams
 from sglite.lang.stream_executor import StreamExecutor
 
 logger = logging.getLogger(__name__)

@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from sglite.lang.interpreter import cache_program, run_program, run_program_batch
-from sglite.lang.ir import SglSamplingParams
 from sglite.lang.program_state import ProgramState
+from sglite.lang.sampling_params import SglSamplingParams
 from sglite.lang.tracer import TracerProgramState, TracingScope, trace_program
 
 

@@ -17,7 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 from sglite.lang.chat_template import ChatTemplate, get_chat_template
 from sglite.lang.choices import ChoicesDecision, ChoicesSamplingMethod, token_length_normalized
-from sglite.lang.ir import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR, SglSamplingParams
+from sglite.lang.sampling_params import (
+    REGEX_BOOL,
+    REGEX_FLOAT,
+    REGEX_INT,
+    REGEX_STR,
+    SglSamplingParams,
+)
 
 if TYPE_CHECKING:
     from sglite.lang.stream_executor import StreamExecutor

@@ -10,34 +10,47 @@ accept). Everything the endpoint charges is counted in `backend.token_usage`.
 
 With `@sgl.function(num_api_spec_tokens=N)` programs make fewer calls (see
 `api_speculative.py`).
+
+This module holds the backend (`OpenAI`); building requests is in `openai_request.py`, reading
+responses (and `TokenUsage`, importable from here as in SGLang) in `openai_response.py`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sglite.lang.backend import api_select
-from sglite.lang.backend.api_speculative import (
-    DEFAULT_MAX_TRIES,
-    ApiSpeculation,
-    SpecReply,
-    token_ends_from_pieces,
-)
+from sglite.lang.backend.api_speculative import DEFAULT_MAX_TRIES, ApiSpeculation
+from sglite.lang.backend.api_speculative_reply import SpecReply, token_ends_from_pieces
 from sglite.lang.backend.base import BaseBackend, apply_dtype
+from sglite.lang.backend.openai_request import (
+    drop_regex,
+    is_bad_request,
+    make_client,
+    sampling_extras,
+    sampling_kwargs,
+)
+from sglite.lang.backend.openai_response import (
+    TokenUsage,  # importable from here too: SGLang has it in `sglang.lang.backend.openai`
+    choice_text,
+    delta_text,
+    finish_meta,
+    response_meta,
+    token_pieces,
+    usage_meta,
+)
 from sglite.lang.chat_template import (
     ChatTemplate,
     get_chat_template,
     get_chat_template_by_model_path,
 )
 from sglite.lang.choices import ChoicesDecision, ChoicesSamplingMethod, token_length_normalized
-from sglite.lang.ir import SglSamplingParams
+from sglite.lang.sampling_params import SglSamplingParams
 
 if TYPE_CHECKING:
     from sglite.lang.stream_executor import StreamExecutor
@@ -47,35 +60,6 @@ logger = logging.getLogger(__name__)
 # Models served only through /v1/completions (SGLang's list plus OpenAI's base models); any other
 # name is taken to be a chat model unless `is_chat_model` says otherwise.
 COMPLETION_MODEL_NAMES = ("gpt-3.5-turbo-instruct", "davinci-002", "babbage-002")
-
-
-@dataclass
-class TokenUsage:
-    """What the endpoint reported, summed over every call of the backend (thread-safe).
-
-    `prompt_tokens` and `completion_tokens` are the `usage` of each response (streams ask for
-    it with `stream_options.include_usage`); `num_calls` counts API requests that succeeded.
-    """
-
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    num_calls: int = 0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
-
-    def add(self, prompt_tokens: int = 0, completion_tokens: int = 0, calls: int = 0) -> None:
-        with self._lock:
-            self.prompt_tokens += prompt_tokens
-            self.completion_tokens += completion_tokens
-            self.num_calls += calls
-
-    def reset(self) -> None:
-        with self._lock:
-            self.prompt_tokens = self.completion_tokens = self.num_calls = 0
-
-    def snapshot(self) -> TokenUsage:
-        """A copy of the counters now."""
-        with self._lock:
-            return TokenUsage(self.prompt_tokens, self.completion_tokens, self.num_calls)
 
 
 class OpenAI(BaseBackend):
@@ -114,7 +98,7 @@ class OpenAI(BaseBackend):
             )
         self.model_name = model_name
         if client is None:
-            client = _make_client(base_url, api_key, is_azure, client_kwargs)
+            client = make_client(base_url, api_key, is_azure, client_kwargs)
         self.client = client
         if is_chat_model is None:
             is_chat_model = model_name not in COMPLETION_MODEL_NAMES
@@ -167,8 +151,8 @@ class OpenAI(BaseBackend):
             kwargs["messages"], extra = self._chat_messages(s)
         else:
             kwargs["prompt"] = s.text_
-        kwargs.update(_sampling_kwargs(params))
-        extra.update(_sampling_extras(params))
+        kwargs.update(sampling_kwargs(params))
+        extra.update(sampling_extras(params))
         stops = params.stop_list()
         if chat:  # the server ends the turn itself; the template's stop strings are noise
             stops = [x for x in stops if x not in self.chat_template.stop_str]
@@ -222,12 +206,12 @@ class OpenAI(BaseBackend):
     def _call(self, kwargs: dict[str, Any], from_dtype: bool) -> Any:
         """`_create(**kwargs)`; a `dtype` regex the endpoint refuses is dropped (one warning)."""
         if from_dtype and self._constraints_ok is False:
-            _drop_regex(kwargs)
+            drop_regex(kwargs)
             return self._create(**kwargs)
         try:
             return self._create(**kwargs)
         except Exception as exc:
-            if not (from_dtype and _is_bad_request(exc)):
+            if not (from_dtype and is_bad_request(exc)):
                 raise
             with self._warn_lock:
                 if self._constraints_ok is None:
@@ -237,7 +221,7 @@ class OpenAI(BaseBackend):
                         stacklevel=2,
                     )
                 self._constraints_ok = False
-            _drop_regex(kwargs)
+            drop_regex(kwargs)
             return self._create(**kwargs)
 
     # ------------------------------------------------------------------ generation
@@ -247,8 +231,8 @@ class OpenAI(BaseBackend):
         kwargs, from_dtype = self._request(s, sampling_params)
         response = self._call(kwargs, from_dtype)
         answers = sorted(response.choices, key=lambda c: c.index)
-        texts = [_choice_text(c) for c in answers]
-        metas = [_meta(response, c) for c in answers]
+        texts = [choice_text(c) for c in answers]
+        metas = [response_meta(response, c) for c in answers]
         if (sampling_params.n or 1) > 1:
             return texts, metas
         return texts[0], metas[0]
@@ -258,7 +242,7 @@ class OpenAI(BaseBackend):
     ) -> Iterator[tuple[str, dict[str, Any]]]:
         kwargs, from_dtype = self._request(s, sampling_params)
         if from_dtype and self._constraints_ok is False:
-            _drop_regex(kwargs)
+            drop_regex(kwargs)
         api = self.client.chat.completions if "messages" in kwargs else self.client.completions
         stream = api.create(
             model=self.model_name, stream=True, stream_options={"include_usage": True}, **kwargs
@@ -269,14 +253,14 @@ class OpenAI(BaseBackend):
             usage = getattr(chunk, "usage", None)
             if usage is not None:
                 self.token_usage.add(usage.prompt_tokens or 0, usage.completion_tokens or 0)
-                meta = {**meta, **_usage_meta(usage)}
+                meta = {**meta, **usage_meta(usage)}
             for choice in chunk.choices or []:
                 if choice.index != 0:
                     continue
-                text = _delta_text(choice)
+                text = delta_text(choice)
                 meta = {**meta, "id": chunk.id}
                 if choice.finish_reason is not None:
-                    meta["finish_reason"] = _finish(choice)
+                    meta["finish_reason"] = finish_meta(choice)
                 if text:
                     yield text, meta
         yield "", meta  # the final meta info (usage arrives after the last text)
@@ -284,8 +268,8 @@ class OpenAI(BaseBackend):
     def spec_call(self, s: StreamExecutor, params: SglSamplingParams, max_tokens: int) -> SpecReply:
         """One speculative call: `params`' sampling settings, no stop strings, `max_tokens`
         tokens, and per-token text (logprobs) when the endpoint gives it, to count tokens."""
-        kwargs: dict[str, Any] = {"max_tokens": max_tokens, **_sampling_kwargs(params)}
-        extra = _sampling_extras(params)
+        kwargs: dict[str, Any] = {"max_tokens": max_tokens, **sampling_kwargs(params)}
+        extra = sampling_extras(params)
         if self.is_chat_model:
             kwargs["messages"], more = self._chat_messages(s)
             extra.update(more)
@@ -300,19 +284,19 @@ class OpenAI(BaseBackend):
                 response = self._create(**with_pieces)
                 self._spec_logprobs_ok = True
             except Exception as exc:
-                if self._spec_logprobs_ok or not _is_bad_request(exc):
+                if self._spec_logprobs_ok or not is_bad_request(exc):
                     raise
                 self._spec_logprobs_ok = False  # counted by characters from now on
         if response is None:
             response = self._create(**kwargs)
         choice = sorted(response.choices, key=lambda c: c.index)[0]
-        text = _choice_text(choice)
+        text = choice_text(choice)
         return SpecReply(
             text=text,
             finished=choice.finish_reason == "stop",
-            token_ends=token_ends_from_pieces(text, _pieces(choice)),
+            token_ends=token_ends_from_pieces(text, token_pieces(choice)),
             max_tokens=max_tokens,
-            meta=_meta(response, choice, with_logprobs=False),
+            meta=response_meta(response, choice, with_logprobs=False),
         )
 
     # ------------------------------------------------------------------ select
@@ -342,7 +326,7 @@ class OpenAI(BaseBackend):
                 self._echo_logprobs_ok = True
                 return decision
             except Exception as exc:
-                usable = isinstance(exc, api_select.NoLogprobs) or _is_bad_request(exc)
+                usable = isinstance(exc, api_select.NoLogprobs) or is_bad_request(exc)
                 if self.select_method == "logprobs" or self._echo_logprobs_ok or not usable:
                     raise
                 logger.info("echoed logprobs unavailable (%s); select uses logit bias", exc)
@@ -353,128 +337,3 @@ class OpenAI(BaseBackend):
                 "(the endpoint does not return echoed prompt logprobs)"
             )
         return api_select.select_by_logit_bias(self._create, self.tokenizer, s.text_, choices)
-
-
-# ============================================================================ helpers
-def _make_client(
-    base_url: str | None, api_key: str | None, is_azure: bool, kwargs: dict[str, Any]
-) -> Any:
-    try:
-        import openai
-    except ImportError as exc:  # the language itself needs no HTTP client
-        raise ImportError("sgl.OpenAI needs the openai package: pip install openai") from exc
-    if is_azure:  # SGLang's option: Azure's endpoint and credentials come in kwargs
-        return openai.AzureOpenAI(api_key=api_key, **kwargs)
-    if api_key is None and base_url is not None and not os.environ.get("OPENAI_API_KEY"):
-        api_key = "EMPTY"  # local servers without --api-key ignore it; the client insists
-    return openai.OpenAI(base_url=base_url, api_key=api_key, **kwargs)
-
-
-def _is_bad_request(exc: BaseException) -> bool:
-    """Whether `exc` is the endpoint refusing the request (HTTP 400 / 422)."""
-    return getattr(exc, "status_code", None) in (400, 422)
-
-
-def _drop_regex(kwargs: dict[str, Any]) -> None:
-    extra = kwargs.get("extra_body")
-    if extra:
-        extra.pop("regex", None)
-
-
-def _sampling_kwargs(params: SglSamplingParams) -> dict[str, Any]:
-    """OpenAI's own sampling fields (penalties only when set, as some endpoints refuse them)."""
-    out: dict[str, Any] = {}
-    if params.temperature is not None:
-        out["temperature"] = params.temperature
-    if params.top_p is not None and params.top_p != 1.0:
-        out["top_p"] = params.top_p
-    if params.frequency_penalty:
-        out["frequency_penalty"] = params.frequency_penalty
-    if params.presence_penalty:
-        out["presence_penalty"] = params.presence_penalty
-    return out
-
-
-def _sampling_extras(params: SglSamplingParams) -> dict[str, Any]:
-    """SGLang / vLLM extra fields (sent in the body only when they differ from the defaults,
-    so endpoints without them, such as OpenAI, are not sent what they would refuse)."""
-    extra: dict[str, Any] = {}
-    if params.top_k not in (None, -1, 0):
-        extra["top_k"] = params.top_k
-    if params.min_p:
-        extra["min_p"] = params.min_p
-    if params.min_new_tokens:
-        extra["min_tokens"] = params.min_new_tokens
-    if params.ignore_eos:
-        extra["ignore_eos"] = True
-    if params.stop_token_ids:
-        extra["stop_token_ids"] = list(params.stop_token_ids)
-    return extra
-
-
-def _choice_text(choice: Any) -> str:
-    message = getattr(choice, "message", None)
-    if message is not None:
-        return message.content or ""
-    return choice.text or ""
-
-
-def _delta_text(choice: Any) -> str:
-    delta = getattr(choice, "delta", None)
-    if delta is not None:
-        return delta.content or ""
-    return getattr(choice, "text", None) or ""
-
-
-def _finish(choice: Any) -> dict[str, Any]:
-    return {"type": choice.finish_reason, "matched": getattr(choice, "matched_stop", None)}
-
-
-def _usage_meta(usage: Any) -> dict[str, Any]:
-    meta = {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens}
-    details = getattr(usage, "prompt_tokens_details", None)
-    if details is not None and getattr(details, "cached_tokens", None) is not None:
-        meta["cached_tokens"] = details.cached_tokens
-    return meta
-
-
-def _meta(response: Any, choice: Any, with_logprobs: bool = True) -> dict[str, Any]:
-    """Meta info of one choice, shaped like the native `meta_info` (usage is the response's)."""
-    meta: dict[str, Any] = {"id": response.id, "finish_reason": _finish(choice)}
-    if getattr(response, "usage", None) is not None:
-        meta.update(_usage_meta(response.usage))
-    entries = _logprob_entries(choice) if with_logprobs else None
-    if entries is not None:
-        meta["output_token_logprobs"], tops = entries
-        if any(tops):
-            meta["output_top_logprobs"] = tops
-    return meta
-
-
-def _pieces(choice: Any) -> list[str] | None:
-    """The choice's tokens as text (from its logprobs), or None."""
-    entries = _logprob_entries(choice)
-    return None if entries is None else [e[2] for e in entries[0]]
-
-
-def _logprob_entries(choice: Any) -> tuple[list[list[Any]], list[Any]] | None:
-    """`[logprob, None, token]` per output token and the top alternatives per position, from
-    either the completions or the chat logprobs shape; None without logprobs."""
-    logprobs = getattr(choice, "logprobs", None)
-    if logprobs is None:
-        return None
-    content = getattr(logprobs, "content", None)
-    if content is not None:  # chat
-        entries = [[t.logprob, None, t.token] for t in content]
-        tops = [[[x.logprob, None, x.token] for x in (t.top_logprobs or [])] for t in content]
-        return entries, tops
-    tokens = getattr(logprobs, "tokens", None)
-    if tokens is None:
-        return None
-    values = list(logprobs.token_logprobs or [None] * len(tokens))
-    entries = [[lp, None, tok] for lp, tok in zip(values, tokens)]
-    tops = [
-        [[lp, None, tok] for tok, lp in (top or {}).items()]
-        for top in (logprobs.top_logprobs or [None] * len(tokens))
-    ]
-    return entries, tops
