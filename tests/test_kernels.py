@@ -190,7 +190,8 @@ def test_a_changed_compiler_changes_the_library_key(tmp_path, monkeypatch):
 # odd group count (the float path)
 @pytest.mark.parametrize("k", [576, 64, 96])
 def test_quantized_gemv(dtype, tol, rows, k):
-    from sglite.runtime.model.quantization import Int4Weight, Int8Weight, quantize_int4
+    from sglite.runtime.model.quantization import quantize_int4
+    from sglite.runtime.model.quantized_weight import Int4Weight, Int8Weight
 
     torch.manual_seed(rows)
     w = torch.randn(200, k)
@@ -220,7 +221,7 @@ def test_q8_0_products_match_gguf_dequantization(rows):
     import gguf
     import numpy as np
 
-    from sglite.runtime.model.quantization import q8_weight_from_gguf
+    from sglite.runtime.model.gguf_quants import q8_weight_from_gguf
 
     rng = np.random.default_rng(rows)
     w = rng.standard_normal((300, 576)).astype(np.float32)
@@ -239,7 +240,8 @@ def test_q8_0_products_match_gguf_dequantization(rows):
 
 
 def test_quantized_gemv_declines_many_rows():
-    from sglite.runtime.model.quantization import Int4Weight, quantize_int4
+    from sglite.runtime.model.quantization import quantize_int4
+    from sglite.runtime.model.quantized_weight import Int4Weight
 
     x = torch.randn(9, 64)
     q4 = Int4Weight(quantize_int4(torch.randn(32, 64)), torch.float32)
@@ -323,7 +325,8 @@ def test_panel_gemm_declines_what_it_cannot_serve():
 def test_quant_gemm_matches_the_dequantized_matmul(kind, rows, bias):
     """Every dot-tile size (1-3 rows), row blocks, and the panel path for many rows (>= 128),
     with n_out = 83 leaving partial column groups, chunks and panels."""
-    from sglite.runtime.model.quantization import Int4Weight, Int8Weight, quantize_int4
+    from sglite.runtime.model.quantization import quantize_int4
+    from sglite.runtime.model.quantized_weight import Int4Weight, Int8Weight
 
     torch.manual_seed(rows)
     w = torch.randn(83, 96)
@@ -346,7 +349,7 @@ def test_quant_gemm_matches_the_dequantized_matmul(kind, rows, bias):
 
 
 def test_quant_gemm_declines_what_it_cannot_serve():
-    from sglite.runtime.model.quantization import Int8Weight
+    from sglite.runtime.model.quantized_weight import Int8Weight
 
     q = Int8Weight(torch.randn(16, 40), torch.float32)  # k = 40: not whole vectors of 32
     assert kernels.int8_gemm(torch.randn(12, 40), q.values, q.scale) is None

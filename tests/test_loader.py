@@ -667,7 +667,7 @@ def test_fast_gguf_dequantize_is_bitwise_gguf(type_name):
     import gguf
 
     from sglite.runtime.model import kernels
-    from sglite.runtime.model.quantization import dequantize_gguf_fast
+    from sglite.runtime.model.gguf_quants import dequantize_gguf_fast
 
     if type_name in ("Q4_0", "Q4_1") and not kernels.native_available():
         pytest.skip("needs the native kernels")

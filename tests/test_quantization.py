@@ -9,17 +9,13 @@ import torch.nn.functional as F
 
 from sglite.runtime.cache.kv_pool import KVPool
 from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
+from sglite.runtime.model.gguf_quants import int4_parts_from_gguf
 from sglite.runtime.model.gguf_weight import GGUFWeight
 from sglite.runtime.model.linear import Linear
 from sglite.runtime.model.linear_weight import PlainWeight
 from sglite.runtime.model.loader import load_model
-from sglite.runtime.model.quantization import (
-    Int4Weight,
-    Int8Weight,
-    Q8Weight,
-    int4_parts_from_gguf,
-    quantize_int4,
-)
+from sglite.runtime.model.quantization import quantize_int4
+from sglite.runtime.model.quantized_weight import Int4Weight, Int8Weight, Q8Weight
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +151,7 @@ def test_int4_model_computes_what_the_dense_model_computes(dense32, int4_32):
     """int4 on the default GGUF is lossless: its layers take the file's own Q4_1 values with
     activations kept in float32, and the output projection the file's own Q8_0 embedding, so
     the logits are the dense model's to float rounding and every greedy choice agrees."""
-    from sglite.runtime.model.quantization import Q8Weight
+    from sglite.runtime.model.quantized_weight import Q8Weight
 
     assert isinstance(int4_32.model.lm_head_quantized, Q8Weight)
     tok = dense32.tokenizer
@@ -368,13 +364,13 @@ def test_auto_quantization_follows_the_gguf_projections(tmp_path, engine):
     import gguf
     from test_loader import make_hf_model, write_tiny_gguf
 
-    from sglite.runtime.model import gguf_loader
+    from sglite.runtime.model.gguf_auto_quantization import auto_quantization
     from sglite.runtime.model.gguf_index import open_gguf
     from sglite.runtime.model.loader import default_model_path, resolve_quantization
 
     cpu, f32 = torch.device("cpu"), torch.float32
     default = open_gguf(default_model_path())
-    assert gguf_loader.auto_quantization(default) == "q4_1"
+    assert auto_quantization(default) == "q4_1"
     assert resolve_quantization("auto", default, f32, cpu) == "q4_1"
     assert resolve_quantization("auto", default, torch.bfloat16, cpu) == "q4_1"
     assert resolve_quantization("auto", default, f32, torch.device("cuda")) == "none"
@@ -447,7 +443,7 @@ def test_gguf_q5_0_and_q8_0_load_exactly_as_q8_0_weights():
     file's values exactly (`--quantization auto` gives them to such projections)."""
     import gguf
 
-    from sglite.runtime.model.quantization import q8_weight_from_gguf_type
+    from sglite.runtime.model.gguf_quants import q8_weight_from_gguf_type
 
     torch.manual_seed(0)
     weight = torch.randn(48, 256).numpy()

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from sglite.runtime.model.config import ModelConfig
-from sglite.runtime.model.quantization import Int4Parts
+from sglite.runtime.model.quantized_weight import Int4Parts
 
 
 def _even_range(total: int, parts: int, index: int) -> tuple[int, int]:

@@ -43,7 +43,7 @@ from sglite.runtime.model.layers.norm import RMSNorm
 from sglite.runtime.model.linear import Linear
 from sglite.runtime.model.linear_weight import LinearWeight
 from sglite.runtime.model.native_decode import NativeDecoder
-from sglite.runtime.model.quantization import QuantizedWeight
+from sglite.runtime.model.quantized_weight import QuantizedWeight
 from sglite.runtime.model.rope import RopeSet
 
 

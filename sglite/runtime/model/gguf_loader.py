@@ -1,39 +1,37 @@
-"""GGUF files (llama.cpp format): config from metadata, dequantized weights, tokenizer.
+"""GGUF files (llama.cpp format): the config from metadata, the weights dequantized to float32,
+and the file's own quantized values for the projections that keep them.
 
-Weights are yielded under Hugging Face names so `CausalLM.load_weights` serves both formats.
-llama.cpp stores the Q and K rows of llama-architecture models permuted for its interleaved RoPE;
-they are permuted back here so the model can use the rotate-half layout.
+Weights are yielded under Hugging Face names (`hf_name`) so `CausalLM.load_weights` serves both
+formats. llama.cpp stores the Q and K rows of llama-architecture models permuted for its
+interleaved RoPE; they are permuted back here (`unpermute_rows`) so the model can use the
+rotate-half layout.
+
+Invariants: every tensor reaches the model under its canonical name and in rotate-half row order,
+whichever path reads it (dense here, as blocks in `gguf_block_weights.py`); the file map is only
+read. What `--quantization auto` picks for a file is `gguf_auto_quantization.py`'s.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterator
 
 import numpy as np
 import torch
-from torch import nn
 
-from sglite.runtime.distributed.sharding import TensorParallelPlan
-from sglite.runtime.model.checkpoint import checkpoint_names
 from sglite.runtime.model.config import ModelConfig
 from sglite.runtime.model.gguf_index import GGUFFile
-from sglite.runtime.model.gguf_weight import BLOCK_TYPES, DecodeScratch, GGUFPart, GGUFWeight
-from sglite.runtime.model.models.base import GGUFConfig, ModelFamily, rename_parts
-from sglite.runtime.model.quantization import (
+from sglite.runtime.model.gguf_quants import (
     GGUF_INT4_TYPES,
     GGUF_Q8_EXACT_TYPES,
-    Int4Parts,
-    Q8Weight,
     dequantize_gguf_fast,
     int4_parts_from_gguf,
     q8_weight_from_gguf,
     q8_weight_from_gguf_type,
 )
-from sglite.runtime.model.weight_arena import WeightArena
+from sglite.runtime.model.models.base import GGUFConfig, ModelFamily
+from sglite.runtime.model.quantized_weight import Int4Parts, Q8Weight
 from sglite.runtime.model.weight_policy import QuantizedSource
 
 logger = logging.getLogger(__name__)
@@ -93,7 +91,7 @@ def gguf_config(gf: GGUFFile, path: str = "<gguf>") -> ModelConfig:
     return family.config_from_gguf(GGUFConfig(gf, path), arch)
 
 
-def _hf_name(name: str) -> str | None:
+def hf_name(name: str) -> str | None:
     if name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[name]
     m = _BLOCK_TENSOR.match(name)
@@ -103,7 +101,7 @@ def _hf_name(name: str) -> str | None:
     return f"model.layers.{layer}.{_BLOCK_NAMES[part]}.{kind}"
 
 
-def _unpermute_rows(w: torch.Tensor, n_head: int) -> torch.Tensor:
+def unpermute_rows(w: torch.Tensor, n_head: int) -> torch.Tensor:
     # llama.cpp interleaves each head's two rotary halves row by row; de-interleave them.
     shape = w.shape
     return w.reshape(n_head, shape[0] // n_head // 2, 2, *shape[1:]).transpose(1, 2).reshape(shape)
@@ -134,7 +132,7 @@ def _dequantized(
     for tensor in tqdm(tensors, desc="loading GGUF", unit="tensor", disable=not progress):
         if tensor.name in _SKIPPED:
             continue
-        name = _hf_name(tensor.name)
+        name = hf_name(tensor.name)
         if name is None:
             logger.warning("ignoring unknown GGUF tensor %s", tensor.name)
             continue
@@ -152,130 +150,10 @@ def _dequantized(
                 array = array.copy()  # F32 tensors are views of the read-only file map
             weight = torch.from_numpy(array)
         if unpermute and ".self_attn.q_proj." in name:
-            weight = _unpermute_rows(weight, config.num_heads)
+            weight = unpermute_rows(weight, config.num_heads)
         elif unpermute and ".self_attn.k_proj." in name:
-            weight = _unpermute_rows(weight, config.num_kv_heads)
+            weight = unpermute_rows(weight, config.num_kv_heads)
         yield name, weight
-
-
-@dataclass
-class BlockWeights:
-    """The GGUF tensors a model holds as blocks (`GGUFWeight`): projections by module path, the
-    embedding, the output projection (the embedding's weight when tied), and the GGUF tensor
-    names they took (the dense load skips them)."""
-
-    projections: dict[str, GGUFWeight] = field(default_factory=dict)
-    embedding: GGUFWeight | None = None
-    head: GGUFWeight | None = None
-    consumed: set[str] = field(default_factory=set)
-
-
-def gguf_block_weights(
-    gf: GGUFFile,
-    model: nn.Module,
-    config: ModelConfig,
-    plan: TensorParallelPlan | None = None,
-    round_activations: bool = False,
-    arena: WeightArena | None = None,
-) -> BlockWeights:
-    """Every projection, the embedding and the output projection of `model` whose GGUF tensors
-    are all of a block type the kernels read, as `GGUFWeight`s over the file's blocks: read into
-    `arena` (`weight_arena.py`), or without one, views of the mapped file (`config`: the whole
-    model's). Rows the file stores permuted (llama's q/k) are reordered into a copy; with a
-    tensor-parallel `plan`, each tensor is cut to this rank's rows (a view) or input columns (a
-    copy of whole blocks; a projection whose cut falls inside a block is left to the dense
-    path). Projections made of other tensors (float, other types, 3D experts) are not included.
-    `round_activations`: the weights' products round x to int8 (`GGUFWeight`)."""
-    from sglite.runtime.model.linear import Linear
-
-    family = gguf_family(gf, gf.path)
-    by_name: dict[str, Any] = {}
-    for tensor in gf.tensors:
-        name = _hf_name(tensor.name)
-        if name is not None:
-            by_name[rename_parts(name, family.gguf_renames)] = tensor
-    scratch = DecodeScratch()
-    out = BlockWeights()
-
-    def weight(
-        names: list[str], heads: list[int | None], shape: tuple[int, int] | None = None
-    ) -> GGUFWeight | None:
-        """The tensors `names` as one weight, or None where they cannot be one (of `shape`,
-        when given)."""
-        tensors = [by_name.get(n) for n in names]
-        if any(t is None or t.tensor_type.name not in BLOCK_TYPES for t in tensors):
-            return None
-        if any(len(t.shape) != 2 for t in tensors):
-            return None
-        k = int(tensors[0].shape[0])
-        kinds, blocks = [], []
-        for name, tensor, h in zip(names, tensors, heads, strict=True):
-            kinds.append(tensor.tensor_type.name)
-            rows: np.ndarray | None = _block_rows(tensor, h)
-            if plan is not None:
-                rows, k = _rank_blocks(plan, name, kinds[-1], rows, int(tensor.shape[0]))
-            if rows is None:
-                return None
-            blocks.append(rows)
-        if shape is not None and (sum(b.shape[0] for b in blocks), k) != shape:
-            return None
-        if arena is not None:
-            blocks = [arena.place(b) for b in blocks]
-        out.consumed.update(t.name for t in tensors)
-        parts = [GGUFPart(kind, b) for kind, b in zip(kinds, blocks, strict=True)]
-        return GGUFWeight(parts, k, scratch, round_activations)
-
-    def permuted_heads(name: str) -> int | None:
-        if family.gguf_permuted_qk and ".self_attn.q_proj." in name:
-            return config.num_heads
-        if family.gguf_permuted_qk and ".self_attn.k_proj." in name:
-            return config.num_kv_heads
-        return None
-
-    for path, module in model.named_modules():
-        if not isinstance(module, Linear) or path == "lm_head":
-            continue
-        names = checkpoint_names(model, path)
-        shape = (module.out_features, module.in_features)
-        found = weight(names, [permuted_heads(n) for n in names], shape)
-        if found is None and len(names) > 1:  # stored fused in the file (Phi-3)
-            found = weight([f"model.{path}.weight"], [None], shape)
-        if found is not None:
-            out.projections[path] = found
-    out.embedding = weight(["model.embed_tokens.weight"], [None])
-    out.head = out.embedding if config.tie_word_embeddings else weight(["lm_head.weight"], [None])
-    return out
-
-
-def _rank_blocks(
-    plan: TensorParallelPlan, name: str, type_name: str, rows: np.ndarray, k: int
-) -> tuple[np.ndarray | None, int]:
-    """A tensor's blocks cut to this rank's part and its input width: rows as a view, input
-    columns as a copy of whole blocks (None where the cut falls inside a block)."""
-    import gguf
-
-    row_range, col_range = plan.weight_ranges(name)
-    if row_range is not None:
-        return rows[row_range[0] : row_range[1]], k
-    if col_range is None:
-        return rows, k
-    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]]
-    start, end = col_range
-    if start % block or end % block:
-        return None, k
-    cut = rows[:, start // block * size : end // block * size]
-    return np.ascontiguousarray(cut), end - start
-
-
-def _block_rows(tensor: Any, heads: int | None) -> np.ndarray:
-    """A 2D GGUF tensor's blocks as uint8 `[rows, row_bytes]`: a view of the mapped file, or,
-    for llama's permuted q/k rows (`heads`), a copy in rotate-half order."""
-    rows = int(tensor.shape[1])
-    data = np.asarray(tensor.data).view(np.uint8).reshape(rows, -1)
-    if heads is None:
-        return data
-    order = _unpermute_rows(torch.arange(rows), heads).numpy()
-    return np.ascontiguousarray(data[order])
 
 
 def gguf_quantized_source(gf: GGUFFile, config: ModelConfig) -> QuantizedSource:
@@ -285,7 +163,7 @@ def gguf_quantized_source(gf: GGUFFile, config: ModelConfig) -> QuantizedSource:
     unpermute = gguf_family(gf, gf.path).gguf_permuted_qk
     by_name = {}
     for tensor in gf.tensors:
-        name = _hf_name(tensor.name)
+        name = hf_name(tensor.name)
         if name is not None:
             by_name[name] = tensor
 
@@ -311,25 +189,22 @@ def gguf_quantized_source(gf: GGUFFile, config: ModelConfig) -> QuantizedSource:
                 q8 = q8_weight_from_gguf_type(tensor.data, tensor.tensor_type.name, shape)
                 if heads is not None:
                     q8 = Q8Weight(
-                        _unpermute_rows(q8.values, heads), _unpermute_rows(q8.scales, heads)
+                        unpermute_rows(q8.values, heads), unpermute_rows(q8.scales, heads)
                     )
                 parts.append(q8)
                 continue
             part = int4_parts_from_gguf(tensor.data, tensor.tensor_type.name, shape)
             if heads is not None:
                 part = Int4Parts(
-                    _unpermute_rows(part.values, heads),
-                    _unpermute_rows(part.scale, heads),
-                    _unpermute_rows(part.offset, heads),
+                    unpermute_rows(part.values, heads),
+                    unpermute_rows(part.scale, heads),
+                    unpermute_rows(part.offset, heads),
                     part.group_size,
                 )
             parts.append(part)
         return parts
 
     return lookup
-
-
-_UNQUANTIZED_TYPES = ("F32", "F16", "BF16", "F64")
 
 
 def gguf_q8_head(gf: GGUFFile, rows: tuple[int, int] | None = None) -> Q8Weight | None:
@@ -344,69 +219,3 @@ def gguf_q8_head(gf: GGUFFile, rows: tuple[int, int] | None = None) -> Q8Weight 
     start, end = rows or (0, n)
     data = np.asarray(tensor.data).reshape(n, -1)[start:end]
     return q8_weight_from_gguf(data, (end - start, k))
-
-
-_FUSED_PART = re.compile(r"\.(?:(q|k|v)|(gate|up))_proj\.")
-_EXPERT_INDEX = re.compile(r"\.experts\.\d+\.")
-
-
-def _projection_tensors(gf: GGUFFile) -> dict[str, Any]:
-    """Canonical name -> GGUF tensor, for the layers' projections (attention q/k/v/o, MLP and
-    expert gate/up/down)."""
-    out = {}
-    for tensor in gf.tensors:
-        name = _hf_name(tensor.name)
-        if name is not None and name.endswith("_proj.weight"):
-            out[name] = tensor
-    return out
-
-
-def _kind_of_types(types: set[str]) -> str:
-    """int4 when every part is 4-bit (their values load exactly), q8_0 when some are quantized
-    with more bits (Q8_0 and Q5_0 load exactly, Q5_1/Q6_K/Q5_K are rounded to 8 bits per group
-    of 32), none when all are float."""
-    if types and types <= set(GGUF_INT4_TYPES):
-        return "int4"
-    if types - set(_UNQUANTIZED_TYPES):
-        return "q8_0"
-    return "none"
-
-
-def _source(tensors: dict[str, Any], name: str) -> Any:
-    """The GGUF tensor holding the canonical projection `name`: itself, or the fused tensor it
-    is cut from (all experts in one, Phi-3's q/k/v and gate/up)."""
-    candidates = (
-        name,
-        _EXPERT_INDEX.sub(".experts.", name),
-        re.sub(r"\.(q|k|v)_proj\.", ".qkv_proj.", name),
-        name.replace(".gate_proj.", ".up_proj."),
-    )
-    return next((tensors[c] for c in candidates if c in tensors), None)
-
-
-def auto_quantization(gf: GGUFFile) -> str:
-    """What `quantization="auto"` gives a GGUF file, as vLLM and SGLang serve a GGUF with its
-    own quantization: the block types of its quantized projection tensors, lowercased and
-    joined by "+" (e.g. q4_k+q6_k), which the model holds as they are (`gguf_block_weights`);
-    q8_0 also stands for quantized types the kernels do not read (rounded to 8 bits per 32 on
-    load); none when every projection is float."""
-    kinds = set()
-    for tensor in _projection_tensors(gf).values():
-        name = tensor.tensor_type.name
-        if name in BLOCK_TYPES:
-            kinds.add(name.lower())
-        elif name not in _UNQUANTIZED_TYPES:
-            kinds.add("q8_0")
-    return "+".join(sorted(kinds)) or "none"
-
-
-def gguf_kind_for(gf: GGUFFile) -> Callable[[list[str]], str]:
-    """`--quantization auto` per projection (`CausalLM.quantize`'s `kind_for`): the kind of the
-    file's tensors for the canonical names making up one projection."""
-    tensors = _projection_tensors(gf)
-
-    def kind_for(names: list[str]) -> str:
-        found = [_source(tensors, n) for n in names]
-        return _kind_of_types({t.tensor_type.name for t in found if t is not None})
-
-    return kind_for

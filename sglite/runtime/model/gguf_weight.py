@@ -54,7 +54,7 @@ import torch.nn.functional as F
 from sglite.runtime.model import kernels
 from sglite.runtime.model.kernels.abi import ABI
 from sglite.runtime.model.linear_weight import NATIVE_MAX_ROWS, QGEMV_MAX_ROWS, c_linear
-from sglite.runtime.model.quantization import QuantizedWeight
+from sglite.runtime.model.quantized_weight import QuantizedWeight
 
 # ggml type names -> ids of the block types the kernels read (kernels.h GGML_TYPE_*).
 BLOCK_TYPES = {

@@ -17,7 +17,7 @@ from sglite.runtime.model.linear_weight import (
     LinearWeight,
     select_weight,
 )
-from sglite.runtime.model.quantization import QuantizedWeight
+from sglite.runtime.model.quantized_weight import QuantizedWeight
 
 
 class Linear(nn.Linear):

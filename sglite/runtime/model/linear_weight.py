@@ -13,7 +13,7 @@ names the path:
   layout for 2 to PACKED_MAX_ROWS rows (packed once at load, so no call pays for reordering the
   plain weight into the blocks the GEMM reads), in bf16 also the weight transposed for larger
   batches (oneDNN multiplies `[in, out]` fastest there).
-- a `QuantizedWeight` (quantization.py): int8, q8_0, int4 or w4a8 for every row count.
+- a `QuantizedWeight` (quantized_weight.py): int8, q8_0, int4 or w4a8 for every row count.
 - `RowSplitWeight`: a quantized weight for calls of up to `max_rows` rows (decode, where weight
   bytes set the speed) and a dense layout beyond (bf16, whose GEMM wins for large batches).
 

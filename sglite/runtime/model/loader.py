@@ -126,10 +126,11 @@ def resolve_quantization(
     kind: str, gguf_file: GGUFFile | None, dtype: torch.dtype, device: torch.device
 ) -> str:
     """`kind` as given, or for "auto" the file's own: a GGUF whose projections are quantized
-    runs each quantized as its tensors are (`gguf_loader.auto_quantization`: int4, int8 or
+    runs each quantized as its tensors are (`gguf_auto_quantization.auto_quantization`: int4, int8 or
     both, joined by "+") on a CPU with the native kernels, in float32 or bfloat16; anything else
     (safetensors, float GGUFs, CUDA) runs dense."""
-    from sglite.runtime.model import gguf_loader, kernels
+    from sglite.runtime.model import kernels
+    from sglite.runtime.model.gguf_auto_quantization import auto_quantization
 
     if kind != "auto":
         return kind
@@ -137,7 +138,7 @@ def resolve_quantization(
         return "none"
     if not kernels.native_available():  # without them quantized weights run slower than dense
         return "none"
-    return gguf_loader.auto_quantization(gguf_file)
+    return auto_quantization(gguf_file)
 
 
 GGUF_ACTIVATIONS = ("auto", "int8", "float")
@@ -184,12 +185,12 @@ def _resolve_path(model_path: str | None) -> str:
 
 def _kind_for(requested: str, resolved: str, gguf_file: GGUFFile | None) -> KindFor | None:
     """How each projection is quantized (None: the model stays dense)."""
-    from sglite.runtime.model import gguf_loader
+    from sglite.runtime.model.gguf_auto_quantization import gguf_kind_for
 
     if resolved == "none":
         return None
     if requested == "auto" and gguf_file is not None:
-        return gguf_loader.gguf_kind_for(gguf_file)
+        return gguf_kind_for(gguf_file)
     return lambda names: resolved
 
 
@@ -271,6 +272,7 @@ def load_model(
     file that is not valid GGUF/safetensors.
     """
     from sglite.runtime.model import gguf_loader, hf_loader
+    from sglite.runtime.model.gguf_block_weights import gguf_block_weights
     from sglite.runtime.model.gguf_index import open_gguf
     from sglite.runtime.model.weight_arena import WeightArena
 
@@ -308,7 +310,7 @@ def load_model(
         if quantization == "auto" and _serves_gguf_blocks(resolved, dev):
             activations = resolve_gguf_activations(gguf_activations)
             arena = None if mmap_weights else WeightArena.for_file(gguf_file)
-            blocks = gguf_loader.gguf_block_weights(
+            blocks = gguf_block_weights(
                 gguf_file, model, config, plan, activations == "int8", arena
             )
             provided = weight_policy.use_gguf_blocks(model, blocks)

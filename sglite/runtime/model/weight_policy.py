@@ -26,11 +26,12 @@ from sglite.runtime.model.checkpoint import checkpoint_names
 from sglite.runtime.model.gguf_weight import GGUFWeight
 from sglite.runtime.model.linear import Linear
 from sglite.runtime.model.linear_weight import LinearWeight, select_weight
-from sglite.runtime.model.quantization import Int4Parts, Int8Weight, Q8Weight, make_quantized
+from sglite.runtime.model.quantization import make_quantized
+from sglite.runtime.model.quantized_weight import Int4Parts, Int8Weight, Q8Weight
 
 if TYPE_CHECKING:
     from sglite.runtime.model.causal_lm import CausalLM
-    from sglite.runtime.model.gguf_loader import BlockWeights
+    from sglite.runtime.model.gguf_block_weights import BlockWeights
 
 logger = logging.getLogger(__name__)
 

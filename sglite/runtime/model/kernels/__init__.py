@@ -15,11 +15,10 @@ import torch.nn.functional as F
 
 from sglite.runtime.model.kernels import native
 from sglite.runtime.model.kernels.abi import ABI
-from sglite.runtime.model.kernels.matmul import (  # noqa: F401 (the package's API)
+from sglite.runtime.model.kernels.gguf_matmul import (  # noqa: F401 (the package's API)
     amx_available,
     bf16_dot_speed_percent,
     bf16_matmul_pays,
-    dense_gemv,
     gguf_a8_gemm_min_rows,
     gguf_amx_min_rows,
     gguf_dequantize,
@@ -30,21 +29,26 @@ from sglite.runtime.model.kernels.matmul import (  # noqa: F401 (the package's A
     gguf_gemm_amx_glu,
     gguf_gemv,
     gguf_gemv_a8,
+    tile_gemm_available,
+    vectors_512_split,
+)
+from sglite.runtime.model.kernels.matmul import (  # noqa: F401 (the package's API)
+    dense_gemv,
+    pack_panels,
+    panel_gemm,
+    qgemv_max_rows,
+)
+from sglite.runtime.model.kernels.native import DTYPE_CODES as _DTYPE_CODES
+from sglite.runtime.model.kernels.native import lib_for as _lib_for
+from sglite.runtime.model.kernels.quant_matmul import (  # noqa: F401 (the package's API)
     int4_dequantize,
     int4_gemm,
     int4_gemv,
     int8_gemm,
     int8_gemv,
-    pack_panels,
-    panel_gemm,
     q8_gemm,
     q8_gemv,
-    qgemv_max_rows,
-    tile_gemm_available,
-    vectors_512_split,
 )
-from sglite.runtime.model.kernels.native import DTYPE_CODES as _DTYPE_CODES
-from sglite.runtime.model.kernels.native import lib_for as _lib_for
 
 
 def native_available() -> bool:
