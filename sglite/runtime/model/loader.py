@@ -126,9 +126,9 @@ def resolve_quantization(
     kind: str, gguf_file: GGUFFile | None, dtype: torch.dtype, device: torch.device
 ) -> str:
     """`kind` as given, or for "auto" the file's own: a GGUF whose projections are quantized
-    runs each quantized as its tensors are (`gguf_auto_quantization.auto_quantization`: int4, int8 or
-    both, joined by "+") on a CPU with the native kernels, in float32 or bfloat16; anything else
-    (safetensors, float GGUFs, CUDA) runs dense."""
+    runs each quantized as its tensors are (`gguf_auto_quantization.auto_quantization`: int4,
+    int8 or both, joined by "+") on a CPU with the native kernels, in float32 or bfloat16;
+    anything else (safetensors, float GGUFs, CUDA) runs dense."""
     from sglite.runtime.model import kernels
     from sglite.runtime.model.gguf_auto_quantization import auto_quantization
 
