@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from sglite.runtime.cache.radix_cache import TreeNode
+from sglite.runtime.cache.tree_node import TreeNode
 
 CAPACITY = 28  # small, so requests regularly push spans down the tiers
 sequences = st.lists(st.integers(min_value=0, max_value=3), min_size=2, max_size=14)

@@ -24,7 +24,7 @@ from sglite.runtime.cache.factory import hicache_config
 from sglite.runtime.cache.host_pool import HostKVPool
 from sglite.runtime.cache.kv_pool import KVPool
 from sglite.runtime.cache.model_key import model_key
-from sglite.runtime.cache.radix_cache import MemoryTier
+from sglite.runtime.cache.tree_node import MemoryTier
 from sglite.runtime.server_args import ServerArgs
 
 A = list(range(100, 116))  # 16 tokens

@@ -16,7 +16,8 @@ from hypothesis.stateful import (
 )
 
 from sglite.runtime.cache.kv_pool import KVPool
-from sglite.runtime.cache.radix_cache import MatchResult, RadixCache, TreeNode
+from sglite.runtime.cache.radix_cache import MatchResult, RadixCache
+from sglite.runtime.cache.tree_node import TreeNode
 
 
 def make_cache(capacity: int = 64) -> tuple[KVPool, RadixCache]:

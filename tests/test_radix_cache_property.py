@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from sglite.runtime.cache.kv_pool import KVPool
-from sglite.runtime.cache.radix_cache import RadixCache, TreeNode
+from sglite.runtime.cache.radix_cache import RadixCache
+from sglite.runtime.cache.tree_node import TreeNode
 
 Prefix = tuple[int, ...]
 

@@ -1,9 +1,10 @@
 """RadixAttention's prefix cache: a radix tree of token ids whose nodes own KV pool slots.
 
-Each non-root node holds `key` (the token ids on the edge into it) and `slots` (the KV pool slot
-of each of those tokens, page size 1). The path from the root to a node spells a token prefix, and
-the concatenated `slots` along that path are the KV entries of exactly that prefix, so any request
-whose prompt starts with the prefix can attend over those slots instead of recomputing them.
+Each non-root node (`TreeNode`, tree_node.py) holds `key` (the token ids on the edge into it) and
+`slots` (the KV pool slot of each of those tokens, page size 1). The path from the root to a node
+spells a token prefix, and the concatenated `slots` along that path are the KV entries of exactly
+that prefix, so any request whose prompt starts with the prefix can attend over those slots
+instead of recomputing them.
 
 Slot ownership contract (the part callers most often get wrong):
 - The tree owns every slot stored in it; it frees slots only in `evict` and `flush`.
@@ -16,7 +17,7 @@ Slot ownership contract (the part callers most often get wrong):
 - Hence, at any time: `pool.num_free + total_size() + slots held privately by requests ==
   pool.capacity`.
 
-Invariants (verified by `check_invariants`):
+Invariants (verified by `check_invariants`, see radix_check.py):
 - The root has an empty key and is never locked or evicted; every other node has a non-empty key
   and `len(key) == len(slots)`; `parent.children[child.key[0]] is child`.
 - No slot appears twice in the tree and no tree slot is in the pool's free list.
@@ -29,70 +30,14 @@ Invariants (verified by `check_invariants`):
 
 from __future__ import annotations
 
-import enum
 import heapq
 import itertools
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sglite.runtime.cache.kv_pool import KVPool
-
-_SERIALS = itertools.count()
-
-
-class MemoryTier(enum.Enum):
-    """Where a node's KV entries live: the device pool, the host tier, or disk page files.
-
-    The plain `RadixCache` keeps everything on DEVICE; `TieredRadixCache` (tiered_cache.py)
-    also keeps spans in HOST memory, and DISK pages outside the tree (content-addressed).
-    """
-
-    DEVICE = "device"
-    HOST = "host"
-    DISK = "disk"
-
-
-@dataclass(eq=False)
-class TreeNode:
-    """One edge of the radix tree and the KV slots of its token span.
-
-    Node identity is stable for the prefix it ends: when a match or insert splits a node, a new
-    node is created for the upper part and the existing object keeps the lower part, so a request
-    holding (and locking) a node keeps pointing at the same full prefix.
-    """
-
-    key: list[int] = field(default_factory=list)
-    slots: list[int] = field(default_factory=list)
-    children: dict[int, TreeNode] = field(default_factory=dict, repr=False)
-    parent: TreeNode | None = field(default=None, repr=False)
-    lock_ref: int = 0
-    # A logical clock value (one tick per match_prefix/insert call), not wall time: order is
-    # deterministic, which keeps eviction order testable. Every token of a node was last touched
-    # at this time, because lookups split nodes at the end of what they touched.
-    last_access: float = 0.0
-    # Number of match_prefix walks that passed through this node, scheduler probes included
-    # (the tiered cache counts admissions only).
-    hit_count: int = 0
-    # Host-tier copy of the span (TieredRadixCache only): one host slot per token, or None.
-    # A node off the device has `slots == []` and a host copy; the plain cache never sets it.
-    host_slots: list[int] | None = None
-    # Creation order: a deterministic tie-breaker for eviction heaps (set order is not).
-    serial: int = field(default_factory=lambda: next(_SERIALS), repr=False)
-
-    @property
-    def is_leaf(self) -> bool:
-        """True when the node has no children."""
-        return not self.children
-
-    @property
-    def on_device(self) -> bool:
-        """True when the span's KV is in the device pool (always, in the plain cache)."""
-        return bool(self.slots)
-
-    @property
-    def tier(self) -> MemoryTier:
-        """The fastest tier holding this span's KV."""
-        return MemoryTier.DEVICE if self.slots else MemoryTier.HOST
+from sglite.runtime.cache.radix_check import check_radix_tree
+from sglite.runtime.cache.tree_node import TreeNode, _common_prefix_len, split_node
 
 
 @dataclass
@@ -133,19 +78,6 @@ class CacheStats:
         return self.matched_tokens / self.queried_tokens if self.queried_tokens else 0.0
 
 
-def _common_prefix_len(key: list[int], ids: Sequence[int], start: int) -> int:
-    """Length of the common prefix of `key` and `ids[start:]`."""
-    end = start + len(key)
-    # Whole-edge matches dominate (long shared system prompts); list equality runs in C.
-    if ids[start:end] == key:
-        return len(key)
-    limit = min(len(key), len(ids) - start)
-    i = 0
-    while i < limit and key[i] == ids[start + i]:
-        i += 1
-    return i
-
-
 class RadixCache:
     """A radix tree of token prefixes owning KV pool slots; see the module docstring."""
 
@@ -181,7 +113,7 @@ class RadixCache:
             n = _common_prefix_len(child.key, ids, pos)
             partial = n < len(child.key)
             if partial:
-                child = self._split(child, n)
+                child = split_node(child, n)
             child.last_access = now
             child.hit_count += 1
             slots.extend(child.slots)
@@ -218,7 +150,7 @@ class RadixCache:
                 # Also when `ids` ends inside this edge: splitting keeps `last_access` exact per
                 # token (the untouched tail keeps its older time) and the next loop step then
                 # either stops or hangs the new tail off the split point.
-                child = self._split(child, n)
+                child = split_node(child, n)
             child.last_access = now
             node = child
             pos += n
@@ -325,52 +257,7 @@ class RadixCache:
 
     def check_invariants(self) -> None:
         """Verify the module-level invariants; raises AssertionError naming the first violation."""
-        root = self.root
-        assert not root.key and not root.slots, "root must have an empty key"
-        assert root.parent is None, "root must have no parent"
-        assert root.lock_ref == 0, f"root lock_ref is {root.lock_ref}, must stay 0"
-        seen: set[int] = set()
-        evictable = protected = 0
-        leaves: set[TreeNode] = set()
-        for node in self._iter_nodes():
-            assert node.key, "non-root node with an empty key"
-            self._check_node_spans(node)
-            parent = node.parent
-            assert parent is not None, f"node {node.key[:8]} has no parent"
-            assert parent.children.get(node.key[0]) is node, (
-                f"node {node.key[:8]} is not its parent's child under its first token"
-            )
-            assert node.lock_ref >= 0, f"negative lock_ref at {node.key[:8]}"
-            child_locks = sum(c.lock_ref for c in node.children.values())
-            assert node.lock_ref >= child_locks, (
-                f"lock_ref {node.lock_ref} < children's total {child_locks} at {node.key[:8]}"
-            )
-            assert node.last_access <= parent.last_access, (
-                f"child {node.key[:8]} accessed more recently than its parent"
-            )
-            dup = seen.intersection(node.slots)
-            assert not dup and len(set(node.slots)) == len(node.slots), (
-                f"slots {sorted(dup)[:8] or node.slots[:8]} appear twice in the tree"
-            )
-            seen.update(node.slots)
-            if node.lock_ref > 0:
-                protected += len(node.slots)
-            else:
-                evictable += len(node.slots)
-                if self._is_evictable_leaf(node):
-                    leaves.add(node)
-        assert 0 not in seen, "reserved slot 0 is in the tree"
-        assert all(1 <= s <= self.pool.capacity for s in seen), "tree slot outside the pool"
-        freed = seen & self.pool.free_slot_set()
-        assert not freed, f"tree slots {sorted(freed)[:8]} are also in the pool's free list"
-        assert evictable == self._evictable, (
-            f"evictable_size {self._evictable} != recomputed {evictable}"
-        )
-        assert protected == self._protected, (
-            f"protected_size {self._protected} != recomputed {protected}"
-        )
-        assert evictable + protected == self.total_size() == len(seen), "size totals disagree"
-        assert leaves == self._evictable_leaves, "evictable-leaf set is stale"
+        check_radix_tree(self)
 
     def pretty(self) -> str:
         """A multi-line indented rendering of the tree, for debugging."""
@@ -442,30 +329,3 @@ class RadixCache:
         self._evictable += len(slots)
         self._evictable_leaves.add(leaf)
         self._evictable_leaves.discard(parent)
-
-    def _split(self, node: TreeNode, n: int) -> TreeNode:
-        """Cut `node`'s edge after `n` tokens; returns the new upper node.
-
-        The existing object keeps the lower part so holders of `node` still refer to the same
-        prefix. The upper node inherits the lock count: every lock through `node` passes through
-        it, and it has no other child yet. Sizes and leaf status are unchanged.
-        """
-        parent = node.parent
-        assert parent is not None and 0 < n < len(node.key)
-        upper = TreeNode(
-            key=node.key[:n],
-            slots=node.slots[:n],
-            parent=parent,
-            lock_ref=node.lock_ref,
-            last_access=node.last_access,
-            hit_count=node.hit_count,
-            host_slots=None if node.host_slots is None else node.host_slots[:n],
-        )
-        parent.children[upper.key[0]] = upper
-        node.key = node.key[n:]
-        node.slots = node.slots[n:]
-        if node.host_slots is not None:
-            node.host_slots = node.host_slots[n:]
-        node.parent = upper
-        upper.children[node.key[0]] = node
-        return upper

@@ -17,8 +17,8 @@ from sglite.runtime.cache.cost_model import TierCostModel
 from sglite.runtime.cache.disk_store import DiskKVStore
 from sglite.runtime.cache.host_pool import HostKVPool
 from sglite.runtime.cache.kv_pool import KVPool
-from sglite.runtime.cache.radix_cache import TreeNode
 from sglite.runtime.cache.tier_config import TierStats
+from sglite.runtime.cache.tree_node import TreeNode
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # annotations only: the HTTP process imports this module without torch
-    from sglite.runtime.cache.radix_cache import RadixCache, TreeNode
+    from sglite.runtime.cache.radix_cache import RadixCache
+    from sglite.runtime.cache.tree_node import TreeNode
 
 # Bounds a caller may ask for (the HTTP route checks them; larger asks are refused).
 MAX_DEPTH = 64

@@ -25,7 +25,8 @@ from typing import Any
 import zmq
 
 from sglite.runtime.cache.kv_pool import KVPool
-from sglite.runtime.cache.radix_cache import RadixCache, TreeNode
+from sglite.runtime.cache.radix_cache import RadixCache
+from sglite.runtime.cache.tree_node import TreeNode
 from sglite.runtime.disaggregation.messages import KVCancel, KVDone, KVFailed, KVPages, KVPull
 from sglite.runtime.disaggregation.pages import checksum, gather_pages
 from sglite.runtime.disaggregation.transport import TRANSPORTS, KVTransport, make_transport

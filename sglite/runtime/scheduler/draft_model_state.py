@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sglite.runtime.cache.radix_cache import TreeNode
+from sglite.runtime.cache.tree_node import TreeNode
 from sglite.runtime.scheduler.draft_vocabulary import RequestRows
 from sglite.runtime.scheduler.speculation import KIND_DECAY, DraftLength, TokenHistory
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sglite.runtime.cache.kv_pool import KVPool
-from sglite.runtime.cache.radix_cache import RadixCache, TreeNode
+from sglite.runtime.cache.radix_cache import RadixCache
 from sglite.runtime.cache.tiered_cache import TieredRadixCache
+from sglite.runtime.cache.tree_node import TreeNode
 from sglite.runtime.scheduler.request import Req
 
 

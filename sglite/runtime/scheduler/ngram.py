@@ -52,7 +52,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sglite.runtime.cache.radix_cache import RadixCache, TreeNode
+from sglite.runtime.cache.radix_cache import RadixCache
+from sglite.runtime.cache.tree_node import TreeNode
 from sglite.runtime.multimodal.processor import is_pad
 from sglite.runtime.scheduler.drafts import MAX_DRAFT_TOKENS
 from sglite.runtime.scheduler.request import Req

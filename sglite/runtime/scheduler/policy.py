@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from sglite.runtime.cache.radix_cache import RadixCache, TreeNode
+from sglite.runtime.cache.radix_cache import RadixCache
+from sglite.runtime.cache.tree_node import TreeNode
 from sglite.runtime.scheduler.request import Req
 
 # Matching every waiting request costs a tree walk each; past this queue length the gain of a

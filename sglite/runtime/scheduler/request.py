@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from sglite.runtime.cache.radix_cache import TreeNode
+from sglite.runtime.cache.tree_node import TreeNode
 from sglite.runtime.constrained import GrammarMatcher, GrammarTicket
 from sglite.runtime.detokenizer import IncrementalDetokenizer, StopChecker
 from sglite.runtime.disaggregation.messages import Bootstrap
