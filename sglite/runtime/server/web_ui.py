@@ -19,7 +19,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from sglite.http.errors import APIError
 from sglite.runtime.cache.tree_view import MAX_DEPTH, MAX_NODES, MAX_TEXT_TOKENS, check_bounds
 from sglite.runtime.server.errors import error_responses
-from sglite.runtime.server.native_api import control_or_503
+from sglite.runtime.server.scheduler_control import control_or_503
 from sglite.runtime.server.serving import get_state
 
 # The page's files: name -> media type. Served from memory, read once per process.
