@@ -278,7 +278,7 @@ def test_a_draft_model_below_its_break_even_stops_drafting_for_new_requests_too(
     first = _request("a", PROMPT)
     assert proposer.propose(first)  # the prior share pays at the default break-even
     for _ in range(6):  # each draft of 4 kept 1 token, where 90% was needed
-        proposer.record(first, 4, 1, BreakEvens(0.9, 0.9, 0.9))
+        proposer.record(first, 4, 1, BreakEvens(0.9, 0.9))
     proposer.forget(set())
     fresh = [_request(f"r{i}", PROMPT[i:]) for i in range(KIND_PROBE_EVERY)]
     for req in fresh:
@@ -308,7 +308,7 @@ def test_a_probe_waits_for_a_request_the_draft_model_is_in_step_with(tiny):
     first.output_ids.append(PROMPT[0])
     assert proposer.propose(first)
     for _ in range(6):
-        proposer.record(first, 4, 0, BreakEvens(0.9, 0.9, 0.9))
+        proposer.record(first, 4, 0, BreakEvens(0.9, 0.9))
     proposer.forget(set())
     behind = _request("behind", PROMPT[:4])
     proposer.read_prompt(behind)
@@ -333,6 +333,7 @@ def test_a_draft_model_that_does_not_pay_reads_few_prompts(tiny):
     request's first draft if drafts pay again."""
     from sglite.runtime.model.loader import load_model
     from sglite.runtime.scheduler.draft_model import PROMPT_READ_EVERY_UNPAID, DraftModelProposer
+    from sglite.runtime.scheduler.draft_model_state import DraftValue
 
     proposer = DraftModelProposer(load_model(tiny["small"], progress=False), 256, 4, 256)
     paying = [_request(f"p{i}", PROMPT[i:]) for i in range(3)]
@@ -340,7 +341,7 @@ def test_a_draft_model_that_does_not_pay_reads_few_prompts(tiny):
         proposer.read_prompt(req)
     assert proposer.forward_passes == len(paying)
     for _ in range(6):  # drafts of 4 that kept nothing, where 90% was needed
-        proposer.record(paying[0], 4, 0, BreakEvens(0.9, 0.9, 0.9))
+        proposer.record(paying[0], 4, 0, BreakEvens(0.9, 0.9))
     unpaid = [_request(f"u{i}", PROMPT[i % 4 :]) for i in range(2 * PROMPT_READ_EVERY_UNPAID)]
     read = []
     for req in unpaid:
@@ -349,7 +350,7 @@ def test_a_draft_model_that_does_not_pay_reads_few_prompts(tiny):
         read.append(proposer.forward_passes > passes)
     one_in_n = [False] * (PROMPT_READ_EVERY_UNPAID - 1) + [True]
     assert read == one_in_n * 2
-    proposer.needed = proposer.first_needed = 0.0  # drafts pay again
+    proposer.value, proposer.needed = DraftValue(), 0.0  # drafts pay again
     late = unpaid[0]
     late.output_ids.append(PROMPT[0])
     assert len(proposer.propose(late)) == 4  # its prompt read by its first draft
@@ -358,35 +359,46 @@ def test_a_draft_model_that_does_not_pay_reads_few_prompts(tiny):
     proposer.check_invariants()
 
 
-def test_a_draft_models_first_pass_runs_only_while_its_first_tokens_pay(tiny):
-    """A draft's first pass is paid before its token's probability is known: where the draft
-    model's first tokens have been kept less often than a one-token draft needs (the
-    verification's fixed cost included), it runs no pass but the rare probe, though its tokens'
-    share would pay for long drafts."""
+def test_a_draft_model_drafts_while_its_drafts_as_made_pay_for_their_cost(tiny):
+    """Drafts are judged as the draft model makes them: the tokens accepted against what their
+    verifications cost (each step's drafted tokens times its break-even, the fixed part
+    included). Short drafts whose share beats a long draft's break-even but not their own
+    stop (the rare probe aside); drafts whose first token is often rejected but which are
+    otherwise kept whole go on, though their first tokens alone would not pay."""
     from sglite.runtime.model.loader import load_model
     from sglite.runtime.scheduler.draft_model import DraftModelProposer
     from sglite.runtime.scheduler.speculation import KIND_PROBE_EVERY
 
-    proposer = DraftModelProposer(load_model(tiny["small"], progress=False), 256, 4, 256)
+    def fresh_drafts(proposer: DraftModelProposer, tag: str) -> list[bool]:
+        reqs = [_request(f"{tag}{i}", PROMPT[i:]) for i in range(KIND_PROBE_EVERY)]
+        for req in reqs:
+            proposer.read_prompt(req)
+            req.output_ids.append(PROMPT[0])
+        drafted = [bool(proposer.propose(req)) for req in reqs]
+        proposer.forget(set())
+        return drafted
+
+    loaded = load_model(tiny["small"], progress=False)
+    short = DraftModelProposer(loaded, 256, 4, 256)
     first = _request("a", PROMPT)
-    assert proposer.propose(first)
-    for i in range(30):  # one-token drafts kept 2 times in 5, where one token needs 0.6
-        proposer.record(first, 1, int(i % 5 < 2), BreakEvens(0.6, 0.3, 0.6))
-    assert proposer.first_needed == pytest.approx(0.6)
-    proposer.forget(set())
-    fresh = [_request(f"r{i}", PROMPT[i:]) for i in range(KIND_PROBE_EVERY)]
-    for req in fresh:
-        proposer.read_prompt(req)
-        req.output_ids.append(PROMPT[0])
-    passes = proposer.forward_passes
-    refused = [proposer.propose(req) for req in fresh[:-1]]
-    assert refused == [[]] * (KIND_PROBE_EVERY - 1) and proposer.forward_passes == passes
-    assert proposer.propose(fresh[-1])  # the probe
-    info = proposer.info()["speculative_draft"]
-    assert info["drafts"]["recent_acceptance"] > 0.3
-    assert info["first_tokens"]["recent_acceptance"] < 0.6
-    proposer.forget(set())
-    proposer.check_invariants()
+    assert short.propose(first)
+    for i in range(30):  # one-token drafts kept 2 in 5, where a one-token step needs 0.6
+        short.record(first, 1, int(i % 5 < 2), BreakEvens(0.6, 0.3))
+    short.forget(set())
+    assert fresh_drafts(short, "s") == [False] * (KIND_PROBE_EVERY - 1) + [True]  # one probe
+    assert short.info()["speculative_draft"]["drafts"]["recent_acceptance"] > 0.3
+
+    whole = DraftModelProposer(loaded, 256, 4, 256)
+    first = _request("b", PROMPT)
+    assert whole.propose(first)
+    for i in range(30):  # every other draft's first token rejected, the others kept whole
+        whole.record(first, *((6, 6) if i % 2 else (1, 0)), BreakEvens(0.5, 0.3))
+    whole.forget(set())
+    assert fresh_drafts(whole, "w") == [True] * KIND_PROBE_EVERY
+    value = whole.info()["speculative_draft"]["value"]
+    assert value["recent_accepted"] > value["recent_cost"]
+    short.check_invariants()
+    whole.check_invariants()
 
 
 def test_the_draft_model_drafts_for_several_requests_in_one_pass_per_token(tiny):

@@ -42,6 +42,7 @@ from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from sglite.runtime.scheduler.draft_model_state import (
     ConfidenceCalibration,
     DraftSequence,
+    DraftValue,
     GrowingDraft,
 )
 from sglite.runtime.scheduler.draft_vocabulary import DraftVocabulary, greedy_choice
@@ -107,12 +108,10 @@ class DraftModelProposer:
         # new request would otherwise spend its first drafts relearning what the last one saw).
         self.acceptance = KindAcceptance()
         self.needed = LOW_ACCEPTANCE  # a long draft's break-even, as the latest verification had it
-        # How often its first token is kept, over all requests: a draft's first pass is paid
-        # before its probability is known, so it runs only while that share pays for a
-        # one-token draft (`first_needed`); the pass skipped is a catch-up deferred, which a
-        # later pass does for several tokens at nearly one token's cost.
-        self.first = KindAcceptance()
-        self.first_needed = LOW_ACCEPTANCE
+        # Whether its drafts, as made, paid for what they cost (over all requests): while not,
+        # it drafts only as a probe; a pass skipped is a catch-up deferred, which a later
+        # pass does for several tokens at nearly one token's cost.
+        self.value = DraftValue()
         self.calibration = ConfidenceCalibration()
         self.prompts_unread = 0  # prompts left unread since the last one read while not paying
 
@@ -193,9 +192,8 @@ class DraftModelProposer:
         return {rid: tokens for rid, tokens in drafts.items() if tokens}
 
     def _pays(self) -> bool:
-        """Whether drafts pay now: the recent shares of tokens and of first tokens kept against
-        the latest verification's break-evens."""
-        return self.acceptance.pays(self.needed) and self.first.pays(self.first_needed)
+        """Whether drafts pay now: the recent drafts' accepted tokens against their cost."""
+        return self.value.pays()
 
     def _begin(self, req: Req) -> GrowingDraft | None:
         """The request's draft about to grow (its sequence brought to the request's tokens),
@@ -238,18 +236,16 @@ class DraftModelProposer:
         return proposals_from(DRAFT_MODEL_SOURCE, self.propose_many, reqs, allowed)
 
     def record(self, req: Req, drafted: int, accepted: int, shares: BreakEvens) -> None:
-        """Adapt the request's draft length and the model's recent shares to a verification's
-        result (the share of tokens judged by what the longest drafts need, `shares.least`; that
-        of first tokens by what a one-token draft needs, `shares.single`)."""
+        """Adapt the request's draft length, the confidence calibration and the recent value of
+        drafts to a verification's result (`shares.needed`: the break-even of the step's
+        drafts; `shares.least`, that of the longest drafts, bounds how long a draft grows)."""
         seq = self.sequences.get(req.rid)
         if seq is not None:
             seq.length.record(drafted, accepted, shares.needed)
             self.calibration.record(seq.probabilities[:drafted], accepted)
         self.acceptance.record(drafted, accepted)
-        if drafted > 0:
-            self.first.record(1, int(accepted > 0))
+        self.value.record(drafted, accepted, shares.needed)
         self.needed = max(shares.least, LOW_ACCEPTANCE)
-        self.first_needed = max(shares.single, LOW_ACCEPTANCE)
 
     def take_prompt_seconds(self) -> float:
         """The seconds of catch-up passes that read prompt tokens since the last call."""
@@ -281,7 +277,7 @@ class DraftModelProposer:
                 "forward_passes": self.forward_passes,
                 "vocab_size": self.vocab_size if self.vocab is None else self.vocab.size,
                 "drafts": self.acceptance.info(),
-                "first_tokens": self.first.info(),
+                "value": self.value.info(),
                 "agreement_per_probability": self.calibration.factor,
             },
         }

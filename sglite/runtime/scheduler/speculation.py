@@ -53,17 +53,15 @@ class Proposal:
 class BreakEvens:
     """The accepted shares at which a step's drafts pay (`SpeculationCosts.break_evens`):
     drafts of the step's length above `needed`, the longest ones above `least` (the
-    verification's fixed cost spread to nothing), one token per request in the step above
-    `single`."""
+    verification's fixed cost spread to nothing)."""
 
     needed: float
     least: float
-    single: float
 
     @classmethod
     def uniform(cls, share: float = LOW_ACCEPTANCE) -> BreakEvens:
         """The same share for every length (`LOW_ACCEPTANCE` while nothing is measured)."""
-        return cls(share, share, share)
+        return cls(share, share)
 
 
 def proposals_from(

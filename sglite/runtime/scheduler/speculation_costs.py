@@ -110,12 +110,9 @@ class SpeculationCosts:
 
     def break_evens(self, batch_size: int, drafted: int, source: str) -> BreakEvens:
         """The shares at which a step of `batch_size` requests drafting `drafted` tokens from
-        `source` pays: for that step, for the longest drafts (`marginal`), and for one token per
-        request."""
+        `source` pays: for that step, and for the longest drafts (`marginal`)."""
         return BreakEvens(
-            self.break_even(batch_size, drafted, source),
-            self.marginal(batch_size, source),
-            self.break_even(batch_size, batch_size, source),
+            self.break_even(batch_size, drafted, source), self.marginal(batch_size, source)
         )
 
     def marginal(self, batch_size: int, source: str) -> float:
