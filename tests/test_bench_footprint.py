@@ -16,14 +16,9 @@ import numpy as np
 import pytest
 from gguf.quants import dequantize
 
-from benchmarks.bench_footprint import (
-    ServerCommand,
-    kill_tree,
-    measure_start,
-    process_tree,
-    tree_memory,
-)
 from benchmarks.common import free_port
+from benchmarks.footprint_memory import kill_tree, process_tree, tree_memory
+from benchmarks.footprint_servers import ServerCommand, measure_start
 from benchmarks.synthetic_gguf import QT, SyntheticConfig, tensor_plan, write_synthetic
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")

@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 
 import sglite as sgl
-from benchmarks.bench_spec import LLAMA_SPEC, llama_speculation, ngram_ceiling
 from benchmarks.ideal_cache import CallLog, ideal_counts, ideal_hit_rate, record_native_backend
 from benchmarks.programs.base import Workload
 from benchmarks.runners.gbnf import regex_to_gbnf
+from benchmarks.spec_llama_peer import LLAMA_SPEC, llama_speculation
+from benchmarks.spec_measure import ngram_ceiling
 
 
 # ---------------------------------------------------------------------------- ideal hit rate
@@ -267,7 +268,9 @@ def test_the_build_scripts_llama_cpp_comes_before_one_on_path(tmp_path, monkeypa
 
 
 def test_bench_spec_reports_a_llama_server_that_crashes_at_start(crashing_llama, capsys):
-    from benchmarks.bench_spec import Tally, WorkloadResult, print_table, start_llama
+    from benchmarks.spec_llama_peer import start_llama
+    from benchmarks.spec_measure import Tally
+    from benchmarks.spec_table import WorkloadResult, print_table
 
     args = argparse.Namespace(
         no_llama=False, llama_server=crashing_llama, algorithm="ngram", draft_model_path=None
@@ -312,7 +315,7 @@ def test_bench_serving_reports_a_server_that_crashes_mid_run(tmp_path, capsys, m
 def test_bench_pd_names_a_process_that_exited(tmp_path):
     import subprocess
 
-    from benchmarks.bench_pd import Proc, statuses
+    from benchmarks.pd_servers import Proc, statuses
 
     script = _fake_llama(tmp_path / "pd", SEGFAULT_NOW)
     dead = subprocess.Popen([script])
