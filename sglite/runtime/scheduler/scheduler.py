@@ -18,7 +18,6 @@ Invariants (checked by `check_invariants`):
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import time
@@ -28,12 +27,9 @@ import torch
 
 from sglite.runtime.cache.factory import build_cache
 from sglite.runtime.cache.kv_pool import KVPool
-from sglite.runtime.cache.tiered_cache import TieredRadixCache
-from sglite.runtime.cache.tree_view import snapshot_tree
 from sglite.runtime.constrained import GrammarError, GrammarManager, create_backend
 from sglite.runtime.distributed.parallel import SINGLE, TensorParallelGroup
 from sglite.runtime.model.loader import LoadedModel
-from sglite.runtime.multimodal.processor import is_pad
 from sglite.runtime.multimodal.spec import vision_spec
 from sglite.runtime.multimodal.vision_encoder import VisionEncoder
 from sglite.runtime.sampling.sampler import Sampler
@@ -49,13 +45,13 @@ from sglite.runtime.scheduler.output import OutputProcessor
 from sglite.runtime.scheduler.prefill_manager import PrefillManager
 from sglite.runtime.scheduler.request import Req
 from sglite.runtime.scheduler.request_table import ReqStatus, RequestTable
+from sglite.runtime.scheduler.scheduler_report import cache_tree, scheduler_info
 from sglite.runtime.scheduler.segments import SegmentAssembler
 from sglite.runtime.scheduler.speculation import build_speculator
 from sglite.runtime.scheduler.stats import SchedulerStats
 from sglite.runtime.scheduler.structure_closing import StructureCloser
 from sglite.runtime.scheduler.token_sampler import TokenSampler
 from sglite.runtime.server_args import ServerArgs
-from sglite.runtime.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -344,71 +340,9 @@ class Scheduler:
         return self.kv.check_invariants(holders)
 
     def cache_tree(self, depth: int, max_nodes: int, text_tokens: int) -> dict[str, Any]:
-        """A bounded snapshot of the radix tree (`cache/tree_view.py`) with the path the latest
-        admitted request matched, and the live statistics (`info`)."""
-        last = self.kv.last_admission
-        decode = lambda ids: _decode_span(self.tokenizer, ids)
-        tree = snapshot_tree(
-            self.cache,
-            decode,
-            depth=depth,
-            max_nodes=max_nodes,
-            text_tokens=text_tokens,
-            highlight=None if last is None else last.node,
-        )
-        request = None
-        if last is not None:
-            request = {
-                "rid": last.rid,
-                "cached_tokens": last.cached_tokens,
-                "prompt_tokens": last.prompt_tokens,
-                "segment_tokens": last.segments,
-            }
-        return {**tree, "last_request": request, "stats": self.info()}
+        """A bounded snapshot of the radix tree with the latest admission (`scheduler_report`)."""
+        return cache_tree(self, depth, max_nodes, text_tokens)
 
     def info(self) -> dict[str, Any]:
-        """Live statistics for get_server_info."""
-        stats = self.cache.stats
-        queried = max(1, stats.queried_tokens)
-        used = self.pool.capacity - self.pool.num_free
-        running = self.table.count(ReqStatus.RUNNING) + self.table.count(ReqStatus.CHUNKED)
-        return {
-            "num_running_reqs": running,
-            "num_queued_reqs": self.table.count(ReqStatus.WAITING),
-            "max_total_num_tokens": self.pool.capacity,
-            "num_free_slots": self.pool.num_free,
-            "cache_size_tokens": self.cache.total_size(),
-            "pool_usage": used / self.pool.capacity,
-            "cache_hit_rate": stats.matched_tokens / queried,
-            "cached_prompt_tokens": stats.matched_tokens,
-            "evicted_tokens": stats.evicted_tokens,
-            "queried_prompt_tokens": stats.queried_tokens,
-            "new_token_ratio": self.budget.ratio,
-            **self.stats.as_dict(),
-            **self._tier_info(),
-            **self._speculation_info(),
-            **(self.vision.info() if self.vision is not None else {}),
-            **(self.disagg.info() if self.disagg is not None else {}),
-        }
-
-    def _speculation_info(self) -> dict[str, Any]:
-        speculator, costs = self.decode.speculator, self.decode.spec_costs
-        return {
-            **(speculator.info() if speculator is not None else {}),
-            **({"speculative_costs": costs.info()} if costs is not None else {}),
-        }
-
-    def _tier_info(self) -> dict[str, Any]:
-        """Per-tier sizes and counters of the hierarchical cache (docs/hicache.md)."""
-        if not isinstance(self.cache, TieredRadixCache):
-            return {}
-        return {"hicache": self.cache.tier_info(), "hicache_costs": self.cache.costs.snapshot()}
-
-
-def _decode_span(tokenizer: Tokenizer, ids: list[int]) -> str:
-    """A tree node's text: its tokens decoded, each run of image positions (pad ids,
-    multimodal/processor.py) shown as `[image]`."""
-    return "".join(
-        "[image]" if pad else tokenizer.decode(list(run))
-        for pad, run in itertools.groupby(ids, key=is_pad)
-    )
+        """Live statistics for get_server_info (`scheduler_report`)."""
+        return scheduler_info(self)
