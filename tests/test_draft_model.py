@@ -333,7 +333,7 @@ def test_a_draft_model_that_does_not_pay_reads_few_prompts(tiny):
     request's first draft if drafts pay again."""
     from sglite.runtime.model.loader import load_model
     from sglite.runtime.scheduler.draft_model import PROMPT_READ_EVERY_UNPAID, DraftModelProposer
-    from sglite.runtime.scheduler.draft_model_state import DraftValue
+    from sglite.runtime.scheduler.speculation import KindAcceptance
 
     proposer = DraftModelProposer(load_model(tiny["small"], progress=False), 256, 4, 256)
     paying = [_request(f"p{i}", PROMPT[i:]) for i in range(3)]
@@ -350,7 +350,7 @@ def test_a_draft_model_that_does_not_pay_reads_few_prompts(tiny):
         read.append(proposer.forward_passes > passes)
     one_in_n = [False] * (PROMPT_READ_EVERY_UNPAID - 1) + [True]
     assert read == one_in_n * 2
-    proposer.value, proposer.needed = DraftValue(), 0.0  # drafts pay again
+    proposer.acceptance, proposer.needed = KindAcceptance(), 0.0  # drafts pay again
     late = unpaid[0]
     late.output_ids.append(PROMPT[0])
     assert len(proposer.propose(late)) == 4  # its prompt read by its first draft
@@ -395,8 +395,8 @@ def test_a_draft_model_drafts_while_its_drafts_as_made_pay_for_their_cost(tiny):
         whole.record(first, *((6, 6) if i % 2 else (1, 0)), BreakEvens(0.5, 0.3))
     whole.forget(set())
     assert fresh_drafts(whole, "w") == [True] * KIND_PROBE_EVERY
-    value = whole.info()["speculative_draft"]["value"]
-    assert value["recent_accepted"] > value["recent_cost"]
+    drafts = whole.info()["speculative_draft"]["drafts"]
+    assert drafts["recent_acceptance"] > drafts["recent_break_even"]
     short.check_invariants()
     whole.check_invariants()
 

@@ -219,20 +219,20 @@ def test_a_draft_kind_that_does_not_pay_is_only_probed_until_it_does():
     tally = KindAcceptance()
     assert tally.allows(0.35)  # untried: drafted
     for _ in range(40):
-        tally.record(drafted=2, accepted=0)
+        tally.record(drafted=2, accepted=0, needed=0.35)
     allowed = [tally.allows(0.35) for _ in range(7 * KIND_PROBE_EVERY)]
     # probes after 8, then 16, then 32 refusals: each probe that fails doubles the gap
     probes = [i + 1 for i, ok in enumerate(allowed) if ok]
     assert probes == [KIND_PROBE_EVERY, 3 * KIND_PROBE_EVERY, 7 * KIND_PROBE_EVERY]
     for _ in range(40):
-        tally.record(drafted=2, accepted=2)
+        tally.record(drafted=2, accepted=2, needed=0.35)
     assert tally.allows(0.35) and tally.probe_gap == KIND_PROBE_EVERY
 
 
 def test_a_due_probe_waits_for_a_cheap_moment():
     tally = KindAcceptance()
     for _ in range(40):
-        tally.record(drafted=2, accepted=0)
+        tally.record(drafted=2, accepted=0, needed=0.35)
     assert [tally.admit(False) for _ in range(KIND_PROBE_EVERY - 1)] == [False] * (
         KIND_PROBE_EVERY - 1
     )

@@ -42,7 +42,6 @@ from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from sglite.runtime.scheduler.draft_model_state import (
     ConfidenceCalibration,
     DraftSequence,
-    DraftValue,
     GrowingDraft,
 )
 from sglite.runtime.scheduler.draft_vocabulary import DraftVocabulary, greedy_choice
@@ -104,14 +103,12 @@ class DraftModelProposer:
         self.sequences: dict[str, DraftSequence] = {}
         self.forward_passes = 0
         self.prompt_seconds = 0.0  # catch-up passes over prompt tokens, until taken
-        # Its drafts' recent accepted share over all requests, drafted only while it pays (a
-        # new request would otherwise spend its first drafts relearning what the last one saw).
+        # Its recent drafts over all requests (a new request would otherwise spend its first
+        # drafts relearning what the last one saw): while they do not cover their cost, it
+        # drafts only as a probe; a pass skipped is a catch-up deferred, which a later pass
+        # does for several tokens at nearly one token's cost.
         self.acceptance = KindAcceptance()
         self.needed = LOW_ACCEPTANCE  # a long draft's break-even, as the latest verification had it
-        # Whether its drafts, as made, paid for what they cost (over all requests): while not,
-        # it drafts only as a probe; a pass skipped is a catch-up deferred, which a later
-        # pass does for several tokens at nearly one token's cost.
-        self.value = DraftValue()
         self.calibration = ConfidenceCalibration()
         self.prompts_unread = 0  # prompts left unread since the last one read while not paying
 
@@ -193,7 +190,7 @@ class DraftModelProposer:
 
     def _pays(self) -> bool:
         """Whether drafts pay now: the recent drafts' accepted tokens against their cost."""
-        return self.value.pays()
+        return self.acceptance.covers_cost()
 
     def _begin(self, req: Req) -> GrowingDraft | None:
         """The request's draft about to grow (its sequence brought to the request's tokens),
@@ -243,8 +240,7 @@ class DraftModelProposer:
         if seq is not None:
             seq.length.record(drafted, accepted, shares.needed)
             self.calibration.record(seq.probabilities[:drafted], accepted)
-        self.acceptance.record(drafted, accepted)
-        self.value.record(drafted, accepted, shares.needed)
+        self.acceptance.record(drafted, accepted, shares.needed)
         self.needed = max(shares.least, LOW_ACCEPTANCE)
 
     def take_prompt_seconds(self) -> float:
@@ -277,7 +273,6 @@ class DraftModelProposer:
                 "forward_passes": self.forward_passes,
                 "vocab_size": self.vocab_size if self.vocab is None else self.vocab.size,
                 "drafts": self.acceptance.info(),
-                "value": self.value.info(),
                 "agreement_per_probability": self.calibration.factor,
             },
         }

@@ -1,9 +1,8 @@
 """The draft model's state per request and across requests (`draft_model.py` uses it).
 
 `DraftSequence` holds one request's K/V in the draft model's pool, `GrowingDraft` a draft while
-`DraftModelProposer.propose_many` grows it, `ConfidenceCalibration` how far the draft
-model's probabilities predict the target's agreement, and `DraftValue` whether its drafts, as
-it makes them, pay for themselves.
+`DraftModelProposer.propose_many` grows it, and `ConfidenceCalibration` how far the draft
+model's probabilities predict the target's agreement.
 """
 
 from __future__ import annotations
@@ -12,13 +11,7 @@ from dataclasses import dataclass, field
 
 from sglite.runtime.cache.tree_node import TreeNode
 from sglite.runtime.scheduler.draft_vocabulary import RequestRows
-from sglite.runtime.scheduler.speculation import (
-    KIND_DECAY,
-    KIND_PRIOR,
-    LOW_ACCEPTANCE,
-    DraftLength,
-    TokenHistory,
-)
+from sglite.runtime.scheduler.speculation import KIND_DECAY, DraftLength, TokenHistory
 
 
 @dataclass
@@ -88,32 +81,3 @@ class ConfidenceCalibration:
         """The chance that the target keeps a token the draft model gave `probability`, given
         it kept every token before it."""
         return min(1.0, probability * self.factor)
-
-
-@dataclass
-class DraftValue:
-    """Whether the draft model's recent drafts, as it makes them (their lengths cut by its
-    confidence, first tokens rejected included), paid for themselves, over all requests: the
-    tokens they got accepted against the tokens their cost was worth (each verification's
-    drafted tokens times the break-even share its step measured: the draft passes and
-    verification rows, fixed part included, in plain-step shares of one request), both
-    decayed by KIND_DECAY per verification. Judging drafts as made, not a share against one
-    length's break-even, counts a first pass whose token is rejected and a confident draft
-    that runs long alike. Starts at KIND_PRIOR's share against LOW_ACCEPTANCE."""
-
-    accepted: float = KIND_PRIOR[0]
-    cost: float = KIND_PRIOR[1] * LOW_ACCEPTANCE
-
-    def record(self, drafted: int, accepted: int, needed: float) -> None:
-        """A verification kept `accepted` of `drafted` tokens, whose step paid for them above
-        a share of `needed`."""
-        self.accepted = self.accepted * KIND_DECAY + accepted
-        self.cost = self.cost * KIND_DECAY + drafted * needed
-
-    def pays(self) -> bool:
-        """Whether the recent drafts got more tokens accepted than their cost was worth."""
-        return self.accepted > self.cost
-
-    def info(self) -> dict[str, float]:
-        """The recent accepted tokens and their cost, in tokens."""
-        return {"recent_accepted": self.accepted, "recent_cost": self.cost}

@@ -213,7 +213,7 @@ class NgramProposer:
             return
         state.length.record(drafted, accepted, shares.needed)
         if state.kind in self.kinds:
-            self.kinds[state.kind].record(drafted, accepted)
+            self.kinds[state.kind].record(drafted, accepted, shares.needed)
         # a kind is judged by what its longest drafts need: its short ones are the draft
         # length's to stop (DraftLength)
         self.needed = max(shares.least, LOW_ACCEPTANCE)

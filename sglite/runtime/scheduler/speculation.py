@@ -194,19 +194,29 @@ KIND_PROBE_MAX = 256
 
 @dataclass
 class KindAcceptance:
-    """The accepted share of one kind of draft's tokens over recent verifications (all
-    requests: a kind's quality is the workload's), and whether it pays."""
+    """One kind of draft's recent verifications (all requests: a kind's quality is the
+    workload's), decayed by KIND_DECAY each: its tokens drafted and accepted, and the tokens
+    their cost was worth (each verification's drafted tokens times its step's break-even
+    share, the fixed part of a verification included); and whether it pays, by one of two
+    rules: its share against a given break-even (`pays`: n-gram kinds, against a long draft's,
+    their short drafts being the draft length's to stop), or its drafts as made against their
+    cost (`covers_cost`: the draft model, whose first pass and confident long drafts count
+    alike). Starts at KIND_PRIOR's share, costed at LOW_ACCEPTANCE."""
 
     accepted: float = KIND_PRIOR[0]
     drafted: float = KIND_PRIOR[1]
+    cost: float = KIND_PRIOR[1] * LOW_ACCEPTANCE  # in tokens
     total_drafted: int = 0
     total_accepted: int = 0
     refused: int = 0  # proposals refused since the last probe
     probe_gap: int = KIND_PROBE_EVERY
 
-    def record(self, drafted: int, accepted: int) -> None:
+    def record(self, drafted: int, accepted: int, needed: float) -> None:
+        """A verification kept `accepted` of `drafted` tokens of this kind, whose step's drafts
+        paid above a share of `needed` (`BreakEvens.needed`)."""
         self.accepted = self.accepted * KIND_DECAY + accepted
         self.drafted = self.drafted * KIND_DECAY + drafted
+        self.cost = self.cost * KIND_DECAY + drafted * needed
         self.total_drafted += drafted
         self.total_accepted += accepted
 
@@ -218,6 +228,10 @@ class KindAcceptance:
     def pays(self, needed: float) -> bool:
         """Whether its recent share is above `needed`."""
         return self.accepted > needed * self.drafted
+
+    def covers_cost(self) -> bool:
+        """Whether its recent drafts got more tokens accepted than their cost was worth."""
+        return self.accepted > self.cost
 
     def admit(self, paying: bool, cheap: bool = True) -> bool:
         """Whether to draft now, given whether drafts pay (`pays`, possibly with other
@@ -233,11 +247,13 @@ class KindAcceptance:
         return True
 
     def info(self) -> dict[str, float]:
-        """Tokens drafted and accepted in all, and the recent share."""
+        """Tokens drafted and accepted in all, the recent share, and the recent drafts' cost
+        as a share of their tokens (their break-even as made)."""
         return {
             "drafted": self.total_drafted,
             "accepted": self.total_accepted,
             "recent_acceptance": self.accepted / self.drafted,
+            "recent_break_even": self.cost / self.drafted,
         }
 
 

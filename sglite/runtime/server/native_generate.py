@@ -8,20 +8,16 @@ tagged with `index`), a single prompt one result.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
-from sglite.http.errors import APIError, ErrorResponse, error_body
+from sglite.http.errors import APIError, ErrorResponse
 from sglite.http.streaming import (
-    SSE_DONE,
     SSE_HEADERS,
     iterate_until_disconnect,
-    merge_streams,
     run_until_disconnect,
-    sse,
     sse_response_content,
     to_json,
 )
@@ -34,14 +30,12 @@ from sglite.runtime.server.native_protocol import (
     SamplingParamsIn,
 )
 from sglite.runtime.server.serving import (
-    abort_event,
     bootstrap_of,
     get_state,
     prepare_requests,
     raise_if_aborted,
+    stream_events,
 )
-from sglite.runtime.server.state import ServerState
-from sglite.runtime.tokenizing.request import GenerateRequest
 
 router = APIRouter()
 
@@ -109,7 +103,8 @@ async def generate(body: GenerateRequestIn, request: Request) -> Any:
     tm = state.tokenizer_manager
     single = not is_batch and len(reqs) == 1
     if body.stream:
-        events = _generate_events(state, reqs, tagged=not single)
+        tag = (lambda i, chunk: [chunk]) if single else (lambda i, chunk: [{**chunk, "index": i}])
+        events = stream_events(state, reqs, tag, lambda: [])
         return StreamingResponse(
             iterate_until_disconnect(request, events),
             media_type="text/event-stream",
@@ -150,21 +145,3 @@ def _check_per_prompt_lists(body: GenerateRequestIn) -> None:
                 f"{name}: a list must hold one entry per prompt ({num_prompts}), got {len(value)}",
                 param=name,
             )
-
-
-async def _generate_events(
-    state: ServerState, reqs: list[GenerateRequest], tagged: bool
-) -> AsyncIterator[bytes]:
-    tm = state.tokenizer_manager
-    try:
-        async for i, chunk in merge_streams([tm.stream(r) for r in reqs]):
-            error = abort_event(state, chunk)
-            if error is not None:
-                yield sse(error)
-                break
-            if tagged:
-                chunk["index"] = i
-            yield sse(chunk)
-    except Exception as exc:  # e.g. the scheduler died between admission and submission
-        yield sse(error_body(503 if not state.client.alive else 500, str(exc)))
-    yield SSE_DONE

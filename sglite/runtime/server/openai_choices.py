@@ -10,7 +10,7 @@ choices (a response, a chunk).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -18,17 +18,13 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 
-from sglite.http.errors import error_body
 from sglite.http.streaming import (
-    SSE_DONE,
     SSE_HEADERS,
     iterate_until_disconnect,
-    merge_streams,
     run_until_disconnect,
-    sse,
 )
 from sglite.runtime.server.openai_protocol import PromptTokensDetails, Usage
-from sglite.runtime.server.serving import abort_event, raise_if_aborted
+from sglite.runtime.server.serving import raise_if_aborted, stream_events
 from sglite.runtime.server.state import ServerState
 from sglite.runtime.tokenizing.request import GenerateRequest
 
@@ -224,31 +220,3 @@ def stream_response(request: Request, events: AsyncIterator[bytes]) -> Streaming
         media_type="text/event-stream",
         headers=SSE_HEADERS,
     )
-
-
-async def stream_events(
-    state: ServerState,
-    reqs: list[GenerateRequest],
-    on_chunk: Callable[[int, JSON], list[JSON]],
-    on_end: Callable[[], list[JSON]],
-) -> AsyncIterator[bytes]:
-    """Run `reqs` as streams; `on_chunk(index, chunk)` and `on_end()` return events to send.
-
-    An abort or an error ends the stream with one error event (then no `on_end`); the stream
-    always ends with `data: [DONE]`.
-    """
-    tm = state.tokenizer_manager
-    try:
-        async for i, chunk in merge_streams([tm.stream(r) for r in reqs]):
-            error = abort_event(state, chunk)
-            if error is not None:
-                yield sse(error)
-                break
-            for event in on_chunk(i, chunk):
-                yield sse(event)
-        else:
-            for event in on_end():
-                yield sse(event)
-    except Exception as exc:
-        yield sse(error_body(503 if not state.client.alive else 500, str(exc)))
-    yield SSE_DONE

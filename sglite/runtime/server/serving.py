@@ -1,12 +1,15 @@
-"""What the native and OpenAI routes share: admitting requests and reporting their aborts."""
+"""What the native and OpenAI routes share: admitting requests, reporting their aborts and
+streaming their results as server-sent events."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import Request
 
 from sglite.http.errors import APIError, error_body
+from sglite.http.streaming import SSE_DONE, merge_streams, sse
 from sglite.runtime.disaggregation.messages import Bootstrap
 from sglite.runtime.scheduler.io import FinishReason
 from sglite.runtime.scheduler.io import abort_status as status_of_abort
@@ -116,3 +119,31 @@ def abort_event(state: ServerState, chunk: dict[str, Any]) -> dict[str, Any] | N
         return None
     message = reason.get("message") or "the request was aborted"
     return error_body(abort_status(state, reason), message)
+
+
+async def stream_events(
+    state: ServerState,
+    reqs: list[GenerateRequest],
+    on_chunk: Callable[[int, dict[str, Any]], list[dict[str, Any]]],
+    on_end: Callable[[], list[dict[str, Any]]],
+) -> AsyncIterator[bytes]:
+    """Run `reqs` as streams; `on_chunk(index, chunk)` and `on_end()` return events to send.
+
+    An abort or an error ends the stream with one error event (then no `on_end`); the stream
+    always ends with `data: [DONE]`.
+    """
+    tm = state.tokenizer_manager
+    try:
+        async for i, chunk in merge_streams([tm.stream(r) for r in reqs]):
+            error = abort_event(state, chunk)
+            if error is not None:
+                yield sse(error)
+                break
+            for event in on_chunk(i, chunk):
+                yield sse(event)
+        else:
+            for event in on_end():
+                yield sse(event)
+    except Exception as exc:
+        yield sse(error_body(503 if not state.client.alive else 500, str(exc)))
+    yield SSE_DONE
