@@ -96,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     loaded = load_model(
         resolve_model_path(args.model), dtype="bfloat16", quantization="auto", progress=False
     )
+    if loaded.huge_pages is not None:  # as a served model is once idle
+        loaded.huge_pages.run()
     print(command_line("benchmarks.bench_products"))
     tiles = "AMX" if kernels.amx_available() else "AVX512-BF16"
     rate = kernels.bf16_dot_speed_percent()

@@ -103,6 +103,8 @@ def main() -> None:
         max_running_requests=max(64, args.batch),  # all B requests decode together
     )
     sched = scheduler_module.Scheduler(server_args, loaded)
+    while sched.has_background_work:  # as served once settled: its weights in 2 MB pages
+        sched.run_background_work()
     gc.collect()
     gc.freeze()  # as the scheduler process does
     params = {"temperature": 0, "max_new_tokens": args.tokens, "ignore_eos": True}

@@ -3,7 +3,9 @@ the file, in anonymous memory (the file's mapping with `mmap_weights`), the same
 
 from __future__ import annotations
 
+import mmap
 import os
+import time
 
 import numpy as np
 import pytest
@@ -13,7 +15,7 @@ from test_loader import last_logits
 from sglite.runtime.model.gguf_index import GGUFFile, open_gguf
 from sglite.runtime.model.gguf_weight import GGUFWeight
 from sglite.runtime.model.loader import default_model_path, load_model
-from sglite.runtime.model.weight_arena import WeightArena
+from sglite.runtime.model.weight_arena import COLLAPSE_PIECE, HUGE_PAGE, HugePageMove, WeightArena
 
 
 def mapped_file(address: int) -> str | None:
@@ -90,9 +92,9 @@ def test_huge_pages_keep_the_bytes(default_gguf):
     rows = np.asarray(tensor.data).view(np.uint8).reshape(1, -1)
     placed = arena.place(rows)
     arena.wait()
-    thread = arena.collapse_in_background()
-    if thread is not None:
-        thread.join()
+    move = arena.huge_page_move()
+    if move is not None:
+        move.run()
     assert np.array_equal(placed, rows)
 
 
@@ -114,3 +116,84 @@ def test_weights_in_memory_or_mapped_compute_the_same():
     assert held["mapped"] == {os.path.realpath(path): parts - 60, None: 60}
     ids = [1, 504, 3458, 314, 260, 1345, 28]
     assert torch.equal(last_logits(read, ids), last_logits(mapped, ids))
+
+
+def _aligned_region(size: int) -> tuple[mmap.mmap, np.ndarray]:
+    """A fresh anonymous mapping and a 2 MB-aligned view of `size` bytes in it, filled."""
+    region = mmap.mmap(-1, size + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    whole = np.frombuffer(region, dtype=np.uint8)
+    start = (-whole.ctypes.data) % HUGE_PAGE
+    view = whole[start : start + size]
+    view[:] = np.arange(size, dtype=np.uint64).astype(np.uint8)
+    return region, view
+
+
+def _huge_kb(address: int) -> int:
+    """AnonHugePages (kB) of the mapping holding `address` in this process."""
+    inside = False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if "-" in fields[0] and not fields[0].endswith(":"):
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                inside = start <= address < end
+            elif inside and fields[0] == "AnonHugePages:":
+                return int(fields[1])
+    raise AssertionError(f"address {address:#x} is not mapped")
+
+
+def _collapse_supported() -> bool:
+    """Whether this kernel moves anonymous memory into 2 MB pages on request (Linux 6.1+)."""
+    region, view = _aligned_region(HUGE_PAGE)
+    move = HugePageMove.of([(view.ctypes.data, HUGE_PAGE)])
+    supported = move is not None and not move.step() and move.moved == HUGE_PAGE
+    del view
+    region.close()
+    return supported
+
+
+def test_a_huge_page_move_goes_a_piece_at_a_time():
+    """Each step moves one COLLAPSE_PIECE into 2 MB pages, in order, until none is left; the
+    bytes stay as they were."""
+    if not _collapse_supported():
+        pytest.skip("this kernel does not move memory into 2 MB pages (MADV_COLLAPSE)")
+    size = 3 * COLLAPSE_PIECE + HUGE_PAGE
+    region, view = _aligned_region(size)
+    before = view.copy()
+    move = HugePageMove.of([(view.ctypes.data, size)])
+    assert move is not None and move.pending
+    assert move.step() and move.moved == COLLAPSE_PIECE
+    assert _huge_kb(view.ctypes.data) >= COLLAPSE_PIECE // 1024
+    steps = 1
+    while move.step():
+        steps += 1
+    assert steps + 1 == 4 and move.moved == size and not move.pending
+    assert _huge_kb(view.ctypes.data) >= size // 1024
+    assert np.array_equal(view, before)
+    del view
+    region.close()
+
+
+def test_a_refused_move_ends_and_leaves_the_pages():
+    """Memory the kernel cannot move (here: no longer mapped) ends the move at once."""
+    region, view = _aligned_region(2 * COLLAPSE_PIECE)
+    start = view.ctypes.data
+    del view
+    region.close()
+    move = HugePageMove.of([(start, 2 * COLLAPSE_PIECE)])
+    assert move is not None
+    assert not move.step() and not move.pending and move.moved == 0
+
+
+def test_the_server_moves_its_weights_while_idle(engine):
+    """Served GGUF blocks (read into the process's memory) move into 2 MB pages in the
+    scheduler's idle moments: all of them, soon after a request, reported by get_server_info."""
+    if not _collapse_supported():
+        pytest.skip("this kernel does not move memory into 2 MB pages (MADV_COLLAPSE)")
+    engine.generate("The capital of France is", {"max_new_tokens": 4, "temperature": 0})
+    deadline = time.monotonic() + 30
+    while (moving := engine.get_server_info()["weights_huge_pages"])["pending"]:
+        assert time.monotonic() < deadline, moving
+        time.sleep(0.2)
+    file_bytes = os.path.getsize(default_model_path())
+    assert 0.5 * file_bytes < moving["moved_bytes"] <= file_bytes + HUGE_PAGE * 2

@@ -37,6 +37,7 @@ from sglite.runtime.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     from sglite.runtime.model.gguf_index import GGUFFile
+    from sglite.runtime.model.weight_arena import HugePageMove
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +73,9 @@ class LoadedModel:
     # How GGUF block weights take their activations: "int8" (each x row rounded, llama.cpp's
     # arithmetic) or "float"; `load_model`'s `gguf_activations` resolved.
     activations: str = "float"
+    # The weights read into the process's memory, still to move into 2 MB pages (None: nothing
+    # to move): the server's scheduler moves them while no request runs (`HugePageMove`).
+    huge_pages: HugePageMove | None = None
 
     @property
     def weight_format(self) -> str:
@@ -332,7 +336,6 @@ def load_model(
     model.load_weights(weights, on_loaded, provided)
     if arena is not None:
         arena.wait()  # the blocks' reads ran beside the rest of the load
-        arena.collapse_in_background()
     if kind_for is not None:
         assert quantized_rows is not None
         # What loading has not done.
@@ -353,4 +356,5 @@ def load_model(
         quantized_rows if kind_for is not None else None,
         "+".join(weight_policy.quantized_kinds(model)) or "none",
         activations,
+        arena.huge_page_move() if arena is not None else None,
     )

@@ -6,7 +6,10 @@ scattered in physical memory, and each 4 KB page costs a TLB entry. So the block
 one anonymous region, tensor by tensor, byte for byte as the file stores them: `preadv` for a
 range of the file (the file's pages stay in the page cache, reclaimable, never in the process's
 resident set), a copy for blocks the loader already copied (permuted or column-cut rows). Once
-the server runs, a background thread moves the region into 2 MB pages (`collapse_in_background`).
+loaded, the region moves into 2 MB pages a piece at a time (`HugePageMove`), which the server's
+scheduler does between its steps and while idle, never beside the kernels: a move on another
+thread takes a core from the kernels' two and slows the first requests after a start twice as
+much (docs/benchmarks.md).
 
 Invariant: `place` returns a C-contiguous array holding exactly its source's bytes (once `wait`
 returns), at a 4 KB boundary of the region; the region lives as long as any array placed in it.
@@ -23,6 +26,7 @@ import threading
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -34,9 +38,11 @@ HUGE_PAGE = 2 << 20
 ALIGN = 4096
 # Reads are queued in pieces of at most this many bytes, so the threads share a large tensor.
 READ_PIECE = 16 << 20
-# madvise(2)'s MADV_COLLAPSE (Linux 6.1), and how much of the region one call collapses.
+# madvise(2)'s MADV_COLLAPSE (Linux 6.1), and how much of a region one call collapses: a piece
+# takes ~20 ms where the VM's host has not backed the memory recently (~2 ms where it has), the
+# longest a request arriving during it waits.
 MADV_COLLAPSE = 25
-COLLAPSE_PIECE = 32 << 20
+COLLAPSE_PIECE = 8 << 20
 
 
 class WeightArena:
@@ -99,24 +105,72 @@ class WeightArena:
         finally:
             self._release()
 
-    def collapse_in_background(self) -> threading.Thread | None:
-        """Move the placed bytes into 2 MB pages on a background thread (`MADV_COLLAPSE`, Linux
-        6.1 and later: the same addresses, so the kernels never notice), a piece at a time;
-        None where the system cannot. Why not allocate huge pages at once: on a VM, memory the
-        host has not backed recently costs seconds per GB to touch in 2 MB pages, which would
-        delay the start; in 4 KB pages the start pays ~0.5 s per GB."""
-        madvise = _libc_madvise()
-        if madvise is None or self._used == 0:
+    def huge_page_move(self) -> HugePageMove | None:
+        """The move of the placed bytes into 2 MB pages (`MADV_COLLAPSE`, Linux 6.1 and later:
+        the same addresses, so the kernels never notice), not started; None where the system
+        cannot. Why not allocate huge pages at once: on a VM, memory the host has not backed
+        recently costs seconds per GB to touch in 2 MB pages, which would delay the start; in
+        4 KB pages the start pays ~0.5 s per GB."""
+        if self._used == 0:
             return None
-        start, size = self._free.ctypes.data, -(-self._used // HUGE_PAGE) * HUGE_PAGE
+        return HugePageMove.of([(self._free.ctypes.data, -(-self._used // HUGE_PAGE) * HUGE_PAGE)])
 
-        def collapse() -> None:
-            for offset in range(0, size, COLLAPSE_PIECE):
-                if madvise(start + offset, min(COLLAPSE_PIECE, size - offset), MADV_COLLAPSE):
-                    logger.debug("weights stay in 4 KB pages from byte %d", offset)
-                    return
 
-        thread = threading.Thread(target=collapse, name="weights-huge-pages", daemon=True)
+@dataclass
+class HugePageMove:
+    """Regions of anonymous memory (2 MB-aligned starts) to move into 2 MB pages, one
+    COLLAPSE_PIECE at a time, in order. A piece the system refuses (no transparent huge pages,
+    a kernel before 6.1) ends the move: the rest stays in 4 KB pages, as correct and a little
+    slower to read."""
+
+    madvise: Callable[[int, int, int], int]
+    regions: list[tuple[int, int]]  # (start, bytes) left to move
+    moved: int = 0  # bytes moved so far
+
+    @classmethod
+    def of(cls, regions: list[tuple[int, int]]) -> HugePageMove | None:
+        """The move of `regions`; None where the system has no madvise (not Linux)."""
+        madvise = _libc_madvise()
+        return None if madvise is None else cls(madvise, list(regions))
+
+    @property
+    def pending(self) -> bool:
+        """Whether some of the regions are left to move."""
+        return bool(self.regions)
+
+    def join(self, other: HugePageMove | None) -> HugePageMove:
+        """This move followed by `other`'s regions (e.g. a draft model's weights beside the
+        target's)."""
+        if other is not None:
+            self.regions.extend(other.regions)
+            other.regions = []
+        return self
+
+    def step(self) -> bool:
+        """Move the next piece; whether any is left after it."""
+        if not self.regions:
+            return False
+        start, size = self.regions[0]
+        piece = min(COLLAPSE_PIECE, size)
+        if self.madvise(start, piece, MADV_COLLAPSE):
+            logger.debug("weights stay in 4 KB pages from address %#x", start)
+            self.regions.clear()
+            return False
+        self.moved += piece
+        if piece == size:
+            self.regions.pop(0)
+        else:
+            self.regions[0] = (start + piece, size - piece)
+        return self.pending
+
+    def run(self) -> None:
+        """Move every region now."""
+        while self.step():
+            pass
+
+    def run_in_background(self) -> threading.Thread:
+        """`run` on a daemon thread (for a process with no idle moments to move them in)."""
+        thread = threading.Thread(target=self.run, name="weights-huge-pages", daemon=True)
         thread.start()
         return thread
 

@@ -148,6 +148,11 @@ class DraftModelProposer:
                 f"speculative_draft_model_path {args.speculative_draft_model_path!r}: its "
                 "tokenizer's vocabulary differs from the target model's"
             )
+        # Its weights move into 2 MB pages after the target's, while the server is idle.
+        if draft.huge_pages is not None:
+            target.huge_pages = (
+                target.huge_pages.join(draft.huge_pages) if target.huge_pages else draft.huge_pages
+            )
         if args.speculative_draft_num_layers is not None:
             draft.model.keep_first_layers(args.speculative_draft_num_layers)
             draft.config = draft.model.config

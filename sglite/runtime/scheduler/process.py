@@ -149,6 +149,8 @@ def run_follower(args: ServerArgs, rank: int, parent_pid: int) -> None:
             capacity, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, loaded.dtype, loaded.device
         )
         tp.gather_object(loaded.model.weight_bytes())
+    if loaded.huge_pages is not None:  # waiting in a broadcast, it has no idle moments to use
+        loaded.huge_pages.run_in_background()
     with torch.inference_mode():
         while True:
             batch = tp.broadcast_object()
@@ -230,12 +232,13 @@ def _loop(scheduler: Any, recv: zmq.Socket, send: zmq.Socket) -> None:
     poller.register(recv, zmq.POLLIN)
     disagg = scheduler.disagg
     while True:
-        timeout = 0 if scheduler.has_work else 1000
+        busy = scheduler.has_work or scheduler.has_background_work
+        timeout = 0 if busy else 1000
         if disagg is not None:
             # Sockets to prefill servers appear as requests name them.
             for sock in disagg.sockets():
                 poller.register(sock, zmq.POLLIN)
-            timeout = 0 if scheduler.has_work else (10 if disagg.busy else 1000)
+            timeout = 0 if busy else (10 if disagg.busy else 1000)
         while dict(poller.poll(timeout)).get(recv):
             msg = recv.recv_pyobj()
             timeout = 0
@@ -259,6 +262,7 @@ def _loop(scheduler: Any, recv: zmq.Socket, send: zmq.Socket) -> None:
         if disagg is not None:
             disagg.poll()
         if not scheduler.has_work:
+            scheduler.run_background_work()
             outs = scheduler.collect_outputs()  # e.g. requests rejected at admission
             if outs:
                 send.send_pyobj(BatchOutput(outs))
@@ -270,6 +274,7 @@ def _loop(scheduler: Any, recv: zmq.Socket, send: zmq.Socket) -> None:
             outs = scheduler.fail_all("internal error in the scheduler step")
         if outs:
             send.send_pyobj(BatchOutput(outs))
+        scheduler.run_background_work()
 
 
 def _error_output(rid: str, exc: Exception) -> BatchOutput:

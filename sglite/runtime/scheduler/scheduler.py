@@ -161,6 +161,9 @@ class Scheduler:
             self.stats,
             self.tokenizer,
         )
+        # What is done while no request runs (read after the speculator is built: a draft
+        # model's weights join the target's move).
+        self.huge_pages = loaded.huge_pages
 
     def _build_disaggregation(self) -> Disaggregation | None:
         mode = self.args.disaggregation_mode
@@ -267,6 +270,19 @@ class Scheduler:
         """True when a step would do something (a request receiving its KV waits for the
         process loop's `disagg.poll`, not for a step)."""
         return len(self.table) > self.table.count(ReqStatus.TRANSFER)
+
+    @property
+    def has_background_work(self) -> bool:
+        """True while `run_background_work` has something left to do."""
+        return self.huge_pages is not None and self.huge_pages.pending
+
+    def run_background_work(self) -> None:
+        """One short piece of the work that serves no request, called between steps and while
+        idle: the weights read into the process's memory moved into 2 MB pages (a piece takes
+        2-20 ms). In this thread rather than beside the kernels' threads, which a moving
+        thread would take a core from."""
+        if self.huge_pages is not None:
+            self.huge_pages.step()
 
     # ------------------------------------------------------------------ stepping
     def step(self) -> list[RequestOutput]:

@@ -64,6 +64,7 @@ def scheduler_info(sched: Scheduler) -> dict[str, Any]:
         **sched.stats.as_dict(),
         **_tier_info(sched),
         **_speculation_info(sched),
+        **_huge_page_info(sched),
         **(sched.vision.info() if sched.vision is not None else {}),
         **(sched.disagg.info() if sched.disagg is not None else {}),
     }
@@ -75,6 +76,14 @@ def _speculation_info(sched: Scheduler) -> dict[str, Any]:
         **(speculator.info() if speculator is not None else {}),
         **({"speculative_costs": costs.info()} if costs is not None else {}),
     }
+
+
+def _huge_page_info(sched: Scheduler) -> dict[str, Any]:
+    """How far the weights' move into 2 MB pages has come (done while idle)."""
+    move = sched.huge_pages
+    if move is None:
+        return {}
+    return {"weights_huge_pages": {"moved_bytes": move.moved, "pending": move.pending}}
 
 
 def _tier_info(sched: Scheduler) -> dict[str, Any]:
