@@ -31,8 +31,9 @@ import gguf
 import numpy as np
 
 QT = gguf.GGMLQuantizationType
-# Where the tokenizer metadata is copied from by default (a Qwen2.5 GGUF: same tokenizer family).
-DEFAULT_TOKENIZER_GGUF = "/work/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+# Where the tokenizer metadata is copied from by default: a known Qwen2.5 model (the same
+# tokenizer family), `sglite models pull qwen2.5-coder-0.5b`.
+DEFAULT_TOKENIZER_MODEL = "qwen2.5-coder-0.5b"
 CHUNK_BYTES = 16 << 20
 # Super-block scales (f16) of the random blocks; see the module docstring. Q4_K's dmin is 7.5 d
 # so that a block's mean weight, d*scale*q - dmin*min with q ~ 7.5 on average, is about zero.
@@ -256,13 +257,17 @@ def default_synthetic_dir() -> Path:
 
 def synthetic_7b(
     directory: str | os.PathLike[str] | None = None,
-    tokenizer_gguf: str | os.PathLike[str] = DEFAULT_TOKENIZER_GGUF,
+    tokenizer_gguf: str | os.PathLike[str] = DEFAULT_TOKENIZER_MODEL,
 ) -> Path:
-    """The synthetic Qwen2.5-7B GGUF under `directory`, written on first use (~5 GB)."""
+    """The synthetic Qwen2.5-7B GGUF under `directory`, written on first use (~5 GB), its
+    tokenizer copied from `tokenizer_gguf` (a path or a known model name)."""
+    from sglite.runtime.model.catalog import resolve_model_path
+
     path = synthetic_7b_path(directory)
     if not path.is_file():
+        source = resolve_model_path(str(tokenizer_gguf))
         print(f"writing {path} (~{total_bytes(QWEN25_7B) / 1e9:.1f} GB) ...", flush=True)
-        write_synthetic(path, QWEN25_7B, tokenizer_gguf)
+        write_synthetic(path, QWEN25_7B, source)
     return path
 
 
@@ -279,20 +284,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="file to write (default: the cached path bench_footprint uses)")
     ap.add_argument(
         "--tokenizer-gguf",
-        default=DEFAULT_TOKENIZER_GGUF,
-        help="a Qwen2.5 GGUF whose tokenizer metadata is copied",
+        default=DEFAULT_TOKENIZER_MODEL,
+        help="a Qwen2.5 GGUF (path or known model name) whose tokenizer metadata is copied",
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--force", action="store_true", help="rewrite an existing file")
     args = ap.parse_args(argv)
-    if not Path(args.tokenizer_gguf).is_file():
-        print(f"no tokenizer GGUF at {args.tokenizer_gguf} (--tokenizer-gguf)", file=sys.stderr)
+    from sglite.runtime.model.catalog import resolve_model_path
+
+    try:
+        source = resolve_model_path(args.tokenizer_gguf)
+    except FileNotFoundError as exc:
+        print(f"--tokenizer-gguf: {exc}", file=sys.stderr)
         return 2
     out = Path(args.out) if args.out else synthetic_7b_path()
     if out.exists() and not args.force:
         print(f"{out} exists (--force to rewrite)")
         return 0
-    write_synthetic(out, QWEN25_7B, args.tokenizer_gguf, args.seed)
+    write_synthetic(out, QWEN25_7B, source, args.seed)
     print(f"{out}: {out.stat().st_size / 1e9:.2f} GB")
     return 0
 
