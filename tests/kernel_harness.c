@@ -167,7 +167,7 @@ static void gguf_products(int dtype) {
     const int64_t n = t == 0 ? GROWS : 2 * GROWS; /* t = 0: the next part is not made yet */
     if (gguf_gemv(dtype, xs, parts, y, ROWS, n, GK, 1) == 0)
       print(dtype ? "gguf_gemv_bf16" : "gguf_gemv", y, ROWS * n, dtype);
-    if (gguf_gemv_a8(dtype, xs, parts, y, ROWS, n, GK, 1) == 0)
+    if (gguf_gemv_a8(dtype, xs, parts, y, ROWS, n, GK, 1, 0) == 0)
       print(dtype ? "gguf_gemv_a8_bf16" : "gguf_gemv_a8", y, ROWS * n, dtype);
     if (gguf_dequantize(dtype, parts, NULL, n, n, GK, dense, 1) == 0)
       print(dtype ? "gguf_dequantize_bf16" : "gguf_dequantize", dense, n * GK, dtype);

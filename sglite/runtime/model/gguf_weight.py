@@ -263,7 +263,9 @@ class GGUFWeight(QuantizedWeight):
         """float32: the GEMM (rows independent) for every row count; bf16: the GEMV in chunks
         of its rows; rounding activations, the int8 kernel (rows independent)."""
         if self.round_activations:
-            return kernels.gguf_gemv_a8(x.contiguous(), self.address, self.out_features)
+            return kernels.gguf_gemv_a8(
+                x.contiguous(), self.address, self.out_features, row_independent=True
+            )
         if x.dtype == torch.float32:
             return kernels.gguf_gemm(x, self.address, self.out_features, row_independent=True)
         n, step = self.out_features, QGEMV_MAX_ROWS

@@ -53,6 +53,26 @@ void free_rounded(rounded_x *r) {
   free(r->sum32);
   free(r->dx32);
   free(r->dxsum32);
+  free(r->q_lanes);
+}
+
+/* Row q's super-blocks in K4_LANES order into out (see a8_rounding.h). */
+static void lanes_row(const int8_t *q, int64_t k, int8_t *out) {
+#ifdef K4_LANES
+  for (int64_t sb = 0; sb < k / QK_K; sb++) {
+    __m256i lo[4], hi[4];
+    k4_lanes(q + sb * QK_K, 64, lo);
+    k4_lanes(q + sb * QK_K + 32, 64, hi);
+    for (int j = 0; j < 4; j++) {
+      _mm256_storeu_si256((__m256i *)(out + sb * QK_K + 64 * j), lo[j]);
+      _mm256_storeu_si256((__m256i *)(out + sb * QK_K + 64 * j + 32), hi[j]);
+    }
+  }
+#else
+  (void)q;
+  (void)k;
+  (void)out;
+#endif
 }
 
 typedef struct {
@@ -93,6 +113,7 @@ static void round_rows(void *p, int64_t m0, int64_t m1) {
       r->dx32[i] = r->dx[m * spans + g * QK / r->span];
       r->dxsum32[i] = r->dx32[i] * (float)r->sum32[i];
     }
+    if (r->q_lanes != NULL) lanes_row(q, k, r->q_lanes + m * k);
   }
   free(xf);
 }
@@ -100,7 +121,8 @@ static void round_rows(void *p, int64_t m0, int64_t m1) {
 /* x values below which rounding runs on the calling thread alone. */
 #define ROUND_PARALLEL_MIN (1 << 16)
 
-int round_x(int dtype, const void *x, int64_t rows, int64_t k, int threads, rounded_x *r) {
+int round_x(int dtype, const void *x, int64_t rows, int64_t k, int threads, int lanes,
+            rounded_x *r) {
   r->rows = rows;
   r->k = k;
   r->span = k % QK_K == 0 ? QK_K : QK;
@@ -110,6 +132,13 @@ int round_x(int dtype, const void *x, int64_t rows, int64_t k, int threads, roun
   r->sum32 = (int16_t *)malloc((size_t)(rows * (k / QK)) * sizeof(int16_t));
   r->dx32 = (float *)malloc((size_t)(rows * (k / QK)) * sizeof(float));
   r->dxsum32 = (float *)malloc((size_t)(rows * (k / QK)) * sizeof(float));
+  r->q_lanes = NULL;
+#ifdef K4_LANES
+  if (lanes && k % QK_K == 0 && (r->q_lanes = (int8_t *)malloc((size_t)(rows * k))) == NULL) {
+    free_rounded(r);
+    return -1;
+  }
+#endif
   if (!r->q || !r->dx || !r->sum16 || !r->sum32 || !r->dx32 || !r->dxsum32) {
     free_rounded(r);
     return -1;

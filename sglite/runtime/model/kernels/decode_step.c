@@ -158,7 +158,8 @@ static int linear_rows(int dtype, const linear_t *l, const void *x, void *y, int
   if (l->kind == LINEAR_GGUF_A8) { /* any rows, rows independent: deterministic as it is */
     const int many = !deterministic && rows >= l->a8_gemm_min_rows;
     status = many ? gguf_gemm_a8(dtype, x, l->weight, y, rows, l->n_out, l->k, threads) : -1;
-    if (status != 0) status = gguf_gemv_a8(dtype, x, l->weight, y, rows, l->n_out, l->k, threads);
+    if (status != 0)
+      status = gguf_gemv_a8(dtype, x, l->weight, y, rows, l->n_out, l->k, threads, deterministic);
     if (status == 0 && l->bias != NULL) add_bias(dtype, l, y, rows);
     return status;
   }

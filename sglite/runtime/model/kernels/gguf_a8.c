@@ -147,6 +147,60 @@ static inline __attribute__((always_inline)) void k4_k5_row(const int R, const i
   }
 }
 
+#ifdef K4_LANES
+/* Q4_K super-blocks of one weight row against R x rows with each 32-bit lane tied to a group
+ * (K4_LANES): the nibble bytes transposed as x->q_lanes is, so one vpdpbusd per 32 values adds
+ * every lane's 4 products to its group's sum, and the groups' 6-bit scales multiply those sums
+ * once per super-block (vpmulld), where k4_k5_row spends a vpmaddubsw and a vpdpwssd per 32
+ * values and x row. The same integers per super-block; its float sums differ in rounding. */
+static inline __attribute__((always_inline)) void k4_row_lanes(const int R, const int prefetch,
+                                                               const uint8_t *row,
+                                                               const rounded_x *x, int64_t m0,
+                                                               row_sums *s) {
+  const int64_t k = x->k, blocks = k / QK_K;
+  const __m256i nibble = _mm256_set1_epi8(0x0f);
+  /* lane l: group 2 (l % 4) (even) or 2 (l % 4) + 1 (odd) */
+  const __m128i even = _mm_setr_epi8(0, 2, 4, 6, 0, 2, 4, 6, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m128i odd = _mm_setr_epi8(1, 3, 5, 7, 1, 3, 5, 7, -1, -1, -1, -1, -1, -1, -1, -1);
+  for (int64_t blk = 0; blk < blocks; blk++) {
+    const uint8_t *b = row + blk * 144;
+    prefetch_ahead(prefetch, b, 3); /* 144 bytes */
+    const __m128i scales_mins = k_scales16(b + 4);
+    const __m256i s_lo = _mm256_cvtepu8_epi32(_mm_shuffle_epi8(scales_mins, even));
+    const __m256i s_hi = _mm256_cvtepu8_epi32(_mm_shuffle_epi8(scales_mins, odd));
+    const __m128i mn16 = _mm_cvtepu8_epi16(_mm_srli_si128(scales_mins, 8));
+    __m256i t[4], lo[4], hi[4];
+    k4_lanes(b + 16, 32, t);
+    for (int j = 0; j < 4; j++) {
+      lo[j] = _mm256_and_si256(t[j], nibble);
+      hi[j] = _mm256_and_si256(_mm256_srli_epi16(t[j], 4), nibble);
+    }
+    int32_t dd_bits;
+    memcpy(&dd_bits, b, 4);
+    const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128(dd_bits)); /* d, dmin: one conversion */
+    for (int m = 0; m < R; m++) {
+      const int8_t *xq = x->q_lanes + (m0 + m) * k + blk * QK_K;
+      __m256i sum_lo = _mm256_setzero_si256(), sum_hi = _mm256_setzero_si256();
+      for (int j = 0; j < 4; j++) {
+        sum_lo =
+            _mm256_dpbusd_epi32(sum_lo, lo[j], _mm256_loadu_si256((const __m256i *)(xq + 64 * j)));
+        sum_hi = _mm256_dpbusd_epi32(sum_hi, hi[j],
+                                     _mm256_loadu_si256((const __m256i *)(xq + 64 * j + 32)));
+      }
+      const __m256i both =
+          _mm256_add_epi32(_mm256_mullo_epi32(sum_lo, s_lo), _mm256_mullo_epi32(sum_hi, s_hi));
+      const __m128 scaled = _mm_mul_ps(dd, _mm_broadcast_ss(x->dx + (m0 + m) * blocks + blk));
+      s->acc[m] =
+          _mm256_fmadd_ps(_mm256_cvtepi32_ps(both), _mm256_broadcastss_ps(scaled), s->acc[m]);
+      const __m128i sums = _mm_loadu_si128((const __m128i *)(x->sum32 + (m0 + m) * (k / QK) + 8 * blk));
+      const __m128i mins = _mm_madd_epi16(mn16, sums);
+      s->off_vec[m] =
+          _mm_fnmadd_ps(_mm_cvtepi32_ps(mins), _mm_permute_ps(scaled, 0x55), s->off_vec[m]);
+    }
+  }
+}
+#endif
+
 /* Q6_K super-blocks of one weight row against R x rows: the integers q in 0..63 times xq, less
  * 32 times the sums of xq, each group of 16 scaled by its int8 scale. */
 static inline __attribute__((always_inline)) void k6_row(const int R, const int prefetch,
@@ -438,6 +492,11 @@ static inline __attribute__((always_inline)) void row_products(const int R, cons
 #else
   (void)narrow;
 #endif
+#ifdef K4_LANES
+  if (R >= 2 && type == GGML_TYPE_Q4_K && x->q_lanes != NULL)
+    k4_row_lanes(R, prefetch, row, x, m0, &s);
+  else
+#endif
   if (type == GGML_TYPE_Q4_K)
     k4_k5_row(R, prefetch, 0, row, x, m0, &s);
   else if (type == GGML_TYPE_Q6_K)
@@ -579,11 +638,14 @@ static void a8_range(void *p, int64_t n0, int64_t n1) {
 }
 
 int gguf_gemv_a8(int dtype, const void *x, const gguf_part_t *parts, void *y, int64_t rows,
-                 int64_t n_out, int64_t k, int threads) {
+                 int64_t n_out, int64_t k, int threads, int row_independent) {
   if (rows < 1 || k % QK || !gguf_parts_valid(parts, n_out, k)) return -1;
-  rounded_x rx;
-  if (round_x(dtype, x, rows, k, threads, &rx)) return -1;
   const int split = (int)vectors_512_split();
+  /* x in the lane order too where the 256-bit path takes Q4_K for several rows (k4_row_lanes:
+   * one row's product is bound by reading the weight, and the transposes cost it more than the
+   * fewer products save); never where every row count must give the same bits */
+  rounded_x rx;
+  if (round_x(dtype, x, rows, k, threads, split && rows >= 2 && !row_independent, &rx)) return -1;
   a8_args a = {dtype, &rx, parts, y, n_out, split, row_streams(parts, k, split)};
   const int64_t pieces = 4 * (threads > 1 ? threads : 1);
   int64_t chunk = ((n_out + pieces - 1) / pieces + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS;

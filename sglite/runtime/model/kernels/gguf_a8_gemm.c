@@ -513,7 +513,7 @@ static int gemm_a8(int dtype, int act, const void *x, const gguf_part_t *parts, 
   if (rows < 1 || !gemm_serves(parts, n_out, k)) return -1;
   if (act >= 0 && n_out % (2 * WROWS)) return -1; /* whole gate blocks, up blocks alike */
   rounded_x rx;
-  if (round_x(dtype, x, rows, k, threads, &rx)) return -1;
+  if (round_x(dtype, x, rows, k, threads, 0, &rx)) return -1;
   int32_t *q6k_starts = NULL;
   if (q6k_rows(parts, n_out) > 0 && (q6k_starts = q6k_group_starts(&rx)) == NULL) {
     free_rounded(&rx);

@@ -34,17 +34,33 @@ def gguf_gemv(x: torch.Tensor, parts: int, n_out: int) -> torch.Tensor | None:
     return None if lib is None else _call_gguf(lib.gguf_gemv, x, parts, n_out)
 
 
-def gguf_gemv_a8(x: torch.Tensor, parts: int, n_out: int) -> torch.Tensor | None:
+def gguf_gemv_a8(
+    x: torch.Tensor, parts: int, n_out: int, row_independent: bool = False
+) -> torch.Tensor | None:
     """`x @ W.T` for any rows `x [M, K]` (float32/bfloat16) with x rounded to int8 as llama.cpp
     rounds it (per 256 values, or 32 where K is not whole super-blocks: see gguf_a8.c), `W` a
-    GGUF weight as for `gguf_gemv`. Each row's result depends on that row alone. None when the
-    native kernel cannot serve it."""
+    GGUF weight as for `gguf_gemv`. Each row's result depends on that row alone; with
+    `row_independent`, bit for bit whatever the row count (else several rows may take a faster
+    path, equal to float rounding). None when the native kernel cannot serve it."""
     lib = _lib_for(x)
     if lib is None or x.dim() != 2 or not x.is_contiguous():
         return None
-    if x.shape[0] == 0:
+    rows, k = x.shape
+    if rows == 0:
         return x.new_empty(0, n_out)
-    return _call_gguf(lib.gguf_gemv_a8, x, parts, n_out)
+    out = x.new_empty(rows, n_out)
+    status = lib.gguf_gemv_a8(
+        _DTYPE_CODES[x.dtype],
+        x.data_ptr(),
+        parts,
+        out.data_ptr(),
+        rows,
+        n_out,
+        k,
+        torch.get_num_threads(),
+        int(row_independent),
+    )
+    return out if status == 0 else None
 
 
 def gguf_gemm_a8(x: torch.Tensor, parts: int, n_out: int) -> torch.Tensor | None:
@@ -170,7 +186,7 @@ def gguf_amx_min_rows(parts: int, n_out: int, k: int) -> int:
 
 
 def _call_gguf(kernel: Any, x: torch.Tensor, parts: int, n_out: int) -> torch.Tensor | None:
-    """`out = x @ W.T` by a GGUF block kernel (gguf_gemv, gguf_gemv_a8, gguf_gemm_amx), None on
+    """`out = x @ W.T` by a GGUF block kernel (gguf_gemv, gguf_gemm_a8, gguf_gemm_amx), None on
     refusal."""
     rows, k = x.shape
     out = x.new_empty(rows, n_out)

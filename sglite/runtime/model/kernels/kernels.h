@@ -204,9 +204,11 @@ int gguf_dequantize(int dtype, const gguf_part_t *parts, const int64_t *ids, int
 
 /* gguf_a8.c: y [rows, n_out] = x W^T for any rows, x rounded to int8 per span of 256 values
  * (32 when k is not whole super-blocks) as llama.cpp rounds it; each row's result depends on
- * that row alone. -1 for parts that do not cover n_out rows of supported types. */
+ * that row alone, and with `row_independent` is the same bits whatever the row count (else a
+ * row computed beside others may differ in float rounding: a faster path for several rows).
+ * -1 for parts that do not cover n_out rows of supported types. */
 int gguf_gemv_a8(int dtype, const void *x, const gguf_part_t *parts, void *y, int64_t rows,
-                 int64_t n_out, int64_t k, int threads);
+                 int64_t n_out, int64_t k, int threads, int row_independent);
 /* gguf_a8_gemm.c: the same product for many rows with 512-bit VNNI (AVX512-VNNI builds): each
  * Q4_K / Q6_K super-block (or two blocks of 32 of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) of 16 weight
  * rows decoded once for every x row, x rounded as gguf_gemv_a8 rounds it (values equal to its to
