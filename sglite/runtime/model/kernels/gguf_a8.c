@@ -88,6 +88,21 @@ static inline __m128i k_scales16(const uint8_t *s) {
 }
 #endif
 
+/* A Q4_K / Q5_K super-block's sums for x row `xrow` (its s->acc / off_vec index m): `isum`, its
+ * scaled integers (8 lanes), times d and x's scale; its groups' mins (`mn16`, int16) times x's
+ * group sums, times dmin and x's scale, subtracted. `dd`: d, dmin as floats. */
+static inline __attribute__((always_inline)) void k4_add_block(__m256i isum, __m128 dd,
+                                                               __m128i mn16, const rounded_x *x,
+                                                               int64_t xrow, int64_t blk, int m,
+                                                               row_sums *s) {
+  const int64_t k = x->k;
+  const __m128 scaled = _mm_mul_ps(dd, _mm_broadcast_ss(x->dx + xrow * (k / QK_K) + blk));
+  s->acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_broadcastss_ps(scaled), s->acc[m]);
+  const __m128i sums = _mm_loadu_si128((const __m128i *)(x->sum32 + xrow * (k / QK) + 8 * blk));
+  const __m128i mins = _mm_madd_epi16(mn16, sums);
+  s->off_vec[m] = _mm_fnmadd_ps(_mm_cvtepi32_ps(mins), _mm_permute_ps(scaled, 0x55), s->off_vec[m]);
+}
+
 /* Q4_K (five = 0) / Q5_K super-blocks of one weight row against R x rows. */
 static inline __attribute__((always_inline)) void k4_k5_row(const int R, const int prefetch,
                                                             const int five,
@@ -134,16 +149,8 @@ static inline __attribute__((always_inline)) void k4_k5_row(const int R, const i
     int32_t dd_bits;
     memcpy(&dd_bits, b, 4);
     const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128(dd_bits)); /* d, dmin: one conversion */
-    for (int m = 0; m < R; m++) {
-      const __m128 scaled = _mm_mul_ps(dd, _mm_broadcast_ss(x->dx + (m0 + m) * blocks + blk));
-      const __m256i both = _mm256_add_epi32(isum[m], isum_high[m]);
-      s->acc[m] =
-          _mm256_fmadd_ps(_mm256_cvtepi32_ps(both), _mm256_broadcastss_ps(scaled), s->acc[m]);
-      const __m128i sums = _mm_loadu_si128((const __m128i *)(x->sum32 + (m0 + m) * (k / QK) + 8 * blk));
-      const __m128i mins = _mm_madd_epi16(mn16, sums);
-      s->off_vec[m] =
-          _mm_fnmadd_ps(_mm_cvtepi32_ps(mins), _mm_permute_ps(scaled, 0x55), s->off_vec[m]);
-    }
+    for (int m = 0; m < R; m++)
+      k4_add_block(_mm256_add_epi32(isum[m], isum_high[m]), dd, mn16, x, m0 + m, blk, m, s);
   }
 }
 
@@ -189,13 +196,7 @@ static inline __attribute__((always_inline)) void k4_row_lanes(const int R, cons
       }
       const __m256i both =
           _mm256_add_epi32(_mm256_mullo_epi32(sum_lo, s_lo), _mm256_mullo_epi32(sum_hi, s_hi));
-      const __m128 scaled = _mm_mul_ps(dd, _mm_broadcast_ss(x->dx + (m0 + m) * blocks + blk));
-      s->acc[m] =
-          _mm256_fmadd_ps(_mm256_cvtepi32_ps(both), _mm256_broadcastss_ps(scaled), s->acc[m]);
-      const __m128i sums = _mm_loadu_si128((const __m128i *)(x->sum32 + (m0 + m) * (k / QK) + 8 * blk));
-      const __m128i mins = _mm_madd_epi16(mn16, sums);
-      s->off_vec[m] =
-          _mm_fnmadd_ps(_mm_cvtepi32_ps(mins), _mm_permute_ps(scaled, 0x55), s->off_vec[m]);
+      k4_add_block(both, dd, mn16, x, m0 + m, blk, m, s);
     }
   }
 }
