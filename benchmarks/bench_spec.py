@@ -60,7 +60,13 @@ import statistics
 import torch
 
 import sglite
-from benchmarks.common import PeerCrashed, add_llama_server_option, make_parser, markdown_table
+from benchmarks.common import (
+    PeerCrashed,
+    add_llama_server_option,
+    make_parser,
+    markdown_table,
+    wait_settled,
+)
 from benchmarks.runners.llama_cpp import llama_failure
 from benchmarks.spec_llama_peer import Peers, start_llama
 from benchmarks.spec_measure import Tally, batch_run, decode_run, ngram_ceiling
@@ -157,6 +163,8 @@ def main() -> None:
     }
     plain = sglite.Engine(**common)
     spec = sglite.Engine(**common, **speculation_args(args, plain))
+    for engine in (plain, spec):
+        wait_settled(engine.get_server_info)
     info = spec.get_server_info()
     print(f"model {info['model_path']}, {info['dtype']}, weights {info['weight_layouts']}, ")
     print(f"kernels {info['kernel_isa'] or 'portable C'}, torch threads {torch.get_num_threads()}")

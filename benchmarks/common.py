@@ -20,7 +20,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import IO
 
@@ -201,6 +201,17 @@ def wait_healthy(
     raise TimeoutError(f"{name} did not become healthy")
 
 
+def wait_settled(server_info: Callable[[], dict], timeout: float = 120) -> None:
+    """Until a started sglite has moved its weights into 2 MB pages (`weights_huge_pages`, done
+    between steps and while idle after a start), so that measurements see its steady state:
+    `server_info` is an Engine's `get_server_info` or a GET of a server's `/get_server_info`."""
+    deadline = time.monotonic() + timeout
+    while (server_info().get("weights_huge_pages") or {}).get("pending"):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the weights' move into 2 MB pages did not finish")
+        time.sleep(0.1)
+
+
 def start_module(
     args: list[str], base_url: str, timeout: float = 600, stdout: IO | int | None = None
 ) -> subprocess.Popen:
@@ -212,9 +223,21 @@ def start_module(
 
 
 def launch_server(flags: list[str], port: int, stdout: IO | int | None = None) -> subprocess.Popen:
-    """Start `python -m sglite.launch_server --port port <flags>` and wait until it is healthy."""
+    """Start `python -m sglite.launch_server --port port <flags>` and wait until it is healthy
+    and settled (`wait_settled`)."""
     args = ["sglite.launch_server", "--port", str(port), *flags]
-    return start_module(args, f"http://{LOCALHOST}:{port}", stdout=stdout)
+    base_url = f"http://{LOCALHOST}:{port}"
+    proc = start_module(args, base_url, stdout=stdout)
+    wait_settled(lambda: _server_info(base_url))
+    return proc
+
+
+def _server_info(base_url: str) -> dict:
+    """A server's `/get_server_info`, empty where it refuses (an API key the caller holds)."""
+    try:
+        return get_json(f"{base_url}/get_server_info")
+    except urllib.error.HTTPError:
+        return {}
 
 
 def stop_process(proc: subprocess.Popen, timeout: float = 60) -> None:

@@ -8,6 +8,7 @@ import argparse
 import time
 
 import sglite
+from benchmarks.common import wait_settled
 from benchmarks.engine_machine import bandwidth_probe, read_gbs, weight_bytes_per_token
 from benchmarks.engine_rows import Row
 from benchmarks.engine_workloads import (
@@ -91,6 +92,7 @@ def bench_sglite(args: argparse.Namespace, rows: list[Row], spec: str) -> None:
         gguf_activations=activations,
     )
     with engine:
+        wait_settled(engine.get_server_info)
         tok = engine.tokenizer
         info = engine.get_server_info()
         kind = info["quantization"] if quantization == "auto" else quantization
