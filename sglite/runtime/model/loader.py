@@ -74,7 +74,7 @@ class LoadedModel:
     # arithmetic) or "float"; `load_model`'s `gguf_activations` resolved.
     activations: str = "float"
     # The weights read into the process's memory, still to move into 2 MB pages (None: nothing
-    # to move): the server's scheduler moves them while no request runs (`HugePageMove`).
+    # to move): the server's scheduler moves them between its steps and while idle.
     huge_pages: HugePageMove | None = None
 
     @property

@@ -148,7 +148,7 @@ class DraftModelProposer:
                 f"speculative_draft_model_path {args.speculative_draft_model_path!r}: its "
                 "tokenizer's vocabulary differs from the target model's"
             )
-        # Its weights move into 2 MB pages after the target's, while the server is idle.
+        # Its weights move into 2 MB pages after the target's (`Scheduler.run_background_work`).
         if draft.huge_pages is not None:
             target.huge_pages = (
                 target.huge_pages.join(draft.huge_pages) if target.huge_pages else draft.huge_pages

@@ -161,8 +161,8 @@ class Scheduler:
             self.stats,
             self.tokenizer,
         )
-        # What is done while no request runs (read after the speculator is built: a draft
-        # model's weights join the target's move).
+        # The weights' move into 2 MB pages (`run_background_work`; read after the speculator
+        # is built: a draft model's weights join the target's move).
         self.huge_pages = loaded.huge_pages
 
     def _build_disaggregation(self) -> Disaggregation | None:

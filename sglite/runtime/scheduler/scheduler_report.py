@@ -79,7 +79,7 @@ def _speculation_info(sched: Scheduler) -> dict[str, Any]:
 
 
 def _huge_page_info(sched: Scheduler) -> dict[str, Any]:
-    """How far the weights' move into 2 MB pages has come (done while idle)."""
+    """How far the weights' move into 2 MB pages has come (`run_background_work`)."""
     move = sched.huge_pages
     if move is None:
         return {}
