@@ -56,9 +56,9 @@ void free_rounded(rounded_x *r) {
   free(r->q_lanes);
 }
 
+#ifdef K4_LANES
 /* Row q's super-blocks in K4_LANES order into out (see a8_rounding.h). */
 static void lanes_row(const int8_t *q, int64_t k, int8_t *out) {
-#ifdef K4_LANES
   for (int64_t sb = 0; sb < k / QK_K; sb++) {
     __m256i lo[4], hi[4];
     k4_lanes(q + sb * QK_K, 64, lo);
@@ -68,12 +68,8 @@ static void lanes_row(const int8_t *q, int64_t k, int8_t *out) {
       _mm256_storeu_si256((__m256i *)(out + sb * QK_K + 64 * j + 32), hi[j]);
     }
   }
-#else
-  (void)q;
-  (void)k;
-  (void)out;
-#endif
 }
+#endif
 
 typedef struct {
   int dtype;
@@ -113,7 +109,9 @@ static void round_rows(void *p, int64_t m0, int64_t m1) {
       r->dx32[i] = r->dx[m * spans + g * QK / r->span];
       r->dxsum32[i] = r->dx32[i] * (float)r->sum32[i];
     }
+#ifdef K4_LANES
     if (r->q_lanes != NULL) lanes_row(q, k, r->q_lanes + m * k);
+#endif
   }
   free(xf);
 }

@@ -642,11 +642,13 @@ int gguf_gemv_a8(int dtype, const void *x, const gguf_part_t *parts, void *y, in
                  int64_t n_out, int64_t k, int threads, int row_independent) {
   if (rows < 1 || k % QK || !gguf_parts_valid(parts, n_out, k)) return -1;
   const int split = (int)vectors_512_split();
-  /* x in the lane order too where the 256-bit path takes Q4_K for several rows (k4_row_lanes:
-   * one row's product is bound by reading the weight, and the transposes cost it more than the
-   * fewer products save); never where every row count must give the same bits */
+  /* x in the lane order too where the 256-bit path takes Q4_K parts for several rows
+   * (k4_row_lanes: one row's product is bound by reading the weight, and the transposes cost it
+   * more than the fewer products save); never where every row count must give the same bits */
+  const int lanes =
+      split && rows >= 2 && !row_independent && type_rows(parts, n_out, GGML_TYPE_Q4_K) > 0;
   rounded_x rx;
-  if (round_x(dtype, x, rows, k, threads, split && rows >= 2 && !row_independent, &rx)) return -1;
+  if (round_x(dtype, x, rows, k, threads, lanes, &rx)) return -1;
   a8_args a = {dtype, &rx, parts, y, n_out, split, row_streams(parts, k, split)};
   const int64_t pieces = 4 * (threads > 1 ? threads : 1);
   int64_t chunk = ((n_out + pieces - 1) / pieces + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS;

@@ -93,13 +93,18 @@ static inline void k_scales8(const uint8_t *s, uint32_t sc[2], uint32_t mn[2]) {
   mn[1] = ((w[2] >> 4) & four) | (((w[1] >> 6) & two) << 4);
 }
 
-/* Rows of a weight's n_out held by Q6_K parts. */
-static inline int64_t q6k_rows(const gguf_part_t *parts, int64_t n_out) {
-  int64_t q6k = 0;
+/* Rows of a weight's n_out held by parts of block type `type`. */
+static inline int64_t type_rows(const gguf_part_t *parts, int64_t n_out, int64_t type) {
+  int64_t rows = 0;
   for (int64_t seen = 0, i = 0; seen < n_out && i < GGUF_MAX_PARTS && parts[i].rows > 0;
        seen += parts[i].rows, i++)
-    if (parts[i].type == GGML_TYPE_Q6_K) q6k += parts[i].rows;
-  return q6k;
+    if (parts[i].type == type) rows += parts[i].rows;
+  return rows;
+}
+
+/* Rows of a weight's n_out held by Q6_K parts. */
+static inline int64_t q6k_rows(const gguf_part_t *parts, int64_t n_out) {
+  return type_rows(parts, n_out, GGML_TYPE_Q6_K);
 }
 
 /* Whether Q6_K parts hold most of a weight's n_out rows (it decodes slower: later thresholds). */

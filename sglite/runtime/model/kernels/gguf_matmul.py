@@ -45,22 +45,9 @@ def gguf_gemv_a8(
     lib = _lib_for(x)
     if lib is None or x.dim() != 2 or not x.is_contiguous():
         return None
-    rows, k = x.shape
-    if rows == 0:
+    if x.shape[0] == 0:
         return x.new_empty(0, n_out)
-    out = x.new_empty(rows, n_out)
-    status = lib.gguf_gemv_a8(
-        _DTYPE_CODES[x.dtype],
-        x.data_ptr(),
-        parts,
-        out.data_ptr(),
-        rows,
-        n_out,
-        k,
-        torch.get_num_threads(),
-        int(row_independent),
-    )
-    return out if status == 0 else None
+    return _call_gguf(lib.gguf_gemv_a8, x, parts, n_out, int(row_independent))
 
 
 def gguf_gemm_a8(x: torch.Tensor, parts: int, n_out: int) -> torch.Tensor | None:
@@ -185,14 +172,25 @@ def gguf_amx_min_rows(parts: int, n_out: int, k: int) -> int:
     return int(lib.gguf_amx_min_rows(parts, n_out, k)) if lib else ABI.constants["AMX_MIN_ROWS"]
 
 
-def _call_gguf(kernel: Any, x: torch.Tensor, parts: int, n_out: int) -> torch.Tensor | None:
-    """`out = x @ W.T` by a GGUF block kernel (gguf_gemv, gguf_gemm_a8, gguf_gemm_amx), None on
+def _call_gguf(
+    kernel: Any, x: torch.Tensor, parts: int, n_out: int, *options: int
+) -> torch.Tensor | None:
+    """`out = x @ W.T` by a GGUF block kernel (gguf_gemv, gguf_gemv_a8, gguf_gemm_a8,
+    gguf_gemm_amx; `options`: the kernel's arguments after the thread count), None on
     refusal."""
     rows, k = x.shape
     out = x.new_empty(rows, n_out)
     threads = torch.get_num_threads()
     status = kernel(
-        _DTYPE_CODES[x.dtype], x.data_ptr(), parts, out.data_ptr(), rows, n_out, k, threads
+        _DTYPE_CODES[x.dtype],
+        x.data_ptr(),
+        parts,
+        out.data_ptr(),
+        rows,
+        n_out,
+        k,
+        threads,
+        *options,
     )
     return out if status == 0 else None
 
