@@ -283,16 +283,16 @@ def test_measured_costs_set_the_acceptance_drafts_need():
     assert costs.break_even(1, 8, "draft") == pytest.approx(1.1)
     assert costs.break_even(1, 8, "ngram") == pytest.approx(0.1)
     length = DraftLength(8)
-    length.record(8, 7, costs.break_even(1, 8, "draft"))
-    length.record(8, 8, costs.break_even(1, 8, "draft"))  # 15 of 16 accepted
+    length.record(8, 7, costs.break_evens(1, 8, "draft"))
+    length.record(8, 8, costs.break_evens(1, 8, "draft"))  # 15 of 16 accepted
     assert length.paused == PAUSE_STEPS << (MAX_BACKOFF - 1)  # a draft that cannot pay: long
     length = DraftLength(8)
-    length.record(8, 2, costs.break_even(1, 8, "ngram"))
-    length.record(8, 2, costs.break_even(1, 8, "ngram"))  # 4 of 16: pays
+    length.record(8, 2, costs.break_evens(1, 8, "ngram"))
+    length.record(8, 2, costs.break_evens(1, 8, "ngram"))  # 4 of 16: pays
     assert not length.paused
     for failures in range(1, MAX_BACKOFF + 2):  # rejected again and again: pauses double
         length.paused = 0
-        length.record(16, 0, costs.break_even(1, 16, "ngram"))
+        length.record(16, 0, costs.break_evens(1, 16, "ngram"))
         assert length.paused == PAUSE_STEPS << (min(failures, MAX_BACKOFF) - 1)
     # Plain steps keep the plain cost current, one in PLAIN_PROBE_EVERY; the source whose
     # drafts cannot pay is tried one step in HOPELESS_PROBE_EVERY, the other every step.
@@ -338,10 +338,10 @@ def test_a_verification_has_a_fixed_cost_so_short_drafts_need_more_acceptance():
     # One accepted token in four: pays for drafts of 8 tokens, not for drafts of 1.
     long_drafts, short_drafts = DraftLength(8), DraftLength(8)
     for _ in range(2):
-        long_drafts.record(8, 2, costs.break_even(1, 8, "ngram"))
+        long_drafts.record(8, 2, costs.break_evens(1, 8, "ngram"))
     short_drafts.current = 1
     for i in range(16):  # one token at a time, every fourth accepted
-        short_drafts.record(1, int(i % 4 == 0), costs.break_even(1, 1, "ngram"))
+        short_drafts.record(1, int(i % 4 == 0), costs.break_evens(1, 1, "ngram"))
         short_drafts.current = 1
     assert not long_drafts.paused
     assert short_drafts.paused
@@ -351,6 +351,32 @@ def test_a_verification_has_a_fixed_cost_so_short_drafts_need_more_acceptance():
     same.observe(1, drafted=4, seconds=0.010 + 0.006, source="ngram")
     assert same.info()["1"]["sources"]["ngram"]["verify_fixed_ms"] == 0.0
     assert same.break_even(1, 1, "ngram") == same.break_even(1, 4, "ngram") == pytest.approx(0.15)
+
+
+def test_a_short_draft_above_break_even_does_not_stop_drafts_that_pay_when_longer():
+    """Four requests at once, a draft model whose verification has a fixed cost: a step of few
+    drafted tokens needs more than all of them, but longer drafts pay at 90% accepted, so the
+    requests keep drafting (the longest pause is for drafts that cannot pay at any length)."""
+    costs = SpeculationCosts()
+    costs.observe(4, drafted=0, seconds=0.052, source="")
+    for _ in range(20):
+        for drafted in (8, 16, 48):
+            costs.observe(4, drafted, seconds=0.052 + 0.030 + 0.008 * drafted, source="draft")
+    short, longest = costs.break_evens(4, 4, "draft"), costs.break_evens(4, 48, "draft")
+    assert short.needed > 1.0 > longest.needed > short.least  # 1.19, 0.66 and 0.62
+    length = DraftLength(8)
+    length.record(4, 4, short)  # a short step, all accepted
+    assert not length.paused and length.current == 8
+    for _ in range(3):  # then longer drafts, 90% accepted
+        length.record(8, 7, costs.break_evens(4, 32, "draft"))
+    assert not length.paused
+    hopeless = SpeculationCosts()
+    hopeless.observe(4, drafted=0, seconds=0.052, source="")
+    hopeless.observe(4, drafted=8, seconds=0.052 + 8 * 0.014, source="draft")
+    assert hopeless.break_evens(4, 8, "draft").least > 1.0
+    length = DraftLength(8)
+    length.record(4, 4, hopeless.break_evens(4, 4, "draft"))
+    assert length.paused == PAUSE_STEPS << (MAX_BACKOFF - 1)
 
 
 # --------------------------------------------------------------------------- end to end

@@ -243,7 +243,7 @@ class DraftModelProposer:
         drafts; `shares.least`, that of the longest drafts, bounds how long a draft grows)."""
         seq = self.sequences.get(req.rid)
         if seq is not None:
-            seq.length.record(drafted, accepted, shares.needed)
+            seq.length.record(drafted, accepted, shares)
             self.calibration.record(seq.probabilities[:drafted], accepted)
         self.acceptance.record(drafted, accepted, shares.needed)
         self.needed = max(shares.least, LOW_ACCEPTANCE)

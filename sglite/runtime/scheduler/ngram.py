@@ -211,7 +211,7 @@ class NgramProposer:
         state = self.states.get(req.rid)
         if state is None:
             return
-        state.length.record(drafted, accepted, shares.needed)
+        state.length.record(drafted, accepted, shares)
         if state.kind in self.kinds:
             self.kinds[state.kind].record(drafted, accepted, shares.needed)
         # a kind is judged by what its longest drafts need: its short ones are the draft

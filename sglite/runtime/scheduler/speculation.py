@@ -64,6 +64,10 @@ class BreakEvens:
         return cls(share, share)
 
 
+# The break-evens before any cost is measured.
+UNMEASURED = BreakEvens.uniform()
+
+
 def proposals_from(
     source: str,
     propose_many: Callable[[list[Req]], dict[str, list[int]]],
@@ -154,10 +158,13 @@ class DraftLength:
             return 0
         return max(0, min(room, self.current))
 
-    def record(self, drafted: int, accepted: int, needed: float = LOW_ACCEPTANCE) -> None:
+    def record(self, drafted: int, accepted: int, shares: BreakEvens = UNMEASURED) -> None:
         """Adapt to a verification's result; drafting pauses when the tokens accepted over the
-        window are fewer than its drafts needed to pay (each draft's `needed` share, from
-        `SpeculationCosts.break_even`) or than a `LOW_ACCEPTANCE` share."""
+        window are fewer than its drafts needed to pay (each draft's `shares.needed`, from
+        `SpeculationCosts.break_even`) or than a `LOW_ACCEPTANCE` share. Where no draft can
+        pay however long (`shares.least` of 1 or more), the longest pause comes at once; a
+        short draft whose own break-even is above 1 (a verification's fixed cost spread over
+        few tokens) is judged with the window's others instead."""
         if drafted == 0:
             return
         if accepted == drafted:
@@ -166,11 +173,11 @@ class DraftLength:
             self.current = max(1, accepted + 1)
         self.drafted += drafted
         self.accepted += accepted
-        self.needed += max(needed, LOW_ACCEPTANCE) * drafted
-        if self.drafted >= PAUSE_AFTER or needed >= 1.0:
+        self.needed += max(shares.needed, LOW_ACCEPTANCE) * drafted
+        hopeless = shares.least >= 1.0
+        if self.drafted >= PAUSE_AFTER or hopeless:
             if self.accepted < self.needed:
-                # A break-even of 1 or more cannot be reached: the longest pause at once.
-                grown = MAX_BACKOFF if needed >= 1.0 else self.backoff + 1
+                grown = MAX_BACKOFF if hopeless else self.backoff + 1
                 self.backoff = min(grown, MAX_BACKOFF)
                 self.paused = PAUSE_STEPS << (self.backoff - 1)
                 self.current = self.start
