@@ -430,6 +430,41 @@ def test_the_draft_model_drafts_for_several_requests_in_one_pass_per_token(tiny)
         proposer.check_invariants()
 
 
+def test_a_catch_up_of_several_tokens_runs_as_decode_rows_with_the_same_draft(tiny, monkeypatch):
+    """A request the draft model fell behind on (tokens emitted while it did not draft) is
+    caught up in its next pass, one DECODE row per token: the draft is the one an EXTEND of
+    those tokens gives, and the draft model holds the same tokens after it."""
+    from sglite.runtime.model.forward_batch import ForwardMode
+    from sglite.runtime.model.loader import load_model
+    from sglite.runtime.scheduler import draft_model
+    from sglite.runtime.scheduler.draft_model import DraftModelProposer
+
+    rows, extend = (
+        DraftModelProposer(load_model(tiny["small"], dtype="float32", progress=False), 256, 4, 1024)
+        for _ in range(2)
+    )
+    modes: dict[str, list[ForwardMode]] = {"rows": [], "extend": []}
+
+    def behind(proposer: DraftModelProposer, name: str):
+        proposer.read_prompt(_request("r", PROMPT))
+        req = _request("r", PROMPT)
+        req.output_ids.extend([5, 9, 11, 6, 8])  # emitted since the prompt: caught up next
+        forward = proposer.model.forward
+        proposer.model.forward = lambda batch, pool: (  # type: ignore[method-assign]
+            modes[name].append(batch.mode) or forward(batch, pool)
+        )
+        return req
+
+    drafted = rows.propose(behind(rows, "rows"))
+    monkeypatch.setattr(draft_model, "DECODE_ROWS_MAX", 0)
+    assert extend.propose(behind(extend, "extend")) == drafted and drafted
+    assert modes["rows"][0] is ForwardMode.DECODE and modes["extend"][0] is ForwardMode.EXTEND
+    assert rows.sequences["r"].tokens == extend.sequences["r"].tokens
+    for proposer in (rows, extend):
+        proposer.forget(set())
+        proposer.check_invariants()
+
+
 def test_a_draft_stops_where_the_target_would_likely_reject_it(tiny):
     """A draft grows while the draft model's probabilities, calibrated by the target's
     agreement so far, say its tokens will be kept often enough to pay (the break-even): after

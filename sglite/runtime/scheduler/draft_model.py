@@ -68,6 +68,9 @@ if TYPE_CHECKING:
 # decode (its prompt read as the target prefilled it): a probe of a request it fell behind on
 # would first pass over every token emitted since, a cost no acceptance repays.
 PROBE_MAX_BEHIND = 4
+# A pass of at most this many tokens (a draft's next tokens, a request's catch-up on the tokens
+# since its last draft) runs as DECODE rows, one per token; longer ones (a prompt) as an EXTEND.
+DECODE_ROWS_MAX = 16
 # While the draft model does not pay, one prompt in this many is read as the target prefills
 # it (the rest when a draft needs them): a prompt's pass costs the draft model a prefill, which
 # drafts that are not taken never repay (at batch 4 on the Qwen pair, a tenth of the
@@ -340,11 +343,15 @@ class DraftModelProposer:
         feeds = [feed for _, feed, _ in batch_items]
         ends = list(itertools.accumulate(len(feed) for feed in feeds))
         last = [end - 1 for end in ends]
-        mode = ForwardMode.DECODE if len(ends) == ends[-1] else ForwardMode.EXTEND
-        starts = [start for _, _, start in batch_items]
-        slots = [seq.slots for seq, _, _ in batch_items]
         logit_rows = [] if self.vocab is not None else last
-        batch = ForwardBatch.build(mode, feeds, starts, slots, logit_rows, self.device)
+        if ends[-1] <= DECODE_ROWS_MAX:
+            batch = self._decode_rows(batch_items, logit_rows)
+        else:
+            starts = [start for _, _, start in batch_items]
+            slots = [seq.slots for seq, _, _ in batch_items]
+            batch = ForwardBatch.build(
+                ForwardMode.EXTEND, feeds, starts, slots, logit_rows, self.device
+            )
         if self.vocab is not None:  # the final hidden states, for the draft vocabulary's rows
             batch.hidden_rows = torch.tensor(last, dtype=torch.long, device=self.device)
         self.forward_passes += 1
@@ -363,6 +370,24 @@ class DraftModelProposer:
             chosen = self.vocab.choose_many(batch.hidden, extras, self.dtype)  # type: ignore[arg-type]
         found = iter(chosen)
         return [next(found) if start is not None else None for _, _, start in runs]
+
+    def _decode_rows(
+        self, items: list[tuple[DraftSequence, list[int], int]], logit_rows: list[int]
+    ) -> ForwardBatch:
+        """The feeds of `items` (sequence, feed, its start) as a DECODE batch of one row per
+        token, in order: row i of a sequence attends to its slots up to its own, and every
+        row's K/V is written before any row's attention reads the pool (in each layer), so a
+        token sees the ones before it, as in an EXTEND, on the decode path (far cheaper for a
+        few rows than an EXTEND)."""
+        tokens, positions, slots = [], [], []
+        for seq, feed, start in items:
+            for i, token in enumerate(feed):
+                tokens.append([token])
+                positions.append(start + i)
+                slots.append(seq.slots[: start + i + 1])
+        return ForwardBatch.build(
+            ForwardMode.DECODE, tokens, positions, slots, logit_rows, self.device
+        )
 
     def _append(self, seq: DraftSequence, feed: list[int]) -> int | None:
         """Slots for `feed` after `seq`'s tokens (the cache evicted for room), `feed` appended;
