@@ -353,22 +353,50 @@ def test_a_verification_has_a_fixed_cost_so_short_drafts_need_more_acceptance():
     assert same.break_even(1, 1, "ngram") == same.break_even(1, 4, "ngram") == pytest.approx(0.15)
 
 
+def test_a_draft_models_fixed_cost_is_the_verifications_measured_by_ngram_drafts():
+    """Steps timed with noise: a draft model whose drafts were all 2 or 4 tokens long cannot
+    tell a fixed part from its cost per token (a free fit of these steps finds 38 ms fixed
+    and 1 ms per token: long drafts would look almost free), so it takes the
+    verification's fixed part from the n-gram drafts, whose lengths vary: 2 ms, and fits
+    what is left per token (about 12 ms, its true 10 plus the noise)."""
+    costs = SpeculationCosts()
+    costs.observe(1, drafted=0, seconds=0.030, source="")
+    for _ in range(20):
+        for drafted in (1, 4, 16):
+            costs.observe(1, drafted, seconds=0.030 + 0.002 + 0.005 * drafted, source="ngram")
+        for drafted, noise in ((2, 0.018), (4, 0.0)):
+            costs.observe(
+                1, drafted, seconds=0.030 + 0.002 + 0.010 * drafted + noise, source="draft"
+            )
+    free = costs.fits[(1, "draft")].coefficients()
+    assert free[0] > 0.030 and free[1] < 0.002
+    fixed, per_token = costs.coefficients(1, "draft")  # type: ignore[misc]
+    assert fixed == pytest.approx(0.002)
+    assert 0.010 < per_token < 0.013
+    assert costs.marginal(1, "draft") == pytest.approx(per_token / 0.030)
+    assert costs.info()["1"]["sources"]["draft"]["verify_fixed_ms"] == pytest.approx(2.0)
+    alone = SpeculationCosts()  # no n-gram drafts measured: no fixed part
+    alone.observe(1, drafted=0, seconds=0.030, source="")
+    alone.observe(1, drafted=4, seconds=0.030 + 0.040, source="draft")
+    assert alone.coefficients(1, "draft") == pytest.approx((0.0, 0.010))
+
+
 def test_a_short_draft_above_break_even_does_not_stop_drafts_that_pay_when_longer():
-    """Four requests at once, a draft model whose verification has a fixed cost: a step of few
+    """Four requests at once, drafts whose verification has a fixed cost: a step of few
     drafted tokens needs more than all of them, but longer drafts pay at 90% accepted, so the
     requests keep drafting (the longest pause is for drafts that cannot pay at any length)."""
     costs = SpeculationCosts()
     costs.observe(4, drafted=0, seconds=0.052, source="")
     for _ in range(20):
         for drafted in (8, 16, 48):
-            costs.observe(4, drafted, seconds=0.052 + 0.030 + 0.008 * drafted, source="draft")
-    short, longest = costs.break_evens(4, 4, "draft"), costs.break_evens(4, 48, "draft")
+            costs.observe(4, drafted, seconds=0.052 + 0.030 + 0.008 * drafted, source="ngram")
+    short, longest = costs.break_evens(4, 4, "ngram"), costs.break_evens(4, 48, "ngram")
     assert short.needed > 1.0 > longest.needed > short.least  # 1.19, 0.66 and 0.62
     length = DraftLength(8)
     length.record(4, 4, short)  # a short step, all accepted
     assert not length.paused and length.current == 8
     for _ in range(3):  # then longer drafts, 90% accepted
-        length.record(8, 7, costs.break_evens(4, 32, "draft"))
+        length.record(8, 7, costs.break_evens(4, 32, "ngram"))
     assert not length.paused
     hopeless = SpeculationCosts()
     hopeless.observe(4, drafted=0, seconds=0.052, source="")

@@ -10,7 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sglite.runtime.scheduler.speculation import LOW_ACCEPTANCE, BreakEvens
+from sglite.runtime.scheduler.speculation import (
+    DRAFT_MODEL_SOURCE,
+    LOW_ACCEPTANCE,
+    NGRAM_SOURCE,
+    BreakEvens,
+)
 
 # Step costs: weight of the newest step in the moving averages, and how often a step runs
 # without drafts to keep the plain cost current.
@@ -47,9 +52,14 @@ class DraftCostFit:
         self.drafted_extra += weight * (drafted * extra - self.drafted_extra)
         self.seen = True
 
-    def coefficients(self) -> tuple[float, float]:
-        """(fixed seconds per verification, seconds per drafted token), both >= 0. While the
-        draft lengths seen barely vary, the fixed part cannot be told apart: all per token."""
+    def coefficients(self, fixed: float | None = None) -> tuple[float, float]:
+        """(fixed seconds per verification, seconds per drafted token), both >= 0. With `fixed`
+        given (measured elsewhere), only the part per token is fitted to what is left. Else,
+        while the draft lengths seen barely vary, the fixed part cannot be told apart: all per
+        token."""
+        if fixed is not None:
+            per_token = (self.drafted_extra - fixed * self.drafted) / max(self.drafted_sq, 1e-9)
+            return fixed, max(per_token, 0.0)
         variance = self.drafted_sq - self.drafted**2
         proportional = (0.0, self.extra / max(self.drafted, 1e-9))
         if variance < MIN_DRAFT_LENGTH_VARIANCE:
@@ -62,8 +72,9 @@ class DraftCostFit:
 class SpeculationCosts:
     """What speculation costs, measured per batch size: a plain decode step's seconds, and per
     draft source (n-gram lookups, a draft model) the seconds a step's drafts add to it
-    (`DraftCostFit`: a fixed part per verification and a part per drafted token: its
-    verification row, and the passes that proposed it). A step of a batch of B requests emits B
+    (`DraftCostFit`: a fixed part per verification, a draft model's taken from the n-gram
+    drafts' (`coefficients`), and a part per drafted token: its verification row, and the
+    passes that proposed it). A step of a batch of B requests emits B
     tokens, so an accepted token saves 1/B of a plain step of that batch, and a step's `drafted`
     tokens pay when more than `break_even(batch, drafted, source) * drafted` of them are
     accepted; `DraftLength` pauses drafting below it. This separates what the hardware and
@@ -98,14 +109,28 @@ class SpeculationCosts:
             extra = max(0.0, seconds - self.plain[batch_size])
             self.fits.setdefault((batch_size, source), DraftCostFit()).add(drafted, extra)
 
+    def coefficients(self, batch_size: int, source: str) -> tuple[float, float] | None:
+        """`source`'s (fixed seconds per verification, seconds per drafted token) at this batch
+        size (None until measured). A draft model's fixed part is the n-gram drafts' where
+        those are measured: a verification costs the same whoever proposed its tokens, and a
+        draft model's lengths rarely vary enough to tell its fixed part apart (a pass per
+        token has none of its own), where n-gram drafts of 1 to 16 tokens do; else none."""
+        fit = self.fits.get((batch_size, source))
+        if fit is None:
+            return None
+        if source != DRAFT_MODEL_SOURCE:
+            return fit.coefficients()
+        ngram = self.fits.get((batch_size, NGRAM_SOURCE))
+        return fit.coefficients(ngram.coefficients()[0] if ngram is not None else 0.0)
+
     def break_even(self, batch_size: int, drafted: int, source: str) -> float:
         """The acceptance at which a step's `drafted` tokens from `source` pay: the seconds they
         add over the seconds their acceptance would save, a plain step's 1/`batch_size` per
         token (`LOW_ACCEPTANCE` until measured)."""
-        fit = self.fits.get((batch_size, source))
+        fit = self.coefficients(batch_size, source)
         if fit is None or drafted <= 0:
             return LOW_ACCEPTANCE
-        fixed, per_token = fit.coefficients()
+        fixed, per_token = fit
         return (fixed + per_token * drafted) / (drafted * self._saved_per_token(batch_size))
 
     def break_evens(self, batch_size: int, drafted: int, source: str) -> BreakEvens:
@@ -117,10 +142,10 @@ class SpeculationCosts:
 
     def marginal(self, batch_size: int, source: str) -> float:
         """The break-even of an arbitrarily long draft (the fixed part spread to nothing)."""
-        fit = self.fits.get((batch_size, source))
+        fit = self.coefficients(batch_size, source)
         if fit is None:
             return LOW_ACCEPTANCE
-        return fit.coefficients()[1] / self._saved_per_token(batch_size)
+        return fit[1] / self._saved_per_token(batch_size)
 
     def _saved_per_token(self, batch_size: int) -> float:
         """Seconds an accepted token saves: the plain step's share of one request."""
@@ -133,10 +158,10 @@ class SpeculationCosts:
         out: dict[str, Any] = {}
         for size, plain in sorted(self.plain.items()):
             entry: dict[str, Any] = {"plain_step_ms": 1e3 * plain}
-            for (fit_size, source), fit in sorted(self.fits.items()):
+            for fit_size, source in sorted(self.fits):
                 if fit_size != size:
                     continue
-                fixed, per_token = fit.coefficients()
+                fixed, per_token = self.coefficients(size, source)  # type: ignore[misc]
                 costs = {
                     "verify_fixed_ms": 1e3 * fixed,
                     "ms_per_drafted_token": 1e3 * per_token,
