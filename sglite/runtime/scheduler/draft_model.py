@@ -379,14 +379,17 @@ class DraftModelProposer:
         row's K/V is written before any row's attention reads the pool (in each layer), so a
         token sees the ones before it, as in an EXTEND, on the decode path (far cheaper for a
         few rows than an EXTEND)."""
-        tokens, positions, slots = [], [], []
+        tokens, positions, slots, tables = [], [], [], []
         for seq, feed, start in items:
+            table = torch.tensor(seq.slots, dtype=torch.long)  # one conversion, rows are views
             for i, token in enumerate(feed):
+                end = start + i + 1
                 tokens.append([token])
-                positions.append(start + i)
-                slots.append(seq.slots[: start + i + 1])
+                positions.append(end - 1)
+                slots.append(seq.slots[:end])
+                tables.append(table[:end])
         return ForwardBatch.build(
-            ForwardMode.DECODE, tokens, positions, slots, logit_rows, self.device
+            ForwardMode.DECODE, tokens, positions, slots, logit_rows, self.device, tables
         )
 
     def _append(self, seq: DraftSequence, feed: list[int]) -> int | None:
