@@ -465,6 +465,22 @@ def test_a_catch_up_of_several_tokens_runs_as_decode_rows_with_the_same_draft(ti
         proposer.check_invariants()
 
 
+def test_a_cut_sequence_tables_the_slots_appended_after_the_cut():
+    """A draft sequence's decode table (its slots as a tensor, copied only where new) follows a
+    rewind: slots appended after a cut replace the cut ones, whatever their ids."""
+    from sglite.runtime.scheduler.draft_model_state import DraftSequence
+    from sglite.runtime.scheduler.speculation import DraftLength
+
+    seq = DraftSequence(DraftLength(4), node=None)  # type: ignore[arg-type]
+    seq.tokens, seq.slots = [5, 6, 7, 8], [10, 11, 12, 13]
+    assert seq.slot_mirror.view(seq.slots).tolist() == [10, 11, 12, 13]
+    seq.cut(2)  # a rejected draft's last two
+    seq.tokens.extend([9, 4])
+    seq.slots.extend([40, 41])
+    assert seq.tokens == [5, 6, 9, 4]
+    assert seq.slot_mirror.view(seq.slots).tolist() == [10, 11, 40, 41]
+
+
 def test_a_draft_stops_where_the_target_would_likely_reject_it(tiny):
     """A draft grows while the draft model's probabilities, calibrated by the target's
     agreement so far, say its tokens will be kept often enough to pay (the break-even): after

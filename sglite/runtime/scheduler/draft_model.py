@@ -323,7 +323,7 @@ class DraftModelProposer:
         """Cut `seq` back to the `keep` tokens of it that are in `target` (the request's
         tokens; `_held`)."""
         self.pool.free(seq.slots[keep:])
-        del seq.tokens[keep:], seq.slots[keep:]
+        seq.cut(keep)
         seq.verified = len(target)  # the tokens fed next are the request's own
 
     def _extend(self, seq: DraftSequence, feed: list[int]) -> tuple[int, float] | None:
@@ -360,7 +360,7 @@ class DraftModelProposer:
         except BaseException:  # the K/V of the feeds was not (fully) written: never keep it
             for seq, _, start in batch_items:
                 self.pool.free(seq.slots[start:])
-                del seq.tokens[start:], seq.slots[start:]
+                seq.cut(start)
             raise
         if self.vocab is None:
             chosen = [greedy_choice(row) for row in logits]
@@ -381,7 +381,7 @@ class DraftModelProposer:
         few rows than an EXTEND)."""
         tokens, positions, slots, tables = [], [], [], []
         for seq, feed, start in items:
-            table = torch.tensor(seq.slots, dtype=torch.long)  # one conversion, rows are views
+            table = seq.slot_mirror.view(seq.slots)  # the rows' tables are views of it
             for i, token in enumerate(feed):
                 end = start + i + 1
                 tokens.append([token])

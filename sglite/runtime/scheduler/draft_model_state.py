@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from sglite.runtime.cache.tree_node import TreeNode
 from sglite.runtime.scheduler.draft_vocabulary import RequestRows
+from sglite.runtime.scheduler.request import SlotMirror
 from sglite.runtime.scheduler.speculation import KIND_DECAY, DraftLength, TokenHistory
 
 
@@ -20,7 +21,9 @@ class DraftSequence:
 
     Invariants: `tokens[:verified]` are the request's own tokens (prompt and output); any
     tokens after them are the last draft's, not yet checked. `slots[:cached_len]` belong to the
-    draft cache and are locked through `node`; the rest belong to this sequence.
+    draft cache and are locked through `node`; the rest belong to this sequence. `slots`
+    changes only by appending and by cutting its tail, each cut told to `slot_mirror` (its
+    tensor copy for decode batches).
     """
 
     length: DraftLength
@@ -32,6 +35,12 @@ class DraftSequence:
     history: TokenHistory = field(default_factory=TokenHistory)
     extra: RequestRows | None = None  # its candidates past the draft vocabulary's prefix
     probabilities: list[float] = field(default_factory=list)  # the last draft's tokens'
+    slot_mirror: SlotMirror = field(default_factory=SlotMirror)
+
+    def cut(self, keep: int) -> None:
+        """Drop the tokens and slots past the first `keep` (their slots freed by the caller)."""
+        del self.tokens[keep:], self.slots[keep:]
+        self.slot_mirror.truncate(keep)
 
 
 # The calibration of the draft model's probabilities starts at CALIBRATION_PRIOR (accepted
