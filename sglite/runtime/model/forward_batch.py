@@ -140,6 +140,31 @@ class ForwardBatch:
         return batch
 
 
+def build_decode_rows(
+    feeds: list[tuple[list[int], int, list[int], torch.Tensor]],
+    logit_rows: list[int],
+    device: torch.device | str = "cpu",
+) -> ForwardBatch:
+    """Sequences' new tokens as a DECODE batch of one row per token, in order. Each feed is
+    (its tokens, the position of the first, the sequence's slots through the last new token,
+    those slots as an int64 CPU tensor). Row i of a sequence attends to its slots up to its
+    own, and every row's K/V is written before any row's attention reads the pool (in each
+    layer), so a token sees the ones before it, as in an EXTEND, on the decode path (on CPU
+    the whole pass in one native call: far cheaper for a few rows than an EXTEND through the
+    layers one operation at a time). The rows' tables are views of each feed's tensor."""
+    tokens, positions, slots, tables = [], [], [], []
+    for ids, start, seq_slots, table in feeds:
+        for i, token in enumerate(ids):
+            end = start + i + 1
+            tokens.append([token])
+            positions.append(end - 1)
+            slots.append(seq_slots[:end])
+            tables.append(table[:end])
+    return ForwardBatch.build(
+        ForwardMode.DECODE, tokens, positions, slots, logit_rows, device, slot_tensors=tables
+    )
+
+
 def build_rows(
     token_ids: list[int],
     positions: list[int],

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
+from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode, build_decode_rows
 from sglite.runtime.scheduler.budget import KVBudget
 from sglite.runtime.scheduler.drafts import (
     SPECULATION,
@@ -227,29 +227,13 @@ class DecodeManager:
             self.speculator.record(item.req, len(item.draft), verdict.accepted, shares[source])
 
     def _verify_forward_batch(self, reqs: list[Req], batch: VerifyBatch) -> ForwardBatch:
-        """The verification pass as a DECODE batch of one row per token: row i of a request
-        attends to its slots up to its own, and every row's K/V is written before any row's
-        attention reads the pool (in each layer), so a draft token sees the ones before it, as
-        in an EXTEND. DECODE takes the decode path (on CPU the whole step in one native call),
-        far cheaper for a few rows than an EXTEND through the layers one operation at a time."""
-        tokens, positions, slots, tables = [], [], [], []
-        for req, ids, start in zip(reqs, batch.token_ids, batch.prefix_lens, strict=True):
-            table = req.slot_mirror.view(req.kv_slots)
-            for i, token in enumerate(ids):
-                end = start + i + 1
-                tokens.append([token])
-                positions.append(end - 1)
-                slots.append(req.kv_slots[:end])
-                tables.append(table[:end])
-        return ForwardBatch.build(
-            ForwardMode.DECODE,
-            tokens,
-            positions,
-            slots,
-            batch.logit_rows,
-            self.runner.device,
-            slot_tensors=tables,
-        )
+        """The verification pass: each request's tokens without K/V and its draft as DECODE
+        rows, one per token (`build_decode_rows`)."""
+        feeds = [
+            (ids, start, req.kv_slots, req.slot_mirror.view(req.kv_slots))
+            for req, ids, start in zip(reqs, batch.token_ids, batch.prefix_lens, strict=True)
+        ]
+        return build_decode_rows(feeds, batch.logit_rows, self.runner.device)
 
     def _make_room(self, drafts: dict[str, list[int]]) -> None:
         """Drop drafts, then retract the partly prefilled request and the least advanced

@@ -38,7 +38,7 @@ import torch
 from sglite.runtime.cache.kv_pool import KVPool
 from sglite.runtime.cache.radix_cache import RadixCache
 from sglite.runtime.model.causal_lm import CausalLM
-from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
+from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode, build_decode_rows
 from sglite.runtime.scheduler.draft_model_state import (
     ConfidenceCalibration,
     DraftSequence,
@@ -344,8 +344,12 @@ class DraftModelProposer:
         ends = list(itertools.accumulate(len(feed) for feed in feeds))
         last = [end - 1 for end in ends]
         logit_rows = [] if self.vocab is not None else last
-        if ends[-1] <= DECODE_ROWS_MAX:
-            batch = self._decode_rows(batch_items, logit_rows)
+        if ends[-1] <= DECODE_ROWS_MAX:  # on the decode path, one row per token
+            feeds_at = [
+                (feed, start, seq.slots, seq.slot_mirror.view(seq.slots))
+                for seq, feed, start in batch_items
+            ]
+            batch = build_decode_rows(feeds_at, logit_rows, self.device)
         else:
             starts = [start for _, _, start in batch_items]
             slots = [seq.slots for seq, _, _ in batch_items]
@@ -370,27 +374,6 @@ class DraftModelProposer:
             chosen = self.vocab.choose_many(batch.hidden, extras, self.dtype)  # type: ignore[arg-type]
         found = iter(chosen)
         return [next(found) if start is not None else None for _, _, start in runs]
-
-    def _decode_rows(
-        self, items: list[tuple[DraftSequence, list[int], int]], logit_rows: list[int]
-    ) -> ForwardBatch:
-        """The feeds of `items` (sequence, feed, its start) as a DECODE batch of one row per
-        token, in order: row i of a sequence attends to its slots up to its own, and every
-        row's K/V is written before any row's attention reads the pool (in each layer), so a
-        token sees the ones before it, as in an EXTEND, on the decode path (far cheaper for a
-        few rows than an EXTEND)."""
-        tokens, positions, slots, tables = [], [], [], []
-        for seq, feed, start in items:
-            table = seq.slot_mirror.view(seq.slots)  # the rows' tables are views of it
-            for i, token in enumerate(feed):
-                end = start + i + 1
-                tokens.append([token])
-                positions.append(end - 1)
-                slots.append(seq.slots[:end])
-                tables.append(table[:end])
-        return ForwardBatch.build(
-            ForwardMode.DECODE, tokens, positions, slots, logit_rows, self.device, tables
-        )
 
     def _append(self, seq: DraftSequence, feed: list[int]) -> int | None:
         """Slots for `feed` after `seq`'s tokens (the cache evicted for room), `feed` appended;
