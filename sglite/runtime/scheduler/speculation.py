@@ -64,10 +64,6 @@ class BreakEvens:
         return cls(share, share)
 
 
-# The break-evens before any cost is measured.
-UNMEASURED = BreakEvens.uniform()
-
-
 def proposals_from(
     source: str,
     propose_many: Callable[[list[Req]], dict[str, list[int]]],
@@ -158,7 +154,7 @@ class DraftLength:
             return 0
         return max(0, min(room, self.current))
 
-    def record(self, drafted: int, accepted: int, shares: BreakEvens = UNMEASURED) -> None:
+    def record(self, drafted: int, accepted: int, shares: BreakEvens) -> None:
         """Adapt to a verification's result; drafting pauses when the tokens accepted over the
         window are fewer than its drafts needed to pay (each draft's `shares.needed`, from
         `SpeculationCosts.break_even`) or than a `LOW_ACCEPTANCE` share. Where no draft can

@@ -158,10 +158,10 @@ class SpeculationCosts:
         out: dict[str, Any] = {}
         for size, plain in sorted(self.plain.items()):
             entry: dict[str, Any] = {"plain_step_ms": 1e3 * plain}
-            for fit_size, source in sorted(self.fits):
-                if fit_size != size:
-                    continue
-                fixed, per_token = self.coefficients(size, source)  # type: ignore[misc]
+            for source in sorted(source for fit_size, source in self.fits if fit_size == size):
+                fit = self.coefficients(size, source)
+                assert fit is not None  # listed sources have a fit
+                fixed, per_token = fit
                 costs = {
                     "verify_fixed_ms": 1e3 * fixed,
                     "ms_per_drafted_token": 1e3 * per_token,
