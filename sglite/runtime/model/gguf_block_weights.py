@@ -21,11 +21,19 @@ import torch
 from torch import nn
 
 from sglite.runtime.distributed.sharding import TensorParallelPlan
+from sglite.runtime.model import kernels
 from sglite.runtime.model.checkpoint import checkpoint_names
 from sglite.runtime.model.config import ModelConfig
 from sglite.runtime.model.gguf_index import GGUFFile
 from sglite.runtime.model.gguf_loader import gguf_family, hf_name, unpermute_rows
-from sglite.runtime.model.gguf_weight import BLOCK_TYPES, DecodeScratch, GGUFPart, GGUFWeight
+from sglite.runtime.model.gguf_weight import (
+    BLOCK_TYPES,
+    KERNEL_OFF_ROWS,
+    TILE_ROWS,
+    DecodeScratch,
+    GGUFPart,
+    GGUFWeight,
+)
 from sglite.runtime.model.models.base import rename_parts
 from sglite.runtime.model.weight_arena import WeightArena
 
@@ -49,6 +57,7 @@ def gguf_block_weights(
     plan: TensorParallelPlan | None = None,
     round_activations: bool = False,
     arena: WeightArena | None = None,
+    tile_q5_0: bool = False,
 ) -> BlockWeights:
     """Every projection, the embedding and the output projection of `model` whose GGUF tensors
     are all of a block type the kernels read, as `GGUFWeight`s over the file's blocks: read into
@@ -57,7 +66,10 @@ def gguf_block_weights(
     tensor-parallel `plan`, each tensor is cut to this rank's rows (a view) or input columns (a
     copy of whole blocks; a projection whose cut falls inside a block is left to the dense
     path). Projections made of other tensors (float, other types, 3D experts) are not included.
-    `round_activations`: the weights' products round x to int8 (`GGUFWeight`)."""
+    `round_activations`: the weights' products round x to int8 (`GGUFWeight`). `tile_q5_0`
+    (with it): the projections' Q5_0 parts are tiled for the VNNI GEMM (`GGUFPart.tiled`), in
+    each projection the GEMM serves as a whole; the embedding and the output projection keep
+    the file's rows (looked up, and cut by the draft vocabulary, by row)."""
     from sglite.runtime.model.linear import Linear
 
     family = gguf_family(gf, gf.path)
@@ -70,7 +82,10 @@ def gguf_block_weights(
     out = BlockWeights()
 
     def weight(
-        names: list[str], heads: list[int | None], shape: tuple[int, int] | None = None
+        names: list[str],
+        heads: list[int | None],
+        shape: tuple[int, int] | None = None,
+        tile: bool = False,
     ) -> GGUFWeight | None:
         """The tensors `names` as one weight, or None where they cannot be one (of `shape`,
         when given)."""
@@ -91,10 +106,12 @@ def gguf_block_weights(
             blocks.append(rows)
         if shape is not None and (sum(b.shape[0] for b in blocks), k) != shape:
             return None
-        if arena is not None:
-            blocks = [arena.place(b) for b in blocks]
         out.consumed.update(t.name for t in tensors)
         parts = [GGUFPart(kind, b) for kind, b in zip(kinds, blocks, strict=True)]
+        if tile and round_activations and _tiles_pay(parts, k):
+            parts = [_tiled(p, arena) if p.type_name == "Q5_0" else p for p in parts]
+        if arena is not None:
+            parts = [p if p.tiled else GGUFPart(p.type_name, arena.place(p.data)) for p in parts]
         return GGUFWeight(parts, k, scratch, round_activations)
 
     def permuted_heads(name: str) -> int | None:
@@ -109,7 +126,7 @@ def gguf_block_weights(
             continue
         names = checkpoint_names(model, path)
         shape = (module.out_features, module.in_features)
-        found = weight(names, [permuted_heads(n) for n in names], shape)
+        found = weight(names, [permuted_heads(n) for n in names], shape, tile_q5_0)
         if found is None and len(names) > 1:  # stored fused in the file (Phi-3)
             found = weight([f"model.{path}.weight"], [None], shape)
         if found is not None:
@@ -117,6 +134,23 @@ def gguf_block_weights(
     out.embedding = weight(["model.embed_tokens.weight"], [None])
     out.head = out.embedding if config.tie_word_embeddings else weight(["lm_head.weight"], [None])
     return out
+
+
+def _tiles_pay(parts: list[GGUFPart], k: int) -> bool:
+    """Whether a weight of these parts has Q5_0 ones and the VNNI GEMM serves it whole (every
+    part of whole 16-row tiles, k whole pairs of blocks, a VNNI-512 build)."""
+    if not any(p.type_name == "Q5_0" for p in parts):
+        return False
+    probe = GGUFWeight(parts, k, round_activations=True)
+    return probe.a8_gemm_min_rows < KERNEL_OFF_ROWS and all(p.rows % TILE_ROWS == 0 for p in parts)
+
+
+def _tiled(part: GGUFPart, arena: WeightArena | None) -> GGUFPart:
+    """A Q5_0 part tiled (into `arena` when given)."""
+    out = np.empty_like(part.data) if arena is None else arena.reserve(part.data.shape)
+    if not kernels.gguf_tile_q5_0(part.data, out):
+        raise RuntimeError("the native library could not tile a Q5_0 part")
+    return GGUFPart(part.type_name, out, tiled=True)
 
 
 def _rank_blocks(

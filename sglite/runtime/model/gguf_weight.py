@@ -37,6 +37,11 @@ AVX2 build, a weight of other block types) EXTEND passes keep x for the float GE
 independent, so a token's values then do not depend on its batch, on prefill or decode, or on
 the thread count.
 
+A draft model's Q5_0 parts may be tiled (`GGUFPart.tiled`, `kernels/gguf_tiles.h`: the same
+bytes, 16 rows interleaved in the VNNI GEMM's lane order): such a weight has that GEMM, on x
+rounded to int8, as its one kernel for every product and row count (no other kernel reads a
+tiled part); its row lookups untile in numpy.
+
 Invariant: `matmul(x)` computes `x @ W.T` for `W` the weight gguf's own dequantization gives;
 rounding, `matmul_decode`, `matmul_rows` and a bf16 `matmul` where `_rounds_extend` compute it
 with x as gguf_a8.c rounds it.
@@ -74,13 +79,20 @@ BF16_QUANT_GEMM_MAX_ROWS = 16
 FLOAT32_SCRATCH_BYTES = 256 << 20
 
 
+GGUF_TILED_Q5_0 = ABI.constants["GGUF_TILED_Q5_0"]
+TILE_ROWS = 16  # rows per tile of a tiled part (kernels/gguf_tiles.h TILE_WROWS)
+
+
 @dataclass(frozen=True)
 class GGUFPart:
     """`rows` rows of one GGUF tensor of block type `type_name`: `data` is uint8
-    `[rows, row_bytes]` (a view of the mapped file, or a reordered copy)."""
+    `[rows, row_bytes]` (a view of the mapped file, or a reordered copy); `tiled`: Q5_0 rows
+    tiled 16 at a time for the VNNI GEMM (`kernels/gguf_tiles.h`, the same bytes), which is
+    then the weight's only kernel."""
 
     type_name: str
     data: np.ndarray
+    tiled: bool = False
 
     @property
     def rows(self) -> int:
@@ -128,9 +140,10 @@ class GGUFWeight(QuantizedWeight):
         self.out_features = sum(p.rows for p in parts)
         self.scratch = scratch or DecodeScratch()
         self.round_activations = round_activations
-        self.kind = "+".join(sorted({p.type_name.lower() for p in parts}))
+        self.tiled = any(p.tiled for p in parts)
+        self.kind = "+".join(sorted({_kind_name(p) for p in parts}))
         self._table = (_PART * len(parts))(
-            *(_PART(BLOCK_TYPES[p.type_name], p.rows, p.data.ctypes.data) for p in parts)
+            *(_PART(_type_id(p), p.rows, p.data.ctypes.data) for p in parts)
         )
         self.address = ctypes.addressof(self._table)
         self.amx_min_rows = kernels.gguf_amx_min_rows(
@@ -141,6 +154,18 @@ class GGUFWeight(QuantizedWeight):
         )
         if self._vnni_before_dot_products():
             self.amx_min_rows = KERNEL_OFF_ROWS
+        if self.tiled:
+            self._check_tiled()
+
+    def _check_tiled(self) -> None:
+        """A weight with tiled parts has one kernel, the VNNI GEMM rounding x, for every
+        product: ValueError where it cannot take them all."""
+        if not self.round_activations or self.a8_gemm_min_rows != 1:
+            raise ValueError(
+                "tiled Q5_0 parts need activations rounded to int8 and the VNNI GEMM "
+                "(a VNNI-512 build, parts of whole 16-row tiles)"
+            )
+        self.amx_min_rows = KERNEL_OFF_ROWS
 
     def _vnni_before_dot_products(self) -> bool:
         """Whether the VNNI GEMM takes the bf16 batches the tile GEMM would: rounding
@@ -170,6 +195,8 @@ class GGUFWeight(QuantizedWeight):
         the quantized GEMM for float32 batches and bfloat16 ones up to BF16_QUANT_GEMM_MAX_ROWS
         rows (in float32), and larger ones through the scratch and PyTorch's GEMM (in float32
         where bf16 products do not pay here)."""
+        if self.tiled:
+            return self._tiled_matmul(x)
         rows = x.shape[0]
         gemv_rows = GGUF_FLOAT_GEMV_MAX_ROWS if x.dtype == torch.float32 else QGEMV_MAX_ROWS
         out = None
@@ -189,6 +216,14 @@ class GGUFWeight(QuantizedWeight):
         if x.dtype == torch.bfloat16 and not kernels.bf16_matmul_pays():
             return self._float32_scratch_matmul(x)
         return F.linear(x, self.decoded(x.dtype, self.scratch))
+
+    def _tiled_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """A tiled weight's product, any rows: the VNNI GEMM on x rounded to int8 (each row's
+        result depends on that row alone)."""
+        out = kernels.gguf_gemm_a8(x.contiguous(), self.address, self.out_features)
+        if out is None:
+            raise RuntimeError(f"the VNNI GEMM refused a tiled weight's {tuple(x.shape)} batch")
+        return out
 
     def _float32_scratch_matmul(self, x: torch.Tensor) -> torch.Tensor:
         """bf16 `x @ W.T` through float32 GEMMs, for CPUs whose bf16 products are slower than
@@ -213,6 +248,8 @@ class GGUFWeight(QuantizedWeight):
         """A DECODE batch's product: rounding activations, the int8 kernels (`_rounded_matmul`)
         below `amx_min_rows` rows, where `matmul` takes `gguf_gemm_amx`, faster from there;
         else `matmul`."""
+        if self.tiled:
+            return self._tiled_matmul(x)
         if self.round_activations and not self._tile_rows(x):
             out = self._rounded_matmul(x)
             if out is not None:
@@ -244,6 +281,8 @@ class GGUFWeight(QuantizedWeight):
         on rounded activations from `a8_gemm_min_rows` rows (`kernels.gguf_gemm_a8_glu`); else
         None. Equal bit for bit to that GEMM followed by `gated_act`."""
         code = kernels.ACTIVATION_CODES[act]
+        if self.tiled:
+            return kernels.gguf_gemm_a8_glu(x.contiguous(), self.address, self.out_features, code)
         if self._tile_rows(x):
             return kernels.gguf_gemm_amx_glu(x.contiguous(), self.address, self.out_features, code)
         if self._rounds_extend(x) and x.shape[0] >= self.a8_gemm_min_rows:
@@ -261,7 +300,10 @@ class GGUFWeight(QuantizedWeight):
 
     def matmul_rows(self, x: torch.Tensor) -> torch.Tensor | None:
         """float32: the GEMM (rows independent) for every row count; bf16: the GEMV in chunks
-        of its rows; rounding activations, the int8 kernel (rows independent)."""
+        of its rows; rounding activations, the int8 kernel (rows independent): a tiled weight's
+        GEMM."""
+        if self.tiled:
+            return self._tiled_matmul(x)
         if self.round_activations:
             return kernels.gguf_gemv_a8(
                 x.contiguous(), self.address, self.out_features, row_independent=True
@@ -311,7 +353,12 @@ class GGUFWeight(QuantizedWeight):
             j = int(np.searchsorted(starts, row, side="right")) - 1
             part = self.parts[j]
             kind = gguf.GGMLQuantizationType[part.type_name]
-            out[i] = gguf.quants.dequantize(part.data[row - starts[j]], kind).reshape(-1)
+            block_row = part.data[row - starts[j]]
+            if part.tiled:
+                tile = (row - starts[j]) // TILE_ROWS
+                block_row = untile_q5_0(part.data[tile * TILE_ROWS : (tile + 1) * TILE_ROWS])
+                block_row = block_row[(row - starts[j]) % TILE_ROWS]
+            out[i] = gguf.quants.dequantize(block_row, kind).reshape(-1)
         return torch.from_numpy(out)
 
     def native_linear(self, bias: torch.Tensor | None) -> ctypes.Structure | None:
@@ -328,6 +375,42 @@ class GGUFWeight(QuantizedWeight):
         if self.round_activations or dtype == torch.float32 or kernels.bf16_matmul_pays():
             return NATIVE_MAX_ROWS
         return QGEMV_MAX_ROWS
+
+
+def _kind_name(part: GGUFPart) -> str:
+    """The part's format as the model describes it: q5_0, or q5_0x16 tiled."""
+    return part.type_name.lower() + ("x16" if part.tiled else "")
+
+
+def _type_id(part: GGUFPart) -> int:
+    """The part's type as the kernels name it (kernels.h): ggml's id, or GGUF_TILED_Q5_0."""
+    if not part.tiled:
+        return BLOCK_TYPES[part.type_name]
+    if part.type_name != "Q5_0" or part.rows % TILE_ROWS:
+        raise ValueError(f"only Q5_0 parts of whole {TILE_ROWS}-row tiles are tiled")
+    return GGUF_TILED_Q5_0
+
+
+def untile_q5_0(tiled: np.ndarray) -> np.ndarray:
+    """Tiled Q5_0 rows (`kernels/gguf_tiles.h`, uint8 `[n, row_bytes]`, n a multiple of 16)
+    back in the file's layout: the layout's definition, written out in numpy."""
+    n, row_bytes = tiled.shape
+    blocks = row_bytes // 22
+    # [tile, block, 352 bytes] -> per row r of the tile: d, qh, qs of each block
+    t = tiled.reshape(n // TILE_ROWS, blocks, 352)
+    d = t[:, :, :32].reshape(-1, blocks, TILE_ROWS, 2)
+    masks = t[:, :, 32:96].copy().view(np.uint64).reshape(-1, blocks, 8)
+    qs = t[:, :, 96:].reshape(-1, blocks, 4, TILE_ROWS, 4)
+    r = np.arange(TILE_ROWS, dtype=np.uint64)
+    # qh's nibble g of row r is bits 4r..4r+3 of mask g
+    nibbles = (masks[:, :, :, None] >> (np.uint64(4) * r)) & np.uint64(0xF)  # [t, j, g, r]
+    qh = (nibbles << (np.uint64(4) * np.arange(8, dtype=np.uint64))[:, None]).sum(axis=2)
+    out = np.empty((n // TILE_ROWS, TILE_ROWS, blocks, 22), dtype=np.uint8)
+    out[..., 0:2] = d.transpose(0, 2, 1, 3)
+    qh_rows = np.ascontiguousarray(qh.astype("<u4").transpose(0, 2, 1))  # [t, r, j]
+    out[..., 2:6] = qh_rows.view(np.uint8).reshape(n // TILE_ROWS, TILE_ROWS, blocks, 4)
+    out[..., 6:22] = qs.transpose(0, 3, 1, 2, 4).reshape(n // TILE_ROWS, TILE_ROWS, blocks, 16)
+    return out.reshape(n, row_bytes)
 
 
 def _row_bytes(type_name: str, k: int) -> int:

@@ -254,6 +254,7 @@ def load_model(
     tp: TensorParallelGroup = SINGLE,
     gguf_activations: str = "auto",
     mmap_weights: bool = False,
+    gguf_tiles: bool = False,
 ) -> LoadedModel:
     """Load weights, config and tokenizer. `model_path=None` loads the default model.
 
@@ -268,14 +269,16 @@ def load_model(
     `gguf_activations` (auto, int8, float): how a GGUF's own blocks take their activations
     (`resolve_gguf_activations`; int8 rounds every product's x rows as llama.cpp does).
     A GGUF's blocks are read into the process's memory (`weight_arena.py`), or with
-    `mmap_weights` served from the file's mapping.
+    `mmap_weights` served from the file's mapping. `gguf_tiles` (a draft model) tiles its Q5_0
+    projections for the VNNI GEMM where activations are int8 and there are no AMX tiles
+    (`gguf_block_weights`): every product of theirs then rounds x, prompt reads included.
     With a tensor-parallel group `tp`, only this rank's shard of every weight is kept (each
     checkpoint tensor is read, cut and dropped in turn) and the returned config is the rank's.
 
     Raises FileNotFoundError for a missing path, ValueError for an unsupported architecture or a
     file that is not valid GGUF/safetensors.
     """
-    from sglite.runtime.model import gguf_loader, hf_loader
+    from sglite.runtime.model import gguf_loader, hf_loader, kernels
     from sglite.runtime.model.gguf_block_weights import gguf_block_weights
     from sglite.runtime.model.gguf_index import open_gguf
     from sglite.runtime.model.weight_arena import WeightArena
@@ -314,8 +317,15 @@ def load_model(
         if quantization == "auto" and _serves_gguf_blocks(resolved, dev):
             activations = resolve_gguf_activations(gguf_activations)
             arena = None if mmap_weights else WeightArena.for_file(gguf_file)
+            rounds = activations == "int8"
             blocks = gguf_block_weights(
-                gguf_file, model, config, plan, activations == "int8", arena
+                gguf_file,
+                model,
+                config,
+                plan,
+                rounds,
+                arena,
+                tile_q5_0=gguf_tiles and rounds and not kernels.amx_available(),
             )
             provided = weight_policy.use_gguf_blocks(model, blocks)
             consumed = frozenset(blocks.consumed)

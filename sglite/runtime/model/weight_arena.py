@@ -76,16 +76,22 @@ class WeightArena:
         """Bytes of the region taken so far (placed arrays and their alignment)."""
         return self._used
 
+    def reserve(self, shape: tuple[int, int]) -> np.ndarray:
+        """A uint8 array of `shape` in the region, its bytes not yet written (for blocks the
+        loader lays out itself). Raises ValueError when it does not fit."""
+        n = shape[0] * shape[1]
+        begin = -(-self._used // ALIGN) * ALIGN
+        if begin + n > self._free.shape[0]:
+            raise ValueError(f"{n} bytes do not fit the weight arena ({self._free.shape[0]})")
+        self._used = begin + n
+        return self._free[begin : begin + n].reshape(shape)
+
     def place(self, rows: np.ndarray) -> np.ndarray:
         """An array in the region that will hold `rows` (uint8, 2D) once `wait` returns: read
         from the file when `rows` is a range of its mapping, else copied now. Raises ValueError
         when it does not fit."""
         n = rows.nbytes
-        begin = -(-self._used // ALIGN) * ALIGN
-        if begin + n > self._free.shape[0]:
-            raise ValueError(f"{n} bytes do not fit the weight arena ({self._free.shape[0]})")
-        target = self._free[begin : begin + n].reshape(rows.shape)
-        self._used = begin + n
+        target = self.reserve(rows.shape)
         offset = self.gf.file_offset(rows)
         if offset is None:
             np.copyto(target, rows)

@@ -145,6 +145,7 @@ class DraftModelProposer:
             gemm_packing="off",  # the draft runs small decode batches only
             gguf_activations=args.gguf_activations,
             mmap_weights=args.mmap_weights,
+            gguf_tiles=True,  # its passes are a few rows: the tiled GEMM's best case
         )
         if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
             raise ValueError(

@@ -29,6 +29,7 @@ from sglite.runtime.model.kernels.gguf_matmul import (  # noqa: F401 (the packag
     gguf_gemm_amx_glu,
     gguf_gemv,
     gguf_gemv_a8,
+    gguf_tile_q5_0,
     tile_gemm_available,
     vectors_512_split,
 )

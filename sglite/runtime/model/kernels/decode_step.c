@@ -160,6 +160,9 @@ static int linear_rows(int dtype, const linear_t *l, const void *x, void *y, int
     status = many ? gguf_gemm_a8(dtype, x, l->weight, y, rows, l->n_out, l->k, threads) : -1;
     if (status != 0)
       status = gguf_gemv_a8(dtype, x, l->weight, y, rows, l->n_out, l->k, threads, deterministic);
+    /* a tiled weight has the GEMM only (its rows independent too) */
+    if (status != 0 && !many)
+      status = gguf_gemm_a8(dtype, x, l->weight, y, rows, l->n_out, l->k, threads);
     if (status == 0 && l->bias != NULL) add_bias(dtype, l, y, rows);
     return status;
   }

@@ -26,6 +26,7 @@
  */
 #include "a8_rounding.h"
 #include "gguf_bits.h"
+#include "gguf_tiles.h"
 
 #define QK_K 256
 /* Weight rows a decoded block covers: one 32-bit lane each. */
@@ -397,10 +398,18 @@ static void gemm_block(int64_t type, const uint8_t *const rows[WROWS],
     return;
   }
   decoded_pair *pairs = decoded;
-  const int64_t pair_bytes = 2 * type_block_bytes(type);
-  for (int64_t p = 0; p < k / 64; p++) {
-    prefetch_next(next, p * pair_bytes, pair_bytes);
-    decode_pair(type, rows, p, pairs + p);
+  if (type == GGUF_TILED_Q5_0) {
+    /* rows[r] = the tile + 44 r: each row's slice of a pair's 704 bytes */
+    for (int64_t p = 0; p < k / 64; p++) {
+      prefetch_next(next, p * 2 * TILED_Q5_0_BLOCK_BYTES, 44);
+      tiled_q5_0_pair(rows[0], p, pairs[p].w, pairs[p].scale, pairs[p].offset);
+    }
+  } else {
+    const int64_t pair_bytes = 2 * type_block_bytes(type);
+    for (int64_t p = 0; p < k / 64; p++) {
+      prefetch_next(next, p * pair_bytes, pair_bytes);
+      decode_pair(type, rows, p, pairs + p);
+    }
   }
   for (int64_t m0 = 0; m0 < x->rows; m0 += chunk) {
     const int64_t m1 = m0 + chunk < x->rows ? m0 + chunk : x->rows;
@@ -408,10 +417,19 @@ static void gemm_block(int64_t type, const uint8_t *const rows[WROWS],
   }
 }
 
-/* The 16 rows of weight row block bi (rows[r] = row 16 bi + r) and their block type. */
+/* The 16 rows of weight row block bi (rows[r] = row 16 bi + r) and their block type; in a
+ * tiled part, rows[r] = the tile + 44 r (gemm_block). */
 static void block_rows_at(const gguf_part_t *parts, int64_t bi, int64_t k,
                           const uint8_t *rows[WROWS], int64_t *type) {
-  for (int r = 0; r < WROWS; r++) rows[r] = stacked_row(parts, bi * WROWS + r, k, type);
+  int64_t n = bi * WROWS;
+  while (n >= parts->rows) n -= (parts++)->rows;
+  if (parts->type == GGUF_TILED_Q5_0) {
+    const uint8_t *tile = (const uint8_t *)parts->data + n * (k / 32) * 22;
+    for (int r = 0; r < WROWS; r++) rows[r] = tile + 44 * r;
+    *type = GGUF_TILED_Q5_0;
+    return;
+  }
+  for (int r = 0; r < WROWS; r++) rows[r] = stacked_row(parts, n + r, k, type);
 }
 
 /* Row m's 16 outputs of a block's sums (products less offsets). */
@@ -485,16 +503,22 @@ static void gemm_range(void *p, int64_t b0, int64_t b1) {
  * decoding units (super-blocks of 256, pairs of blocks of 32). */
 static int parts_fit(const gguf_part_t *parts, int64_t n_out, int64_t k) {
   for (int64_t seen = 0, i = 0; seen < n_out; seen += parts[i].rows, i++) {
-    const int64_t type = parts[i].type;
+    const int64_t type = parts[i].type == GGUF_TILED_Q5_0 ? GGML_TYPE_Q5_0 : parts[i].type;
     const int64_t unit = is_k_quant(type) ? QK_K : type_block_values(type) == 32 ? 64 : 0;
     if (unit == 0 || k % unit || parts[i].rows % WROWS) return 0;
   }
   return 1;
 }
 
-/* Whether gguf_gemm_a8 serves a weight of these parts. */
+/* Whether gguf_gemm_a8 serves a weight of these parts (tiled ones read as their Q5_0's). */
 static int gemm_serves(const gguf_part_t *parts, int64_t n_out, int64_t k) {
-  return gguf_parts_valid(parts, n_out, k) && parts_fit(parts, n_out, k);
+  gguf_part_t as_stored[GGUF_MAX_PARTS] = {{0}};
+  for (int64_t i = 0, covered = 0; i < GGUF_MAX_PARTS && covered < n_out; i++) {
+    as_stored[i] = parts[i];
+    if (parts[i].type == GGUF_TILED_Q5_0) as_stored[i].type = GGML_TYPE_Q5_0;
+    covered += parts[i].rows > 0 ? parts[i].rows : n_out; /* gguf_parts_valid refuses it */
+  }
+  return gguf_parts_valid(as_stored, n_out, k) && parts_fit(parts, n_out, k);
 }
 
 /* Q6_K's -32 per group of 16 in x's integer sums: -32 times x's sum over each 16 values,
@@ -561,6 +585,8 @@ static int gemm_serves(const gguf_part_t *parts, int64_t n_out, int64_t k) {
 
 int64_t gguf_a8_gemm_min_rows(const gguf_part_t *parts, int64_t n_out, int64_t k) {
   if (!gemm_serves(parts, n_out, k)) return KERNEL_OFF_ROWS;
+  for (int64_t i = 0, covered = 0; covered < n_out; covered += parts[i++].rows)
+    if (parts[i].type == GGUF_TILED_Q5_0) return 1;
   const int q6k = q6k_mostly(parts, n_out);
   if (!vectors_512_split()) return q6k ? A8_GEMM_MIN_ROWS_Q6_K : A8_GEMM_MIN_ROWS;
   if (!is_k_quant(parts->type)) return A8_GEMM_MIN_ROWS_B32_SPLIT;

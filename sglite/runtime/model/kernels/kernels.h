@@ -84,6 +84,9 @@ enum {
   GGML_TYPE_Q5_K = 13,
   GGML_TYPE_Q6_K = 14
 };
+/* A part type of ours, not ggml's: Q5_0 rows tiled 16 at a time (gguf_tiles.h), which only
+ * gguf_gemm_a8 reads (every other kernel refuses such a part). */
+enum { GGUF_TILED_Q5_0 = 1006 };
 /* Row ranges of one GGUF weight (a fused projection's parts, each in its own type). */
 enum { GGUF_MAX_PARTS = 4 };
 
@@ -223,7 +226,11 @@ int gguf_gemm_a8(int dtype, const void *x, const gguf_part_t *parts, void *y, in
  * [rows, n_out] product in memory. -1 where gguf_gemm_a8 would refuse, or n_out does not fit. */
 int gguf_gemm_a8_glu(int dtype, int act, const void *x, const gguf_part_t *parts, void *y,
                      int64_t rows, int64_t n_out, int64_t k, int threads);
-/* The rows from which a weight of these parts takes gguf_gemm_a8 (A8_GEMM_MIN_ROWS, or
+/* gguf_tiles.c: rows [rows, k] of Q5_0 blocks at src tiled into dst (the same bytes) for
+ * gguf_gemm_a8 as a GGUF_TILED_Q5_0 part. -1 unless rows is a multiple of 16 and k of 32. */
+int gguf_tile_q5_0(const void *src, void *dst, int64_t rows, int64_t k);
+/* The rows from which a weight of these parts takes gguf_gemm_a8 (1 with a tiled part, the
+ * GEMM being its only kernel; else A8_GEMM_MIN_ROWS, or
  * A8_GEMM_MIN_ROWS_Q6_K when Q6_K parts hold most of its rows; the _SPLIT pair where
  * vectors_512_split); KERNEL_OFF_ROWS where
  * gguf_gemm_a8 cannot serve it (no VNNI-512 build, k or the parts not as it reads them). */

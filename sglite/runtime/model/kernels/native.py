@@ -37,6 +37,7 @@ SOURCES = [
     _HERE / "gguf_blocks.c",
     _HERE / "gguf_a8.c",
     _HERE / "gguf_a8_gemm.c",
+    _HERE / "gguf_tiles.c",
     _HERE / "a8_rounding.c",
     _HERE / "gguf_amx.c",
     _HERE / "bf16_probe.c",
@@ -55,6 +56,7 @@ HEADERS = [
     _HERE / "a8_rounding.h",
     _HERE / "attention_blocks.h",
     _HERE / "transpose16.h",
+    _HERE / "gguf_tiles.h",
 ]
 # -fno-math-errno lets lrintf/fmaxf/sqrtf compile to single instructions (errno is never read);
 # -fopenmp links libgomp, which torch has loaded already (one OpenMP runtime in the process).
