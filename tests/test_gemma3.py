@@ -168,15 +168,9 @@ def gemma_auto(gemma):
 
 def test_auto_quantization_computes_the_files_own_weights(gemma, gemma_auto):
     """auto holds every quantized tensor as the file's blocks (Q4_K, Q5_0, Q6_K, Q8_0: the
-    values the dense model dequantizes), so teacher-forced over a text with float activations
-    (`gguf_activations="float"`: the server's default rounds x to int8 where the CPU has integer
-    dot products) its logits are the dense model's to float rounding and its top token is the
-    same everywhere."""
-    ours = gemma[0]
-    assert gemma_auto.quantization == "q4_k+q5_0+q6_k+q8_0"
-    auto = load_model(
-        gemma[2], "float32", progress=False, quantization="auto", gguf_activations="float"
-    )
+    values the dense model dequantizes), so teacher-forced over a text its logits are the dense
+    model's to float rounding and its top token is the same everywhere."""
+    ours, auto = gemma[0], gemma_auto
     assert auto.quantization == "q4_k+q5_0+q6_k+q8_0"
     ids = ours.tokenizer.encode(LONG_TEXT)[:300]
     dense_logits, _ = extend(ours, new_pool(ours), [ids], all_rows=True)

@@ -317,9 +317,9 @@ def test_decode_products_round_and_prefill_products_round_where_the_vnni_gemm_se
     """A DECODE batch's product (`matmul_decode`) is the int8 kernel's below the weight's
     `amx_min_rows` (and at any row count without the tile GEMM; from `a8_gemm_min_rows` rows the
     VNNI GEMM where the build has it); from there a bf16 batch takes the tile GEMM (AMX or
-    AVX512-BF16), as prefill does. An EXTEND pass's (`matmul`) is the same rounded product
-    where the VNNI GEMM serves the weight (bf16 short of the tiles, float32 always), else what
-    the weight without rounding computes."""
+    AVX512-BF16), as prefill does. An EXTEND pass's (`matmul`) is the same rounded product for a
+    bf16 batch where the VNNI GEMM serves the weight, else what the weight without rounding
+    computes (float32 always)."""
     rng = np.random.default_rng(5)
     blocks = _blocks("Q4_K", 64, 512, rng)
     rounding = GGUFWeight([GGUFPart("Q4_K", blocks)], 512, None, True)
@@ -338,7 +338,7 @@ def test_decode_products_round_and_prefill_products_round_where_the_vnni_gemm_se
         else:
             assert torch.equal(rounding.matmul_decode(x), rounding.matmul_rows(x))
             assert not torch.equal(rounding.matmul_decode(x), keeping.matmul(x))
-        if VNNI_GEMM and not (dtype == torch.bfloat16 and tiles):
+        if dtype == torch.bfloat16 and VNNI_GEMM and not tiles:
             assert torch.equal(rounding.matmul(x), rounding.matmul_decode(x))
             assert not torch.equal(rounding.matmul(x), keeping.matmul(x))
         else:

@@ -29,11 +29,10 @@ With `round_activations` (the loader's choice where the CPU has integer dot prod
 512-bit VNNI, each block decoded once for all rows), as `w4a8` does in its decode GEMVs. Where
 that VNNI GEMM serves a weight it is faster than the float GEMMs at any row count short of the
 tile GEMM's (and than AVX512-BF16 dot products at every count: without AMX, such a weight takes
-no tile GEMM, `_vnni_before_dot_products`), so prefill and other EXTEND passes (`matmul`,
-bfloat16 or float32) round x there too, through the same kernels: a token's product is then the
-same rounded one (to float rounding) in prefill and decode, alone or batched. Elsewhere (an
-AVX2 build, a weight of other block types, `--gguf-activations float`) EXTEND passes keep x for
-the float GEMMs.
+no tile GEMM, `_vnni_before_dot_products`), so bfloat16 prefill and other EXTEND passes
+(`matmul`) round x there too, through the same kernels: a token's product is then the same
+rounded one (to float rounding) in prefill and decode, alone or batched. Elsewhere (float32, an
+AVX2 build, a weight of other block types) EXTEND passes keep x for the float GEMMs.
 `matmul_rows` (deterministic inference) takes the int8 GEMV for every row count: its rows are
 independent, so a token's values then do not depend on its batch, on prefill or decode, or on
 the thread count.
@@ -267,10 +266,14 @@ class GGUFWeight(QuantizedWeight):
         return out
 
     def _rounds_extend(self, x: torch.Tensor) -> bool:
-        """Whether an EXTEND pass's product (`matmul`) rounds x as a DECODE batch's does:
-        rounding activations, of a weight the VNNI GEMM serves (faster than the float GEMMs
-        there at any row count, bfloat16 or float32)."""
-        return self.round_activations and self.a8_gemm_min_rows < KERNEL_OFF_ROWS
+        """Whether an EXTEND pass's product (`matmul`) rounds x as a DECODE batch's does: a
+        bfloat16 batch, rounding activations, of a weight the VNNI GEMM serves (faster than the
+        float GEMMs there at any row count); float32 keeps its exact products."""
+        return (
+            self.round_activations
+            and x.dtype == torch.bfloat16
+            and self.a8_gemm_min_rows < KERNEL_OFF_ROWS
+        )
 
     def matmul_gated(self, x: torch.Tensor, act: str) -> torch.Tensor | None:
         """The gated product without the `[rows, out_features]` intermediate, through the
