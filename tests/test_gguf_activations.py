@@ -347,6 +347,26 @@ def test_decode_products_round_and_prefill_products_round_where_the_vnni_gemm_se
 
 
 @pytest.mark.skipif(not VNNI_GEMM, reason="the VNNI GEMM needs an AVX512-VNNI build")
+def test_float32_prefill_rounds_where_float32_is_dtype_autos_choice():
+    """`round_float32_extend` (the loader's for `dtype=auto` resolved to float32, on a CPU
+    without bf16): a float32 EXTEND pass's product, and its gated form, are the VNNI GEMM's
+    rounded ones, as a DECODE batch's; without it (an explicit float32) x is kept."""
+    rng = np.random.default_rng(8)
+    blocks = _blocks("Q4_K", 64, 512, rng)
+    auto = GGUFWeight([GGUFPart("Q4_K", blocks)], 512, None, True, round_float32_extend=True)
+    asked = GGUFWeight([GGUFPart("Q4_K", blocks)], 512, None, True)
+    keeping = GGUFWeight([GGUFPart("Q4_K", blocks)], 512, None, False)
+    x = torch.randn(40, 512)
+    gemm = kernels.gguf_gemm_a8(x, auto.address, 64)
+    assert torch.equal(auto.matmul(x), gemm) and torch.equal(auto.matmul_decode(x), gemm)
+    assert torch.equal(asked.matmul(x), keeping.matmul(x))
+    assert not torch.equal(asked.matmul(x), gemm)
+    gated = kernels.gguf_gemm_a8_glu(x, auto.address, 64, kernels.ACTIVATION_CODES["silu"])
+    assert torch.equal(auto.matmul_gated(x, "silu"), gated)
+    assert asked.matmul_gated(x, "silu") is None
+
+
+@pytest.mark.skipif(not VNNI_GEMM, reason="the VNNI GEMM needs an AVX512-VNNI build")
 def test_a_weight_the_vnni_gemm_cannot_read_keeps_x_in_extend_passes():
     """Q5_K blocks (no VNNI GEMM for them): the GEMM is off for the weight, and a bf16 EXTEND
     pass's product is the float one, not the int8 GEMV's at prefill sizes."""

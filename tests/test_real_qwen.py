@@ -121,3 +121,18 @@ def test_served_greedy_tokens_equal_transformers_in_float32(path):
                 torch.tensor([ids]), max_new_tokens=STEPS, do_sample=False, min_new_tokens=STEPS
             )[0, len(ids) :].tolist()
         assert out["output_ids"] == want, out["text"]
+
+
+def test_float32_prefill_rounds_activations_only_as_dtype_autos_choice(path):
+    """On a CPU without bf16, `dtype=auto` is float32 and its prefill products round x through
+    the VNNI GEMM as decode's do (`round_float32_extend`); an explicit float32 keeps them
+    exact. Where the CPU has bf16, auto is bf16 and the flag is off."""
+    from sglite.runtime.model.loader import cpu_has_native_bf16
+
+    auto = load_model(path, "auto", progress=False, quantization="auto")
+    asked = load_model(path, "float32", progress=False, quantization="auto")
+    projection = auto.model.layers[0].mlp.down_proj.quantized
+    assert isinstance(projection, GGUFWeight)
+    rounds = projection.round_activations and not cpu_has_native_bf16()
+    assert projection.round_float32_extend == rounds
+    assert not asked.model.layers[0].mlp.down_proj.quantized.round_float32_extend

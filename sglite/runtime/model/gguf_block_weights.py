@@ -58,6 +58,7 @@ def gguf_block_weights(
     round_activations: bool = False,
     arena: WeightArena | None = None,
     tile_q5_0: bool = False,
+    round_float32_extend: bool = False,
 ) -> BlockWeights:
     """Every projection, the embedding and the output projection of `model` whose GGUF tensors
     are all of a block type the kernels read, as `GGUFWeight`s over the file's blocks: read into
@@ -69,7 +70,8 @@ def gguf_block_weights(
     `round_activations`: the weights' products round x to int8 (`GGUFWeight`). `tile_q5_0`
     (with it): the projections' Q5_0 parts are tiled for the VNNI GEMM (`GGUFPart.tiled`), in
     each projection the GEMM serves as a whole; the embedding and the output projection keep
-    the file's rows (looked up, and cut by the draft vocabulary, by row)."""
+    the file's rows (looked up, and cut by the draft vocabulary, by row).
+    `round_float32_extend`: float32 EXTEND passes round x too (`GGUFWeight`)."""
     from sglite.runtime.model.linear import Linear
 
     family = gguf_family(gf, gf.path)
@@ -112,7 +114,7 @@ def gguf_block_weights(
             parts = [_tiled(p, arena) if p.type_name == "Q5_0" else p for p in parts]
         if arena is not None:
             parts = [p if p.tiled else GGUFPart(p.type_name, arena.place(p.data)) for p in parts]
-        return GGUFWeight(parts, k, scratch, round_activations)
+        return GGUFWeight(parts, k, scratch, round_activations, round_float32_extend)
 
     def permuted_heads(name: str) -> int | None:
         if family.gguf_permuted_qk and ".self_attn.q_proj." in name:

@@ -31,8 +31,10 @@ that VNNI GEMM serves a weight it is faster than the float GEMMs at any row coun
 tile GEMM's (and than AVX512-BF16 dot products at every count: without AMX, such a weight takes
 no tile GEMM, `_vnni_before_dot_products`), so bfloat16 prefill and other EXTEND passes
 (`matmul`) round x there too, through the same kernels: a token's product is then the same
-rounded one (to float rounding) in prefill and decode, alone or batched. Elsewhere (float32, an
-AVX2 build, a weight of other block types) EXTEND passes keep x for the float GEMMs.
+rounded one (to float rounding) in prefill and decode, alone or batched. So do float32 ones
+where float32 is `dtype=auto`'s choice on a CPU without bf16 (`round_float32_extend`: there the
+VNNI GEMM is 3.3-3.9x the float GEMM at prefill sizes). Elsewhere (an explicit float32, an AVX2
+build, a weight of other block types) EXTEND passes keep x for the float GEMMs.
 `matmul_rows` (deterministic inference) takes the int8 GEMV for every row count: its rows are
 independent, so a token's values then do not depend on its batch, on prefill or decode, or on
 the thread count.
@@ -123,6 +125,7 @@ class GGUFWeight(QuantizedWeight):
         in_features: int,
         scratch: DecodeScratch | None = None,
         round_activations: bool = False,
+        round_float32_extend: bool = False,
     ) -> None:
         if not 1 <= len(parts) <= GGUF_MAX_PARTS:
             raise ValueError(f"a GGUF weight has 1-{GGUF_MAX_PARTS} parts, not {len(parts)}")
@@ -140,6 +143,7 @@ class GGUFWeight(QuantizedWeight):
         self.out_features = sum(p.rows for p in parts)
         self.scratch = scratch or DecodeScratch()
         self.round_activations = round_activations
+        self.round_float32_extend = round_float32_extend
         self.tiled = any(p.tiled for p in parts)
         self.kind = "+".join(sorted({_kind_name(p) for p in parts}))
         self._table = (_PART * len(parts))(
@@ -266,12 +270,14 @@ class GGUFWeight(QuantizedWeight):
         return out
 
     def _rounds_extend(self, x: torch.Tensor) -> bool:
-        """Whether an EXTEND pass's product (`matmul`) rounds x as a DECODE batch's does: a
-        bfloat16 batch, rounding activations, of a weight the VNNI GEMM serves (faster than the
-        float GEMMs there at any row count); float32 keeps its exact products."""
+        """Whether an EXTEND pass's product (`matmul`) rounds x as a DECODE batch's does:
+        rounding activations, of a weight the VNNI GEMM serves (faster than the float GEMMs
+        there at any row count), a bfloat16 batch, or a float32 one with
+        `round_float32_extend` (float32 as `dtype=auto`'s choice on a CPU without bf16, not
+        asked for: an explicit float32 keeps its exact products)."""
         return (
             self.round_activations
-            and x.dtype == torch.bfloat16
+            and (x.dtype == torch.bfloat16 or self.round_float32_extend)
             and self.a8_gemm_min_rows < KERNEL_OFF_ROWS
         )
 

@@ -267,7 +267,8 @@ def load_model(
     `linear.py`) for batches and prefill; auto adds them for models whose weights take at most
     `weight_policy.AUTO_PACK_MAX_BYTES`.
     `gguf_activations` (auto, int8, float): how a GGUF's own blocks take their activations
-    (`resolve_gguf_activations`; int8 rounds every product's x rows as llama.cpp does).
+    (`resolve_gguf_activations`; int8 rounds decode products' x rows as llama.cpp does, and
+    prefill's in bfloat16, or in float32 when `dtype` is auto: see `gguf_weight.py`).
     A GGUF's blocks are read into the process's memory (`weight_arena.py`), or with
     `mmap_weights` served from the file's mapping. `gguf_tiles` (a draft model) tiles its Q5_0
     projections for the VNNI GEMM where activations are int8 and there are no AMX tiles
@@ -326,6 +327,7 @@ def load_model(
                 rounds,
                 arena,
                 tile_q5_0=gguf_tiles and rounds and not kernels.amx_available(),
+                round_float32_extend=rounds and dtype == "auto",
             )
             provided = weight_policy.use_gguf_blocks(model, blocks)
             consumed = frozenset(blocks.consumed)
