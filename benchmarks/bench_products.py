@@ -1,7 +1,8 @@
 """A GGUF model's projections by row count: the int8 GEMV (gguf_gemv_a8), the VNNI GEMM
 (gguf_gemm_a8, where the build has 512-bit VNNI and it serves the weight) and the tile GEMM
 (gguf_gemm_amx: AMX tiles, or AVX512-BF16 dot products on CPUs without AMX), the weights as the
-model holds them, bfloat16 x.
+model holds them, bfloat16 x; for weights with Q5_0 parts also the VNNI GEMM on them tiled as a
+draft model holds them (`gguf_tiles.h`; e.g. `--model qwen2.5-coder-0.5b`).
 
 For each kind of weight in the model (the fused q/k/v, the MLP's gate_up, a down projection of
 each block type, the output head) and each row count, the kernels that run here alternate,
@@ -26,6 +27,7 @@ from benchmarks.common import command_line, make_parser, markdown_table
 from benchmarks.host import cpu_line
 from sglite.runtime.model import kernels
 from sglite.runtime.model.catalog import resolve_model_path
+from sglite.runtime.model.gguf_block_weights import tiled_q5_0_parts
 from sglite.runtime.model.gguf_weight import GGUFWeight
 from sglite.runtime.model.kernels.abi import ABI
 from sglite.runtime.model.loader import load_model
@@ -57,10 +59,19 @@ def call_ms(fn: Callable[[], object]) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def measure(weight: GGUFWeight, rows: int, rounds: int) -> dict[str, float]:
-    """ms by kernel ("gemv"; "vnni" where the VNNI GEMM serves the weight; "tile" where the tile
-    GEMM runs here): the best of `rounds`, the kernels alternated call by call after one
-    warm-up call each."""
+def tiled_copy(weight: GGUFWeight) -> GGUFWeight | None:
+    """The weight with its Q5_0 parts tiled as a draft model holds them (docs/cpu.md), or None
+    where it has none or the VNNI GEMM cannot serve it."""
+    parts = tiled_q5_0_parts(weight.parts, weight.in_features)
+    return None if parts is None else GGUFWeight(parts, weight.in_features, round_activations=True)
+
+
+def measure(
+    weight: GGUFWeight, tiled: GGUFWeight | None, rows: int, rounds: int
+) -> dict[str, float]:
+    """ms by kernel ("gemv"; "vnni" where the VNNI GEMM serves the weight; "tiled": that GEMM
+    on the tiled copy, where there is one; "tile" where the tile GEMM runs here): the best of
+    `rounds`, the kernels alternated call by call after one warm-up call each."""
     x = torch.randn(rows, weight.in_features).to(torch.bfloat16)
     kernels_by_name = {"gemv": kernels.gguf_gemv_a8}
     if weight.a8_gemm_min_rows < KERNEL_OFF_ROWS:
@@ -71,6 +82,8 @@ def measure(weight: GGUFWeight, rows: int, rounds: int) -> dict[str, float]:
         name: (lambda kernel=kernel: kernel(x, weight.address, weight.out_features))
         for name, kernel in kernels_by_name.items()
     }
+    if tiled is not None:
+        calls["tiled"] = lambda: kernels.gguf_gemm_a8(x, tiled.address, tiled.out_features)
     for call in calls.values():
         call()  # warm-up
     best = dict.fromkeys(calls, float("inf"))
@@ -107,14 +120,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"vdpbf16ps at {rate}% of an FMA's rate; the model's tile GEMM: {taken}")
     print(f"512-bit operations: {split} (the VNNI GEMM's thresholds follow)")
     table = []
+    names = ("gemv", "vnni", "tiled", "tile")
     for kind, weight in weights_by_kind(loaded.model).items():
+        tiled = tiled_copy(weight)
         for rows in (int(r) for r in args.rows.split(",")):
-            ms = measure(weight, rows, args.rounds)
-            cells = [f"{ms[name]:.2f}" if name in ms else "-" for name in ("gemv", "vnni", "tile")]
+            ms = measure(weight, tiled, rows, args.rounds)
+            cells = [f"{ms[name]:.2f}" if name in ms else "-" for name in names]
             shape = "x".join(map(str, weight.shape()))
             table.append([kind, shape, str(rows), *cells, kernel_taken(weight, rows)])
-    heads = ["weight", "shape", "rows", "int8 GEMV ms", "VNNI GEMM ms", "tile ms", "model takes"]
-    print(markdown_table(heads, table, right={2, 3, 4, 5}))
+    heads = ["weight", "shape", "rows", "int8 GEMV ms", "VNNI GEMM ms", "tiled VNNI GEMM ms"]
+    heads += ["tile ms", "a target takes"]
+    print(markdown_table(heads, table, right={2, 3, 4, 5, 6}))
     return 0
 
 

@@ -162,15 +162,21 @@ def test_prompt_past_the_window_with_a_cached_prefix_matches_transformers(gemma)
 
 @pytest.fixture(scope="module")
 def gemma_auto(gemma):
-    """Our model with `--quantization auto`, the server's default."""
-    return load_model(gemma[2], "float32", progress=False, quantization="auto")
+    """Our model as the server loads it by default (`--dtype auto --quantization auto`)."""
+    return load_model(gemma[2], "auto", progress=False, quantization="auto")
 
 
 def test_auto_quantization_computes_the_files_own_weights(gemma, gemma_auto):
     """auto holds every quantized tensor as the file's blocks (Q4_K, Q5_0, Q6_K, Q8_0: the
-    values the dense model dequantizes), so teacher-forced over a text its logits are the dense
-    model's to float rounding and its top token is the same everywhere."""
-    ours, auto = gemma[0], gemma_auto
+    values the dense model dequantizes), so teacher-forced over a text in float32 with float
+    activations (the server's default rounds them to int8 where the CPU has integer dot
+    products) its logits are the dense model's to float rounding and its top token is the same
+    everywhere."""
+    ours = gemma[0]
+    assert gemma_auto.quantization == "q4_k+q5_0+q6_k+q8_0"
+    auto = load_model(
+        gemma[2], "float32", progress=False, quantization="auto", gguf_activations="float"
+    )
     assert auto.quantization == "q4_k+q5_0+q6_k+q8_0"
     ids = ours.tokenizer.encode(LONG_TEXT)[:300]
     dense_logits, _ = extend(ours, new_pool(ours), [ids], all_rows=True)

@@ -110,8 +110,8 @@ def gguf_block_weights(
             return None
         out.consumed.update(t.name for t in tensors)
         parts = [GGUFPart(kind, b) for kind, b in zip(kinds, blocks, strict=True)]
-        if tile and round_activations and _tiles_pay(parts, k):
-            parts = [_tiled(p, arena) if p.type_name == "Q5_0" else p for p in parts]
+        if tile and round_activations:
+            parts = tiled_q5_0_parts(parts, k, arena) or parts
         if arena is not None:
             parts = [p if p.tiled else GGUFPart(p.type_name, arena.place(p.data)) for p in parts]
         return GGUFWeight(parts, k, scratch, round_activations, round_float32_extend)
@@ -138,13 +138,18 @@ def gguf_block_weights(
     return out
 
 
-def _tiles_pay(parts: list[GGUFPart], k: int) -> bool:
-    """Whether a weight of these parts has Q5_0 ones and the VNNI GEMM serves it whole (every
-    part of whole 16-row tiles, k whole pairs of blocks, a VNNI-512 build)."""
+def tiled_q5_0_parts(
+    parts: list[GGUFPart], k: int, arena: WeightArena | None = None
+) -> list[GGUFPart] | None:
+    """The parts with their Q5_0 ones tiled (into `arena` when given), or None where a weight
+    of them has no Q5_0 part or the VNNI GEMM would not serve it whole (every part of whole
+    16-row tiles, k whole pairs of blocks, a VNNI-512 build)."""
     if not any(p.type_name == "Q5_0" for p in parts):
-        return False
+        return None
     probe = GGUFWeight(parts, k, round_activations=True)
-    return probe.a8_gemm_min_rows < KERNEL_OFF_ROWS and all(p.rows % TILE_ROWS == 0 for p in parts)
+    if probe.a8_gemm_min_rows >= KERNEL_OFF_ROWS or any(p.rows % TILE_ROWS for p in parts):
+        return None
+    return [_tiled(p, arena) if p.type_name == "Q5_0" else p for p in parts]
 
 
 def _tiled(part: GGUFPart, arena: WeightArena | None) -> GGUFPart:
