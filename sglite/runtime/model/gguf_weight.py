@@ -82,7 +82,7 @@ FLOAT32_SCRATCH_BYTES = 256 << 20
 
 
 GGUF_TILED_Q5_0 = ABI.constants["GGUF_TILED_Q5_0"]
-TILE_ROWS = 16  # rows per tile of a tiled part (kernels/gguf_tiles.h TILE_WROWS)
+TILE_ROWS = ABI.constants["GGUF_TILE_ROWS"]  # rows per tile of a tiled part
 
 
 @dataclass(frozen=True)

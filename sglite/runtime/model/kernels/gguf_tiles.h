@@ -21,7 +21,7 @@
 #include "common.h"
 
 /* Rows per tile, and bytes per tile and block of 32 values. */
-#define TILE_WROWS 16
+#define TILE_WROWS GGUF_TILE_ROWS
 #define TILED_Q5_0_BLOCK_BYTES (TILE_WROWS * 22)
 
 #if defined(__AVX512BW__) && defined(__AVX512F__)

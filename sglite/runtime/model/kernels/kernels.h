@@ -86,7 +86,7 @@ enum {
 };
 /* A part type of ours, not ggml's: Q5_0 rows tiled 16 at a time (gguf_tiles.h), which only
  * gguf_gemm_a8 reads (every other kernel refuses such a part). */
-enum { GGUF_TILED_Q5_0 = 1006 };
+enum { GGUF_TILED_Q5_0 = 1006, GGUF_TILE_ROWS = 16 }; /* GGUF_TILE_ROWS: rows per tile */
 /* Row ranges of one GGUF weight (a fused projection's parts, each in its own type). */
 enum { GGUF_MAX_PARTS = 4 };
 
