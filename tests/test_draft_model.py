@@ -589,3 +589,64 @@ def test_a_draft_model_choosing_among_a_few_ids_leaves_outputs_unchanged(tmp_pat
         eng.check_invariants()
     finally:
         eng.shutdown()
+
+
+def test_a_pass_for_fewer_drafts_needs_likelier_tokens():
+    """A draft model's pass grows every drafting request for about one request's cost: the
+    chance of being kept that a next token needs is the verification's part of the measured
+    break-even plus the pass's seconds split among the drafts it grows. At batch 1 that is
+    the measured break-even itself; at batch 4 a pass for one draft costs more than the
+    token it may save (never pays), a pass for all four what the costs measured; a pass
+    grows the likeliest drafts, as many as pay for their share."""
+    from sglite.runtime.scheduler.draft_model_state import DraftPassCost, GrowingDraft
+
+    unmeasured = DraftPassCost()
+    assert unmeasured.needed(0.6, 0.02, 1) == 0.6
+    alone = DraftPassCost(pass_seconds=0.02, passes_per_token=1.0)  # batch 1: a pass per token
+    assert alone.needed(0.6, 0.05, 1) == pytest.approx(0.6)
+    shared = DraftPassCost(pass_seconds=0.02, passes_per_token=0.25)  # four drafts per pass
+    assert shared.needed(0.6, 0.02, 4) == pytest.approx(0.6)
+    assert shared.needed(0.6, 0.02, 2) == pytest.approx(0.85)
+    assert shared.needed(0.6, 0.02, 1) == pytest.approx(1.35)
+    assert shared.needed(0.6, None, 1) == 0.6  # what a token saves not yet measured
+
+    def grown(*wholes: float) -> list[str]:
+        drafts = [GrowingDraft(f"g{i}", None, 4, [], False, whole=w) for i, w in enumerate(wholes)]  # type: ignore[arg-type]
+        return [d.rid for d in shared.worth_a_pass(drafts, 0.6, 0.02)]
+
+    assert grown(0.9, 0.9, 0.9, 0.9) == ["g0", "g1", "g2", "g3"]
+    assert grown(0.4, 0.95, 0.9, 0.4) == ["g1", "g2"]
+    assert grown(0.99, 0.3, 0.3, 0.3) == []  # one alone would not pay for its pass
+    shared.add_pass(0.04)
+    shared.add_draft(passes=4, tokens=4)
+    assert 0.02 < shared.pass_seconds < 0.04 and 0.25 < shared.passes_per_token < 1.0
+
+
+def test_a_request_does_not_start_a_draft_alone_where_a_pass_for_it_cannot_pay(tiny):
+    """Where a draft model's pass costs more than a plain step's share of one request (batch
+    4), a request that alone would start a draft waits (its catch-up deferred) without a pass
+    of the draft model, while four starting together draft."""
+    from sglite.runtime.model.loader import load_model
+    from sglite.runtime.scheduler.draft_model import DraftModelProposer
+    from sglite.runtime.scheduler.draft_model_state import DraftPassCost
+
+    proposer = DraftModelProposer(load_model(tiny["small"], progress=False), 256, 4, 1024)
+    for _ in range(30):  # drafts kept 3 in 4 where 0.5 pays: drafting pays
+        proposer.record(_request("x", PROMPT), 4, 3, BreakEvens(0.5, 0.5, 0.02))
+    proposer.pass_cost = DraftPassCost(pass_seconds=0.02, passes_per_token=0.25)
+    lone = _request("lone", PROMPT)
+    proposer.read_prompt(lone)
+    lone.output_ids.append(5)
+    passes = proposer.forward_passes
+    assert proposer.propose_many([lone]) == {}
+    assert proposer.forward_passes == passes
+    reqs = [_request(f"r{i}", PROMPT[i:]) for i in range(4)]
+    for req in reqs:
+        proposer.read_prompt(req)
+        req.output_ids.append(5)
+    assert len(proposer.propose_many(reqs)) == 4
+    for req in [*reqs, lone]:  # the target's next token; the lone request two tokens behind
+        req.output_ids.append(6)
+    assert len(proposer.propose_many([*reqs, lone])) == 5  # it drafts with the others
+    proposer.forget(set())
+    proposer.check_invariants()

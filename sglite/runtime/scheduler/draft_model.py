@@ -14,8 +14,10 @@ A draft grows token by token while it is likely to be accepted whole: the draft 
 probability of each token it chose, scaled by how well such probabilities have predicted the
 target's agreement so far (`ConfidenceCalibration`) and multiplied along the draft, must stay
 above the share of accepted tokens at which a draft token pays (the break-even the scheduler
-measures). A draft pass costs a fair share of a target step on a CPU (the 0.5B drafting for
-the 1.5B: ~0.4), so a pass whose token would likely be rejected is not run.
+measures), priced by the pass (`DraftPassCost`: its seconds split among the drafts it grows).
+A draft pass costs a fair share of a target step on a CPU (the 0.5B drafting for the 1.5B:
+~0.3-0.4), so a pass whose tokens would likely be rejected is not run, nor one that would
+grow a lone draft in a batch whose plain step's share of one request is below its cost.
 
 The draft is the draft model's greedy choice, a point distribution, so the verifier's rule (keep
 a draft token while the target's own sample equals it) is speculative sampling's accept rule
@@ -41,6 +43,7 @@ from sglite.runtime.model.causal_lm import CausalLM
 from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode, build_decode_rows
 from sglite.runtime.scheduler.draft_model_state import (
     ConfidenceCalibration,
+    DraftPassCost,
     DraftSequence,
     GrowingDraft,
 )
@@ -112,6 +115,8 @@ class DraftModelProposer:
         # does for several tokens at nearly one token's cost.
         self.acceptance = KindAcceptance()
         self.needed = LOW_ACCEPTANCE  # a long draft's break-even, as the latest verification had it
+        self.saved_seconds: float | None = None  # what an accepted token saved, as it had it
+        self.pass_cost = DraftPassCost()
         self.calibration = ConfidenceCalibration()
         self.prompts_unread = 0  # prompts left unread since the last one read while not paying
 
@@ -119,51 +124,10 @@ class DraftModelProposer:
     def load(
         cls, args: ServerArgs, target: LoadedModel, context_len: int, capacity: int
     ) -> DraftModelProposer:
-        """Load `args.speculative_draft_model_path` in the target's dtype and device.
+        """The proposer of `args.speculative_draft_model_path` (`draft_model_loading`)."""
+        from sglite.runtime.scheduler.draft_model_loading import load_draft_model
 
-        Raises ValueError when its tokenizer's vocabulary is not the target's (its token ids
-        would mean other text), or the target is a vision-language model.
-        """
-        from sglite.runtime.model.loader import load_model
-        from sglite.runtime.multimodal.spec import vision_spec
-
-        assert args.speculative_draft_model_path is not None
-        if vision_spec(target.model_path) is not None:
-            raise ValueError(
-                "draft-model speculation does not take images: the draft model cannot read a "
-                "vision-language model's image positions (use --speculative-algorithm ngram)"
-            )
-        # The target's own file (self-speculation) reads the target's tokenizer files too.
-        own_file = args.speculative_draft_model_path in (args.model_path, target.model_path)
-        draft = load_model(
-            args.speculative_draft_model_path,
-            dtype=target.dtype,
-            tokenizer_path=args.tokenizer_path if own_file else None,
-            device=target.device,
-            progress=False,
-            quantization=args.speculative_draft_model_quantization,
-            gemm_packing="off",  # the draft runs small decode batches only
-            gguf_activations=args.gguf_activations,
-            mmap_weights=args.mmap_weights,
-            gguf_tiles=True,  # its passes are a few rows: the tiled GEMM's best case
-        )
-        if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
-            raise ValueError(
-                f"speculative_draft_model_path {args.speculative_draft_model_path!r}: its "
-                "tokenizer's vocabulary differs from the target model's"
-            )
-        # Its weights move into 2 MB pages after the target's (`Scheduler.run_background_work`).
-        if draft.huge_pages is not None:
-            target.huge_pages = (
-                target.huge_pages.join(draft.huge_pages) if target.huge_pages else draft.huge_pages
-            )
-        if args.speculative_draft_num_layers is not None:
-            draft.model.keep_first_layers(args.speculative_draft_num_layers)
-            draft.config = draft.model.config
-        added = list(target.tokenizer.backend.get_added_tokens_decoder())
-        vocab = DraftVocabulary.for_model(
-            draft.model.output_projection(), args.speculative_draft_vocab_size, added
-        )
+        draft, vocab = load_draft_model(args, target)
         return cls(draft, context_len, args.speculative_num_draft_tokens, capacity, vocab)
 
     # ------------------------------------------------------------------ Speculator
@@ -177,12 +141,20 @@ class DraftModelProposer:
         token by token for all of them at once: one pass of the draft model per token,
         whatever the number of requests."""
         drafting = [d for d in (self._begin(req) for req in reqs) if d is not None]
+        if self._pays() and not self._first_pass_pays(len(drafting)):
+            drafting = []  # their catch-up deferred to their next draft
         drafts = {d.rid: d.tokens for d in drafting}
+        passes, first = 0, True
         while drafting:
             start = time.perf_counter()
             choices = self._extend_many([(d.seq, d.feed) for d in drafting])
+            seconds = time.perf_counter() - start
+            passes += 1
             if any(d.reads_prompt for d in drafting):  # a first pass over a prompt
-                self.prompt_seconds += time.perf_counter() - start
+                self.prompt_seconds += seconds
+            elif not first:  # a first pass also catches up on the target's new tokens
+                self.pass_cost.add_pass(seconds)
+            first = False
             growing = []
             for d, choice in zip(drafting, choices, strict=True):
                 if choice is None or choice[0] >= self.vocab_size:
@@ -190,12 +162,21 @@ class DraftModelProposer:
                 d.tokens.append(choice[0])
                 d.seq.probabilities.append(choice[1])
                 d.whole *= self.calibration.agreement(choice[1])
-                # past the break-even, a next token would be kept too rarely to pay for its pass
-                if len(d.tokens) < d.length and d.whole >= self.needed:
+                if len(d.tokens) < d.length:
                     d.feed, d.reads_prompt = [choice[0]], False
                     growing.append(d)
-            drafting = growing
+            drafting = self.pass_cost.worth_a_pass(growing, self.needed, self.saved_seconds)
+        self.pass_cost.add_draft(passes, sum(len(tokens) for tokens in drafts.values()))
         return {rid: tokens for rid, tokens in drafts.items() if tokens}
+
+    def _first_pass_pays(self, count: int) -> bool:
+        """Whether a first pass drafting for `count` requests pays while drafts pay (a probe,
+        while they do not, runs regardless): their first tokens as likely kept as the recent
+        drafts' tokens, against their share of the pass (a pass for fewer requests than usual
+        costs each of them more)."""
+        return self.acceptance.share >= self.pass_cost.needed(
+            self.needed, self.saved_seconds, count
+        )
 
     def _pays(self) -> bool:
         """Whether drafts pay now: the recent drafts' accepted tokens against their cost."""
@@ -251,6 +232,7 @@ class DraftModelProposer:
             self.calibration.record(seq.probabilities[:drafted], accepted)
         self.acceptance.record(drafted, accepted, shares.needed)
         self.needed = max(shares.least, LOW_ACCEPTANCE)
+        self.saved_seconds = shares.saved_seconds
 
     def take_prompt_seconds(self) -> float:
         """The seconds of catch-up passes that read prompt tokens since the last call."""
@@ -271,6 +253,7 @@ class DraftModelProposer:
 
     def info(self) -> dict[str, Any]:
         """The draft model, its pool and cache, for get_server_info."""
+        cost = self.pass_cost
         return {
             "speculative_algorithm": "draft",
             "speculative_draft": {
@@ -283,6 +266,8 @@ class DraftModelProposer:
                 "vocab_size": self.vocab_size if self.vocab is None else self.vocab.size,
                 "drafts": self.acceptance.info(),
                 "agreement_per_probability": self.calibration.factor,
+                "pass_ms": None if cost.pass_seconds is None else 1e3 * cost.pass_seconds,
+                "passes_per_drafted_token": cost.passes_per_token,
             },
         }
 

@@ -1,8 +1,9 @@
 """The draft model's state per request and across requests (`draft_model.py` uses it).
 
 `DraftSequence` holds one request's K/V in the draft model's pool, `GrowingDraft` a draft while
-`DraftModelProposer.propose_many` grows it, and `ConfidenceCalibration` how far the draft
-model's probabilities predict the target's agreement.
+`DraftModelProposer.propose_many` grows it, `ConfidenceCalibration` how far the draft
+model's probabilities predict the target's agreement, and `DraftPassCost` what a pass of the
+draft model costs each token it drafts.
 """
 
 from __future__ import annotations
@@ -12,7 +13,13 @@ from dataclasses import dataclass, field
 from sglite.runtime.cache.tree_node import TreeNode
 from sglite.runtime.scheduler.draft_vocabulary import RequestRows
 from sglite.runtime.scheduler.request import SlotMirror
-from sglite.runtime.scheduler.speculation import KIND_DECAY, DraftLength, TokenHistory
+from sglite.runtime.scheduler.speculation import (
+    KIND_DECAY,
+    LOW_ACCEPTANCE,
+    DraftLength,
+    TokenHistory,
+)
+from sglite.runtime.scheduler.speculation_costs import COST_SMOOTHING
 
 
 @dataclass
@@ -90,3 +97,57 @@ class ConfidenceCalibration:
         """The chance that the target keeps a token the draft model gave `probability`, given
         it kept every token before it."""
         return min(1.0, probability * self.factor)
+
+
+@dataclass
+class DraftPassCost:
+    """What the draft model's passes cost the tokens they draft, smoothed over recent drafts:
+    the seconds of a pass that grows drafts by one token each, and the passes a draft took per
+    token drafted (its first pass, which catches up on the target's new tokens, included).
+
+    The measured cost of a drafted token (`SpeculationCosts`: a verification row plus its
+    share of the passes) holds the passes at that average share. A pass grows every request
+    that still drafts at once for about one request's cost, so a pass that grows fewer drafts
+    than usual costs each of its tokens more: `needed` prices the next token of a draft by
+    how many drafts the pass would grow."""
+
+    pass_seconds: float | None = None
+    passes_per_token: float | None = None
+
+    def add_pass(self, seconds: float) -> None:
+        """A pass that grew drafts by one token each took `seconds`."""
+        self.pass_seconds = _smooth(self.pass_seconds, seconds)
+
+    def add_draft(self, passes: int, tokens: int) -> None:
+        """A proposal ran `passes` passes for `tokens` drafted tokens (over its requests)."""
+        if tokens > 0:
+            self.passes_per_token = _smooth(self.passes_per_token, passes / tokens)
+
+    def needed(self, least: float, saved_seconds: float | None, growing: int) -> float:
+        """The chance of being kept that each next token of `growing` drafts needs for one
+        more pass to pay: `least` (a drafted token's measured cost over what an accepted one
+        saves) with the passes' average share replaced by this pass's, split `growing` ways.
+        `least` itself until the costs are measured."""
+        if saved_seconds is None or self.pass_seconds is None or self.passes_per_token is None:
+            return least
+        average_share = self.pass_seconds * self.passes_per_token / saved_seconds
+        verification = max(least - average_share, 0.0)
+        share = self.pass_seconds / (max(growing, 1) * saved_seconds)
+        return max(verification + share, LOW_ACCEPTANCE)
+
+    def worth_a_pass(
+        self, drafts: list[GrowingDraft], least: float, saved_seconds: float | None
+    ) -> list[GrowingDraft]:
+        """The drafts one more pass grows (in their order): the likeliest kept whole, as many
+        as are likely enough to pay for their share of the pass (`needed`); none when even
+        the likeliest is not. Past that, a next token would be kept too rarely to pay."""
+        ranked = sorted(drafts, key=lambda d: d.whole, reverse=True)
+        for count in range(len(ranked), 0, -1):
+            if ranked[count - 1].whole >= self.needed(least, saved_seconds, count):
+                kept = {d.rid for d in ranked[:count]}
+                return [d for d in drafts if d.rid in kept]
+        return []
+
+
+def _smooth(old: float | None, new: float) -> float:
+    return new if old is None else (1 - COST_SMOOTHING) * old + COST_SMOOTHING * new

@@ -53,10 +53,12 @@ class Proposal:
 class BreakEvens:
     """The accepted shares at which a step's drafts pay (`SpeculationCosts.break_evens`):
     drafts of the step's length above `needed`, the longest ones above `least` (the
-    verification's fixed cost spread to nothing)."""
+    verification's fixed cost spread to nothing); `saved_seconds`, what an accepted token
+    saves in the step's batch (None until measured), prices a draft model's passes."""
 
     needed: float
     least: float
+    saved_seconds: float | None = None
 
     @classmethod
     def uniform(cls, share: float = LOW_ACCEPTANCE) -> BreakEvens:
@@ -232,6 +234,11 @@ class KindAcceptance:
         """Whether its recent share is above `needed`."""
         return self.accepted > needed * self.drafted
 
+    @property
+    def share(self) -> float:
+        """The recent drafts' accepted share of their tokens."""
+        return self.accepted / self.drafted
+
     def covers_cost(self) -> bool:
         """Whether its recent drafts got more tokens accepted than their cost was worth."""
         return self.accepted > self.cost
@@ -255,7 +262,7 @@ class KindAcceptance:
         return {
             "drafted": self.total_drafted,
             "accepted": self.total_accepted,
-            "recent_acceptance": self.accepted / self.drafted,
+            "recent_acceptance": self.share,
             "recent_break_even": self.cost / self.drafted,
         }
 

@@ -135,9 +135,11 @@ class SpeculationCosts:
 
     def break_evens(self, batch_size: int, drafted: int, source: str) -> BreakEvens:
         """The shares at which a step of `batch_size` requests drafting `drafted` tokens from
-        `source` pays: for that step, and for the longest drafts (`marginal`)."""
+        `source` pays: for that step, and for the longest drafts (`marginal`); and the seconds
+        an accepted token saves in it."""
+        saved = self._saved_per_token(batch_size) if batch_size in self.plain else None
         return BreakEvens(
-            self.break_even(batch_size, drafted, source), self.marginal(batch_size, source)
+            self.break_even(batch_size, drafted, source), self.marginal(batch_size, source), saved
         )
 
     def marginal(self, batch_size: int, source: str) -> float:
