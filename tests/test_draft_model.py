@@ -601,25 +601,27 @@ def test_a_pass_for_fewer_drafts_needs_likelier_tokens():
     from sglite.runtime.scheduler.draft_model_state import DraftPassCost, GrowingDraft
 
     unmeasured = DraftPassCost()
-    assert unmeasured.needed(0.6, 0.02, 1) == 0.6
-    alone = DraftPassCost(pass_seconds=0.02, passes_per_token=1.0)  # batch 1: a pass per token
-    assert alone.needed(0.6, 0.05, 1) == pytest.approx(0.6)
-    shared = DraftPassCost(pass_seconds=0.02, passes_per_token=0.25)  # four drafts per pass
-    assert shared.needed(0.6, 0.02, 4) == pytest.approx(0.6)
-    assert shared.needed(0.6, 0.02, 2) == pytest.approx(0.85)
-    assert shared.needed(0.6, 0.02, 1) == pytest.approx(1.35)
-    assert shared.needed(0.6, None, 1) == 0.6  # what a token saves not yet measured
+    assert unmeasured.needed(0.6, 0.02, 1, offered=1) == 0.6
+    # batch 1: a pass per token; batch 4: four drafts per pass
+    costs = DraftPassCost(pass_seconds=0.02, passes_per_token={1: 1.0, 4: 0.25})
+    assert costs.needed(0.6, 0.05, 1, offered=1) == pytest.approx(0.6)
+    assert costs.needed(0.6, 0.02, 4, offered=4) == pytest.approx(0.6)
+    assert costs.needed(0.6, 0.02, 2, offered=4) == pytest.approx(0.85)
+    assert costs.needed(0.6, 0.02, 1, offered=4) == pytest.approx(1.35)
+    assert costs.needed(0.6, None, 1, offered=4) == 0.6  # what a token saves not yet measured
+    assert costs.needed(0.6, 0.02, 1, offered=3) == 0.6  # no proposal for 3 measured yet
 
     def grown(*wholes: float) -> list[str]:
         drafts = [GrowingDraft(f"g{i}", None, 4, [], False, whole=w) for i, w in enumerate(wholes)]  # type: ignore[arg-type]
-        return [d.rid for d in shared.worth_a_pass(drafts, 0.6, 0.02)]
+        return [d.rid for d in costs.worth_a_pass(drafts, 0.6, 0.02, offered=4)]
 
     assert grown(0.9, 0.9, 0.9, 0.9) == ["g0", "g1", "g2", "g3"]
     assert grown(0.4, 0.95, 0.9, 0.4) == ["g1", "g2"]
     assert grown(0.99, 0.3, 0.3, 0.3) == []  # one alone would not pay for its pass
-    shared.add_pass(0.04)
-    shared.add_draft(passes=4, tokens=4)
-    assert 0.02 < shared.pass_seconds < 0.04 and 0.25 < shared.passes_per_token < 1.0
+    costs.add_pass(0.04)
+    costs.add_draft(offered=4, passes=4, tokens=4)
+    assert 0.02 < costs.pass_seconds < 0.04 and 0.25 < costs.passes_per_token[4] < 1.0
+    assert costs.passes_per_token[1] == 1.0
 
 
 def test_a_request_does_not_start_a_draft_alone_where_a_pass_for_it_cannot_pay(tiny):
@@ -633,7 +635,7 @@ def test_a_request_does_not_start_a_draft_alone_where_a_pass_for_it_cannot_pay(t
     proposer = DraftModelProposer(load_model(tiny["small"], progress=False), 256, 4, 1024)
     for _ in range(30):  # drafts kept 3 in 4 where 0.5 pays: drafting pays
         proposer.record(_request("x", PROMPT), 4, 3, BreakEvens(0.5, 0.5, 0.02))
-    proposer.pass_cost = DraftPassCost(pass_seconds=0.02, passes_per_token=0.25)
+    proposer.pass_cost = DraftPassCost(pass_seconds=0.02, passes_per_token={1: 0.25, 4: 0.25})
     lone = _request("lone", PROMPT)
     proposer.read_prompt(lone)
     lone.output_ids.append(5)

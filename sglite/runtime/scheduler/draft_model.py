@@ -141,7 +141,7 @@ class DraftModelProposer:
         token by token for all of them at once: one pass of the draft model per token,
         whatever the number of requests."""
         drafting = [d for d in (self._begin(req) for req in reqs) if d is not None]
-        if self._pays() and not self._first_pass_pays(len(drafting)):
+        if self._pays() and not self._first_pass_pays(len(drafting), len(reqs)):
             drafting = []  # their catch-up deferred to their next draft
         drafts = {d.rid: d.tokens for d in drafting}
         passes, first = 0, True
@@ -165,18 +165,20 @@ class DraftModelProposer:
                 if len(d.tokens) < d.length:
                     d.feed, d.reads_prompt = [choice[0]], False
                     growing.append(d)
-            drafting = self.pass_cost.worth_a_pass(growing, self.needed, self.saved_seconds)
-        self.pass_cost.add_draft(passes, sum(len(tokens) for tokens in drafts.values()))
+            drafting = self.pass_cost.worth_a_pass(
+                growing, self.needed, self.saved_seconds, len(reqs)
+            )
+        drafted = sum(len(tokens) for tokens in drafts.values())
+        self.pass_cost.add_draft(len(reqs), passes, drafted)
         return {rid: tokens for rid, tokens in drafts.items() if tokens}
 
-    def _first_pass_pays(self, count: int) -> bool:
-        """Whether a first pass drafting for `count` requests pays while drafts pay (a probe,
-        while they do not, runs regardless): their first tokens as likely kept as the recent
-        drafts' tokens, against their share of the pass (a pass for fewer requests than usual
-        costs each of them more)."""
-        return self.acceptance.share >= self.pass_cost.needed(
-            self.needed, self.saved_seconds, count
-        )
+    def _first_pass_pays(self, count: int, offered: int) -> bool:
+        """Whether a first pass drafting for `count` of the `offered` requests pays while
+        drafts pay (a probe, while they do not, runs regardless): their first tokens as likely
+        kept as the recent drafts' tokens, against their share of the pass (a pass for fewer
+        requests than usual costs each of them more)."""
+        needed = self.pass_cost.needed(self.needed, self.saved_seconds, count, offered)
+        return self.acceptance.share >= needed
 
     def _pays(self) -> bool:
         """Whether drafts pay now: the recent drafts' accepted tokens against their cost."""
@@ -267,7 +269,9 @@ class DraftModelProposer:
                 "drafts": self.acceptance.info(),
                 "agreement_per_probability": self.calibration.factor,
                 "pass_ms": None if cost.pass_seconds is None else 1e3 * cost.pass_seconds,
-                "passes_per_drafted_token": cost.passes_per_token,
+                "passes_per_drafted_token": {
+                    str(offered): share for offered, share in sorted(cost.passes_per_token.items())
+                },
             },
         }
 

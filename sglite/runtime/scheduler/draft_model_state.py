@@ -102,48 +102,52 @@ class ConfidenceCalibration:
 @dataclass
 class DraftPassCost:
     """What the draft model's passes cost the tokens they draft, smoothed over recent drafts:
-    the seconds of a pass that grows drafts by one token each, and the passes a draft took per
-    token drafted (its first pass, which catches up on the target's new tokens, included).
+    the seconds of a pass that grows drafts by one token each, and, per number of requests a
+    proposal drafts for (about the decode batch), the passes its drafts took per token
+    drafted (the first pass, which catches up on the target's new tokens, included).
 
-    The measured cost of a drafted token (`SpeculationCosts`: a verification row plus its
-    share of the passes) holds the passes at that average share. A pass grows every request
-    that still drafts at once for about one request's cost, so a pass that grows fewer drafts
-    than usual costs each of its tokens more: `needed` prices the next token of a draft by
-    how many drafts the pass would grow."""
+    The measured cost of a drafted token (`SpeculationCosts`, per batch size: a verification
+    row plus its share of the passes) holds the passes at that average share. A pass grows
+    every request that still drafts at once for about one request's cost, so a pass that
+    grows fewer drafts than usual costs each of its tokens more: `needed` prices the next
+    token of a draft by how many drafts the pass would grow."""
 
     pass_seconds: float | None = None
-    passes_per_token: float | None = None
+    passes_per_token: dict[int, float] = field(default_factory=dict)  # by requests offered
 
     def add_pass(self, seconds: float) -> None:
         """A pass that grew drafts by one token each took `seconds`."""
         self.pass_seconds = _smooth(self.pass_seconds, seconds)
 
-    def add_draft(self, passes: int, tokens: int) -> None:
-        """A proposal ran `passes` passes for `tokens` drafted tokens (over its requests)."""
+    def add_draft(self, offered: int, passes: int, tokens: int) -> None:
+        """A proposal for `offered` requests ran `passes` passes for `tokens` drafted tokens."""
         if tokens > 0:
-            self.passes_per_token = _smooth(self.passes_per_token, passes / tokens)
+            ratio = passes / tokens
+            self.passes_per_token[offered] = _smooth(self.passes_per_token.get(offered), ratio)
 
-    def needed(self, least: float, saved_seconds: float | None, growing: int) -> float:
+    def needed(
+        self, least: float, saved_seconds: float | None, growing: int, offered: int
+    ) -> float:
         """The chance of being kept that each next token of `growing` drafts needs for one
-        more pass to pay: `least` (a drafted token's measured cost over what an accepted one
-        saves) with the passes' average share replaced by this pass's, split `growing` ways.
-        `least` itself until the costs are measured."""
-        if saved_seconds is None or self.pass_seconds is None or self.passes_per_token is None:
+        more pass to pay, in a proposal for `offered` requests: `least` (a drafted token's
+        measured cost over what an accepted one saves) with the passes' average share
+        replaced by this pass's, split `growing` ways. `least` until the costs are measured."""
+        per_token = self.passes_per_token.get(offered)
+        if saved_seconds is None or self.pass_seconds is None or per_token is None:
             return least
-        average_share = self.pass_seconds * self.passes_per_token / saved_seconds
-        verification = max(least - average_share, 0.0)
+        verification = max(least - self.pass_seconds * per_token / saved_seconds, 0.0)
         share = self.pass_seconds / (max(growing, 1) * saved_seconds)
         return max(verification + share, LOW_ACCEPTANCE)
 
     def worth_a_pass(
-        self, drafts: list[GrowingDraft], least: float, saved_seconds: float | None
+        self, drafts: list[GrowingDraft], least: float, saved_seconds: float | None, offered: int
     ) -> list[GrowingDraft]:
         """The drafts one more pass grows (in their order): the likeliest kept whole, as many
         as are likely enough to pay for their share of the pass (`needed`); none when even
         the likeliest is not. Past that, a next token would be kept too rarely to pay."""
         ranked = sorted(drafts, key=lambda d: d.whole, reverse=True)
         for count in range(len(ranked), 0, -1):
-            if ranked[count - 1].whole >= self.needed(least, saved_seconds, count):
+            if ranked[count - 1].whole >= self.needed(least, saved_seconds, count, offered):
                 kept = {d.rid for d in ranked[:count]}
                 return [d for d in drafts if d.rid in kept]
         return []
