@@ -19,7 +19,7 @@ from sglite.runtime.scheduler.speculation import (
     DraftLength,
     TokenHistory,
 )
-from sglite.runtime.scheduler.speculation_costs import COST_SMOOTHING
+from sglite.runtime.scheduler.speculation_costs import smooth
 
 
 @dataclass
@@ -117,13 +117,13 @@ class DraftPassCost:
 
     def add_pass(self, seconds: float) -> None:
         """A pass that grew drafts by one token each took `seconds`."""
-        self.pass_seconds = _smooth(self.pass_seconds, seconds)
+        self.pass_seconds = smooth(self.pass_seconds, seconds)
 
     def add_draft(self, offered: int, passes: int, tokens: int) -> None:
         """A proposal for `offered` requests ran `passes` passes for `tokens` drafted tokens."""
         if tokens > 0:
             ratio = passes / tokens
-            self.passes_per_token[offered] = _smooth(self.passes_per_token.get(offered), ratio)
+            self.passes_per_token[offered] = smooth(self.passes_per_token.get(offered), ratio)
 
     def needed(
         self, least: float, saved_seconds: float | None, growing: int, offered: int
@@ -151,7 +151,3 @@ class DraftPassCost:
                 kept = {d.rid for d in ranked[:count]}
                 return [d for d in drafts if d.rid in kept]
         return []
-
-
-def _smooth(old: float | None, new: float) -> float:
-    return new if old is None else (1 - COST_SMOOTHING) * old + COST_SMOOTHING * new

@@ -104,7 +104,7 @@ class SpeculationCosts:
         """A decode step of `batch_size` requests verified `drafted` speculative draft tokens,
         all from `source` (proposing included), and took `seconds`."""
         if drafted == 0:
-            self.plain[batch_size] = _smooth(self.plain.get(batch_size), seconds)
+            self.plain[batch_size] = smooth(self.plain.get(batch_size), seconds)
         elif batch_size in self.plain:
             extra = max(0.0, seconds - self.plain[batch_size])
             self.fits.setdefault((batch_size, source), DraftCostFit()).add(drafted, extra)
@@ -176,5 +176,6 @@ class SpeculationCosts:
         return out
 
 
-def _smooth(old: float | None, new: float) -> float:
+def smooth(old: float | None, new: float) -> float:
+    """`old` moved COST_SMOOTHING of the way to `new` (`new` where there is none yet)."""
     return new if old is None else (1 - COST_SMOOTHING) * old + COST_SMOOTHING * new
