@@ -136,3 +136,39 @@ def test_float32_prefill_rounds_activations_only_as_dtype_autos_choice(path):
     rounds = projection.round_activations and not cpu_has_native_bf16()
     assert projection.round_float32_extend == rounds
     assert not asked.model.layers[0].mlp.down_proj.quantized.round_float32_extend
+
+
+def test_a_draft_models_verification_leaves_deterministic_answers_unchanged():
+    """With deterministic inference a draft model's verification rows (several per pass, where
+    default decoding takes the VNNI GEMM, whose sums differ from the one-row GEMV's) are
+    computed as a plain step's: the greedy answer with the 0.5B drafting for itself is the
+    answer without it, token for token and logprob for logprob (bit for bit), with most of it
+    drafted."""
+    import sglite
+
+    prompt = (
+        "<|im_start|>user\nRepeat this text exactly:\n\nA radix tree keeps the cache of finished "
+        "requests, so that a new request sharing a prefix with an earlier one reuses its keys "
+        "and values instead of computing them again.<|im_end|>\n<|im_start|>assistant\n"
+    )
+    params = {"temperature": 0, "max_new_tokens": 40}
+    common = {"model_path": NAME, "log_level": "error", "enable_deterministic_inference": True}
+    plain = sglite.Engine(**common)
+    try:
+        reference = plain.generate(prompt, params, return_logprob=True)
+    finally:
+        plain.shutdown()
+    drafting = sglite.Engine(
+        **common, speculative_algorithm="draft", speculative_draft_model_path=NAME
+    )
+    try:
+        got = drafting.generate(prompt, params, return_logprob=True)
+    finally:
+        drafting.shutdown()
+    want = reference["output_ids"]
+    assert got["output_ids"] == want
+    meta = got["meta_info"]
+    logprobs = [entry[0] for entry in meta["output_token_logprobs"]]
+    assert logprobs == [entry[0] for entry in reference["meta_info"]["output_token_logprobs"]]
+    assert meta["spec_accepted_tokens"] >= len(want) // 2, meta
+    assert meta["spec_verify_ct"] < len(want) // 3, meta  # several tokens per verification
