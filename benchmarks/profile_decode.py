@@ -75,6 +75,17 @@ def instrument() -> None:
     sched.step = timed("step (total)", sched.step)
 
 
+def settled_scheduler(server_args: ServerArgs, loaded) -> scheduler_module.Scheduler:
+    """A scheduler in this process as a served one runs once settled: its background work
+    done (the weights in 2 MB pages) and the heap frozen, as the scheduler process does."""
+    sched = scheduler_module.Scheduler(server_args, loaded)
+    while sched.has_background_work:
+        sched.run_background_work()
+    gc.collect()
+    gc.freeze()
+    return sched
+
+
 def main() -> None:
     """Run the workload once to warm up, then timed, and print the breakdown."""
     parser = argparse.ArgumentParser(description=__doc__)
@@ -102,11 +113,7 @@ def main() -> None:
         gguf_activations=args.gguf_activations,
         max_running_requests=max(64, args.batch),  # all B requests decode together
     )
-    sched = scheduler_module.Scheduler(server_args, loaded)
-    while sched.has_background_work:  # as served once settled: its weights in 2 MB pages
-        sched.run_background_work()
-    gc.collect()
-    gc.freeze()  # as the scheduler process does
+    sched = settled_scheduler(server_args, loaded)
     params = {"temperature": 0, "max_new_tokens": args.tokens, "ignore_eos": True}
 
     def run(tag: str) -> int:

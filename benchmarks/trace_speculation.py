@@ -16,7 +16,6 @@ Run: python -m benchmarks.trace_speculation [--model M] [--draft-model-path P | 
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import time
 from dataclasses import dataclass
@@ -24,8 +23,10 @@ from dataclasses import dataclass
 # As the server's scheduler process runs (scheduler_client.scheduler_environment).
 os.environ.setdefault("GOMP_SPINCOUNT", "20000")
 
+from benchmarks.profile_decode import settled_scheduler  # noqa: E402
 from benchmarks.spec_workloads import WORKLOADS  # noqa: E402
 from sglite.runtime.model.loader import load_model  # noqa: E402
+from sglite.runtime.scheduler.draft_model import DraftModelProposer  # noqa: E402
 from sglite.runtime.scheduler.io import GenerateInput  # noqa: E402
 from sglite.runtime.scheduler.scheduler import Scheduler  # noqa: E402
 from sglite.runtime.server_args import ServerArgs  # noqa: E402
@@ -74,14 +75,15 @@ class StepTracer:
 
         decode.run = traced  # type: ignore[method-assign]
 
-    def _draft_model(self) -> object | None:
+    def _draft_model(self) -> DraftModelProposer | None:
+        """The speculator's draft model, alone or behind n-gram drafts (None: n-gram only)."""
         speculator = self.sched.decode.speculator
-        sources = getattr(speculator, "sources", ())
-        return next((s for s in sources if hasattr(s, "forward_passes")), None)
+        found = (speculator, *getattr(speculator, "sources", ()))
+        return next((s for s in found if isinstance(s, DraftModelProposer)), None)
 
     @staticmethod
-    def _passes(model: object | None) -> int:
-        return getattr(model, "forward_passes", 0)
+    def _passes(model: DraftModelProposer | None) -> int:
+        return 0 if model is None else model.forward_passes
 
 
 def run_batch(sched: Scheduler, prompt_ids: list[int], batch: int, tokens: int, tag: str) -> None:
@@ -120,11 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             "speculative_draft_model_path": args.draft_model_path,
         }
     server_args = ServerArgs(model_path=loaded.model_path, max_total_tokens=65536, **speculation)
-    sched = Scheduler(server_args, loaded)
-    while sched.has_background_work:  # as served once settled
-        sched.run_background_work()
-    gc.collect()
-    gc.freeze()
+    sched = settled_scheduler(server_args, loaded)
     tracer = StepTracer(sched)
     encode = loaded.tokenizer.encode
     if args.after is not None:
