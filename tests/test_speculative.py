@@ -30,6 +30,7 @@ from sglite.runtime.scheduler.speculation import (
     BreakEvens,
     DraftLength,
     KindAcceptance,
+    Proposal,
 )
 from sglite.runtime.scheduler.speculation_costs import (
     HOPELESS_PROBE_EVERY,
@@ -217,16 +218,16 @@ def test_draft_length_follows_acceptance_and_speculation_pauses_when_it_does_not
 
 def test_a_draft_kind_that_does_not_pay_is_only_probed_until_it_does():
     tally = KindAcceptance()
-    assert tally.allows(0.35)  # untried: drafted
+    assert tally.admit(tally.pays(0.35))  # untried: drafted
     for _ in range(40):
         tally.record(drafted=2, accepted=0, needed=0.35)
-    allowed = [tally.allows(0.35) for _ in range(7 * KIND_PROBE_EVERY)]
+    allowed = [tally.admit(tally.pays(0.35)) for _ in range(7 * KIND_PROBE_EVERY)]
     # probes after 8, then 16, then 32 refusals: each probe that fails doubles the gap
     probes = [i + 1 for i, ok in enumerate(allowed) if ok]
     assert probes == [KIND_PROBE_EVERY, 3 * KIND_PROBE_EVERY, 7 * KIND_PROBE_EVERY]
     for _ in range(40):
         tally.record(drafted=2, accepted=2, needed=0.35)
-    assert tally.allows(0.35) and tally.probe_gap == KIND_PROBE_EVERY
+    assert tally.admit(tally.pays(0.35)) and tally.probe_gap == KIND_PROBE_EVERY
 
 
 def test_a_due_probe_waits_for_a_cheap_moment():
@@ -264,6 +265,43 @@ def test_short_matches_stop_being_drafted_when_they_fail_while_long_ones_go_on()
     drafted = [bool(proposer.propose(_req(weak, rid=f"x{i}"))) for i in range(left)]
     assert drafted == [False] * (left - 1) + [True]  # refused until the next probe
     assert proposer.info()["speculative_ngram_drafts"]["strong"]["accepted"] == 160
+
+
+def test_ngram_drafts_carry_their_kinds_share_and_probes_none():
+    proposer = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=1, max_match=4)
+    strong = [10, 11, 12, 13, 14, 15, 10, 11, 12, 13]
+    allow_all = lambda source: True  # noqa: E731
+    (proposal,) = proposer.speculate([_req(strong, rid="a")], allow_all).values()
+    assert proposal.share == pytest.approx(proposer.kinds["strong"].share)
+    for kind in proposer.kinds.values():  # every kind fails until only probes draft it
+        for _ in range(40):
+            kind.record(drafted=4, accepted=0, needed=0.35)
+    reqs = [_req(strong, rid=f"r{i}") for i in range(KIND_PROBE_EVERY)]
+    shares = [p.share for p in proposer.speculate(reqs, allow_all).values()]
+    assert shares == [None]  # a probe, verified whatever the step costs
+
+
+def test_weak_guesses_alone_in_a_batch_step_are_not_worth_its_verification():
+    """At batch 4 a verification has a fixed cost of its own (28 ms against an 80 ms plain
+    step): one-in-four guesses pay their own rows but not that, unless the step verifies
+    anyway."""
+    costs = SpeculationCosts()
+    costs.observe(4, drafted=0, seconds=0.080, source="")
+    for _ in range(20):
+        for drafted in (2, 4, 8, 16):
+            costs.observe(4, drafted, seconds=0.080 + 0.028 + 0.004 * drafted, source="ngram")
+    weak = {f"w{i}": Proposal([1, 2], "ngram", share=0.26) for i in range(4)}
+    assert costs.worth_verifying(4, weak, verifying=False) == {}
+    assert costs.worth_verifying(4, weak, verifying=True) == weak  # a grammar's forced tokens
+    with_model = {**weak, "m": Proposal([3, 4, 5], "draft")}  # its passes spent: verified
+    assert costs.worth_verifying(4, with_model, verifying=False) == with_model
+    copies = {f"c{i}": Proposal(list(range(8)), "ngram", share=0.9) for i in range(4)}
+    assert costs.worth_verifying(4, copies, verifying=False) == copies
+    hopeless = {"h": Proposal([1, 2], "ngram", share=0.1), **copies}  # 2 ms saved, 4 ms a row
+    assert costs.worth_verifying(4, hopeless, verifying=False) == copies
+    probe = {"p": Proposal([1, 2], "ngram")}
+    assert costs.worth_verifying(4, probe, verifying=False) == probe
+    assert costs.worth_verifying(2, weak, verifying=False) == weak  # nothing measured at 2
 
 
 def test_match_windows_are_checked():

@@ -189,6 +189,8 @@ class DecodeManager:
                 for req in undrafted:
                     self.output.fail(req, exc)
                 return drafts
+            if costs is not None:
+                proposals = costs.worth_verifying(size, proposals, verifying=bool(drafts))
             for rid, proposal in proposals.items():
                 drafts[rid] = proposal.tokens
                 self.speculated[rid] = proposal.source

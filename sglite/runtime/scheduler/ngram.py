@@ -49,7 +49,7 @@ over all requests) is above the share a long draft needs to pay (the scheduler's
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sglite.runtime.cache.radix_cache import RadixCache
@@ -103,6 +103,7 @@ class NgramState:
     pointer_for: int = -1  # the request's length the pointer was set for (else it is stale)
     pointer_length: int = POINTER_DRAFT_TOKENS  # the pointer's next draft length
     kind: str = ""  # where the last draft came from (a DRAFT_KINDS name)
+    share: float | None = None  # its kind's accepted share (None: the draft is a probe)
     # The request's replacements (a source token -> the token the model writes for it; their
     # inverse, for lookups), the last draft as copied (before them), and a replacement awaiting
     # the token after it.
@@ -197,8 +198,9 @@ class NgramProposer:
         return [state.substitutions.get(t, t) for t in state.copied]
 
     def speculate(self, reqs: list[Req], allowed: SourceFilter) -> dict[str, Proposal]:
-        """`propose`'s drafts as the NGRAM_SOURCE's."""
-        return proposals_from(NGRAM_SOURCE, self._propose_each, reqs, allowed)
+        """`propose`'s drafts as the NGRAM_SOURCE's, each with its kind's accepted share."""
+        proposals = proposals_from(NGRAM_SOURCE, self._propose_each, reqs, allowed)
+        return {rid: replace(p, share=self.states[rid].share) for rid, p in proposals.items()}
 
     def _propose_each(self, reqs: list[Req]) -> dict[str, list[int]]:
         return {req.rid: self.propose(req) for req in reqs}
@@ -280,11 +282,13 @@ class NgramProposer:
         }
 
     def _pays(self, state: NgramState, kind: str) -> bool:
-        """Whether a draft of `kind` may be proposed now (`KindAcceptance.allows`); if so, it is
+        """Whether a draft of `kind` may be proposed now (`KindAcceptance.admit`); if so, it is
         the request's draft kind."""
-        if not self.kinds[kind].allows(self.needed):
+        tally = self.kinds[kind]
+        paying = tally.pays(self.needed)
+        if not tally.admit(paying):
             return False
-        state.kind = kind
+        state.kind, state.share = kind, tally.share if paying else None
         return True
 
     @staticmethod

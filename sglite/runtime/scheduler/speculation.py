@@ -43,10 +43,14 @@ DRAFT_MODEL_SOURCE = "draft"
 @dataclass(frozen=True)
 class Proposal:
     """A speculative draft and the source that proposed it ("ngram", "draft"): the source whose
-    costs (`SpeculationCosts`) and acceptance (`DraftLength`) it counts toward."""
+    costs (`SpeculationCosts`) and acceptance (`DraftLength`) it counts toward. `share`: the
+    share of its tokens its source expects accepted, by which the step decides whether the
+    draft is worth verifying (`SpeculationCosts.worth_verifying`); None for a draft verified
+    whatever the step costs (a probe, a draft model's, whose passes are spent)."""
 
     tokens: list[int]
     source: str
+    share: float | None = None
 
 
 @dataclass(frozen=True)
@@ -224,11 +228,6 @@ class KindAcceptance:
         self.cost = self.cost * KIND_DECAY + drafted * needed
         self.total_drafted += drafted
         self.total_accepted += accepted
-
-    def allows(self, needed: float) -> bool:
-        """Whether to draft this kind now: its share is above `needed` (the break-even share
-        of drafted tokens), or this is one of the probes while it is not (see KIND_PROBE_MAX)."""
-        return self.admit(self.pays(needed))
 
     def pays(self, needed: float) -> bool:
         """Whether its recent share is above `needed`."""

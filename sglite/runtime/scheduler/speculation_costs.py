@@ -15,6 +15,7 @@ from sglite.runtime.scheduler.speculation import (
     LOW_ACCEPTANCE,
     NGRAM_SOURCE,
     BreakEvens,
+    Proposal,
 )
 
 # Step costs: weight of the newest step in the moving averages, and how often a step runs
@@ -99,6 +100,32 @@ class SpeculationCosts:
         `HOPELESS_PROBE_EVERY`, to notice when that changes."""
         step = max(self.steps.get(batch_size, 1) - 1, 0)
         return self.marginal(batch_size, source) < 1.0 or step % HOPELESS_PROBE_EVERY == 0
+
+    def worth_verifying(
+        self, batch_size: int, proposals: dict[str, Proposal], verifying: bool
+    ) -> dict[str, Proposal]:
+        """The proposals worth this step's verification: each draft with a `share` whose
+        expected accepted tokens save more than its verification rows cost (a row: the n-gram
+        drafts' measured cost per token), and those only if together they also pay the
+        verification's fixed part, unless the step verifies anyway (`verifying`: another
+        draft, such as a grammar's forced tokens, is in it; or a proposal without a share).
+        Where that fixed part is large (in a batch, whose rows then take the tile GEMM), short
+        guesses that pay their own rows still lose the step when nothing else is verified."""
+        fit = self.coefficients(batch_size, NGRAM_SOURCE)
+        if fit is None or batch_size not in self.plain:
+            return proposals
+        fixed, per_token = fit
+        saved = self._saved_per_token(batch_size)
+        kept, gain = {}, 0.0
+        for rid, proposal in proposals.items():
+            if proposal.share is None:
+                kept[rid], verifying = proposal, True
+            elif proposal.share * saved > per_token:
+                kept[rid] = proposal
+                gain += (proposal.share * saved - per_token) * len(proposal.tokens)
+        if verifying or gain > fixed:
+            return kept
+        return {}
 
     def observe(self, batch_size: int, drafted: int, seconds: float, source: str) -> None:
         """A decode step of `batch_size` requests verified `drafted` speculative draft tokens,
