@@ -367,6 +367,29 @@ def test_float32_prefill_rounds_where_float32_is_dtype_autos_choice():
 
 
 @pytest.mark.skipif(not VNNI_GEMM, reason="the VNNI GEMM needs an AVX512-VNNI build")
+def test_a_draft_models_float32_prompt_reads_round_x_where_a_target_asked_for_float32_keeps_it():
+    """A draft model (`gguf_tiles`) in a target's explicit float32: its EXTEND passes (prompt
+    reads, long catch-ups) take the VNNI GEMM on x rounded as its decode does, since its
+    products only guess drafts; a target asked
+    for float32 keeps its exact products."""
+    from sglite.runtime.model.loader import load_model
+
+    def head(**kwargs) -> GGUFWeight:
+        loaded = load_model(
+            None, dtype=torch.float32, quantization="auto", progress=False, **kwargs
+        )
+        weight = loaded.model.output_projection()
+        assert isinstance(weight, GGUFWeight)
+        return weight
+
+    draft, target = head(gguf_tiles=True, gguf_activations="int8"), head(gguf_activations="int8")
+    x = torch.randn(40, draft.in_features)
+    rounded = kernels.gguf_gemm_a8(x, draft.address, draft.out_features)
+    assert torch.equal(draft.matmul(x), rounded)
+    assert not torch.equal(target.matmul(x), rounded)
+
+
+@pytest.mark.skipif(not VNNI_GEMM, reason="the VNNI GEMM needs an AVX512-VNNI build")
 def test_a_weight_the_vnni_gemm_cannot_read_keeps_x_in_extend_passes():
     """Q5_K blocks (no VNNI GEMM for them): the GEMM is off for the weight, and a bf16 EXTEND
     pass's product is the float one, not the int8 GEMV's at prefill sizes."""

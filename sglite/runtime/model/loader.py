@@ -272,7 +272,9 @@ def load_model(
     A GGUF's blocks are read into the process's memory (`weight_arena.py`), or with
     `mmap_weights` served from the file's mapping. `gguf_tiles` (a draft model) tiles its Q5_0
     projections for the VNNI GEMM where activations are int8 and there are no AMX tiles
-    (`gguf_block_weights`): every product of theirs then rounds x, prompt reads included.
+    (`gguf_block_weights`), and with int8 activations every product rounds x, prompt reads
+    included, in float32 too (a draft only guesses: its products need not be exact, and its
+    prompt reads take the VNNI GEMM, faster than the float GEMMs).
     With a tensor-parallel group `tp`, only this rank's shard of every weight is kept (each
     checkpoint tensor is read, cut and dropped in turn) and the returned config is the rank's.
 
@@ -327,7 +329,7 @@ def load_model(
                 rounds,
                 arena,
                 tile_q5_0=gguf_tiles and rounds and not kernels.amx_available(),
-                round_float32_extend=rounds and dtype == "auto",
+                round_float32_extend=rounds and (dtype == "auto" or gguf_tiles),
             )
             provided = weight_policy.use_gguf_blocks(model, blocks)
             consumed = frozenset(blocks.consumed)
