@@ -370,8 +370,7 @@ def test_float32_prefill_rounds_where_float32_is_dtype_autos_choice():
 def test_a_draft_models_float32_prompt_reads_round_x_where_a_target_asked_for_float32_keeps_it():
     """A draft model (`gguf_tiles`) in a target's explicit float32: its EXTEND passes (prompt
     reads, long catch-ups) take the VNNI GEMM on x rounded as its decode does, since its
-    products only guess drafts; a target asked
-    for float32 keeps its exact products."""
+    products only guess drafts; a target asked for float32 keeps its exact products."""
     from sglite.runtime.model.loader import load_model
 
     def head(**kwargs) -> GGUFWeight:
