@@ -49,7 +49,7 @@ over all requests) is above the share a long draft needs to pay (the scheduler's
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from sglite.runtime.cache.radix_cache import RadixCache
@@ -199,8 +199,9 @@ class NgramProposer:
 
     def speculate(self, reqs: list[Req], allowed: SourceFilter) -> dict[str, Proposal]:
         """`propose`'s drafts as the NGRAM_SOURCE's, each with its kind's accepted share."""
-        proposals = proposals_from(NGRAM_SOURCE, self._propose_each, reqs, allowed)
-        return {rid: replace(p, share=self.states[rid].share) for rid, p in proposals.items()}
+        return proposals_from(
+            NGRAM_SOURCE, self._propose_each, reqs, allowed, lambda rid: self.states[rid].share
+        )
 
     def _propose_each(self, reqs: list[Req]) -> dict[str, list[int]]:
         return {req.rid: self.propose(req) for req in reqs}

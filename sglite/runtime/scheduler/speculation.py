@@ -75,12 +75,15 @@ def proposals_from(
     propose_many: Callable[[list[Req]], dict[str, list[int]]],
     reqs: list[Req],
     allowed: SourceFilter,
+    share_of: Callable[[str], float | None] = lambda rid: None,
 ) -> dict[str, Proposal]:
     """One source's `Speculator.speculate`: `propose_many(reqs)`'s non-empty drafts as
-    `source`'s, when `allowed` takes that source."""
+    `source`'s, when `allowed` takes that source, each with `share_of` its request (asked
+    after the drafts are made: `Proposal.share`)."""
     if not reqs or not allowed(source):
         return {}
-    return {rid: Proposal(tokens, source) for rid, tokens in propose_many(reqs).items() if tokens}
+    drafts = propose_many(reqs).items()
+    return {rid: Proposal(tokens, source, share_of(rid)) for rid, tokens in drafts if tokens}
 
 
 class Speculator(Protocol):

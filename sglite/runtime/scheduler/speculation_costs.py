@@ -109,7 +109,7 @@ class SpeculationCosts:
         drafts' measured cost per token), and those only if together they also pay the
         verification's fixed part, unless the step verifies anyway (`verifying`: another
         draft, such as a grammar's forced tokens, is in it; or a proposal without a share).
-        Where that fixed part is large (in a batch, whose rows then take the tile GEMM), short
+        Where that fixed part is large (in a batch, whose rows then take a GEMM), short
         guesses that pay their own rows still lose the step when nothing else is verified."""
         fit = self.coefficients(batch_size, NGRAM_SOURCE)
         if fit is None or batch_size not in self.plain:
