@@ -619,7 +619,7 @@ def test_a_pass_for_fewer_drafts_needs_likelier_tokens():
     assert grown(0.4, 0.95, 0.9, 0.4) == ["g1", "g2"]
     assert grown(0.99, 0.3, 0.3, 0.3) == []  # one alone would not pay for its pass
     costs.add_pass(0.04)
-    costs.add_draft(offered=4, passes=4, tokens=4)
+    costs.add_draft(offered=4, passes=4, tokens=4, drafts=4)
     assert 0.02 < costs.pass_seconds < 0.04 and 0.25 < costs.passes_per_token[4] < 1.0
     assert costs.passes_per_token[1] == 1.0
 
@@ -652,3 +652,116 @@ def test_a_request_does_not_start_a_draft_alone_where_a_pass_for_it_cannot_pay(t
     assert len(proposer.propose_many([*reqs, lone])) == 5  # it drafts with the others
     proposer.forget(set())
     proposer.check_invariants()
+
+
+def test_the_draft_model_takes_the_requests_whose_ngram_match_it_beats(tiny):
+    """With n-gram drafts first, a request whose only match is short (a record's field names
+    repeat, their values do not) is drafted by the draft model once its tokens are kept more
+    often above what they cost; a long match that is kept more goes on being copied. A draft
+    model passed over ages its tally until it is tried again (`expected_share` 1)."""
+    from sglite.runtime.model.loader import load_model
+    from sglite.runtime.scheduler.draft_model import DraftModelProposer
+    from sglite.runtime.scheduler.ngram import NgramProposer
+    from sglite.runtime.scheduler.speculation import MIN_EVIDENCE_TOKENS
+    from sglite.runtime.scheduler.speculators import NgramBeforeDraft
+
+    model = DraftModelProposer(load_model(tiny["small"], progress=False), 256, 4, 1024)
+    ngram = NgramProposer(context_len=256, num_draft_tokens=4, min_match=1, max_match=4)
+    both = NgramBeforeDraft(ngram, model)
+    allow_all = lambda source: True  # noqa: E731
+    short = _request("short", [*PROMPT, PROMPT[3]])  # only the last token was seen before
+    long = _request("long", [*PROMPT, *PROMPT[:5]])
+    for _ in range(30):
+        ngram.kinds["weak"].record(4, 1, 0.2)  # short matches: 1 token in 4 kept
+        ngram.kinds["strong"].record(4, 4, 0.2)  # long ones: all kept
+        model.record(short, 4, 3, BreakEvens(0.3, 0.3, 0.02))  # the draft model: 3 in 4
+    proposals = both.speculate([short, long], allow_all)
+    assert proposals["short"].source == "draft" and both.last["short"] is model
+    assert proposals["long"].source == "ngram" and proposals["long"].tokens == PROMPT[5:9]
+    assert both.proposals == {"ngram": 1, "draft": 1}
+
+    share, evidence = model.acceptance.share, model.acceptance.drafted
+    for _ in range(60):  # passed over for the long match, step after step
+        both.speculate([long], allow_all)
+    assert model.acceptance.share == pytest.approx(share)
+    assert model.acceptance.drafted < min(evidence, MIN_EVIDENCE_TOKENS)
+    assert model.acceptance.expected_share == 1.0
+
+    for _ in range(60):  # drafts that do not cover their cost: n-gram drafts only
+        model.record(short, 4, 0, BreakEvens(0.5, 0.5, 0.02))
+    again = _request("again", [*PROMPT, PROMPT[3]])
+    assert both.speculate([again], allow_all)["again"].source == "ngram"
+    model.forget(set())
+    model.check_invariants()
+
+
+def test_a_draft_model_that_does_not_pay_probes_a_request_its_ngram_match_serves_poorly(tiny):
+    """While the draft model's drafts do not pay, a request whose n-gram match is weak is still
+    offered to it, for the rare probe (`KindAcceptance.admit`): when one falls due, the next
+    new prompt is read as the target prefills it (not only one in PROMPT_READ_EVERY_UNPAID),
+    so that the probe runs on that request in step rather than never."""
+    from sglite.runtime.model.loader import load_model
+    from sglite.runtime.scheduler.draft_model import PROMPT_READ_EVERY_UNPAID, DraftModelProposer
+    from sglite.runtime.scheduler.ngram import NgramProposer
+    from sglite.runtime.scheduler.speculation import KIND_PROBE_EVERY
+    from sglite.runtime.scheduler.speculators import NgramBeforeDraft
+
+    model = DraftModelProposer(load_model(tiny["small"], progress=False), 256, 4, 1024)
+    ngram = NgramProposer(context_len=256, num_draft_tokens=4, min_match=1, max_match=4)
+    both = NgramBeforeDraft(ngram, model)
+    for _ in range(30):
+        ngram.kinds["weak"].record(4, 1, 0.2)  # short matches: 1 token in 4 kept
+    for _ in range(6):  # drafts of 4 that kept nothing, where 90% was needed
+        model.record(_request("x", PROMPT), 4, 0, BreakEvens(0.9, 0.9))
+    assert KIND_PROBE_EVERY == PROMPT_READ_EVERY_UNPAID == 8  # the steps below count on it
+    sources, prompts_read = [], []
+    for i in range(5):  # each matches only its last token, seen once in the prompt
+        req = _request(f"r{i}", [*PROMPT, 60])
+        passes = model.forward_passes
+        both.read_prompt(req)  # as the target prefills it
+        prompts_read.append(model.forward_passes > passes)
+        for token in (33, 21):
+            req.output_ids.append(token)
+            proposals = both.speculate([req], lambda source: True)
+            sources.append(proposals[req.rid].source)
+            if proposals[req.rid].source == "draft":
+                break
+    # 8 refusals: the 8th due, but r3's prompt unread (too far behind); r4's read for it
+    assert sources == ["ngram"] * 8 + ["draft"]
+    assert prompts_read == [False, False, False, False, True]
+    model.forget(set())
+    model.check_invariants()
+
+
+def test_in_a_batch_where_a_lone_draft_cannot_pay_ngram_matches_keep_their_requests(tiny):
+    """At batch 4 a draft model's pass costs more than a plain step's share of one request: a
+    request whose short match the draft model would beat at batch 1 keeps its n-gram draft
+    there (no lone draft of the draft model pays)."""
+    from sglite.runtime.model.loader import load_model
+    from sglite.runtime.scheduler.draft_model import DraftModelProposer
+    from sglite.runtime.scheduler.draft_model_state import DraftPassCost
+    from sglite.runtime.scheduler.ngram import NgramProposer
+    from sglite.runtime.scheduler.speculators import NgramBeforeDraft
+
+    model = DraftModelProposer(load_model(tiny["small"], progress=False), 256, 4, 1024)
+    ngram = NgramProposer(context_len=256, num_draft_tokens=4, min_match=1, max_match=4)
+    both = NgramBeforeDraft(ngram, model)
+    for _ in range(30):  # at batch 1, an accepted token saves 50 ms; 3 drafted in 4 kept
+        ngram.kinds["weak"].record(4, 1, 0.2)
+        model.record(_request("x", PROMPT), 4, 3, BreakEvens(0.3, 0.3, 0.05))
+    # a pass: 20 ms, a quarter of one per drafted token
+    model.pass_cost = DraftPassCost(pass_seconds=0.02, passes_per_token={1: 0.25, 4: 0.25})
+
+    def sources(count: int, tag: str) -> list[str]:
+        reqs = [_request(f"{tag}{i}", PROMPT) for i in range(count)]
+        for req in reqs:
+            both.read_prompt(req)
+            req.output_ids.append(33)  # PROMPT has 33 once: a one-token match
+        proposals = both.speculate(reqs, lambda source: True)
+        return [proposals[req.rid].source for req in reqs]
+
+    assert sources(1, "one") == ["draft"]
+    model.record(_request("x", PROMPT), 4, 3, BreakEvens(0.3, 0.3, 0.02))  # at batch 4: 20 ms
+    assert sources(4, "four") == ["ngram"] * 4
+    model.forget(set())
+    model.check_invariants()

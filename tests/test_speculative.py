@@ -272,7 +272,12 @@ def test_ngram_drafts_carry_their_kinds_share_and_probes_none():
     strong = [10, 11, 12, 13, 14, 15, 10, 11, 12, 13]
     allow_all = lambda source: True  # noqa: E731
     (proposal,) = proposer.speculate([_req(strong, rid="a")], allow_all).values()
+    assert proposal.share == 1.0  # too few drafts to tell: counted as likely kept whole
+    for _ in range(10):
+        proposer.kinds["strong"].record(drafted=4, accepted=3, needed=0.35)
+    (proposal,) = proposer.speculate([_req(strong, rid="b")], allow_all).values()
     assert proposal.share == pytest.approx(proposer.kinds["strong"].share)
+    assert 0.7 < proposal.share < 0.75
     for kind in proposer.kinds.values():  # every kind fails until only probes draft it
         for _ in range(40):
             kind.record(drafted=4, accepted=0, needed=0.35)

@@ -168,9 +168,10 @@ class DraftModelProposer:
             drafting = self.pass_cost.worth_a_pass(
                 growing, self.needed, self.saved_seconds, len(reqs)
             )
-        drafted = sum(len(tokens) for tokens in drafts.values())
-        self.pass_cost.add_draft(len(reqs), passes, drafted)
-        return {rid: tokens for rid, tokens in drafts.items() if tokens}
+        made = {rid: tokens for rid, tokens in drafts.items() if tokens}
+        drafted = sum(len(tokens) for tokens in made.values())
+        self.pass_cost.add_draft(len(reqs), passes, drafted, len(made))
+        return made
 
     def _first_pass_pays(self, count: int, offered: int) -> bool:
         """Whether a first pass drafting for `count` of the `offered` requests pays while
@@ -178,7 +179,22 @@ class DraftModelProposer:
         kept as the recent drafts' tokens, against their share of the pass (a pass for fewer
         requests than usual costs each of them more)."""
         needed = self.pass_cost.needed(self.needed, self.saved_seconds, count, offered)
-        return self.acceptance.share >= needed
+        return self.acceptance.expected_share >= needed
+
+    def gain(self, batch_size: int) -> float:
+        """The tokens its next draft for one request of a step of `batch_size` likely saves
+        beyond what it costs: its drafts' mean length times how far their likely kept share
+        is above what a lone draft's tokens need to pay for their verification and its passes
+        (`DraftPassCost.needed`). That share is its drafts' recent one
+        (`KindAcceptance.expected_share`) while they pay, else 1: the most a probe can find."""
+        needed = self.pass_cost.needed(self.needed, self.saved_seconds, 1, batch_size)
+        share = self.acceptance.expected_share if self._pays() else 1.0
+        return (share - needed) * self.pass_cost.tokens_per_draft
+
+    def passed_over(self) -> None:
+        """An n-gram draft was preferred to its own: its tally ages (`KindAcceptance.age`), so
+        that a share learned on earlier text is tried again on this one."""
+        self.acceptance.age()
 
     def _pays(self) -> bool:
         """Whether drafts pay now: the recent drafts' accepted tokens against their cost."""
@@ -194,7 +210,7 @@ class DraftModelProposer:
         if length <= 0:
             return None
         target = seq.history.sync(req)
-        held = self._held(seq, target)
+        held = seq.held(target)
         if not self.acceptance.admit(self._pays(), cheap=len(target) - held <= PROBE_MAX_BEHIND):
             return None
         self._rewind(seq, target, held)
@@ -204,15 +220,16 @@ class DraftModelProposer:
 
     def read_prompt(self, req: Req) -> None:
         """The draft model's pass over the prompt (past what its cache holds), run as the target
-        prefills it, so the first draft costs one token's pass: while drafts pay, and for one
-        prompt in PROMPT_READ_EVERY_UNPAID while they do not (a prompt left unread is read by
-        the request's first draft, if one comes). A request it already follows (re-prefilled
-        after a retraction) is left as it is."""
+        prefills it, so the first draft costs one token's pass: while drafts pay, and while
+        they do not for one prompt in PROMPT_READ_EVERY_UNPAID and whenever a probe is due
+        (a prompt left unread is read by the request's first draft, if one comes). A request
+        it already follows (re-prefilled after a retraction) is left as it is."""
         if req.rid in self.sequences:
             return
         if not self._pays():
             self.prompts_unread += 1
-            if self.prompts_unread < PROMPT_READ_EVERY_UNPAID:
+            due = self.acceptance.probe_due  # a probe waits for a request in step
+            if self.prompts_unread < PROMPT_READ_EVERY_UNPAID and not due:
                 return
         self.prompts_unread = 0
         seq = self.sequences[req.rid] = self._start(req)
@@ -299,19 +316,9 @@ class DraftModelProposer:
         seq.cached_len = seq.verified = cached
         return seq
 
-    @staticmethod
-    def _held(seq: DraftSequence, target: list[int]) -> int:
-        """How many of `target`'s tokens (the request's) `seq` holds: its longest prefix that
-        is in `target`."""
-        keep = min(seq.verified, len(seq.tokens))
-        end = min(len(seq.tokens), len(target))
-        while keep < end and seq.tokens[keep] == target[keep]:
-            keep += 1
-        return keep
-
     def _rewind(self, seq: DraftSequence, target: list[int], keep: int) -> None:
         """Cut `seq` back to the `keep` tokens of it that are in `target` (the request's
-        tokens; `_held`)."""
+        tokens; `DraftSequence.held`)."""
         self.pool.free(seq.slots[keep:])
         seq.cut(keep)
         seq.verified = len(target)  # the tokens fed next are the request's own

@@ -16,6 +16,7 @@ from sglite.runtime.scheduler.request import SlotMirror
 from sglite.runtime.scheduler.speculation import (
     KIND_DECAY,
     LOW_ACCEPTANCE,
+    START_DRAFT_TOKENS,
     DraftLength,
     TokenHistory,
 )
@@ -43,6 +44,15 @@ class DraftSequence:
     extra: RequestRows | None = None  # its candidates past the draft vocabulary's prefix
     probabilities: list[float] = field(default_factory=list)  # the last draft's tokens'
     slot_mirror: SlotMirror = field(default_factory=SlotMirror)
+
+    def held(self, target: list[int]) -> int:
+        """How many of `target`'s tokens (the request's) it holds: its longest prefix that is
+        in `target`."""
+        keep = min(self.verified, len(self.tokens))
+        end = min(len(self.tokens), len(target))
+        while keep < end and self.tokens[keep] == target[keep]:
+            keep += 1
+        return keep
 
     def cut(self, keep: int) -> None:
         """Drop the tokens and slots past the first `keep` (their slots freed by the caller)."""
@@ -114,16 +124,19 @@ class DraftPassCost:
 
     pass_seconds: float | None = None
     passes_per_token: dict[int, float] = field(default_factory=dict)  # by requests offered
+    tokens_per_draft: float = START_DRAFT_TOKENS  # of the drafts it made
 
     def add_pass(self, seconds: float) -> None:
         """A pass that grew drafts by one token each took `seconds`."""
         self.pass_seconds = smooth(self.pass_seconds, seconds)
 
-    def add_draft(self, offered: int, passes: int, tokens: int) -> None:
-        """A proposal for `offered` requests ran `passes` passes for `tokens` drafted tokens."""
+    def add_draft(self, offered: int, passes: int, tokens: int, drafts: int) -> None:
+        """A proposal for `offered` requests ran `passes` passes for `tokens` drafted tokens in
+        `drafts` drafts."""
         if tokens > 0:
             ratio = passes / tokens
             self.passes_per_token[offered] = smooth(self.passes_per_token.get(offered), ratio)
+            self.tokens_per_draft = smooth(self.tokens_per_draft, tokens / drafts)
 
     def needed(
         self, least: float, saved_seconds: float | None, growing: int, offered: int

@@ -203,6 +203,12 @@ class NgramProposer:
             NGRAM_SOURCE, self._propose_each, reqs, allowed, lambda rid: self.states[rid].share
         )
 
+    def gain(self, proposal: Proposal) -> float:
+        """The tokens `proposal` likely saves beyond what it costs: its length times how far
+        its kind's likely kept share is above a long draft's break-even (none for a probe)."""
+        share = 0.0 if proposal.share is None else proposal.share
+        return (share - self.needed) * len(proposal.tokens)
+
     def _propose_each(self, reqs: list[Req]) -> dict[str, list[int]]:
         return {req.rid: self.propose(req) for req in reqs}
 
@@ -289,7 +295,7 @@ class NgramProposer:
         paying = tally.pays(self.needed)
         if not tally.admit(paying):
             return False
-        state.kind, state.share = kind, tally.share if paying else None
+        state.kind, state.share = kind, tally.expected_share if paying else None
         return True
 
     @staticmethod

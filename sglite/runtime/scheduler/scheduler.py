@@ -47,7 +47,7 @@ from sglite.runtime.scheduler.request import Req
 from sglite.runtime.scheduler.request_table import ReqStatus, RequestTable
 from sglite.runtime.scheduler.scheduler_report import cache_tree, scheduler_info
 from sglite.runtime.scheduler.segments import SegmentAssembler
-from sglite.runtime.scheduler.speculation import build_speculator
+from sglite.runtime.scheduler.speculators import build_speculator
 from sglite.runtime.scheduler.stats import SchedulerStats
 from sglite.runtime.scheduler.structure_closing import StructureCloser
 from sglite.runtime.scheduler.token_sampler import TokenSampler

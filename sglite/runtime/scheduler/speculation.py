@@ -1,26 +1,22 @@
-"""Speculative decoding: what every draft source shares, and the one that the flags choose.
+"""Speculative decoding: what every draft source shares.
 
 A `Speculator` proposes a request's draft for the next decode step (the scheduler verifies it
 with `drafts.DraftVerifier`), learns how much of it was accepted, and forgets finished requests.
 Two sources exist: n-gram lookup in the radix cache and the request's own text (`ngram.py`)
-and a draft model (`draft_model.py`); with a draft model, n-gram matches come first
-(`NgramBeforeDraft`). Each keeps, per request, a copy of its tokens extended by the new ones
-(`TokenHistory`) and a draft length adapted to its acceptance (`DraftLength`), and the
-scheduler measures each source's cost (`speculation_costs.SpeculationCosts`).
+and a draft model (`draft_model.py`); with a draft model, n-gram matches come first where they
+likely gain as much as the draft model's next draft (`speculators.NgramBeforeDraft`). Each
+keeps, per request, a copy of its tokens extended by the new ones (`TokenHistory`) and a draft
+length adapted to its acceptance (`DraftLength`), and the scheduler measures each source's
+cost (`speculation_costs.SpeculationCosts`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from sglite.runtime.scheduler.request import Req
-
-if TYPE_CHECKING:
-    from sglite.runtime.cache.radix_cache import RadixCache
-    from sglite.runtime.model.loader import LoadedModel
-    from sglite.runtime.server_args import ServerArgs
 
 # A request whose acceptance falls below this share, or below the measured break-even
 # (`SpeculationCosts`), over at least PAUSE_AFTER drafted tokens stops drafting for PAUSE_STEPS
@@ -202,6 +198,9 @@ KIND_PRIOR = (2.0, 4.0)
 KIND_DECAY = 0.97
 KIND_PROBE_EVERY = 8
 KIND_PROBE_MAX = 256
+# A kind's recent tokens (decayed) below which their accepted share is too little evidence to
+# choose between draft sources by (`NgramBeforeDraft`).
+MIN_EVIDENCE_TOKENS = 16
 
 
 @dataclass
@@ -241,6 +240,19 @@ class KindAcceptance:
         """The recent drafts' accepted share of their tokens."""
         return self.accepted / self.drafted
 
+    @property
+    def expected_share(self) -> float:
+        """The share of its next draft's tokens likely kept: the recent share, or 1 while its
+        recent tokens are too few to tell (MIN_EVIDENCE_TOKENS): drafting is how it learns."""
+        return self.share if self.drafted >= MIN_EVIDENCE_TOKENS else 1.0
+
+    def age(self) -> None:
+        """Decay its counts as a verification of nothing would: the same share, on less
+        evidence."""
+        self.accepted *= KIND_DECAY
+        self.drafted *= KIND_DECAY
+        self.cost *= KIND_DECAY
+
     def covers_cost(self) -> bool:
         """Whether its recent drafts got more tokens accepted than their cost was worth."""
         return self.accepted > self.cost
@@ -257,6 +269,12 @@ class KindAcceptance:
             return False
         self.refused, self.probe_gap = 0, min(2 * self.probe_gap, KIND_PROBE_MAX)
         return True
+
+    @property
+    def probe_due(self) -> bool:
+        """Whether the next proposal that `admit` refuses for want of a cheap moment would
+        otherwise be a probe."""
+        return self.refused + 1 >= self.probe_gap
 
     def info(self) -> dict[str, float]:
         """Tokens drafted and accepted in all, the recent share, and the recent drafts' cost
@@ -288,98 +306,3 @@ def draft_room(req: Req, context_len: int) -> int:
     """Most draft tokens `req` can take: the draft plus the model's own next token fit in its
     budget and context."""
     return min(req.remaining_new_tokens, context_len - req.num_fill) - 1
-
-
-class NgramBeforeDraft:
-    """Drafts copied from text already seen (n-gram lookups: free) where the request has a
-    match, else the draft model's (a pass of it per token): a `Speculator` over both, each
-    keeping its own draft length and acceptance."""
-
-    def __init__(self, ngram: Speculator, model: Speculator) -> None:
-        self.sources = (ngram, model)
-        self.last: dict[str, Speculator] = {}  # rid -> the source of its latest draft
-        self.proposals = {NGRAM_SOURCE: 0, DRAFT_MODEL_SOURCE: 0}  # drafts proposed, by source
-
-    def speculate(self, reqs: list[Req], allowed: SourceFilter) -> dict[str, Proposal]:
-        """Each request's n-gram draft, else the draft model's (one batch of the requests
-        without an n-gram draft)."""
-        found: dict[str, Proposal] = {}
-        for source in self.sources:
-            proposals = source.speculate([r for r in reqs if r.rid not in found], allowed)
-            for rid, proposal in proposals.items():
-                self.last[rid] = source
-                self.proposals[proposal.source] += 1
-            found.update(proposals)
-        return found
-
-    def record(self, req: Req, drafted: int, accepted: int, shares: BreakEvens) -> None:
-        """Tell the source of the request's latest draft how it fared."""
-        source = self.last.get(req.rid)
-        if source is not None:
-            source.record(req, drafted, accepted, shares)
-
-    def read_prompt(self, req: Req) -> None:
-        """Both sources read the prompt."""
-        for source in self.sources:
-            source.read_prompt(req)
-
-    def forget(self, live: set[str]) -> None:
-        """Both sources forget the requests not in `live`."""
-        for source in self.sources:
-            source.forget(live)
-        self.last = {rid: s for rid, s in self.last.items() if rid in live}
-
-    def flush(self) -> None:
-        """Both sources drop what they cache across requests."""
-        for source in self.sources:
-            source.flush()
-
-    def take_prompt_seconds(self) -> float:
-        """Both sources' prompt seconds."""
-        return sum(source.take_prompt_seconds() for source in self.sources)
-
-    def check_invariants(self) -> None:
-        """Both sources' own checks."""
-        for source in self.sources:
-            source.check_invariants()
-
-    def info(self) -> dict[str, Any]:
-        """Both sources' settings (the algorithm is the draft model's) and the drafts each
-        proposed."""
-        ngram, model = self.sources
-        return {
-            **ngram.info(),
-            **model.info(),
-            "speculative_draft_ngram": True,
-            "speculative_proposals": dict(self.proposals),
-        }
-
-
-def build_speculator(
-    args: ServerArgs,
-    target: LoadedModel,
-    context_len: int,
-    capacity: int,
-    cache: RadixCache | None,
-) -> Speculator | None:
-    """The speculator `args` ask for (None when speculation is off). A draft model is loaded
-    here, its KV pool sized to `capacity` tokens like the target's; n-gram drafts also read the
-    target's radix `cache` (None when it is disabled); with a draft model they come first
-    (`NgramBeforeDraft`) unless `speculative_draft_ngram` is off."""
-    from sglite.runtime.scheduler.ngram import NgramProposer
-
-    ngram = NgramProposer(
-        context_len,
-        args.speculative_num_draft_tokens,
-        args.speculative_ngram_min_match_window_size,
-        args.speculative_ngram_max_match_window_size,
-        cache,
-    )
-    if args.speculative_algorithm == "ngram":
-        return ngram
-    if args.speculative_algorithm == "draft":
-        from sglite.runtime.scheduler.draft_model import DraftModelProposer
-
-        model = DraftModelProposer.load(args, target, context_len, capacity)
-        return NgramBeforeDraft(ngram, model) if args.speculative_draft_ngram else model
-    return None
