@@ -699,9 +699,11 @@ def test_a_draft_model_that_does_not_pay_probes_a_request_its_ngram_match_serves
     """While the draft model's drafts do not pay, a request whose n-gram match is weak is still
     offered to it, for the rare probe (`KindAcceptance.admit`): when one falls due, the next
     new prompt is read as the target prefills it (not only one in PROMPT_READ_EVERY_UNPAID),
-    so that the probe runs on that request in step rather than never."""
+    so that the probe runs on that request in step rather than never; not where a lone draft
+    cannot pay at all."""
     from sglite.runtime.model.loader import load_model
     from sglite.runtime.scheduler.draft_model import PROMPT_READ_EVERY_UNPAID, DraftModelProposer
+    from sglite.runtime.scheduler.draft_model_state import DraftPassCost
     from sglite.runtime.scheduler.ngram import NgramProposer
     from sglite.runtime.scheduler.speculation import KIND_PROBE_EVERY
     from sglite.runtime.scheduler.speculators import NgramBeforeDraft
@@ -729,6 +731,14 @@ def test_a_draft_model_that_does_not_pay_probes_a_request_its_ngram_match_serves
     # 8 refusals: the 8th due, but r3's prompt unread (too far behind); r4's read for it
     assert sources == ["ngram"] * 8 + ["draft"]
     assert prompts_read == [False, False, False, False, True]
+    # where a lone draft cannot pay (a 20 ms pass against 20 ms saved per token: batch 4), a
+    # due probe has no prompt read for it
+    model.pass_cost = DraftPassCost(pass_seconds=0.02, passes_per_token={1: 0.25})
+    model.record(req, 4, 0, BreakEvens(0.9, 0.9, 0.02))
+    model.acceptance.refused = model.acceptance.probe_gap  # a probe due
+    passes = model.forward_passes
+    both.read_prompt(_request("late", [*PROMPT, 60]))
+    assert model.forward_passes == passes
     model.forget(set())
     model.check_invariants()
 

@@ -222,13 +222,16 @@ class DraftModelProposer:
         """The draft model's pass over the prompt (past what its cache holds), run as the target
         prefills it, so the first draft costs one token's pass: while drafts pay, and while
         they do not for one prompt in PROMPT_READ_EVERY_UNPAID and whenever a probe is due
-        (a prompt left unread is read by the request's first draft, if one comes). A request
-        it already follows (re-prefilled after a retraction) is left as it is."""
+        where a lone draft could pay (as its latest verification priced it: at batch 1, not
+        at batch 4 on the Qwen pair on a CPU); a prompt left unread is read by the request's
+        first draft, if one comes. A request it already follows (re-prefilled after a
+        retraction) is left as it is."""
         if req.rid in self.sequences:
             return
         if not self._pays():
             self.prompts_unread += 1
-            due = self.acceptance.probe_due  # a probe waits for a request in step
+            # a due probe waits for a request in step, where a lone draft can pay at all
+            due = self.acceptance.probe_due and self.gain(1) > 0.0
             if self.prompts_unread < PROMPT_READ_EVERY_UNPAID and not due:
                 return
         self.prompts_unread = 0
