@@ -264,16 +264,17 @@ class KindAcceptance:
         if paying:
             self.refused, self.probe_gap = 0, KIND_PROBE_EVERY
             return True
+        due = self.probe_due
         self.refused += 1
-        if self.refused < self.probe_gap or not cheap:
+        if not due or not cheap:
             return False
         self.refused, self.probe_gap = 0, min(2 * self.probe_gap, KIND_PROBE_MAX)
         return True
 
     @property
     def probe_due(self) -> bool:
-        """Whether the next proposal that `admit` refuses for want of a cheap moment would
-        otherwise be a probe."""
+        """Whether the next proposal `admit` is asked about, while drafts do not pay, is a
+        probe if it is cheap."""
         return self.refused + 1 >= self.probe_gap
 
     def info(self) -> dict[str, float]:

@@ -24,10 +24,10 @@ if TYPE_CHECKING:
 
 
 class NgramBeforeDraft:
-    """Drafts copied from text already seen (n-gram lookups: free) where the request has a
-    match its kind keeps at least as often as the draft model keeps its drafts, else the draft
-    model's (a pass of it per token), else the weaker match: a `Speculator` over both, each
-    keeping its own draft length and acceptance."""
+    """Drafts copied from text already seen (n-gram lookups: free) where the request's match
+    likely gains as much as the draft model's next draft, else the draft model's (a pass of it
+    per token), else the weaker match: a `Speculator` over both, each keeping its own draft
+    length and acceptance."""
 
     def __init__(self, ngram: NgramProposer, model: DraftModelProposer) -> None:
         self.sources: tuple[NgramProposer, DraftModelProposer] = (ngram, model)
