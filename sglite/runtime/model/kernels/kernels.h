@@ -46,11 +46,12 @@ enum { BF16_DOT_PAYS_PERCENT = 50, KERNEL_OFF_ROWS = 1073741824 };
 /* Rows from which a batch rounding activations takes gguf_gemm_a8 instead of gguf_gemv_a8
  * (where the tile GEMM does not take it first; never in deterministic mode, whose products keep
  * one kernel for every row count): A8_GEMM_MIN_ROWS_Q6_K for a weight mostly of Q6_K blocks,
- * slower to decode (gguf_a8_gemm_min_rows). */
-enum { A8_GEMM_MIN_ROWS = 4, A8_GEMM_MIN_ROWS_Q6_K = 8 };
+ * slower to decode (gguf_a8_gemm_min_rows). Measured on an Intel host without AMX, in whole
+ * decode passes (docs/benchmarks.md): isolated, the GEMM is ahead on Q4_K weights from 3 rows,
+ * but a pass of 3 rows is faster with the GEMV's streamed reads. */
+enum { A8_GEMM_MIN_ROWS = 4, A8_GEMM_MIN_ROWS_Q6_K = 5 };
 /* The thresholds where the CPU runs 512-bit operations as two halves (vectors_512_split: AMD
- * Zen 4), measured there per kind of weight since the GEMM keeps the k-quants' offsets in its
- * integer sums (docs/benchmarks.md); the pair above is from an Intel host without AMX. There the
+ * Zen 4), measured there per kind of weight (docs/benchmarks.md). There the
  * GEMV reads k-quant rows longer than SHORT_ROW_BYTES as one stream (gguf_a8.c), and the GEMM
  * takes those weights from A8_GEMM_MIN_ROWS_LONG_SPLIT rows; shorter rows from
  * A8_GEMM_MIN_ROWS_SPLIT (A8_GEMM_MIN_ROWS_Q6_K_SPLIT mostly of Q6_K), blocks of 32 from
