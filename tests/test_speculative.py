@@ -161,6 +161,47 @@ def test_a_rename_that_the_copy_goes_on_past_is_carried_into_later_drafts():
     assert refused.states["x"].substitutions == {}  # ... so it is dropped
 
 
+def test_an_edit_just_past_a_match_accepted_whole_is_followed_and_learned():
+    """A copied draft accepted whole, then the model's own token where the source has 10 (a
+    rename right after the copied run): no suffix ending in it matches, so the draft follows
+    the source past it, and the copy going on makes it a substitution. Where the model writes
+    the source's own token the copy goes on by the lookup; where the copy ended (the pointer's
+    draft fails at once) nothing is learned and the pointer goes."""
+    prompt = [100, 1, 2, 3, 4, 5, 6, 10, 7, 8, 9, 101]
+
+    def at(output: list[int], rid: str = "r") -> SimpleNamespace:
+        req = _req(prompt, rid)
+        req.output_ids, req.num_fill = output, len(prompt) + len(output)
+        return req
+
+    def copied_whole(proposer: NgramProposer, rid: str) -> None:
+        assert proposer.propose(at([1, 2], rid)) == [3, 4, 5, 6]
+        proposer.record(at([1, 2], rid), drafted=4, accepted=4, shares=BreakEvens.uniform())
+
+    proposer = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=2, max_match=4)
+    copied_whole(proposer, "r")
+    renamed = [1, 2, 3, 4, 5, 6, 20]  # the model's own token after the draft replaced 10
+    assert proposer.propose(at(renamed)) == [7, 8]
+    assert proposer.states["r"].kind == "rejoin"  # a kind of its own: its share is its own
+    proposer.record(at(renamed), drafted=2, accepted=2, shares=BreakEvens.uniform())
+    proposer.propose(at(renamed + [7, 8, 9]))
+    assert proposer.states["r"].substitutions == {10: 20}
+
+    goes_on = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=2, max_match=4)
+    copied_whole(goes_on, "g")
+    assert goes_on.propose(at([1, 2, 3, 4, 5, 6, 10], "g"))[:4] == [7, 8, 9, 101]
+    assert goes_on.states["g"].kind == "strong"
+
+    ended = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=2, max_match=4)
+    copied_whole(ended, "e")
+    assert ended.propose(at([1, 2, 3, 4, 5, 6, 30], "e")) == [7, 8]
+    ended.record(
+        at([1, 2, 3, 4, 5, 6, 30], "e"), drafted=2, accepted=0, shares=BreakEvens.uniform()
+    )
+    assert ended.propose(at([1, 2, 3, 4, 5, 6, 30, 31], "e")) == []
+    assert ended.states["e"].substitutions == {}
+
+
 def test_the_radix_cache_drafts_what_followed_the_whole_sequence():
     pool = KVPool(64, num_layers=1, num_kv_heads=1, head_dim=1, dtype=torch.float32)
     cache = RadixCache(pool)

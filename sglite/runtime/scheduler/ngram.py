@@ -28,23 +28,27 @@ of one token), and when no match of `STRONG_MATCH` tokens or more exists, it dra
 follows that position before trying shorter matches (which often point at the wrong one of
 several similar lines). Its first draft is `POINTER_DRAFT_TOKENS` long, each next one twice
 the last while they are accepted whole (a copy running on between edits). A pointer whose
-own draft is rejected at its first token is dropped, and an n-gram draft accepted whole leaves
-none (a copy that goes on is matched as usual; one that ended would be drafted on at a loss).
+own draft is rejected at its first token is dropped. After an n-gram draft accepted whole the
+model's own next token decides: the source's token means the copy goes on, which the lookup
+follows; another token is an edit just past the copied run (or the copy's end, which the
+pointer's first short draft finds at the cost of a row or two), so the pointer is set past it.
 
 Renames: an edit that renames something writes the same new token for every occurrence of the
-old one. When the model writes its own token where a draft copied another, and its next token
-is the one that followed in the source (the copy goes on past a replacement), the replacement
-is the request's substitution (`NgramState.substitutions`): later drafts copied from its own
+old one. When the model writes its own token where a draft copied another (or where the
+source went on just past a draft accepted whole), and its next token is the one that followed
+in the source (the copy goes on past a replacement), the replacement is the request's
+substitution (`NgramState.substitutions`): later drafts copied from its own
 text carry it, and suffixes are also looked up with the new tokens read as the old ones, so a
 copy of a renamed passage matches its source; a draft whose substituted token the model does
 not write drops it. An insertion or the end of a copy (the source's next token does not follow)
 teaches nothing.
 
-Those are four kinds of draft (`DRAFT_KINDS`), accepted at very different rates by the text:
-free writing repeats short runs that are not copies, and an edit's pointer guesses wrong in
-prose. Each kind is proposed only while its recent tokens' accepted share (`KindAcceptance`,
-over all requests) is above the share a long draft needs to pay (the scheduler's measured
-`least` break-even), and probed less and less often while it is not.
+Those are five kinds of draft (`DRAFT_KINDS`), accepted at very different rates by the text:
+free writing repeats short runs that are not copies, an edit's pointer guesses wrong in prose,
+and a rejoin wherever copied values end and the model's own text goes on (a record). Each kind
+is proposed only while its recent tokens' accepted share (`KindAcceptance`, over all requests)
+is above the share a long draft needs to pay (the scheduler's measured `least` break-even), and
+probed less and less often while it is not.
 """
 
 from __future__ import annotations
@@ -77,10 +81,12 @@ CACHE_DRAFT_SCALE = 4
 # the source pointer; shorter ones only where there is no pointer.
 STRONG_MATCH = 4
 # Where a draft comes from: the radix cache, a suffix match of STRONG_MATCH tokens or more, the
-# source pointer, a shorter match. How often each is accepted depends on the text (a copy, an
-# edit, free writing), so each kind is drafted only while its tokens' accepted share pays
+# source pointer (past a rejected draft's replaced token, or "rejoin": past the model's own
+# token just after a match accepted whole), a shorter match. How often each is accepted depends
+# on the text (a copy, an edit, a record whose copied values end where the model's own text
+# begins, free writing), so each kind is drafted only while its tokens' accepted share pays
 # (`KindAcceptance`).
-DRAFT_KINDS = ("cache", "strong", "pointer", "weak")
+DRAFT_KINDS = ("cache", "strong", "pointer", "rejoin", "weak")
 # A draft from the source pointer is a guess about an edit's extent: it starts short, so that a
 # wrong one costs a verification of a few rows (about a plain step) rather than of a long draft,
 # and doubles while the copy runs on.
@@ -102,15 +108,18 @@ class NgramState:
     proposed_at: int = 0  # the request's length when the last draft was proposed
     pointer_for: int = -1  # the request's length the pointer was set for (else it is stale)
     pointer_length: int = POINTER_DRAFT_TOKENS  # the pointer's next draft length
+    # Whether the pointer stands only if the token before it was replaced (set after a match
+    # accepted whole: the model's next token decides, `_stale_pointer`)
+    pointer_if_replaced: bool = False
     kind: str = ""  # where the last draft came from (a DRAFT_KINDS name)
     share: float | None = None  # its kind's accepted share (None: the draft is a probe)
     # The request's replacements (a source token -> the token the model writes for it; their
-    # inverse, for lookups), the last draft as copied (before them), and a replacement awaiting
-    # the token after it.
+    # inverse, for lookups), the last draft as copied (before them), and the replacements
+    # awaiting the token after them.
     substitutions: dict[int, int] = field(default_factory=dict)
     originals: dict[int, int] = field(default_factory=dict)
     copied: list[int] = field(default_factory=list)
-    pending: Replacement | None = None
+    pending: list[Replacement] = field(default_factory=list)
 
     def substitute(self, source: int, written: int) -> None:
         """Copies of `source` are written as `written` from now on."""
@@ -171,7 +180,7 @@ class NgramProposer:
         tokens = state.history.sync(req)
         self._confirm_replacement(state, tokens)
         state.draft_start, state.from_pointer, state.proposed_at = None, False, len(tokens)
-        if state.pointer_for != len(tokens):  # tokens written without a draft since
+        if self._stale_pointer(state, tokens):
             state.pointer = None
         if self.cache is not None:
             room = min(draft_room(req, self.context_len), MAX_DRAFT_TOKENS)
@@ -184,7 +193,8 @@ class NgramProposer:
         if start is not None and not self._pays(state, "strong"):
             start = None
         pointing = state.pointer is not None and state.pointer < len(tokens) - 1
-        if start is None and pointing and self._pays(state, "pointer"):
+        kind = "rejoin" if state.pointer_if_replaced else "pointer"
+        if start is None and pointing and self._pays(state, kind):
             start, state.from_pointer = state.pointer, True
             length = min(length, state.pointer_length)
         if start is None:
@@ -231,35 +241,55 @@ class NgramProposer:
         if state.from_pointer:  # a copy past an edit that goes on is drafted further each time
             longer = min(2 * state.pointer_length, self.num_draft_tokens)
             state.pointer_length = longer if whole else POINTER_DRAFT_TOKENS
-        # A copy matched whole goes on by the n-gram lookup; the pointer only follows edits.
-        matched_whole = whole and not state.from_pointer
         failed = state.from_pointer and accepted == 0
-        if state.draft_start is None or matched_whole or failed:
+        if state.draft_start is None or failed:
             state.pointer = None
         else:
             state.pointer = state.draft_start + accepted + 1
             state.pointer_for = state.proposed_at + accepted + 1
+            # A copy matched whole that goes on is followed by the n-gram lookup; the pointer
+            # stays only if the model's next token replaced the source's (an edit just past it).
+            state.pointer_if_replaced = whole and not state.from_pointer
+
+    @staticmethod
+    def _stale_pointer(state: NgramState, tokens: list[int]) -> bool:
+        """Whether the source pointer no longer applies: tokens were written without a draft
+        since it was set, or it was set past a match accepted whole and the model's next token
+        is the source's own."""
+        if state.pointer is None or state.pointer_for != len(tokens):
+            return True
+        return state.pointer_if_replaced and tokens[-1] == tokens[state.pointer - 1]
 
     @staticmethod
     def _note_replacement(state: NgramState, drafted: int, accepted: int) -> None:
-        """After a verification of a copied draft that the model left at a token: note where,
-        for `_confirm_replacement`; a substituted token it did not write is forgotten."""
-        if state.draft_start is None or accepted >= min(drafted, len(state.copied)):
+        """After a verification of a copied draft: note where the model's own token after the
+        accepted ones stands against the source's, for `_confirm_replacement` (after a rejected
+        draft, or one accepted whole, it may be a rename); a substituted token the model did
+        not write is forgotten."""
+        if state.draft_start is None:
             return
-        state.forget_substitution(state.copied[accepted])
-        state.pending = Replacement(state.draft_start + accepted, state.proposed_at + accepted)
+        if accepted < min(drafted, len(state.copied)):
+            state.forget_substitution(state.copied[accepted])
+        state.pending.append(
+            Replacement(state.draft_start + accepted, state.proposed_at + accepted)
+        )
 
     @staticmethod
     def _confirm_replacement(state: NgramState, tokens: list[int]) -> None:
         """Once the token after a noted replacement is written: when it is the one that
         followed the replaced token in the source, the replacement is a substitution."""
-        pending = state.pending
-        if pending is None or pending.written_at + 1 >= len(tokens):
-            return
-        state.pending = None
-        source, written = tokens[pending.source_at], tokens[pending.written_at]
-        if written != source and tokens[pending.written_at + 1] == tokens[pending.source_at + 1]:
-            state.substitute(source, written)
+        waiting = []
+        for pending in state.pending:
+            if pending.written_at + 1 >= len(tokens):
+                waiting.append(pending)
+                continue
+            source, written = tokens[pending.source_at], tokens[pending.written_at]
+            if (
+                written != source
+                and tokens[pending.written_at + 1] == tokens[pending.source_at + 1]
+            ):
+                state.substitute(source, written)
+        state.pending = waiting
 
     def read_prompt(self, req: Req) -> None:
         """Nothing: a lookup indexes the prompt at its first proposal."""
