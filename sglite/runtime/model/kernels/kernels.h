@@ -46,10 +46,9 @@ enum { BF16_DOT_PAYS_PERCENT = 50, KERNEL_OFF_ROWS = 1073741824 };
 /* Rows from which a batch rounding activations takes gguf_gemm_a8 instead of gguf_gemv_a8
  * (where the tile GEMM does not take it first; never in deterministic mode, whose products keep
  * one kernel for every row count): A8_GEMM_MIN_ROWS_Q6_K for a weight mostly of Q6_K blocks,
- * slower to decode (gguf_a8_gemm_min_rows). Measured on an Intel host without AMX, in whole
- * decode passes (docs/benchmarks.md): isolated, the GEMM is ahead on Q4_K weights from 3 rows,
- * but a pass of 3 rows is faster with the GEMV's streamed reads. */
-enum { A8_GEMM_MIN_ROWS = 4, A8_GEMM_MIN_ROWS_Q6_K = 5 };
+ * slower to decode (gguf_a8_gemm_min_rows). Measured on an Intel host without AMX, per weight
+ * (bench_products) and in whole decode passes (bench_pass_rows; docs/benchmarks.md). */
+enum { A8_GEMM_MIN_ROWS = 3, A8_GEMM_MIN_ROWS_Q6_K = 5 };
 /* The thresholds where the CPU runs 512-bit operations as two halves (vectors_512_split: AMD
  * Zen 4), measured there per kind of weight (docs/benchmarks.md). There the
  * GEMV reads k-quant rows longer than SHORT_ROW_BYTES as one stream (gguf_a8.c), and the GEMM

@@ -1,0 +1,50 @@
+"""benchmarks/bench_pass_rows.py on the default model: the second copy's weights take the VNNI
+GEMM from the row counts asked for (and only those weights move), and the table has one row of
+positive timings per row count."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import bench_pass_rows
+from sglite.runtime.model.gguf_weight import GGUFWeight
+from sglite.runtime.model.loader import load_model
+
+
+def test_the_other_thresholds_apply_to_the_moved_weights_only_while_used():
+    loaded = load_model("smollm2-135m", quantization="auto", progress=False)
+    gate_up = loaded.model.layers[0].mlp.gate_up_proj.quantized
+    head = loaded.model.lm_head_quantized
+    assert isinstance(gate_up, GGUFWeight) and isinstance(head, GGUFWeight)
+    built, head_built = gate_up.a8_gemm_min_rows, head.a8_gemm_min_rows
+    switch = bench_pass_rows.ThresholdSwitch(loaded, {built: 7})
+    # every layer's gate_up has the same block type, so each moves (the head only with them)
+    assert len(switch.moved) >= loaded.config.num_layers
+    switch.use("other")
+    assert gate_up.a8_gemm_min_rows == 7
+    assert head.a8_gemm_min_rows == (7 if head_built == built else head_built)
+    switch.use("built")
+    assert (gate_up.a8_gemm_min_rows, head.a8_gemm_min_rows) == (built, head_built)
+    # each native decode step's tables hold its own thresholds
+    tables = {name: decoder.tables[True][0] for name, decoder in switch.decoders.items()}
+    assert tables["built"][0].gate_up.a8_gemm_min_rows == built
+    assert tables["other"][0].gate_up.a8_gemm_min_rows == 7
+
+
+def test_the_table_has_a_row_per_row_count(capsys):
+    argv = ["--model", "smollm2-135m", "--rows", "1,5", "--rounds", "1", "--against", "4:8"]
+    assert bench_pass_rows.main(argv) == 0
+    out = capsys.readouterr().out
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| ")][1:]
+    cells = [[c.strip() for c in row] for row in rows]
+    assert [row[0] for row in cells] == ["1", "5"]
+    for _, built_ms, other_ms, ratio in cells:
+        assert float(built_ms) > 0 and float(other_ms) > 0 and ratio.endswith("x")
+    assert "weights moved (4:8)" in out
+
+
+def test_a_malformed_move_is_refused(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        bench_pass_rows.main(["--model", "smollm2-135m", "--against", "five"])
+    assert exit_.value.code == 2
+    assert "--against takes FROM:TO row counts" in capsys.readouterr().err
