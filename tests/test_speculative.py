@@ -202,6 +202,32 @@ def test_an_edit_just_past_a_match_accepted_whole_is_followed_and_learned():
     assert ended.states["e"].substitutions == {}
 
 
+def test_a_new_pointers_first_draft_is_short_after_an_earlier_one_grew():
+    """A pointer's drafts double while accepted whole; a later pointer (here a rejoin after a
+    match accepted whole) starts again at POINTER_DRAFT_TOKENS, so a wrong guess costs few rows."""
+    prompt = [100, 1, 2, 3, 10, 4, 5, 6, 7, 8, 101]
+
+    def at(output: list[int]) -> SimpleNamespace:
+        req = _req(prompt)
+        req.output_ids, req.num_fill = output, len(prompt) + len(output)
+        return req
+
+    proposer = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=2, max_match=4)
+
+    def verified(output: list[int], accepted: int) -> None:
+        draft = proposer.propose(at(output))
+        proposer.record(at(output), len(draft), accepted, BreakEvens.uniform())
+
+    verified([1, 2], 1)  # 10 replaced by 20: a pointer past it
+    verified([1, 2, 3, 20], 2)  # its draft 4 5 accepted whole: the next would be twice as long
+    assert proposer.states["r"].pointer_length == 2 * POINTER_DRAFT_TOKENS
+    verified([1, 2, 3, 20, 4, 5, 6], 4)  # a strong match, 7 8 101 1, accepted whole
+    # the model wrote 30 where the source has 2
+    rejoined = [1, 2, 3, 20, 4, 5, 6, 7, 8, 101, 1, 30]
+    assert proposer.propose(at(rejoined)) == [3, 20]  # the rename carried, 2 tokens long
+    assert proposer.states["r"].kind == "rejoin"
+
+
 def test_the_radix_cache_drafts_what_followed_the_whole_sequence():
     pool = KVPool(64, num_layers=1, num_kv_heads=1, head_dim=1, dtype=torch.float32)
     cache = RadixCache(pool)

@@ -250,6 +250,8 @@ class NgramProposer:
             # A copy matched whole that goes on is followed by the n-gram lookup; the pointer
             # stays only if the model's next token replaced the source's (an edit just past it).
             state.pointer_if_replaced = whole and not state.from_pointer
+            if not state.from_pointer:  # a new pointer: its first draft is short
+                state.pointer_length = POINTER_DRAFT_TOKENS
 
     @staticmethod
     def _stale_pointer(state: NgramState, tokens: list[int]) -> bool:
