@@ -739,6 +739,20 @@ def test_a_draft_model_that_does_not_pay_probes_a_request_its_ngram_match_serves
     passes = model.forward_passes
     both.read_prompt(_request("late", [*PROMPT, 60]))
     assert model.forward_passes == passes
+    # where a lone draft can pay again (50 ms saved per token), a due probe has one prompt read
+    # for it, not each of a batch's prompts arriving together
+    model.record(req, 4, 0, BreakEvens(0.3, 0.3, 0.05))
+    model.acceptance.refused = model.acceptance.probe_gap  # a probe due
+    reads = []
+    for name, tokens in (("a", [7, 8]), ("b", [9, 10])):
+        passes = model.forward_passes
+        both.read_prompt(_request(name, [*PROMPT, *tokens]))
+        reads.append(model.forward_passes > passes)
+    assert reads == [True, False]
+    model.forget({"b"})  # "a" ended before the probe came: the next due probe reads again
+    passes = model.forward_passes
+    both.read_prompt(_request("c", [*PROMPT, 11, 12]))
+    assert model.forward_passes > passes
     model.forget(set())
     model.check_invariants()
 

@@ -119,6 +119,8 @@ class DraftModelProposer:
         self.pass_cost = DraftPassCost()
         self.calibration = ConfidenceCalibration()
         self.prompts_unread = 0  # prompts left unread since the last one read while not paying
+        # the request whose prompt was read for the probe now due (one will do), while it runs
+        self.probe_prompt_for: str | None = None
 
     @classmethod
     def load(
@@ -213,6 +215,7 @@ class DraftModelProposer:
         held = seq.held(target)
         if not self.acceptance.admit(self._pays(), cheap=len(target) - held <= PROBE_MAX_BEHIND):
             return None
+        self.probe_prompt_for = None
         self._rewind(seq, target, held)
         seq.probabilities = []
         reads_prompt = len(seq.tokens) < len(req.prompt_ids)
@@ -220,20 +223,23 @@ class DraftModelProposer:
 
     def read_prompt(self, req: Req) -> None:
         """The draft model's pass over the prompt (past what its cache holds), run as the target
-        prefills it, so the first draft costs one token's pass: while drafts pay, and while
-        they do not for one prompt in PROMPT_READ_EVERY_UNPAID and whenever a probe is due
-        where a lone draft could pay (as its latest verification priced it: at batch 1, not
-        at batch 4 on the Qwen pair on a CPU); a prompt left unread is read by the request's
-        first draft, if one comes. A request it already follows (re-prefilled after a
-        retraction) is left as it is."""
+        prefills it, so the first draft costs one token's pass: while drafts pay, and while they
+        do not for one prompt in PROMPT_READ_EVERY_UNPAID and for one prompt when a probe is due
+        where a lone draft could pay (as its latest verification priced it: at batch 1, not at
+        batch 4 on the Qwen pair on a CPU); a prompt left unread is read by the request's first
+        draft, if one comes. A request it already follows (re-prefilled after a retraction) is
+        left as it is."""
         if req.rid in self.sequences:
             return
         if not self._pays():
             self.prompts_unread += 1
-            # a due probe waits for a request in step, where a lone draft can pay at all
-            due = self.acceptance.probe_due and self.gain(1) > 0.0
+            # a due probe waits for a request in step, where a lone draft can pay at all; one
+            # prompt read for it will do (the batch's other prompts are left unread)
+            due = self.acceptance.probe_due and self.probe_prompt_for is None and self.gain(1) > 0
             if self.prompts_unread < PROMPT_READ_EVERY_UNPAID and not due:
                 return
+            if self.acceptance.probe_due:
+                self.probe_prompt_for = req.rid
         self.prompts_unread = 0
         seq = self.sequences[req.rid] = self._start(req)
         feed = req.prompt_ids[len(seq.tokens) :]
@@ -266,6 +272,8 @@ class DraftModelProposer:
         same prefix reuses them) and release the rest of their slots."""
         for rid in [rid for rid in self.sequences if rid not in live]:
             self._release(self.sequences.pop(rid))
+        if self.probe_prompt_for not in live:  # it ended before the probe came
+            self.probe_prompt_for = None
 
     def flush(self) -> None:
         """Empty the draft cache; called with no request in flight, so every sequence (an
