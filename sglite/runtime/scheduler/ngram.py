@@ -34,14 +34,13 @@ follows; another token is an edit just past the copied run (or the copy's end, w
 pointer's first short draft finds at the cost of a row or two), so the pointer is set past it.
 
 Renames: an edit that renames something writes the same new token for every occurrence of the
-old one. When the model writes its own token where a draft copied another (or where the
-source went on just past a draft accepted whole), and its next token is the one that followed
-in the source (the copy goes on past a replacement), the replacement is the request's
-substitution (`NgramState.substitutions`): later drafts copied from its own
-text carry it, and suffixes are also looked up with the new tokens read as the old ones, so a
-copy of a renamed passage matches its source; a draft whose substituted token the model does
-not write drops it. An insertion or the end of a copy (the source's next token does not follow)
-teaches nothing.
+old one. When the model writes its own token where a draft copied another (or where the source
+went on just past a draft accepted whole), and its next token is the one that followed in the
+source (the copy goes on past a replacement), the replacement is the request's substitution
+(`NgramState.substitutions`): later drafts copied from its own text carry it, and suffixes are
+also looked up with the new tokens read as the old ones, so a copy of a renamed passage matches
+its source; a draft whose substituted token the model does not write drops it. An insertion or
+the end of a copy (the source's next token does not follow) teaches nothing.
 
 Those are five kinds of draft (`DRAFT_KINDS`), accepted at very different rates by the text:
 free writing repeats short runs that are not copies, an edit's pointer guesses wrong in prose,
