@@ -38,11 +38,15 @@ def _vm_rss(pid: int) -> int:
 def test_tree_memory_sums_child_and_grandchild():
     proc = subprocess.Popen([sys.executable, "-c", TREE])
     try:
-        deadline = time.monotonic() + 30
+        # held: both processes past 64 MB and done touching it (their RSS as at the last poll;
+        # a process still touching its pages grows between two reads)
+        deadline, last = time.monotonic() + 30, None
         while time.monotonic() < deadline:
             tree = process_tree(proc.pid)
-            if len(tree) == 2 and all(_vm_rss(p) > 64 * MB for p in tree):
+            rss = [_vm_rss(p) for p in tree] if len(tree) == 2 else None
+            if rss is not None and min(rss) > 64 * MB and rss == last:
                 break
+            last = rss
             time.sleep(0.05)
         else:
             pytest.fail(f"the child tree never held its memory: {process_tree(proc.pid)}")
