@@ -1,16 +1,17 @@
 """A GGUF model's projections by row count: the int8 GEMV (gguf_gemv_a8), the VNNI GEMM
 (gguf_gemm_a8, where the build has 512-bit VNNI and it serves the weight) and the tile GEMM
-(gguf_gemm_amx: AMX tiles, or AVX512-BF16 dot products on CPUs without AMX), the weights as the
-model holds them, bfloat16 x; for weights with Q5_0 parts also the VNNI GEMM on them tiled as a
-draft model holds them (`gguf_tiles.h`; e.g. `--model qwen2.5-coder-0.5b`).
+(gguf_gemm_amx: AMX tiles, or AVX512-BF16 dot products on CPUs without AMX) on the weights as
+the file stores them, bfloat16 x; for weights with Q5_0, Q8_0, Q4_K or Q6_K parts also the VNNI
+GEMM on them tiled (`gguf_tiles.h`), as the loader holds them where every product rounds x and
+the CPU has no AMX.
 
 For each kind of weight in the model (the fused q/k/v, the MLP's gate_up, a down projection of
 each block type, the output head) and each row count, the kernels that run here alternate,
 `--rounds` times each, and the table prints each one's best time in ms and which one the model
 takes at that count (`GGUFWeight.amx_min_rows` and `a8_gemm_min_rows`, from the weight's block
-types and the CPU). These are the data behind the `AMX_MIN_ROWS`, `BF16_DOT_MIN_ROWS` and
-`A8_GEMM_MIN_ROWS` families (kernels.h): a verification of a speculative draft, or a small
-decode batch, is such a product per layer.
+types and the CPU; a tiled weight takes the tiled GEMM at every count). These are the data
+behind the `AMX_MIN_ROWS`, `BF16_DOT_MIN_ROWS` and `A8_GEMM_MIN_ROWS` families (kernels.h): a
+verification of a speculative draft, or a small decode batch, is such a product per layer.
 
 Run: python -m benchmarks.bench_products [--model qwen2.5-coder-1.5b] [--rows 1,2,4,6,8,9,12,16]
 [--rounds 15]
@@ -27,8 +28,8 @@ from benchmarks.common import command_line, make_parser, markdown_table
 from benchmarks.host import cpu_line
 from sglite.runtime.model import kernels
 from sglite.runtime.model.catalog import resolve_model_path
-from sglite.runtime.model.gguf_block_weights import tiled_q5_0_parts
-from sglite.runtime.model.gguf_weight import GGUFWeight
+from sglite.runtime.model.gguf_block_weights import tiled_parts
+from sglite.runtime.model.gguf_weight import TILED_TYPES, GGUFPart, GGUFWeight, untile
 from sglite.runtime.model.kernels.abi import ABI
 from sglite.runtime.model.loader import load_model
 
@@ -36,7 +37,8 @@ KERNEL_OFF_ROWS = ABI.constants["KERNEL_OFF_ROWS"]
 
 
 def weights_by_kind(model) -> dict[str, GGUFWeight]:
-    """One weight of each (projection, block types) kind in the model, and the head."""
+    """One weight of each (projection, block types) kind in the model, and the head, as the
+    model holds them (named by the file's block types)."""
     found: dict[str, GGUFWeight] = {}
     for layer in model.layers:
         for name, linear in (
@@ -46,11 +48,22 @@ def weights_by_kind(model) -> dict[str, GGUFWeight]:
         ):
             weight = linear.quantized
             if isinstance(weight, GGUFWeight):
-                found.setdefault(f"{name} {weight.kind}", weight)
+                found.setdefault(f"{name} {file_rows(weight).kind}", weight)
     head = getattr(model, "lm_head_quantized", None)
     if isinstance(head, GGUFWeight):
-        found[f"head {head.kind}"] = head
+        found[f"head {file_rows(head).kind}"] = head
     return found
+
+
+def file_rows(weight: GGUFWeight) -> GGUFWeight:
+    """The weight with its parts as the file stores them (tiled ones untiled)."""
+    if not weight.tiled:
+        return weight
+    parts = [
+        GGUFPart(p.type_name, untile(p.type_name, p.data) if p.tiled else p.data)
+        for p in weight.parts
+    ]
+    return GGUFWeight(parts, weight.in_features, round_activations=True)
 
 
 def call_ms(fn: Callable[[], object]) -> float:
@@ -60,9 +73,9 @@ def call_ms(fn: Callable[[], object]) -> float:
 
 
 def tiled_copy(weight: GGUFWeight) -> GGUFWeight | None:
-    """The weight with its Q5_0 parts tiled as a draft model holds them (docs/cpu.md), or None
-    where it has none or the VNNI GEMM cannot serve it."""
-    parts = tiled_q5_0_parts(weight.parts, weight.in_features)
+    """The weight (as the file stores it) with its Q5_0, Q8_0, Q4_K and Q6_K parts tiled, or
+    None where it has none or the VNNI GEMM cannot serve it."""
+    parts = tiled_parts(weight.parts, weight.in_features, frozenset(TILED_TYPES))
     return None if parts is None else GGUFWeight(parts, weight.in_features, round_activations=True)
 
 
@@ -94,7 +107,10 @@ def measure(
 
 
 def kernel_taken(weight: GGUFWeight, rows: int) -> str:
-    """The kernel the model takes for a DECODE batch of `rows` rows (the weight's thresholds)."""
+    """The kernel the model takes for a DECODE batch of `rows` rows (the weight's thresholds;
+    a tiled weight's one kernel)."""
+    if weight.tiled:
+        return "tiled"
     if kernels.tile_gemm_available() and rows >= weight.amx_min_rows:
         return "tile"
     return "vnni" if rows >= weight.a8_gemm_min_rows else "gemv"
@@ -122,9 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     table = []
     names = ("gemv", "vnni", "tiled", "tile")
     for kind, weight in weights_by_kind(loaded.model).items():
-        tiled = tiled_copy(weight)
+        plain = file_rows(weight)
+        tiled = tiled_copy(plain)
         for rows in (int(r) for r in args.rows.split(",")):
-            ms = measure(weight, tiled, rows, args.rounds)
+            ms = measure(plain, tiled, rows, args.rounds)
             cells = [f"{ms[name]:.2f}" if name in ms else "-" for name in names]
             shape = "x".join(map(str, weight.shape()))
             table.append([kind, shape, str(rows), *cells, kernel_taken(weight, rows)])

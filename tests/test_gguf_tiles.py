@@ -1,6 +1,6 @@
-"""Q5_0 weights tiled 16 rows at a time for the VNNI GEMM (kernels/gguf_tiles.h): the same bytes
-as the file's in another order, the same products bit for bit, and no other kernel misreading
-them."""
+"""Q5_0, Q4_K and Q6_K weights tiled 16 rows at a time for the VNNI GEMM (kernels/gguf_tiles.h):
+the same bytes as the file's in another order, the same products bit for bit, rows looked up
+as the file's, and no other product kernel misreading them."""
 
 from __future__ import annotations
 
@@ -12,45 +12,73 @@ import torch
 from test_gguf_activations import VNNI_GEMM, _blocks
 
 from sglite.runtime.model import kernels
-from sglite.runtime.model.gguf_weight import GGUFPart, GGUFWeight, untile_q5_0
+from sglite.runtime.model.gguf_weight import BLOCK_TYPES, GGUFPart, GGUFWeight, untile
 from sglite.runtime.model.kernels.abi import ABI
 
 pytestmark = pytest.mark.skipif(not kernels.native_available(), reason="needs the native kernels")
 needs_vnni = pytest.mark.skipif(not VNNI_GEMM, reason="the VNNI GEMM needs an AVX512-VNNI build")
 
 
-def _tiled(blocks: np.ndarray) -> np.ndarray:
+def _tiled(blocks: np.ndarray, type_name: str = "Q5_0") -> np.ndarray:
     out = np.empty_like(blocks)
-    assert kernels.gguf_tile_q5_0(blocks, out)
+    size, values = {"Q5_0": (22, 32), "Q8_0": (34, 32), "Q4_K": (144, 256), "Q6_K": (210, 256)}[
+        type_name
+    ]
+    k = blocks.shape[1] // size * values
+    assert kernels.gguf_tile(BLOCK_TYPES[type_name], blocks, out, k)
     return out
 
 
 def test_tiling_moves_the_files_bytes_into_the_documented_order():
-    """The C tiling's output read back by the layout's definition in numpy (untile_q5_0) is the
-    file's rows byte for byte, and a tile's first 32 bytes are its rows' scales in row order."""
+    """The C tiling's output read back by the layout's definition in numpy (untile) is the
+    file's rows byte for byte, and a tile's first bytes are its rows' scales in row order."""
     rng = np.random.default_rng(3)
     blocks = _blocks("Q5_0", 48, 96, rng)
     tiled = _tiled(blocks)
     assert tiled.shape == blocks.shape and not np.array_equal(tiled, blocks)
-    assert np.array_equal(untile_q5_0(tiled), blocks)
+    assert np.array_equal(untile("Q5_0", tiled), blocks)
     first_tile = tiled.reshape(3, 3, 352)  # tiles, blocks of 32, bytes
     assert np.array_equal(first_tile[1, 2, :32].reshape(16, 2), blocks[16:32, 2 * 22 : 2 * 22 + 2])
 
 
+@pytest.mark.parametrize("type_name, sb_bytes", [("Q4_K", 144), ("Q6_K", 210), ("Q8_0", 34)])
+def test_word_tiles_hold_each_blocks_rows_as_word_vectors(type_name, sb_bytes):
+    """A tiled k-quant super-block holds its 16 rows' 4-byte words as vectors (a row's word i of
+    a segment in bytes 4r..4r+3 of vector i); untile reads the file's rows back byte for byte."""
+    rng = np.random.default_rng(4)
+    k = 512 if type_name != "Q8_0" else 64  # two blocks a row
+    blocks = _blocks(type_name, 32, k, rng)
+    tiled = _tiled(blocks, type_name)
+    assert not np.array_equal(tiled, blocks)
+    assert np.array_equal(untile(type_name, tiled), blocks)
+    sb = tiled.reshape(2, 2, 16 * sb_bytes)[1, 1]  # tile 1, block 1
+    rows = blocks[16:32, sb_bytes : 2 * sb_bytes]  # that block of rows 16..31
+    if type_name == "Q8_0":  # the rows' d, then the values' word 3
+        assert np.array_equal(sb[:32].reshape(16, 2), rows[:, :2])
+        assert np.array_equal(sb[32 + 3 * 64 : 32 + 4 * 64].reshape(16, 4), rows[:, 14:18])
+    elif type_name == "Q4_K":  # word 0 (d, dmin) of every row, then the nibbles' word 5
+        assert np.array_equal(sb[:64].reshape(16, 4), rows[:, :4])
+        assert np.array_equal(sb[256 + 5 * 64 : 256 + 6 * 64].reshape(16, 4), rows[:, 36:40])
+    else:  # the rows' d first, then the scales' word 2
+        assert np.array_equal(sb[:32].reshape(16, 2), rows[:, 208:210])
+        assert np.array_equal(sb[32 + 2 * 64 : 32 + 3 * 64].reshape(16, 4), rows[:, 200:204])
+
+
 def test_tiling_refuses_rows_that_are_not_whole_tiles():
     blocks = _blocks("Q5_0", 24, 64, np.random.default_rng(0))
-    assert not kernels.gguf_tile_q5_0(blocks, np.empty_like(blocks))
+    assert not kernels.gguf_tile(BLOCK_TYPES["Q5_0"], blocks, np.empty_like(blocks), 64)
     with pytest.raises(ValueError, match="whole 16-row tiles"):
         GGUFWeight([GGUFPart("Q5_0", blocks, tiled=True)], 64, round_activations=True)
-    q8 = _blocks("Q8_0", 16, 64, np.random.default_rng(0))
-    with pytest.raises(ValueError, match="only Q5_0"):
-        GGUFWeight([GGUFPart("Q8_0", q8, tiled=True)], 64, round_activations=True)
+    q4 = _blocks("Q4_0", 16, 64, np.random.default_rng(0))
+    assert not kernels.gguf_tile(BLOCK_TYPES["Q4_0"], q4, np.empty_like(q4), 64)
+    with pytest.raises(ValueError, match="only Q5_0, Q8_0, Q4_K, Q6_K"):
+        GGUFWeight([GGUFPart("Q4_0", q4, tiled=True)], 64, round_activations=True)
 
 
 @needs_vnni
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_tiled_weight_gives_the_untiled_gemms_product_bit_for_bit(dtype):
-    """A fused weight of tiled Q5_0 parts beside a Q8_0 one (a draft's q/k/v): every entry point
+    """A fused weight of tiled Q5_0 and Q8_0 parts (a Q5_0 model's q/k/v): every entry point
     (matmul, matmul_decode, matmul_rows) at 1 to 37 rows is the untiled weight's VNNI GEMM,
     bit for bit; its row lookup is the untiled weight's."""
     rng = np.random.default_rng(7)
@@ -61,12 +89,12 @@ def test_a_tiled_weight_gives_the_untiled_gemms_product_bit_for_bit(dtype):
         [
             GGUFPart("Q5_0", _tiled(q), tiled=True),
             GGUFPart("Q5_0", _tiled(k_), tiled=True),
-            GGUFPart("Q8_0", v),
+            GGUFPart("Q8_0", _tiled(v, "Q8_0"), tiled=True),
         ],
         576,
         round_activations=True,
     )
-    assert tiled.kind == "q5_0x16+q8_0" and tiled.a8_gemm_min_rows == 1
+    assert tiled.kind == "q5_0x16+q8_0x16" and tiled.a8_gemm_min_rows == 1
     x = torch.randn(37, 576).to(dtype)
     for rows in (1, 2, 3, 8, 37):
         want = kernels.gguf_gemm_a8(x[:rows].contiguous(), plain.address, 96)
@@ -78,27 +106,68 @@ def test_a_tiled_weight_gives_the_untiled_gemms_product_bit_for_bit(dtype):
 
 
 @needs_vnni
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tiled_k_quants_give_the_untiled_gemms_product_bit_for_bit(dtype):
+    """A fused weight of tiled Q4_K and Q6_K parts (a Q4_K_M model's q/k/v): every entry point
+    at 1 to 37 rows is the untiled weight's VNNI GEMM bit for bit (so one row's values are
+    the same alone or in any batch), and its rows are the untiled weight's."""
+    rng = np.random.default_rng(8)
+    q, v = _blocks("Q4_K", 48, 512, rng), _blocks("Q6_K", 16, 512, rng)
+    plain = GGUFWeight([GGUFPart("Q4_K", q), GGUFPart("Q6_K", v)], 512, round_activations=True)
+    tiled = GGUFWeight(
+        [
+            GGUFPart("Q4_K", _tiled(q, "Q4_K"), tiled=True),
+            GGUFPart("Q6_K", _tiled(v, "Q6_K"), tiled=True),
+        ],
+        512,
+        round_activations=True,
+    )
+    assert tiled.kind == "q4_kx16+q6_kx16" and tiled.a8_gemm_min_rows == 1
+    x = torch.randn(37, 512).to(dtype)
+    alone = [kernels.gguf_gemm_a8(x[m : m + 1].contiguous(), plain.address, 64) for m in range(37)]
+    for rows in (1, 2, 3, 5, 8, 37):
+        want = kernels.gguf_gemm_a8(x[:rows].contiguous(), plain.address, 64)
+        assert torch.equal(want, torch.cat(alone[:rows])), rows
+        for product in (tiled.matmul, tiled.matmul_decode, tiled.matmul_rows):
+            got = product(x[:rows])
+            assert got is not None and torch.equal(got, want), (rows, product.__name__)
+    ids = torch.tensor([0, 15, 16, 47, 48, 63])
+    for out_dtype in (torch.float32, torch.bfloat16):
+        assert torch.equal(tiled.rows(ids, out_dtype), plain.rows(ids, out_dtype))
+    assert torch.equal(tiled.decoded(torch.float32), plain.decoded(torch.float32))
+
+
+@needs_vnni
 def test_a_tiled_gate_up_gives_the_untiled_gated_product():
     rng = np.random.default_rng(11)
-    gate_up = _blocks("Q5_0", 64, 128, rng)
-    plain = GGUFWeight([GGUFPart("Q5_0", gate_up)], 128, round_activations=True)
-    tiled = GGUFWeight([GGUFPart("Q5_0", _tiled(gate_up), tiled=True)], 128, round_activations=True)
-    x = torch.randn(3, 128)
-    want = kernels.gguf_gemm_a8_glu(x, plain.address, 64, kernels.ACTIVATION_CODES["silu"])
-    assert torch.equal(tiled.matmul_gated(x, "silu"), want)
+    for type_name, k in (("Q5_0", 128), ("Q8_0", 128), ("Q4_K", 256), ("Q6_K", 256)):
+        gate_up = _blocks(type_name, 64, k, rng)
+        plain = GGUFWeight([GGUFPart(type_name, gate_up)], k, round_activations=True)
+        tiled_part = GGUFPart(type_name, _tiled(gate_up, type_name), tiled=True)
+        tiled = GGUFWeight([tiled_part], k, round_activations=True)
+        x = torch.randn(3, k)
+        want = kernels.gguf_gemm_a8_glu(x, plain.address, 64, kernels.ACTIVATION_CODES["silu"])
+        assert torch.equal(tiled.matmul_gated(x, "silu"), want), type_name
 
 
-def test_no_other_kernel_reads_a_tiled_part():
-    """The GEMVs (float and int8) and the dequantization refuse a tiled part: only the VNNI GEMM
-    knows its order, so no kernel can read it as the file's rows."""
-    blocks = _tiled(_blocks("Q5_0", 16, 64, np.random.default_rng(5)))
-    part_t = ABI.structs["gguf_part_t"]
-    table = (part_t * 1)(part_t(ABI.constants["GGUF_TILED_Q5_0"], 16, blocks.ctypes.data))
-    address = ctypes.addressof(table)
-    x = torch.randn(1, 64)
-    assert kernels.gguf_gemv(x, address, 16) is None
-    assert kernels.gguf_gemv_a8(x, address, 16) is None
-    assert kernels.gguf_dequantize(address, 16, 64, torch.float32) is None
+def test_no_other_product_kernel_reads_a_tiled_part():
+    """The GEMVs (float and int8) refuse a tiled part: only the VNNI GEMM knows its order, so
+    no kernel can multiply it as the file's rows; the dequantization reads its rows as the
+    file's."""
+    for type_name, k in (("Q5_0", 64), ("Q8_0", 64), ("Q4_K", 256), ("Q6_K", 256)):
+        plain_blocks = _blocks(type_name, 16, k, np.random.default_rng(5))
+        blocks = _tiled(plain_blocks, type_name)
+        part_t = ABI.structs["gguf_part_t"]
+        tiled_id = ABI.constants["GGUF_TILED_BASE"] + BLOCK_TYPES[type_name]
+        table = (part_t * 1)(part_t(tiled_id, 16, blocks.ctypes.data))
+        address = ctypes.addressof(table)
+        x = torch.randn(1, k)
+        assert kernels.gguf_gemv(x, address, 16) is None
+        assert kernels.gguf_gemv_a8(x, address, 16) is None
+        plain = GGUFWeight([GGUFPart(type_name, plain_blocks)], k)
+        assert torch.equal(
+            kernels.gguf_dequantize(address, 16, k, torch.float32), plain.decoded(torch.float32)
+        )
 
 
 def test_a_real_draft_model_is_tiled_and_agrees_with_its_own_untiled_target():

@@ -57,7 +57,8 @@ def gguf_block_weights(
     plan: TensorParallelPlan | None = None,
     round_activations: bool = False,
     arena: WeightArena | None = None,
-    tile_q5_0: bool = False,
+    tiled_types: frozenset[str] = frozenset(),
+    tile_head: bool = False,
     round_float32_extend: bool = False,
 ) -> BlockWeights:
     """Every projection, the embedding and the output projection of `model` whose GGUF tensors
@@ -67,10 +68,11 @@ def gguf_block_weights(
     tensor-parallel `plan`, each tensor is cut to this rank's rows (a view) or input columns (a
     copy of whole blocks; a projection whose cut falls inside a block is left to the dense
     path). Projections made of other tensors (float, other types, 3D experts) are not included.
-    `round_activations`: the weights' products round x to int8 (`GGUFWeight`). `tile_q5_0`
-    (with it): the projections' Q5_0 parts are tiled for the VNNI GEMM (`GGUFPart.tiled`), in
-    each projection the GEMM serves as a whole; the embedding and the output projection keep
-    the file's rows (looked up, and cut by the draft vocabulary, by row).
+    `round_activations`: the weights' products round x to int8 (`GGUFWeight`). With it, the
+    projections' parts of `tiled_types` (of `TILED_TYPES`) are tiled for the VNNI GEMM
+    (`GGUFPart.tiled`), in each projection the GEMM serves as a whole; the embedding and the
+    output projection too with `tile_head` (else they keep the file's rows: a draft
+    vocabulary cuts a head by rows).
     `round_float32_extend`: float32 EXTEND passes round x too (`GGUFWeight`)."""
     from sglite.runtime.model.linear import Linear
 
@@ -87,7 +89,7 @@ def gguf_block_weights(
         names: list[str],
         heads: list[int | None],
         shape: tuple[int, int] | None = None,
-        tile: bool = False,
+        tile: frozenset[str] = frozenset(),
     ) -> GGUFWeight | None:
         """The tensors `names` as one weight, or None where they cannot be one (of `shape`,
         when given)."""
@@ -111,7 +113,7 @@ def gguf_block_weights(
         out.consumed.update(t.name for t in tensors)
         parts = [GGUFPart(kind, b) for kind, b in zip(kinds, blocks, strict=True)]
         if tile and round_activations:
-            parts = tiled_q5_0_parts(parts, k, arena) or parts
+            parts = tiled_parts(parts, k, tile, arena) or parts
         if arena is not None:
             parts = [p if p.tiled else GGUFPart(p.type_name, arena.place(p.data)) for p in parts]
         return GGUFWeight(parts, k, scratch, round_activations, round_float32_extend)
@@ -128,35 +130,37 @@ def gguf_block_weights(
             continue
         names = checkpoint_names(model, path)
         shape = (module.out_features, module.in_features)
-        found = weight(names, [permuted_heads(n) for n in names], shape, tile_q5_0)
+        found = weight(names, [permuted_heads(n) for n in names], shape, tiled_types)
         if found is None and len(names) > 1:  # stored fused in the file (Phi-3)
             found = weight([f"model.{path}.weight"], [None], shape)
         if found is not None:
             out.projections[path] = found
-    out.embedding = weight(["model.embed_tokens.weight"], [None])
-    out.head = out.embedding if config.tie_word_embeddings else weight(["lm_head.weight"], [None])
+    head_tiles = tiled_types if tile_head else frozenset()
+    out.embedding = weight(["model.embed_tokens.weight"], [None], tile=head_tiles)
+    tied = config.tie_word_embeddings
+    out.head = out.embedding if tied else weight(["lm_head.weight"], [None], tile=head_tiles)
     return out
 
 
-def tiled_q5_0_parts(
-    parts: list[GGUFPart], k: int, arena: WeightArena | None = None
+def tiled_parts(
+    parts: list[GGUFPart], k: int, types: frozenset[str], arena: WeightArena | None = None
 ) -> list[GGUFPart] | None:
-    """The parts with their Q5_0 ones tiled (into `arena` when given), or None where a weight
-    of them has no Q5_0 part or the VNNI GEMM would not serve it whole (every part of whole
-    16-row tiles, k whole pairs of blocks, a VNNI-512 build)."""
-    if not any(p.type_name == "Q5_0" for p in parts):
+    """The parts with those of `types` tiled (into `arena` when given), or None where a weight
+    of them has no such part or the VNNI GEMM would not serve it whole (every part of whole
+    16-row tiles, k whole decoding units, a VNNI-512 build)."""
+    if not any(p.type_name in types for p in parts):
         return None
     probe = GGUFWeight(parts, k, round_activations=True)
     if probe.a8_gemm_min_rows >= KERNEL_OFF_ROWS or any(p.rows % TILE_ROWS for p in parts):
         return None
-    return [_tiled(p, arena) if p.type_name == "Q5_0" else p for p in parts]
+    return [_tiled(p, k, arena) if p.type_name in types else p for p in parts]
 
 
-def _tiled(part: GGUFPart, arena: WeightArena | None) -> GGUFPart:
-    """A Q5_0 part tiled (into `arena` when given)."""
+def _tiled(part: GGUFPart, k: int, arena: WeightArena | None) -> GGUFPart:
+    """A part tiled (into `arena` when given)."""
     out = np.empty_like(part.data) if arena is None else arena.reserve(part.data.shape)
-    if not kernels.gguf_tile_q5_0(part.data, out):
-        raise RuntimeError("the native library could not tile a Q5_0 part")
+    if not kernels.gguf_tile(BLOCK_TYPES[part.type_name], part.data, out, k):
+        raise RuntimeError(f"the native library could not tile a {part.type_name} part")
     return GGUFPart(part.type_name, out, tiled=True)
 
 

@@ -39,10 +39,11 @@ build, a weight of other block types) EXTEND passes keep x for the float GEMMs.
 independent, so a token's values then do not depend on its batch, on prefill or decode, or on
 the thread count.
 
-A draft model's Q5_0 parts may be tiled (`GGUFPart.tiled`, `kernels/gguf_tiles.h`: the same
-bytes, 16 rows interleaved in the VNNI GEMM's lane order): such a weight has that GEMM, on x
-rounded to int8, as its one kernel for every product and row count (no other kernel reads a
-tiled part); its row lookups untile in numpy.
+Q5_0, Q8_0, Q4_K and Q6_K parts may be tiled (`GGUFPart.tiled`, `kernels/gguf_tiles.h`: the same
+bytes, 16 rows interleaved in the VNNI GEMM's lane order; the loader's choice,
+`gguf_block_weights`): such a weight has that GEMM, on x rounded to int8, as its one kernel for
+every product and row count (no other product kernel reads a tiled part), so a row's values
+never depend on its batch; its row lookups (`gguf_dequantize`) untile each row.
 
 Invariant: `matmul(x)` computes `x @ W.T` for `W` the weight gguf's own dequantization gives;
 rounding, `matmul_decode`, `matmul_rows` and a bf16 `matmul` where `_rounds_extend` compute it
@@ -81,16 +82,17 @@ BF16_QUANT_GEMM_MAX_ROWS = 16
 FLOAT32_SCRATCH_BYTES = 256 << 20
 
 
-GGUF_TILED_Q5_0 = ABI.constants["GGUF_TILED_Q5_0"]
+GGUF_TILED_BASE = ABI.constants["GGUF_TILED_BASE"]  # a tiled part's type: this + ggml's
 TILE_ROWS = ABI.constants["GGUF_TILE_ROWS"]  # rows per tile of a tiled part
+TILED_TYPES = ("Q5_0", "Q8_0", "Q4_K", "Q6_K")  # the block types a part may be tiled in
 
 
 @dataclass(frozen=True)
 class GGUFPart:
     """`rows` rows of one GGUF tensor of block type `type_name`: `data` is uint8
-    `[rows, row_bytes]` (a view of the mapped file, or a reordered copy); `tiled`: Q5_0 rows
-    tiled 16 at a time for the VNNI GEMM (`kernels/gguf_tiles.h`, the same bytes), which is
-    then the weight's only kernel."""
+    `[rows, row_bytes]` (a view of the mapped file, or a reordered copy); `tiled`: rows (of a
+    `TILED_TYPES` type) tiled 16 at a time for the VNNI GEMM (`kernels/gguf_tiles.h`, the same
+    bytes), which is then the weight's only product kernel."""
 
     type_name: str
     data: np.ndarray
@@ -166,7 +168,7 @@ class GGUFWeight(QuantizedWeight):
         product: ValueError where it cannot take them all."""
         if not self.round_activations or self.a8_gemm_min_rows != 1:
             raise ValueError(
-                "tiled Q5_0 parts need activations rounded to int8 and the VNNI GEMM "
+                "tiled parts need activations rounded to int8 and the VNNI GEMM "
                 "(a VNNI-512 build, parts of whole 16-row tiles)"
             )
         self.amx_min_rows = KERNEL_OFF_ROWS
@@ -362,8 +364,8 @@ class GGUFWeight(QuantizedWeight):
             block_row = part.data[row - starts[j]]
             if part.tiled:
                 tile = (row - starts[j]) // TILE_ROWS
-                block_row = untile_q5_0(part.data[tile * TILE_ROWS : (tile + 1) * TILE_ROWS])
-                block_row = block_row[(row - starts[j]) % TILE_ROWS]
+                rows = untile(part.type_name, part.data[tile * TILE_ROWS : (tile + 1) * TILE_ROWS])
+                block_row = rows[(row - starts[j]) % TILE_ROWS]
             out[i] = gguf.quants.dequantize(block_row, kind).reshape(-1)
         return torch.from_numpy(out)
 
@@ -384,17 +386,63 @@ class GGUFWeight(QuantizedWeight):
 
 
 def _kind_name(part: GGUFPart) -> str:
-    """The part's format as the model describes it: q5_0, or q5_0x16 tiled."""
+    """The part's format as the model describes it: q4_k, or q4_k x16 tiled (q4_kx16)."""
     return part.type_name.lower() + ("x16" if part.tiled else "")
 
 
 def _type_id(part: GGUFPart) -> int:
-    """The part's type as the kernels name it (kernels.h): ggml's id, or GGUF_TILED_Q5_0."""
+    """The part's type as the kernels name it (kernels.h): ggml's id, plus GGUF_TILED_BASE
+    tiled."""
     if not part.tiled:
         return BLOCK_TYPES[part.type_name]
-    if part.type_name != "Q5_0" or part.rows % TILE_ROWS:
-        raise ValueError(f"only Q5_0 parts of whole {TILE_ROWS}-row tiles are tiled")
-    return GGUF_TILED_Q5_0
+    if part.type_name not in TILED_TYPES or part.rows % TILE_ROWS:
+        raise ValueError(
+            f"only {', '.join(TILED_TYPES)} parts of whole {TILE_ROWS}-row tiles are tiled"
+        )
+    return GGUF_TILED_BASE + BLOCK_TYPES[part.type_name]
+
+
+def untile(type_name: str, tiled: np.ndarray) -> np.ndarray:
+    """Tiled rows of `type_name` (uint8 `[n, row_bytes]`, n a multiple of 16) back in the file's
+    layout (`untile_q5_0`, `untile_words`)."""
+    return untile_q5_0(tiled) if type_name == "Q5_0" else untile_words(type_name, tiled)
+
+
+@dataclass(frozen=True)
+class _WordTiling:
+    """How a block type is tiled as word vectors (kernels/gguf_tiles.c's word_tiling): a block's
+    bytes, where its f16 d lies (-1: none apart; the 16 rows' d first in a tiled block), and its
+    segments (byte in a row's block, byte of the first vector in the tiled block, words)."""
+
+    block_bytes: int
+    d_at: int
+    segments: tuple[tuple[int, int, int], ...]
+
+
+_WORD_TILINGS = {
+    "Q4_K": _WordTiling(144, -1, ((0, 0, 4), (16, 256, 32))),
+    "Q6_K": _WordTiling(210, 208, ((192, 32, 4), (0, 288, 32), (128, 2336, 16))),
+    "Q8_0": _WordTiling(34, 0, ((2, 32, 8),)),
+}
+
+
+def untile_words(type_name: str, tiled: np.ndarray) -> np.ndarray:
+    """Tiled Q8_0, Q4_K or Q6_K rows (`kernels/gguf_tiles.h`, uint8 `[n, row_bytes]`, n a
+    multiple of 16) back in the file's layout: the layout's definition, written out in numpy."""
+    n, row_bytes = tiled.shape
+    tiling = _WORD_TILINGS[type_name]
+    size = tiling.block_bytes
+    blocks = row_bytes // size
+    t = tiled.reshape(n // TILE_ROWS, blocks, TILE_ROWS * size)
+    out = np.empty((n // TILE_ROWS, TILE_ROWS, blocks, size), dtype=np.uint8)
+    for start, at, words in tiling.segments:
+        vectors = t[:, :, at : at + 64 * words].reshape(-1, blocks, words, TILE_ROWS, 4)
+        own = vectors.transpose(0, 3, 1, 2, 4).reshape(-1, TILE_ROWS, blocks, 4 * words)
+        out[..., start : start + 4 * words] = own
+    if tiling.d_at >= 0:
+        d = t[:, :, : 2 * TILE_ROWS].reshape(-1, blocks, TILE_ROWS, 2)
+        out[..., tiling.d_at : tiling.d_at + 2] = d.transpose(0, 2, 1, 3)
+    return out.reshape(n, row_bytes)
 
 
 def untile_q5_0(tiled: np.ndarray) -> np.ndarray:

@@ -242,6 +242,21 @@ def _tokenizer_for(path: str, tokenizer_path: str | None, gguf_file: Any) -> Tok
     return load_tokenizer(tokenizer_path or path)
 
 
+def _tiled_types(every_product_rounds: bool, draft: bool) -> frozenset[str]:
+    """The block types a model's GGUF parts are tiled in (`gguf_block_weights`; only where x
+    is rounded): none on CPUs with AMX tiles (whose GEMM takes the file's rows); Q5_0, Q8_0,
+    Q4_K and Q6_K where every product rounds x, except where 512-bit operations run as two
+    halves (there the GEMVs lead at a few rows: not measured tiled); a draft model's Q5_0 in
+    any case."""
+    from sglite.runtime.model import kernels
+
+    if kernels.amx_available():
+        return frozenset()
+    if every_product_rounds and not kernels.vectors_512_split():
+        return frozenset({"Q5_0", "Q8_0", "Q4_K", "Q6_K"})
+    return frozenset({"Q5_0"}) if draft else frozenset()
+
+
 def load_model(
     model_path: str | None,
     dtype: str | torch.dtype = "auto",
@@ -270,18 +285,22 @@ def load_model(
     (`resolve_gguf_activations`; int8 rounds decode products' x rows as llama.cpp does, and
     prefill's in bfloat16, or in float32 when `dtype` is auto: see `gguf_weight.py`).
     A GGUF's blocks are read into the process's memory (`weight_arena.py`), or with
-    `mmap_weights` served from the file's mapping. `gguf_tiles` (a draft model) tiles its Q5_0
-    projections for the VNNI GEMM where activations are int8 and there are no AMX tiles
-    (`gguf_block_weights`), and with int8 activations every product rounds x, prompt reads
-    included, in float32 too (a draft only guesses: its products need not be exact, and its
-    prompt reads take the VNNI GEMM, faster than the float GEMMs).
+    `mmap_weights` served from the file's mapping. Where every product rounds x to int8 (int8
+    activations, and bfloat16 or float32 as `dtype=auto`'s choice) and the VNNI GEMM serves,
+    the weights' parts are tiled for it (`_tiled_types`), which is then their one kernel at
+    every row count: a token's values then do not depend on its batch (a verification of
+    drafted tokens gives decoding's own), and the products of one or a few rows are cheaper.
+    `gguf_tiles` (a draft model) also tiles its Q5_0 projections but not its head (its draft
+    vocabulary cuts the head by rows), and with int8 activations every product rounds x,
+    prompt reads included, in float32 too (a draft only guesses: its products need not be
+    exact, and its prompt reads take the VNNI GEMM, faster than the float GEMMs).
     With a tensor-parallel group `tp`, only this rank's shard of every weight is kept (each
     checkpoint tensor is read, cut and dropped in turn) and the returned config is the rank's.
 
     Raises FileNotFoundError for a missing path, ValueError for an unsupported architecture or a
     file that is not valid GGUF/safetensors.
     """
-    from sglite.runtime.model import gguf_loader, hf_loader, kernels
+    from sglite.runtime.model import gguf_loader, hf_loader
     from sglite.runtime.model.gguf_block_weights import gguf_block_weights
     from sglite.runtime.model.gguf_index import open_gguf
     from sglite.runtime.model.weight_arena import WeightArena
@@ -321,6 +340,8 @@ def load_model(
             activations = resolve_gguf_activations(gguf_activations)
             arena = None if mmap_weights else WeightArena.for_file(gguf_file)
             rounds = activations == "int8"
+            round_float32_extend = rounds and (dtype == "auto" or gguf_tiles)
+            every_product_rounds = torch_dtype == torch.bfloat16 or round_float32_extend
             blocks = gguf_block_weights(
                 gguf_file,
                 model,
@@ -328,8 +349,9 @@ def load_model(
                 plan,
                 rounds,
                 arena,
-                tile_q5_0=gguf_tiles and rounds and not kernels.amx_available(),
-                round_float32_extend=rounds and (dtype == "auto" or gguf_tiles),
+                tiled_types=_tiled_types(rounds and every_product_rounds, gguf_tiles),
+                tile_head=not gguf_tiles,
+                round_float32_extend=round_float32_extend,
             )
             provided = weight_policy.use_gguf_blocks(model, blocks)
             consumed = frozenset(blocks.consumed)

@@ -57,7 +57,7 @@ class DraftVocabulary:
         """The vocabulary for a draft model's `head`, or None where the whole head is used:
         `size` 0, a size not below the head's rows, a head not held as one tensor's GGUF
         blocks."""
-        if size <= 0 or not isinstance(head, GGUFWeight) or len(head.parts) != 1:
+        if size <= 0 or not isinstance(head, GGUFWeight) or len(head.parts) != 1 or head.tiled:
             return None
         return cls(head, size, added_ids) if size < head.out_features else None
 

@@ -29,7 +29,7 @@ from sglite.runtime.model.kernels.gguf_matmul import (  # noqa: F401 (the packag
     gguf_gemm_amx_glu,
     gguf_gemv,
     gguf_gemv_a8,
-    gguf_tile_q5_0,
+    gguf_tile,
     tile_gemm_available,
     vectors_512_split,
 )
@@ -238,14 +238,14 @@ def paged_decode_attention(
     lens: torch.Tensor,
     scale: float,
     window: int | None = None,
-    fixed_span: int = 0,
 ) -> torch.Tensor | None:
     """Attention of one query token per row over K/V read through the slot table, no copy.
 
     `q` is `[rows, heads * head_dim]` (row stride may be larger: a view into fused QKV);
     `table` `[rows, W]` int64 slots (row stride may be larger), `lens` `[rows]` int64 valid
-    entries per row; with `window`, only a row's last `window` tokens; `fixed_span` > 0: the
-    deterministic mode's ranges (see kernels.h). Returns
+    entries per row; with `window`, only a row's last `window` tokens. A row's context is cut
+    into fixed ranges (kernels.h `ATTENTION_SPAN`), so its output does not depend on the batch.
+    Returns
     `[rows, heads * head_dim]`, or None when the native kernel cannot serve these tensors (the
     caller then uses its PyTorch path).
     """
@@ -280,7 +280,6 @@ def paged_decode_attention(
         scale,
         window or 0,
         torch.get_num_threads(),
-        fixed_span,
     )
     return out if status == 0 else None
 

@@ -3,8 +3,10 @@
  * from the pool through the row's slot table (cost grows with the tokens attended; nothing is
  * copied). See common.h for conventions.
  *
- * Work is split by row and, when there are few rows, by token range too (split-K, as
- * flash-decoding does; partial softmax states are merged at the end). Within a task, tokens go
+ * Work is split by row and token range (split-K, as flash-decoding does): a row's context is
+ * cut into ranges of ATTENTION_SPAN tokens from its start, whatever the batch, and the ranges'
+ * partial softmax states merged in order, so a row's output is the same in any batch (a
+ * verification's rows and decoding's one row alike). Within a task, tokens go
  * in blocks of ATTN_BLOCK, and each block is attended by every kv head in turn: a slot's K/V for
  * all heads are adjacent in the pool, so a block's cache lines are read from memory once.
  *
@@ -12,9 +14,6 @@
  * P V, the next block prefetched while one computes); elsewhere the block is float32 FMAs.
  */
 #include "attention_blocks.h"
-
-/* Tokens per split when a row's context is cut into ranges for parallelism. */
-#define SPLIT_MIN_TOKENS 256
 
 /* A block function for a bf16 cache taking q unscaled (attend_block_bf16). */
 typedef void (*bf16_block_fn)(float, const float *, float *, softmax_state *, const uint16_t *,
@@ -68,9 +67,9 @@ typedef struct {
   void *out;
   int64_t rows, heads, kv_heads, group, head_dim, nvec, window;
   float scale;
-  int64_t splits;       /* token ranges per row (1 = no split) */
-  int64_t span;         /* tokens per range; 0 = the row's context cut into `splits` equal ones */
-  float *partial;       /* splits > 1: per (row, split): heads x (m, l) then heads x head_dim */
+  int64_t splits;       /* token ranges per row: the longest row's */
+  int64_t span;         /* tokens per range */
+  float *partial;       /* per (row, range): heads x (m, l) then heads x head_dim */
   block_fn special;     /* specialized for (group, nvec), or NULL */
   bf16_block_fn bf16;   /* a bf16 cache's dot-product block for (group, head_dim), or NULL */
 } attention_args;
@@ -133,25 +132,18 @@ static void attention_tasks(void *p, int64_t first, int64_t last) {
     const int64_t b = task / a->splits, s = task % a->splits;
     int64_t begin, end;
     context_range(a, b, &begin, &end);
-    if (a->partial != NULL) {
-      const int64_t span = a->span ? a->span : (end - begin + a->splits - 1) / a->splits;
-      const int64_t lo = begin + s * span, hi = lo + span < end ? lo + span : end;
-      attend_range(a, b, lo, hi > lo ? hi : lo, qbuf, acc, st);
-      float *dst = a->partial + task * heads * (2 + head_dim);
-      for (int64_t h = 0; h < heads; h++) {
-        dst[2 * h] = st[h].m;
-        dst[2 * h + 1] = st[h].l;
-      }
-      memcpy(dst + 2 * heads, acc, (size_t)(heads * head_dim) * sizeof(float));
+    const int64_t lo = begin + s * a->span, hi = lo + a->span < end ? lo + a->span : end;
+    float *dst = a->partial + task * heads * (2 + head_dim);
+    if (hi <= lo) { /* past a shorter row's end (the ranges are the longest row's): empty */
+      for (int64_t h = 0; h < heads; h++) dst[2 * h + 1] = 0.0f;
       continue;
     }
-    attend_range(a, b, begin, end, qbuf, acc, st);
+    attend_range(a, b, lo, hi, qbuf, acc, st);
     for (int64_t h = 0; h < heads; h++) {
-      const float inv = st[h].l > 0.0f ? 1.0f / st[h].l : 0.0f;
-      for (int64_t d = 0; d < head_dim; d++)
-        store(a->out, b * heads * head_dim + h * head_dim + d, acc[h * head_dim + d] * inv,
-              a->dtype);
+      dst[2 * h] = st[h].m;
+      dst[2 * h + 1] = st[h].l;
     }
+    memcpy(dst + 2 * heads, acc, (size_t)(heads * head_dim) * sizeof(float));
   }
   free(qbuf);
   free(st);
@@ -226,7 +218,7 @@ int paged_decode_attention(int dtype, const void *q, int64_t q_stride, const voi
                            const void *v_cache, const int64_t *table, int64_t table_stride,
                            const int64_t *lens, void *out, int64_t rows, int64_t heads,
                            int64_t kv_heads, int64_t head_dim, float scale, int64_t window,
-                           int threads, int64_t fixed_span) {
+                           int threads) {
   const int64_t group = heads / kv_heads, nvec = head_dim / VEC;
   attention_args a = {.dtype = dtype,
                       .q = q,
@@ -258,21 +250,12 @@ int paged_decode_attention(int dtype, const void *q, int64_t q_stride, const voi
     longest = end - begin > longest ? end - begin : longest;
   }
   const int parallel = threads > 1 && attended * kv_heads >= PARALLEL_MIN_ATTN;
-  if (fixed_span > 0) {
-    /* Always through the ranges and the merge, even for one range: the same rounding for
-     * every row whatever its neighbours. */
-    a.span = fixed_span;
-    a.splits = longest > 0 ? (longest + fixed_span - 1) / fixed_span : 1;
-    a.partial = malloc((size_t)(rows * a.splits * heads * (2 + head_dim)) * sizeof(float));
-    if (a.partial == NULL) return -1;
-  } else if (parallel && rows < 2 * threads && longest >= 2 * SPLIT_MIN_TOKENS) {
-    int64_t splits = (2 * threads + rows - 1) / rows;
-    if (splits > longest / SPLIT_MIN_TOKENS) splits = longest / SPLIT_MIN_TOKENS;
-    a.partial = malloc((size_t)(rows * splits * heads * (2 + head_dim)) * sizeof(float));
-    if (a.partial != NULL) a.splits = splits;
-  }
+  a.span = ATTENTION_SPAN;
+  a.splits = longest > 0 ? (longest + ATTENTION_SPAN - 1) / ATTENTION_SPAN : 1;
+  a.partial = malloc((size_t)(rows * a.splits * heads * (2 + head_dim)) * sizeof(float));
+  if (a.partial == NULL) return -1;
   parallel_range(attention_tasks, &a, rows * a.splits, 1, threads, parallel);
-  if (a.partial != NULL) merge_splits(&a);
+  merge_splits(&a);
   free(a.partial);
   return 0;
 }

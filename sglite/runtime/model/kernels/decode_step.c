@@ -241,8 +241,7 @@ int decode_layers(int dtype, int64_t rows, int64_t hidden, int64_t heads, int64_
                   layer->v_cache, out_slots, threads);
     status = paged_decode_attention(dtype, qkv, qkv_width, layer->k_cache, layer->v_cache,
                                     table, table_stride, lens, attn, rows, heads, kv_heads,
-                                    head_dim, attn_scale, layer->window, threads,
-                                    deterministic ? DETERMINISTIC_SPAN : 0);
+                                    head_dim, attn_scale, layer->window, threads);
     if (status) break;
     status = linear_rows(dtype, &layer->o, attn, out, rows, threads, deterministic);
     if (status) break;

@@ -33,7 +33,8 @@
 #define WROWS 16
 
 static int is_k_quant(int64_t type) {
-  return type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K;
+  const int64_t stored = untiled_type(type);
+  return stored == GGML_TYPE_Q4_K || stored == GGML_TYPE_Q6_K;
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__) && \
@@ -86,13 +87,12 @@ static inline __m512 byte_floats(__m512i w, int j) {
                                              _mm512_set1_epi32(0xff)));
 }
 
-/* Super-block sb of the 16 Q4_K rows at rows[r]: the rows' bytes are transposed as stored (the
- * nibbles of 4 bytes hold 4 values of two groups) and split afterwards, and the scales of all
- * 16 rows are unpacked at once as k_scales8 unpacks one row's. */
-static void decode_q4k(const uint8_t *const rows[WROWS], int64_t sb, decoded_block *out) {
-  const int64_t at = sb * 144;
-  __m512i head[4]; /* d and dmin (f16), then the 12 scale bytes */
-  row_words4(rows, at, head);
+/* A Q4_K super-block of 16 rows from its words (head: d, dmin and the 12 scale bytes as 4 word
+ * vectors; p: the 128 nibble bytes as 32, each lane a row's 4 bytes): the nibbles of 4 bytes
+ * hold 4 values of two groups, split here, and the scales of all 16 rows are unpacked at once
+ * as k_scales8 unpacks one row's. */
+static inline void q4k_from_words(const __m512i head[4], const __m512i p[32],
+                                  decoded_block *out) {
   const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head[0]));
   const __m512 dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head[0], 16)));
   const __m512i low6 = _mm512_set1_epi32(0x3f3f3f3f), four = _mm512_set1_epi32(0x0f0f0f0f);
@@ -108,15 +108,13 @@ static void decode_q4k(const uint8_t *const rows[WROWS], int64_t sb, decoded_blo
   for (int j = 0; j < 8; j++)
     _mm512_store_ps(out->scale[j], _mm512_mul_ps(d, byte_floats(sc[j >> 2], j)));
   _mm512_store_ps(out->dmin, dmin);
-  for (int p = 0; p < 4; p++) {
-    /* bytes 2(p & 1), 2(p & 1) + 1 of the lane: mins of groups 2p and 2p + 1, as int16 */
-    const __m512i two = _mm512_srli_epi32(mn[p >> 1], 16 * (p & 1));
-    out->min_pairs[p] = _mm512_or_si512(
+  for (int q = 0; q < 4; q++) {
+    /* bytes 2(q & 1), 2(q & 1) + 1 of the lane: mins of groups 2q and 2q + 1, as int16 */
+    const __m512i two = _mm512_srli_epi32(mn[q >> 1], 16 * (q & 1));
+    out->min_pairs[q] = _mm512_or_si512(
         _mm512_and_si512(two, _mm512_set1_epi32(0xff)),
         _mm512_slli_epi32(_mm512_and_si512(two, _mm512_set1_epi32(0xff00)), 8));
   }
-  __m512i p[32]; /* p[i]: bytes 4i..4i+3 of the 128 nibble bytes */
-  row_words(rows, at + 16, 2, p);
   const __m512i nibble = _mm512_set1_epi8(0x0f);
   for (int c = 0; c < 4; c++)
     for (int t = 0; t < 8; t++) {
@@ -127,22 +125,40 @@ static void decode_q4k(const uint8_t *const rows[WROWS], int64_t sb, decoded_blo
     }
 }
 
-/* Super-block sb of the 16 Q6_K rows at rows[r], as decode_q4k: the low 4 bits (ql) and high 2
- * (qh) transposed as stored, values q in 0..63 (the block's -32 is in the offset). */
-static void decode_q6k(const uint8_t *const rows[WROWS], int64_t sb, decoded_block *out) {
-  const int64_t at = sb * 210;
-  uint16_t dh[WROWS];
-  for (int r = 0; r < WROWS; r++) memcpy(&dh[r], rows[r] + at + 208, 2);
-  const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)dh));
-  __m512i scales[4]; /* the 16 int8 scales */
-  row_words4(rows, at + 192, scales);
+/* Super-block sb of the 16 Q4_K rows at rows[r]: the rows' bytes transposed as stored. */
+static void decode_q4k(const uint8_t *const rows[WROWS], int64_t sb, decoded_block *out) {
+  const int64_t at = sb * 144;
+  __m512i head[4], p[32];
+  row_words4(rows, at, head);
+  row_words(rows, at + 16, 2, p);
+  q4k_from_words(head, p, out);
+}
+
+/* A tiled Q4_K super-block (gguf_tiles.h): its words as stored. */
+#ifndef TILED_AHEAD
+#define TILED_AHEAD 4096
+#endif
+/* A tiled super-block's vector at `at`, the line TILED_AHEAD bytes further prefetched. */
+static inline __m512i load_ahead(const uint8_t *at) {
+  if (TILED_AHEAD > 0) _mm_prefetch((const char *)(at + TILED_AHEAD), _MM_HINT_T0);
+  return _mm512_loadu_si512((const void *)at);
+}
+static void decode_q4k_tiled(const uint8_t *tiled, decoded_block *out) {
+  __m512i head[4], p[32];
+  for (int j = 0; j < 4; j++) head[j] = load_ahead(tiled + 64 * j);
+  for (int i = 0; i < 32; i++) p[i] = load_ahead(tiled + 256 + 64 * i);
+  q4k_from_words(head, p, out);
+}
+
+/* A Q6_K super-block of 16 rows from its words (d: the rows' scales; scales: the 16 int8 group
+ * scales as 4 word vectors; ql: the low 4 bits as 32, qh: the high 2 as 16): values q in 0..63
+ * (the block's -32 is in the offset). */
+static inline void q6k_from_words(__m512 d, const __m512i scales[4], const __m512i ql[32],
+                                  const __m512i qh[16], decoded_block *out) {
   for (int j = 0; j < 16; j++) {
     const __m512i byte = _mm512_srai_epi32(_mm512_slli_epi32(scales[j >> 2], 24 - 8 * (j & 3)), 24);
     _mm512_store_ps(out->scale[j], _mm512_mul_ps(d, _mm512_cvtepi32_ps(byte)));
   }
-  __m512i ql[32], qh[16];
-  row_words(rows, at, 2, ql);
-  row_words(rows, at + 128, 1, qh);
   const __m512i nibble = _mm512_set1_epi8(0x0f), two = _mm512_set1_epi8(0x30);
   for (int h = 0; h < 2; h++)
     for (int s = 0; s < 4; s++)
@@ -157,13 +173,46 @@ static void decode_q6k(const uint8_t *const rows[WROWS], int64_t sb, decoded_blo
       }
 }
 
-/* Super-block sb of the 16 weight rows at rows[r] (Q4_K or Q6_K: `type`). */
+/* Super-block sb of the 16 Q6_K rows at rows[r], as decode_q4k. */
+static void decode_q6k(const uint8_t *const rows[WROWS], int64_t sb, decoded_block *out) {
+  const int64_t at = sb * 210;
+  uint16_t dh[WROWS];
+  for (int r = 0; r < WROWS; r++) memcpy(&dh[r], rows[r] + at + 208, 2);
+  __m512i scales[4], ql[32], qh[16];
+  row_words4(rows, at + 192, scales);
+  row_words(rows, at, 2, ql);
+  row_words(rows, at + 128, 1, qh);
+  q6k_from_words(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)dh)), scales, ql, qh, out);
+}
+
+/* A tiled Q6_K super-block (gguf_tiles.h): its d and words as stored. */
+static void decode_q6k_tiled(const uint8_t *tiled, decoded_block *out) {
+  __m512i scales[4], ql[32], qh[16];
+  if (TILED_AHEAD > 0) _mm_prefetch((const char *)(tiled + TILED_AHEAD + 3296), _MM_HINT_T0);
+  for (int j = 0; j < 4; j++) scales[j] = load_ahead(tiled + 32 + 64 * j);
+  for (int i = 0; i < 32; i++) ql[i] = load_ahead(tiled + 288 + 64 * i);
+  for (int i = 0; i < 16; i++) qh[i] = load_ahead(tiled + 2336 + 64 * i);
+  q6k_from_words(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tiled)), scales, ql, qh,
+                 out);
+}
+
+/* Super-block sb of the 16 weight rows at rows[r] (Q4_K or Q6_K: `type`, or tiled: rows[0] is
+ * the tile, its super-blocks one after another). */
 static void decode_block(int64_t type, const uint8_t *const rows[WROWS], int64_t sb,
                          decoded_block *out) {
-  if (type == GGML_TYPE_Q4_K)
-    decode_q4k(rows, sb, out);
-  else
-    decode_q6k(rows, sb, out);
+  switch (type) {
+    case GGML_TYPE_Q4_K:
+      decode_q4k(rows, sb, out);
+      break;
+    case GGUF_TILED_Q4_K:
+      decode_q4k_tiled(rows[0] + sb * TILED_Q4_K_SB_BYTES, out);
+      break;
+    case GGUF_TILED_Q6_K:
+      decode_q6k_tiled(rows[0] + sb * TILED_Q6_K_SB_BYTES, out);
+      break;
+    default:
+      decode_q6k(rows, sb, out);
+  }
 }
 
 /* The products' loops (block_rows to block_row_range) are compiled with GCC's loop unrolling:
@@ -190,22 +239,29 @@ static inline __attribute__((always_inline)) void block_rows(const int R, const 
   const int64_t k = x->k, blocks = k / QK_K;
   __m512 total[GEMM_ROWS];
   for (int m = 0; m < R; m++) total[m] = _mm512_setzero_ps();
+  /* Few x rows: a row's group sum as `chains` independent chains of `vpdpbusd` (its latency
+   * is several cycles), added at the end (integers: the same sum). */
+  const int chains = R == 1 ? 4 : R == 2 ? 2 : 1;
   for (int j = 0; j < QK_K / size; j++) {
-    __m512i dot[GEMM_ROWS];
-    for (int m = 0; m < R; m++)
-      dot[m] = size == 32 ? _mm512_setzero_si512()
-                          : _mm512_set1_epi32(q6k_starts[(m0 + m) * (k / 16) + sb * 16 + j]);
+    __m512i dot[GEMM_ROWS][4];
+    for (int m = 0; m < R; m++) {
+      dot[m][0] = size == 32 ? _mm512_setzero_si512()
+                             : _mm512_set1_epi32(q6k_starts[(m0 + m) * (k / 16) + sb * 16 + j]);
+      for (int c = 1; c < chains; c++) dot[m][c] = _mm512_setzero_si512();
+    }
     for (int q = 0; q < size / 4; q++) {
       const __m512i w = _mm512_load_si512((const void *)&blk->w[(size / 4) * j + q]);
       for (int m = 0; m < R; m++) {
         int32_t four;
         memcpy(&four, x->q + (m0 + m) * k + sb * QK_K + size * j + 4 * q, 4);
-        dot[m] = _mm512_dpbusd_epi32(dot[m], w, _mm512_set1_epi32(four));
+        dot[m][q % chains] = _mm512_dpbusd_epi32(dot[m][q % chains], w, _mm512_set1_epi32(four));
       }
     }
+    for (int m = 0; m < R; m++)
+      for (int c = 1; c < chains; c++) dot[m][0] = _mm512_add_epi32(dot[m][0], dot[m][c]);
     const __m512 scale = _mm512_load_ps(blk->scale[j]);
     for (int m = 0; m < R; m++)
-      total[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[m]), scale, total[m]);
+      total[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[m][0]), scale, total[m]);
   }
   for (int m = 0; m < R; m++) {
     if (size == 32) {
@@ -333,7 +389,7 @@ static inline __attribute__((always_inline)) void block_range(const int size,
 static void block_row_range(int64_t type, const decoded_block *blk, const rounded_x *x,
                             const int32_t *q6k_starts, int64_t sb, int64_t m0, int64_t m1,
                             float *sums) {
-  if (type == GGML_TYPE_Q4_K)
+  if (untiled_type(type) == GGML_TYPE_Q4_K)
     block_range(32, blk, x, NULL, sb, m0, m1, sums);
   else
     block_range(16, blk, x, q6k_starts, sb, m0, m1, sums);
@@ -372,6 +428,24 @@ static inline void prefetch_next(const uint8_t *const next[WROWS], int64_t from,
   }
 }
 
+/* Pair p of the 16 rows at rows[r] decoded, the next block's (`next`, or NULL) prefetched: a
+ * tiled part's rows[r] = the tile + r times a sixteenth of a tiled pair's bytes, each row a
+ * slice of them. */
+static void decode_pair_at(int64_t type, const uint8_t *const rows[WROWS],
+                           const uint8_t *const next[WROWS], int64_t p, decoded_pair *out) {
+  if (type == GGUF_TILED_Q5_0) {
+    prefetch_next(next, p * 2 * TILED_Q5_0_BLOCK_BYTES, 44);
+    tiled_q5_0_pair(rows[0], p, out->w, out->scale, out->offset);
+  } else if (type == GGUF_TILED_Q8_0) {
+    prefetch_next(next, p * 2 * TILED_Q8_0_BLOCK_BYTES, 68);
+    tiled_q8_0_pair(rows[0], p, out->w, out->scale, out->offset);
+  } else {
+    const int64_t pair_bytes = 2 * type_block_bytes(type);
+    prefetch_next(next, p * pair_bytes, pair_bytes);
+    decode_pair(type, rows, p, out);
+  }
+}
+
 /* One block of 16 weight rows (n..n+15, block type `type`, at rows[r]) against every x row into
  * sums: its super-blocks (or pairs of blocks of 32) decoded once into `decoded`, then
  * multiplied by the x rows a chunk at a time; the next block's rows (`next`, of the same
@@ -385,9 +459,19 @@ static void gemm_block(int64_t type, const uint8_t *const rows[WROWS],
   memset(sums, 0, (size_t)(2 * x->rows * WROWS) * sizeof(float));
   if (is_k_quant(type)) {
     decoded_block *blk = decoded;
-    const int64_t sb_bytes = type_block_bytes(type);
+    /* tiled, rows[r] = the tile + r sb_bytes: super-block sb's 16 rows are contiguous */
+    const int64_t sb_bytes = type_block_bytes(untiled_type(type));
+    const int64_t stride = type == untiled_type(type) ? sb_bytes : WROWS * sb_bytes;
+    if (x->rows <= chunk) { /* each super-block multiplied as it is decoded, still in L1 */
+      for (int64_t sb = 0; sb < k / QK_K; sb++) {
+        if (type == untiled_type(type)) prefetch_next(next, sb * stride, sb_bytes);
+        decode_block(type, rows, sb, blk);
+        block_row_range(type, blk, x, q6k_starts, sb, 0, x->rows, sums);
+      }
+      return;
+    }
     for (int64_t sb = 0; sb < k / QK_K; sb++) {
-      prefetch_next(next, sb * sb_bytes, sb_bytes);
+      prefetch_next(next, sb * stride, sb_bytes);
       decode_block(type, rows, sb, blk + sb);
     }
     for (int64_t m0 = 0; m0 < x->rows; m0 += chunk) {
@@ -398,19 +482,13 @@ static void gemm_block(int64_t type, const uint8_t *const rows[WROWS],
     return;
   }
   decoded_pair *pairs = decoded;
-  if (type == GGUF_TILED_Q5_0) {
-    /* rows[r] = the tile + 44 r: each row's slice of a pair's 704 bytes */
-    for (int64_t p = 0; p < k / 64; p++) {
-      prefetch_next(next, p * 2 * TILED_Q5_0_BLOCK_BYTES, 44);
-      tiled_q5_0_pair(rows[0], p, pairs[p].w, pairs[p].scale, pairs[p].offset);
-    }
-  } else {
-    const int64_t pair_bytes = 2 * type_block_bytes(type);
-    for (int64_t p = 0; p < k / 64; p++) {
-      prefetch_next(next, p * pair_bytes, pair_bytes);
-      decode_pair(type, rows, p, pairs + p);
-    }
+  const int fused = x->rows <= chunk; /* each pair multiplied as it is decoded, still in L1 */
+  for (int64_t p = 0; p < k / 64; p++) {
+    decoded_pair *pair = fused ? pairs : pairs + p;
+    decode_pair_at(type, rows, next, p, pair);
+    if (fused) pair_row_range(pair, x, p, 0, x->rows, sums);
   }
+  if (fused) return;
   for (int64_t m0 = 0; m0 < x->rows; m0 += chunk) {
     const int64_t m1 = m0 + chunk < x->rows ? m0 + chunk : x->rows;
     for (int64_t p = 0; p < k / 64; p++) pair_row_range(pairs + p, x, p, m0, m1, sums);
@@ -418,15 +496,23 @@ static void gemm_block(int64_t type, const uint8_t *const rows[WROWS],
 }
 
 /* The 16 rows of weight row block bi (rows[r] = row 16 bi + r) and their block type; in a
- * tiled part, rows[r] = the tile + 44 r (gemm_block). */
+ * tiled part, rows[r] = the tile + r times 44 (Q5_0) or a super-block's bytes (gemm_block). */
 static void block_rows_at(const gguf_part_t *parts, int64_t bi, int64_t k,
                           const uint8_t *rows[WROWS], int64_t *type) {
   int64_t n = bi * WROWS;
   while (n >= parts->rows) n -= (parts++)->rows;
-  if (parts->type == GGUF_TILED_Q5_0) {
-    const uint8_t *tile = (const uint8_t *)parts->data + n * (k / 32) * 22;
-    for (int r = 0; r < WROWS; r++) rows[r] = tile + 44 * r;
-    *type = GGUF_TILED_Q5_0;
+  if (parts->type == GGUF_TILED_Q5_0 || parts->type == GGUF_TILED_Q8_0) {
+    const int64_t bytes = type_block_bytes(untiled_type(parts->type)); /* per block of 32 */
+    const uint8_t *tile = (const uint8_t *)parts->data + n * (k / 32) * bytes;
+    for (int r = 0; r < WROWS; r++) rows[r] = tile + 2 * bytes * r;
+    *type = parts->type;
+    return;
+  }
+  if (parts->type == GGUF_TILED_Q4_K || parts->type == GGUF_TILED_Q6_K) {
+    const int64_t sb_bytes = type_block_bytes(untiled_type(parts->type));
+    const uint8_t *tile = (const uint8_t *)parts->data + n * (k / QK_K) * sb_bytes;
+    for (int r = 0; r < WROWS; r++) rows[r] = tile + sb_bytes * r;
+    *type = parts->type;
     return;
   }
   for (int r = 0; r < WROWS; r++) rows[r] = stacked_row(parts, n + r, k, type);
@@ -455,6 +541,15 @@ static int64_t range_block(const gemm_args *a, int64_t i) {
   return a->act < 0 ? i : i / 2 + (i & 1) * (a->n_out / 2 / WROWS);
 }
 
+/* The range position a thread takes j-th of its n (in units of `unit` positions, a gate block
+ * and its up block together): the units of the range's two halves in turn, so that a thread
+ * reads its weights as two streams, which keep more of the memory's reads in flight than one
+ * (tiled weights are one contiguous stream per range). */
+static inline int64_t two_streams(int64_t j, int64_t n, int64_t unit) {
+  const int64_t units = n / unit, half = (units + 1) / 2, u = j / unit;
+  return ((u & 1) ? half + u / 2 : u / 2) * unit + j % unit;
+}
+
 /* Weight row blocks at range positions [b0, b1) (of 16 rows) against every x row: each block's
  * outputs stored as it is done, or with act >= 0 each gate block's and its up block's together
  * (positions in pairs). */
@@ -473,13 +568,17 @@ static void gemm_range(void *p, int64_t b0, int64_t b1) {
     a->failed = 1;
     return;
   }
-  if (a->act >= 0) b0 *= 2, b1 *= 2;
+  const int64_t unit = a->act >= 0 ? 2 : 1, n = (b1 - b0) * unit;
+  b0 *= unit;
   const uint8_t *row_at[WROWS], *next_at[WROWS];
   int64_t type = -1, next_type = -1;
-  if (b0 < b1) block_rows_at(a->parts, range_block(a, b0), k, row_at, &type);
-  for (int64_t i = b0; i < b1; i++) {
-    const int has_next = i + 1 < b1;
-    if (has_next) block_rows_at(a->parts, range_block(a, i + 1), k, next_at, &next_type);
+  if (n > 0) block_rows_at(a->parts, range_block(a, b0), k, row_at, &type);
+  for (int64_t j = 0; j < n; j++) {
+    const int64_t i = b0 + two_streams(j, n, unit);
+    const int has_next = j + 1 < n;
+    if (has_next)
+      block_rows_at(a->parts, range_block(a, b0 + two_streams(j + 1, n, unit)), k, next_at,
+                    &next_type);
     float *block_sums = sums + (a->act >= 0 && (i & 1) ? 2 * rows * WROWS : 0);
     /* a next block of another part's type has other row sizes: not prefetched */
     gemm_block(type, row_at, has_next && next_type == type ? next_at : NULL, x, a->q6k_starts,
@@ -503,19 +602,19 @@ static void gemm_range(void *p, int64_t b0, int64_t b1) {
  * decoding units (super-blocks of 256, pairs of blocks of 32). */
 static int parts_fit(const gguf_part_t *parts, int64_t n_out, int64_t k) {
   for (int64_t seen = 0, i = 0; seen < n_out; seen += parts[i].rows, i++) {
-    const int64_t type = parts[i].type == GGUF_TILED_Q5_0 ? GGML_TYPE_Q5_0 : parts[i].type;
+    const int64_t type = untiled_type(parts[i].type);
     const int64_t unit = is_k_quant(type) ? QK_K : type_block_values(type) == 32 ? 64 : 0;
     if (unit == 0 || k % unit || parts[i].rows % WROWS) return 0;
   }
   return 1;
 }
 
-/* Whether gguf_gemm_a8 serves a weight of these parts (tiled ones read as their Q5_0's). */
+/* Whether gguf_gemm_a8 serves a weight of these parts (tiled ones read as their untiled type's). */
 static int gemm_serves(const gguf_part_t *parts, int64_t n_out, int64_t k) {
   gguf_part_t as_stored[GGUF_MAX_PARTS] = {{0}};
   for (int64_t i = 0, covered = 0; i < GGUF_MAX_PARTS && covered < n_out; i++) {
     as_stored[i] = parts[i];
-    if (parts[i].type == GGUF_TILED_Q5_0) as_stored[i].type = GGML_TYPE_Q5_0;
+    as_stored[i].type = untiled_type(parts[i].type);
     covered += parts[i].rows > 0 ? parts[i].rows : n_out; /* gguf_parts_valid refuses it */
   }
   return gguf_parts_valid(as_stored, n_out, k) && parts_fit(parts, n_out, k);
@@ -539,7 +638,8 @@ static int gemm_a8(int dtype, int act, const void *x, const gguf_part_t *parts, 
   rounded_x rx;
   if (round_x(dtype, x, rows, k, threads, 0, &rx)) return -1;
   int32_t *q6k_starts = NULL;
-  if (q6k_rows(parts, n_out) > 0 && (q6k_starts = q6k_group_starts(&rx)) == NULL) {
+  const int64_t q6k = q6k_rows(parts, n_out) + type_rows(parts, n_out, GGUF_TILED_Q6_K);
+  if (q6k > 0 && (q6k_starts = q6k_group_starts(&rx)) == NULL) {
     free_rounded(&rx);
     return -1;
   }
@@ -586,7 +686,7 @@ static int gemm_serves(const gguf_part_t *parts, int64_t n_out, int64_t k) {
 int64_t gguf_a8_gemm_min_rows(const gguf_part_t *parts, int64_t n_out, int64_t k) {
   if (!gemm_serves(parts, n_out, k)) return KERNEL_OFF_ROWS;
   for (int64_t i = 0, covered = 0; covered < n_out; covered += parts[i++].rows)
-    if (parts[i].type == GGUF_TILED_Q5_0) return 1;
+    if (parts[i].type > GGUF_TILED_BASE) return 1;
   const int q6k = q6k_mostly(parts, n_out);
   if (!vectors_512_split()) return q6k ? A8_GEMM_MIN_ROWS_Q6_K : A8_GEMM_MIN_ROWS;
   if (!is_k_quant(parts->type)) return A8_GEMM_MIN_ROWS_B32_SPLIT;

@@ -17,6 +17,7 @@
  * are the reference (and the path of other CPUs).
  */
 #include "gguf_bits.h"
+#include "gguf_tiles.h"
 
 #define QK 32
 #define QK_K 256
@@ -562,13 +563,25 @@ typedef struct {
   int64_t k;
 } gguf_dequant_args;
 
+/* Row n of a weight's stacked parts as the file stores it, and its block type: a view of the
+ * part's row, or a tiled part's row untiled into `untiled` (a row's bytes). */
+static const uint8_t *stored_row(const gguf_part_t *parts, int64_t n, int64_t k,
+                                 uint8_t *untiled, int64_t *type) {
+  for (; n >= parts->rows; parts++) n -= parts->rows;
+  if (parts->type < GGUF_TILED_BASE) return stacked_row(parts, n, k, type);
+  *type = untiled_type(parts->type);
+  gguf_untile_row(parts->type, parts->data, n, k, untiled);
+  return untiled;
+}
+
 static void gguf_dequant_range(void *p, int64_t i0, int64_t i1) {
   const gguf_dequant_args *a = p;
   const int64_t k = a->k;
   float buf[SPAN] __attribute__((aligned(64)));
+  uint8_t untiled[k / 32 * 34]; /* a row's bytes, the widest (Q8_0's) */
   for (int64_t i = i0; i < i1; i++) {
     int64_t type;
-    const uint8_t *src = stacked_row(a->parts, a->ids ? a->ids[i] : i, k, &type);
+    const uint8_t *src = stored_row(a->parts, a->ids ? a->ids[i] : i, k, untiled, &type);
     if (a->dtype == 0) {
       decode_span(type, src, 0, k, (float *)a->out + i * k);
       continue;
@@ -584,7 +597,13 @@ static void gguf_dequant_range(void *p, int64_t i0, int64_t i1) {
 
 int gguf_dequantize(int dtype, const gguf_part_t *parts, const int64_t *ids, int64_t n_ids,
                     int64_t n_out, int64_t k, void *out, int threads) {
-  if (!gguf_parts_valid(parts, n_out, k)) return -1;
+  gguf_part_t as_stored[GGUF_MAX_PARTS] = {{0}};
+  for (int64_t i = 0, covered = 0; i < GGUF_MAX_PARTS && covered < n_out; i++) {
+    as_stored[i] = parts[i];
+    as_stored[i].type = untiled_type(parts[i].type);
+    covered += parts[i].rows > 0 ? parts[i].rows : n_out; /* gguf_parts_valid refuses it */
+  }
+  if (!gguf_parts_valid(as_stored, n_out, k)) return -1;
   if (ids != NULL)
     for (int64_t i = 0; i < n_ids; i++)
       if (ids[i] < 0 || ids[i] >= n_out) return -1;

@@ -154,18 +154,18 @@ def bf16_matmul_pays() -> bool:
     return lib is not None and bool(lib.amx_gemm_available() or lib.bf16_dot_pays())
 
 
-def gguf_tile_q5_0(rows: np.ndarray, out: np.ndarray) -> bool:
-    """Q5_0 rows (uint8 `[n, row_bytes]`, n a multiple of 16) tiled into `out` (the same shape)
-    for `gguf_gemm_a8` (kernels/gguf_tiles.h); False where the native library is missing or
-    refuses the shape."""
+def gguf_tile(type_id: int, rows: np.ndarray, out: np.ndarray, k: int) -> bool:
+    """Rows of ggml block type `type_id` (Q5_0, Q4_K or Q6_K; uint8 `[n, row_bytes]`, n a
+    multiple of 16, k values a row) tiled into `out` (the same shape) for `gguf_gemm_a8`
+    (kernels/gguf_tiles.h); False where the native library is missing or refuses the type or
+    shape."""
     lib = native.load()
     if lib is None or rows.shape != out.shape or rows.dtype != np.uint8:
         return False
     src, dst = np.ascontiguousarray(rows), out
     if not dst.flags.c_contiguous:
         return False
-    k = rows.shape[1] // 22 * 32
-    return lib.gguf_tile_q5_0(src.ctypes.data, dst.ctypes.data, rows.shape[0], k) == 0
+    return lib.gguf_tile(type_id, src.ctypes.data, dst.ctypes.data, rows.shape[0], k) == 0
 
 
 def gguf_a8_gemm_min_rows(parts: int, n_out: int, k: int) -> int:

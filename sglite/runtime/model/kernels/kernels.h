@@ -67,8 +67,8 @@ enum { SHORT_ROW_BYTES = 2048 };
 /* Rows decode_layers takes (quantized layers in bf16: at most QGEMV_MAX_ROWS; the caller picks). */
 enum { NATIVE_MAX_ROWS = 256 };
 
-/* Attention range in deterministic mode (paged_decode_attention's fixed_span). */
-enum { DETERMINISTIC_SPAN = 256 };
+/* Tokens per range of a row's context in decode attention (paged_decode_attention). */
+enum { ATTENTION_SPAN = 256 };
 
 /* quant_gemm's weight formats (QUANT_GEMM_GGUF: `weight` is a gguf_part_t array). */
 enum { QUANT_GEMM_INT8 = 1, QUANT_GEMM_INT4 = 2, QUANT_GEMM_Q8_0 = 3, QUANT_GEMM_GGUF = 4 };
@@ -84,9 +84,17 @@ enum {
   GGML_TYPE_Q5_K = 13,
   GGML_TYPE_Q6_K = 14
 };
-/* A part type of ours, not ggml's: Q5_0 rows tiled 16 at a time (gguf_tiles.h), which only
- * gguf_gemm_a8 reads (every other kernel refuses such a part). */
-enum { GGUF_TILED_Q5_0 = 1006, GGUF_TILE_ROWS = 16 }; /* GGUF_TILE_ROWS: rows per tile */
+/* Part types of ours, not ggml's: Q5_0, Q8_0, Q4_K or Q6_K rows tiled 16 at a time (gguf_tiles.h),
+ * GGUF_TILED_BASE plus ggml's type, which only gguf_gemm_a8 multiplies (every other product
+ * kernel refuses such a part; gguf_dequantize reads its rows). */
+enum {
+  GGUF_TILED_BASE = 1000,
+  GGUF_TILED_Q5_0 = 1006,
+  GGUF_TILED_Q8_0 = 1008,
+  GGUF_TILED_Q4_K = 1012,
+  GGUF_TILED_Q6_K = 1014,
+  GGUF_TILE_ROWS = 16 /* rows per tile */
+};
 /* Row ranges of one GGUF weight (a fused projection's parts, each in its own type). */
 enum { GGUF_MAX_PARTS = 4 };
 
@@ -165,15 +173,15 @@ void rope_store_kv(int dtype, void *qkv, int64_t tokens, int64_t heads, int64_t 
 void row_max(const float *x, int64_t rows, int64_t n, float *values, int64_t *indices);
 
 /* attention.c, extend_attention.c */
-/* fixed_span > 0 (deterministic mode): a row's context is cut into ranges of fixed_span tokens
- * from its start, whatever the batch and thread count, and the ranges' softmax states merged in
- * order, so each row's output depends on its own query and context only. Returns -1 when the
- * ranges' scratch cannot be allocated. */
+/* A row's context is cut into ranges of ATTENTION_SPAN tokens from its start, whatever the
+ * batch and thread count (the ranges are the parallel tasks), and the ranges' softmax states
+ * merged in order, so each row's output depends on its own query and context only. Returns -1
+ * when the ranges' scratch cannot be allocated. */
 int paged_decode_attention(int dtype, const void *q, int64_t q_stride, const void *k_cache,
                            const void *v_cache, const int64_t *table, int64_t table_stride,
                            const int64_t *lens, void *out, int64_t rows, int64_t heads,
                            int64_t kv_heads, int64_t head_dim, float scale, int64_t window,
-                           int threads, int64_t fixed_span);
+                           int threads);
 int extend_attention(int dtype, const void *q, int64_t q_stride, const void *k_cache,
                      const void *v_cache, const int64_t *slots, const int64_t *slot_off,
                      const int64_t *q_start, const int64_t *prefix, const int64_t *ext,
@@ -226,9 +234,10 @@ int gguf_gemm_a8(int dtype, const void *x, const gguf_part_t *parts, void *y, in
  * [rows, n_out] product in memory. -1 where gguf_gemm_a8 would refuse, or n_out does not fit. */
 int gguf_gemm_a8_glu(int dtype, int act, const void *x, const gguf_part_t *parts, void *y,
                      int64_t rows, int64_t n_out, int64_t k, int threads);
-/* gguf_tiles.c: rows [rows, k] of Q5_0 blocks at src tiled into dst (the same bytes) for
- * gguf_gemm_a8 as a GGUF_TILED_Q5_0 part. -1 unless rows is a multiple of 16 and k of 32. */
-int gguf_tile_q5_0(const void *src, void *dst, int64_t rows, int64_t k);
+/* gguf_tiles.c: rows [rows, k] of `type` blocks (Q5_0, Q8_0, Q4_K or Q6_K) at src tiled into dst (the
+ * same bytes) for gguf_gemm_a8 as a part of type GGUF_TILED_BASE + type. -1 for another type,
+ * unless rows is a multiple of 16 and k of the type's block. */
+int gguf_tile(int64_t type, const void *src, void *dst, int64_t rows, int64_t k);
 /* The rows from which a weight of these parts takes gguf_gemm_a8 (1 with a tiled part, the
  * GEMM being its only kernel; else A8_GEMM_MIN_ROWS, or
  * A8_GEMM_MIN_ROWS_Q6_K when Q6_K parts hold most of its rows; the _SPLIT pair where
@@ -284,7 +293,7 @@ int dense_gemv_rows(int dtype, const void *x, const void *w, void *y, int64_t ro
                     int64_t k, int threads);
 /* deterministic != 0: every row's result depends on its own token and context only (not on
  * the other rows, their number or the thread count): float32 quantized projections always take
- * quant_gemm (whose rows are independent), attention fixed ranges (DETERMINISTIC_SPAN). */
+ * quant_gemm (whose rows are independent), attention in its fixed ranges (ATTENTION_SPAN). */
 int decode_layers(int dtype, int64_t rows, int64_t hidden, int64_t heads, int64_t kv_heads,
                   int64_t head_dim, int64_t inter, int act, float eps, float attn_scale,
                   int64_t n_layers, const layer_t *layers, void *residual,
