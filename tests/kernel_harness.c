@@ -76,14 +76,9 @@ static void attention(int dtype) {
   for (int64_t window = 0; window <= 4; window += 4) {
     paged_decode_attention(dtype, dtype ? (void *)qb : q, width, dtype ? (void *)kb : k,
                            dtype ? (void *)vb : v, table, 16, lens, out, ROWS, HEADS, KV_HEADS,
-                           HEAD_DIM, 0.125f, window, 1, 0);
+                           HEAD_DIM, 0.125f, window, 1);
     print(dtype ? "attention_bf16" : "attention", out, ROWS * HEADS * HEAD_DIM, dtype);
   }
-  /* Deterministic mode's fixed ranges (4 tokens: up to 4 of them per row). */
-  paged_decode_attention(dtype, dtype ? (void *)qb : q, width, dtype ? (void *)kb : k,
-                         dtype ? (void *)vb : v, table, 16, lens, out, ROWS, HEADS, KV_HEADS,
-                         HEAD_DIM, 0.125f, 0, 1, 4);
-  print(dtype ? "attention_ranges_bf16" : "attention_ranges", out, ROWS * HEADS * HEAD_DIM, dtype);
 }
 
 static void products(int dtype) {
