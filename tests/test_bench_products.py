@@ -1,7 +1,7 @@
 """benchmarks/bench_products.py on the default model: one row per weight kind and row count,
 and the kernel it says the model takes is the weight's own thresholds' (never the tile GEMM
-where bf16 products do not pay here, nor before the VNNI GEMM without AMX), or the tiled GEMM
-at every row count where the loader tiled the weight."""
+where bf16 products do not pay here, nor before the VNNI GEMM without AMX); the tiled GEMM's
+column where the VNNI GEMM serves a tiled copy."""
 
 from __future__ import annotations
 
@@ -9,10 +9,6 @@ from test_gguf_activations import VNNI_GEMM
 
 from benchmarks import bench_products
 from sglite.runtime.model import kernels
-
-# Where the loader tiles a model's Q8_0 head (every product rounds: bf16 here; no AMX; whole
-# 512-bit operations).
-TILES = VNNI_GEMM and not kernels.amx_available() and not kernels.vectors_512_split()
 
 
 def test_the_table_names_each_kind_and_the_kernel_the_model_takes(capsys):
@@ -28,9 +24,7 @@ def test_the_table_names_each_kind_and_the_kernel_the_model_takes(capsys):
             assert tiled_ms == "-", kind  # Q4_1 is not tiled
         else:
             assert (tiled_ms != "-") == VNNI_GEMM, kind
-        if kind == "head q8_0" and TILES:
-            assert takes == "tiled", (kind, rows)
-        elif rows == "1":
+        if rows == "1":
             assert takes == "gemv", kind
         elif vnni_ms != "-" and not kernels.amx_available():  # 24 rows: past every threshold
             assert takes == "vnni", kind  # int8 products before AVX512-BF16 ones

@@ -8,10 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 from gguf_reference import BLOCK_NAMES, hf_state_dict
-from test_gguf_activations import VNNI_GEMM
 from test_model_parity import decode, extend, new_pool
 
-from sglite.runtime.model import kernels
 from sglite.runtime.model.gguf_index import open_gguf
 from sglite.runtime.model.loader import LoadedModel, load_model
 
@@ -175,12 +173,7 @@ def test_auto_quantization_computes_the_files_own_weights(gemma, gemma_auto):
     products) its logits are the dense model's to float rounding and its top token is the same
     everywhere."""
     ours = gemma[0]
-    # tiled for the VNNI GEMM where every product rounds x and the CPU has no AMX and runs
-    # 512-bit operations whole (loader._tiled_types)
-    tiles = gemma_auto.activations == "int8" and VNNI_GEMM and not kernels.amx_available()
-    tiles = tiles and not kernels.vectors_512_split()
-    kinds = "q4_kx16+q5_0x16+q6_kx16+q8_0x16" if tiles else "q4_k+q5_0+q6_k+q8_0"
-    assert gemma_auto.quantization == kinds
+    assert gemma_auto.quantization == "q4_k+q5_0+q6_k+q8_0"
     auto = load_model(
         gemma[2], "float32", progress=False, quantization="auto", gguf_activations="float"
     )

