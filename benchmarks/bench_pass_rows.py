@@ -1,5 +1,6 @@
 """Whole decode passes of R rows of one sequence (what verifying R - 1 drafted tokens costs the
-model), its VNNI GEMM thresholds as built against other thresholds, alternated pass by pass.
+model), its VNNI GEMM thresholds as built against other thresholds, or its weights' layout
+against the other (`--against file-rows`), alternated pass by pass.
 
 `bench_products` times each weight's kernels alone, from cache; inside a pass the weights
 stream from memory one after another, which can order the kernels otherwise. The model is
@@ -12,8 +13,14 @@ Per row count the two alternate, `--rounds` passes each; the table prints their 
 the ratio. These are the data behind the `A8_GEMM_MIN_ROWS` families in kernels.h, next to
 bench_products'.
 
+`--against file-rows`: the weights as the model holds them (the file's rows, unless tiled)
+against the other layout (tiled for the VNNI GEMM where it can serve them: kernels/gguf_tiles.h,
+the GEMM then their one kernel; or the file's rows where the model holds them tiled), both
+copied into weight arenas of their own and moved into 2 MB pages, so that both read the same
+kind of memory. The data behind which models are tiled (`loader._tiled_types`).
+
 Run: python -m benchmarks.bench_pass_rows [--model qwen2.5-coder-1.5b] [--rows 3,4,5,6,8]
-[--rounds 11] [--against 5:8]
+[--rounds 11] [--against 5:8 | --against file-rows]
 """
 
 from __future__ import annotations
@@ -28,8 +35,11 @@ from benchmarks.host import cpu_line
 from sglite.runtime.cache.kv_pool import KVPool
 from sglite.runtime.model.catalog import resolve_model_path
 from sglite.runtime.model.forward_batch import build_decode_rows
-from sglite.runtime.model.gguf_weight import GGUFWeight
+from sglite.runtime.model.gguf_block_weights import tiled_parts
+from sglite.runtime.model.gguf_index import open_gguf
+from sglite.runtime.model.gguf_weight import TILED_TYPES, GGUFPart, GGUFWeight, untile
 from sglite.runtime.model.loader import LoadedModel, load_model
+from sglite.runtime.model.weight_arena import WeightArena
 
 # The sequence the passes extend: this many tokens already in the KV pool.
 CONTEXT_TOKENS = 200
@@ -73,6 +83,66 @@ class ThresholdSwitch:
         self.model._native_decoder = self.decoders[name]
 
 
+class LayoutSwitch:
+    """The model's GGUF weights in the layout it holds them ("built") and in the other
+    ("other": tiled, or the file's rows where the model holds them tiled), each layout copied
+    into a weight arena of its own in 2 MB pages, each with its own native decode step; `use`
+    switches between them (a weight object takes the layout's parts and kernels in place, so
+    every module and table holding it follows)."""
+
+    def __init__(self, loaded: LoadedModel) -> None:
+        self.model = loaded.model
+        self.weights = gguf_weights(loaded)
+        gf = open_gguf(loaded.model_path)
+        self.layouts: dict[str, dict[int, dict]] = {}
+        self.changed = 0
+        for name in ("built", "other"):
+            arena = WeightArena.for_file(gf)
+            self.layouts[name] = {id(w): self._copy(w, name, arena) for w in self.weights}
+            arena.wait()
+            move = arena.huge_page_move()
+            if move is not None:
+                move.run()
+        self.decoders = {}
+        for name in ("other", "built"):  # left as built
+            self._set(name)
+            self.model.weights_changed()
+            self.decoders[name] = self.model._decoder()
+
+    def _copy(self, weight: GGUFWeight, name: str, arena: WeightArena) -> dict:
+        """The weight's state (its object's attributes) in layout `name`, its parts in `arena`."""
+        k = weight.in_features
+        file_rows = [
+            GGUFPart(p.type_name, untile(p.type_name, p.data) if p.tiled else p.data)
+            for p in weight.parts
+        ]
+        parts = weight.parts if name == "built" else file_rows
+        if name == "other" and not weight.tiled:
+            parts = tiled_parts(file_rows, k, frozenset(TILED_TYPES), arena) or file_rows
+            self.changed += parts is not file_rows
+        placed = [p if p.tiled and name == "other" else _placed(p, arena) for p in parts]
+        copy = GGUFWeight(
+            placed, k, weight.scratch, weight.round_activations, weight.round_float32_extend
+        )
+        return dict(copy.__dict__)
+
+    def _set(self, name: str) -> None:
+        for weight in self.weights:
+            weight.__dict__.update(self.layouts[name][id(weight)])
+
+    def use(self, name: str) -> None:
+        """The layout `name` ("built" or "other") for the passes that follow."""
+        self._set(name)
+        self.model._native_decoder = self.decoders[name]
+
+
+def _placed(part: GGUFPart, arena: WeightArena) -> GGUFPart:
+    """The part copied into `arena`."""
+    target = arena.reserve(part.data.shape)
+    target[...] = part.data
+    return GGUFPart(part.type_name, target, tiled=part.tiled)
+
+
 class Passes:
     """Decode passes of a given number of rows over one cached sequence of a model."""
 
@@ -105,19 +175,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="qwen2.5-coder-1.5b", help="GGUF path or known name")
     parser.add_argument("--rows", default="3,4,5,6,8")
     parser.add_argument("--rounds", type=int, default=11)
-    parser.add_argument("--against", nargs="+", default=["5:8"], metavar="FROM:TO")
+    parser.add_argument("--against", nargs="+", default=["5:8"], metavar="FROM:TO|file-rows")
     args = parser.parse_args(argv)
-    try:
-        moves = dict(tuple(int(n) for n in move.split(":")) for move in args.against)
-    except ValueError:
-        parser.error(f"--against takes FROM:TO row counts, got {args.against}")
+    layouts = args.against == ["file-rows"]
+    moves: dict[int, int] = {}
+    if not layouts:
+        try:
+            moves = dict(tuple(int(n) for n in move.split(":")) for move in args.against)
+        except ValueError:
+            parser.error(f"--against takes FROM:TO row counts or file-rows, got {args.against}")
     rows_list = [int(r) for r in args.rows.split(",")]
     path = resolve_model_path(args.model)
     loaded = load_model(path, quantization="auto", progress=False)
-    switch = ThresholdSwitch(loaded, moves)
+    switch = LayoutSwitch(loaded) if layouts else ThresholdSwitch(loaded, moves)
     passes = Passes(loaded)
     print(command_line("benchmarks.bench_pass_rows"))
-    print(f"host: {cpu_line()}; {len(switch.moved)} weights moved ({', '.join(args.against)})")
+    if isinstance(switch, LayoutSwitch):
+        held = "tiled" if any(w.tiled for w in switch.weights) else "the file's rows"
+        print(f"host: {cpu_line()}; weights as held: {held}; {switch.changed} tiled otherwise")
+    else:
+        print(f"host: {cpu_line()}; {len(switch.moved)} weights moved ({', '.join(args.against)})")
     times: dict[tuple[str, int], list[float]] = {}
     with torch.inference_mode():
         for rows in rows_list:  # warm-up
@@ -134,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     for rows in rows_list:
         a, b = (statistics.median(times[(name, rows)]) for name in ("built", "other"))
         table.append([str(rows), f"{a:.1f}", f"{b:.1f}", f"{b / a:.3f}x"])
-    heads = ["rows", "as built (ms)", f"against {' '.join(args.against)} (ms)", "against / built"]
+    other = "other layout" if layouts else f"against {' '.join(args.against)}"
+    heads = ["rows", "as built (ms)", f"{other} (ms)", "other / built"]
     print(markdown_table(heads, table, right={0, 1, 2, 3}))
     return 0
 

@@ -1,10 +1,13 @@
 """benchmarks/bench_pass_rows.py on the default model: under the other thresholds the weights
 asked for (and only those) take the VNNI GEMM from the row counts given, each native decode step
-holding its own, and the table has one row of positive timings per row count."""
+holding its own; under the other layout the weights the VNNI GEMM serves are tiled, the same
+products; and the table has one row of positive timings per row count."""
 
 from __future__ import annotations
 
 import pytest
+import torch
+from test_gguf_activations import VNNI_GEMM
 
 from benchmarks import bench_pass_rows
 from sglite.runtime.model.gguf_weight import GGUFWeight
@@ -48,3 +51,32 @@ def test_a_malformed_move_is_refused(capsys):
         bench_pass_rows.main(["--model", "smollm2-135m", "--against", "five"])
     assert exit_.value.code == 2
     assert "--against takes FROM:TO row counts" in capsys.readouterr().err
+
+
+def test_the_other_layout_tiles_what_the_vnni_gemm_serves_and_computes_the_same():
+    """The default model held as the file's rows: its Q8_0 head is tiled in the other layout
+    where the VNNI GEMM serves it (its Q4_1 projections never), and a pass's logits are the
+    same in both layouts at 3 rows, where both take the GEMM."""
+    loaded = load_model("smollm2-135m", quantization="auto", progress=False)
+    head = loaded.model.lm_head_quantized
+    assert isinstance(head, GGUFWeight) and not head.tiled
+    switch = bench_pass_rows.LayoutSwitch(loaded)
+    passes = bench_pass_rows.Passes(loaded)
+    logits = {}
+    for name in ("other", "built"):
+        switch.use(name)
+        assert head.tiled == (name == "other" and VNNI_GEMM)
+        feed = [(list(range(100, 103)), 200, passes.slots[:203], passes.table[:203])]
+        batch = bench_pass_rows.build_decode_rows(feed, [0, 1, 2], "cpu")
+        with torch.inference_mode():
+            logits[name] = loaded.model(batch, passes.pool)
+    assert switch.changed == (1 if VNNI_GEMM else 0)
+    if head.a8_gemm_min_rows <= 3:
+        assert torch.equal(logits["other"], logits["built"])
+
+
+def test_the_layout_table_has_a_row_per_row_count(capsys):
+    argv = ["--model", "smollm2-135m", "--rows", "1,3", "--rounds", "1", "--against", "file-rows"]
+    assert bench_pass_rows.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "weights as held: the file's rows" in out and "other layout (ms)" in out
