@@ -134,15 +134,17 @@ static void decode_q4k(const uint8_t *const rows[WROWS], int64_t sb, decoded_blo
   q4k_from_words(head, p, out);
 }
 
-/* A tiled Q4_K super-block (gguf_tiles.h): its words as stored. */
-#ifndef TILED_AHEAD
+/* Bytes ahead of a tiled block's loads that each load prefetches into L1: a tiled weight is one
+ * contiguous run per range of blocks, which the hardware prefetchers alone leave behind. */
 #define TILED_AHEAD 4096
-#endif
+
 /* A tiled super-block's vector at `at`, the line TILED_AHEAD bytes further prefetched. */
 static inline __m512i load_ahead(const uint8_t *at) {
-  if (TILED_AHEAD > 0) _mm_prefetch((const char *)(at + TILED_AHEAD), _MM_HINT_T0);
+  _mm_prefetch((const char *)(at + TILED_AHEAD), _MM_HINT_T0);
   return _mm512_loadu_si512((const void *)at);
 }
+
+/* A tiled Q4_K super-block (gguf_tiles.h): its words as stored. */
 static void decode_q4k_tiled(const uint8_t *tiled, decoded_block *out) {
   __m512i head[4], p[32];
   for (int j = 0; j < 4; j++) head[j] = load_ahead(tiled + 64 * j);
@@ -188,7 +190,7 @@ static void decode_q6k(const uint8_t *const rows[WROWS], int64_t sb, decoded_blo
 /* A tiled Q6_K super-block (gguf_tiles.h): its d and words as stored. */
 static void decode_q6k_tiled(const uint8_t *tiled, decoded_block *out) {
   __m512i scales[4], ql[32], qh[16];
-  if (TILED_AHEAD > 0) _mm_prefetch((const char *)(tiled + TILED_AHEAD + 3296), _MM_HINT_T0);
+  _mm_prefetch((const char *)(tiled + TILED_AHEAD + 3296), _MM_HINT_T0); /* its last line */
   for (int j = 0; j < 4; j++) scales[j] = load_ahead(tiled + 32 + 64 * j);
   for (int i = 0; i < 32; i++) ql[i] = load_ahead(tiled + 288 + 64 * i);
   for (int i = 0; i < 16; i++) qh[i] = load_ahead(tiled + 2336 + 64 * i);
@@ -459,19 +461,19 @@ static void gemm_block(int64_t type, const uint8_t *const rows[WROWS],
   memset(sums, 0, (size_t)(2 * x->rows * WROWS) * sizeof(float));
   if (is_k_quant(type)) {
     decoded_block *blk = decoded;
-    /* tiled, rows[r] = the tile + r sb_bytes: super-block sb's 16 rows are contiguous */
+    /* a tiled block prefetches as it loads (load_ahead), the file's rows the next block's */
     const int64_t sb_bytes = type_block_bytes(untiled_type(type));
-    const int64_t stride = type == untiled_type(type) ? sb_bytes : WROWS * sb_bytes;
+    const uint8_t *const *ahead = type == untiled_type(type) ? next : NULL;
     if (x->rows <= chunk) { /* each super-block multiplied as it is decoded, still in L1 */
       for (int64_t sb = 0; sb < k / QK_K; sb++) {
-        if (type == untiled_type(type)) prefetch_next(next, sb * stride, sb_bytes);
+        prefetch_next(ahead, sb * sb_bytes, sb_bytes);
         decode_block(type, rows, sb, blk);
         block_row_range(type, blk, x, q6k_starts, sb, 0, x->rows, sums);
       }
       return;
     }
     for (int64_t sb = 0; sb < k / QK_K; sb++) {
-      prefetch_next(next, sb * stride, sb_bytes);
+      prefetch_next(ahead, sb * sb_bytes, sb_bytes);
       decode_block(type, rows, sb, blk + sb);
     }
     for (int64_t m0 = 0; m0 < x->rows; m0 += chunk) {

@@ -21,7 +21,8 @@ typedef struct {
  * the 16 rows' d (bytes 0-31), the 16 int8 scales (4 words), ql (128 bytes: 32 words) and qh
  * (64 bytes: 16). Q8_0: after the rows' d, the 32 values (8 words). */
 static const word_tiling Q4_K_TILING = {256, 144, -1, 2, {{0, 0, 4}, {16, 256, 32}}};
-static const word_tiling Q6_K_TILING = {256, 210, 208, 3, {{192, 32, 4}, {0, 288, 32}, {128, 2336, 16}}};
+static const word_tiling Q6_K_TILING = {256, 210, 208, 3,
+                                        {{192, 32, 4}, {0, 288, 32}, {128, 2336, 16}}};
 static const word_tiling Q8_0_TILING = {32, 34, 0, 1, {{2, 32, 8}}};
 
 static const word_tiling *word_tiling_of(int64_t type) {
@@ -66,7 +67,10 @@ static void row_words(const word_tiling *wt, uint8_t *row, uint8_t *tiled, int64
       memcpy(to_tile ? word : own, to_tile ? own : word, 4);
     }
   }
-  if (wt->d_at >= 0) memcpy(to_tile ? tiled + 2 * r : row + wt->d_at, to_tile ? row + wt->d_at : tiled + 2 * r, 2);
+  if (wt->d_at >= 0) {
+    uint8_t *d = tiled + 2 * r, *own = row + wt->d_at;
+    memcpy(to_tile ? d : own, to_tile ? own : d, 2);
+  }
 }
 
 int gguf_tile(int64_t type, const void *src, void *dst, int64_t rows, int64_t k) {
@@ -94,7 +98,8 @@ void gguf_untile_row(int64_t type, const void *data, int64_t n, int64_t k, uint8
   if (stored == GGML_TYPE_Q5_0) {
     const int64_t blocks = k / 32;
     for (int64_t j = 0; j < blocks; j++) {
-      const uint8_t *tile_block = (const uint8_t *)data + (t * blocks + j) * TILED_Q5_0_BLOCK_BYTES;
+      const uint8_t *tile_block =
+          (const uint8_t *)data + (t * blocks + j) * TILED_Q5_0_BLOCK_BYTES;
       uint8_t *b = out + j * 22;
       uint64_t masks[8];
       memcpy(masks, tile_block + 32, sizeof(masks));
