@@ -1,6 +1,9 @@
 """The cost of deterministic inference (`--enable-deterministic-inference`), alternated.
 
-Engines on the default model with the mode off and on, in float32 and bfloat16 (where the CPU
+Engines on a model (`--model`, default: the default model) with the mode off and on, in each
+of `--dtypes` (`auto` included: float32 with int8-rounded products on a CPU without bf16, where
+the mode tiles a GGUF's weights for the VNNI GEMM; docs/deterministic.md), in float32 and
+bfloat16 by default (where the CPU
 has no native bf16, PyTorch and the native kernels compute it anyway: the figures then say
 what this host does, not what a bf16 host would). Per round and engine, in turn:
 - prefill: a ~1000-token prompt (`--prompt-lines 70`), cache flushed, 1 new token (prompt tok/s);
@@ -13,8 +16,8 @@ float32's rate, so a bf16 prefill of 1000 tokens is very slow, and 32 concurrent
 the 8 rows bf16 runs quantized take the dense bf16 GEMM: give such hosts a shorter prompt
 (`--prompt-lines 8`) and `--skip-concurrent`.
 
-Run: python -m benchmarks.bench_deterministic [--rounds 3] [--dtypes float32,bfloat16]
-     [--prompt-lines 70]
+Run: python -m benchmarks.bench_deterministic [--model M] [--rounds 3]
+     [--dtypes float32,bfloat16] [--prompt-lines 70]
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ def concurrent_rate(engine: sglite.Engine, tokens: int = 32) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default=None, help="a GGUF path or known name")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--prompt-lines", type=int, default=70)
@@ -88,6 +92,7 @@ def main() -> None:
     for dtype in args.dtypes.split(","):
         for mode in (False, True):
             engines[dtype, mode] = sglite.Engine(
+                model_path=args.model,
                 dtype=dtype,
                 enable_deterministic_inference=mode,
                 max_total_tokens=8192,
@@ -95,6 +100,9 @@ def main() -> None:
             )
     info = next(iter(engines.values())).get_server_info()
     print(f"model {info['model_path']}, weights {info['weight_layouts']}, ")
+    for (dtype, mode), engine in engines.items():
+        quantization = engine.get_server_info()["quantization"]
+        print(f"  {dtype}, deterministic {mode}: {quantization}")
     print(f"kernels {info['kernel_isa'] or 'portable C'}, torch threads {torch.get_num_threads()}")
     results: dict[tuple, list[float]] = defaultdict(list)
     try:
