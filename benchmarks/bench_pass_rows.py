@@ -37,7 +37,7 @@ from sglite.runtime.model.catalog import resolve_model_path
 from sglite.runtime.model.forward_batch import build_decode_rows
 from sglite.runtime.model.gguf_block_weights import tiled_parts
 from sglite.runtime.model.gguf_index import open_gguf
-from sglite.runtime.model.gguf_weight import TILED_TYPES, GGUFPart, GGUFWeight, untile
+from sglite.runtime.model.gguf_weight import TILED_TYPES, GGUFPart, GGUFWeight
 from sglite.runtime.model.loader import LoadedModel, load_model
 from sglite.runtime.model.weight_arena import WeightArena
 
@@ -112,10 +112,7 @@ class LayoutSwitch:
     def _copy(self, weight: GGUFWeight, name: str, arena: WeightArena) -> dict:
         """The weight's state (its object's attributes) in layout `name`, its parts in `arena`."""
         k = weight.in_features
-        file_rows = [
-            GGUFPart(p.type_name, untile(p.type_name, p.data) if p.tiled else p.data)
-            for p in weight.parts
-        ]
+        file_rows = [p.as_stored() for p in weight.parts]
         parts = weight.parts if name == "built" else file_rows
         if name == "other" and not weight.tiled:
             parts = tiled_parts(file_rows, k, frozenset(TILED_TYPES), arena) or file_rows

@@ -29,7 +29,7 @@ from benchmarks.host import cpu_line
 from sglite.runtime.model import kernels
 from sglite.runtime.model.catalog import resolve_model_path
 from sglite.runtime.model.gguf_block_weights import tiled_parts
-from sglite.runtime.model.gguf_weight import TILED_TYPES, GGUFPart, GGUFWeight, untile
+from sglite.runtime.model.gguf_weight import TILED_TYPES, GGUFWeight
 from sglite.runtime.model.kernels.abi import ABI
 from sglite.runtime.model.loader import load_model
 
@@ -59,10 +59,7 @@ def file_rows(weight: GGUFWeight) -> GGUFWeight:
     """The weight with its parts as the file stores them (tiled ones untiled)."""
     if not weight.tiled:
         return weight
-    parts = [
-        GGUFPart(p.type_name, untile(p.type_name, p.data) if p.tiled else p.data)
-        for p in weight.parts
-    ]
+    parts = [p.as_stored() for p in weight.parts]
     return GGUFWeight(parts, weight.in_features, round_activations=True)
 
 

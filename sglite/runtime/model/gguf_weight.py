@@ -102,6 +102,10 @@ class GGUFPart:
     def rows(self) -> int:
         return int(self.data.shape[0])
 
+    def as_stored(self) -> GGUFPart:
+        """The part with its rows as the file stores them (a tiled one untiled, a copy)."""
+        return GGUFPart(self.type_name, untile(self.type_name, self.data)) if self.tiled else self
+
 
 class DecodeScratch:
     """One growing buffer into which bfloat16 GEMMs decode their weight (the largest weight's

@@ -503,17 +503,13 @@ static void block_rows_at(const gguf_part_t *parts, int64_t bi, int64_t k,
                           const uint8_t *rows[WROWS], int64_t *type) {
   int64_t n = bi * WROWS;
   while (n >= parts->rows) n -= (parts++)->rows;
-  if (parts->type == GGUF_TILED_Q5_0 || parts->type == GGUF_TILED_Q8_0) {
-    const int64_t bytes = type_block_bytes(untiled_type(parts->type)); /* per block of 32 */
-    const uint8_t *tile = (const uint8_t *)parts->data + n * (k / 32) * bytes;
-    for (int r = 0; r < WROWS; r++) rows[r] = tile + 2 * bytes * r;
-    *type = parts->type;
-    return;
-  }
-  if (parts->type == GGUF_TILED_Q4_K || parts->type == GGUF_TILED_Q6_K) {
-    const int64_t sb_bytes = type_block_bytes(untiled_type(parts->type));
-    const uint8_t *tile = (const uint8_t *)parts->data + n * (k / QK_K) * sb_bytes;
-    for (int r = 0; r < WROWS; r++) rows[r] = tile + sb_bytes * r;
+  if (parts->type > GGUF_TILED_BASE) {
+    /* rows[r]: row r's sixteenth of a tiled decoding unit (a super-block, a pair of blocks) */
+    const int64_t stored = untiled_type(parts->type), bytes = type_block_bytes(stored);
+    const int64_t row_bytes = k / type_block_values(stored) * bytes;
+    const uint8_t *tile = (const uint8_t *)parts->data + n * row_bytes;
+    const int64_t unit = is_k_quant(stored) ? bytes : 2 * bytes;
+    for (int r = 0; r < WROWS; r++) rows[r] = tile + unit * r;
     *type = parts->type;
     return;
   }
@@ -613,12 +609,8 @@ static int parts_fit(const gguf_part_t *parts, int64_t n_out, int64_t k) {
 
 /* Whether gguf_gemm_a8 serves a weight of these parts (tiled ones read as their untiled type's). */
 static int gemm_serves(const gguf_part_t *parts, int64_t n_out, int64_t k) {
-  gguf_part_t as_stored[GGUF_MAX_PARTS] = {{0}};
-  for (int64_t i = 0, covered = 0; i < GGUF_MAX_PARTS && covered < n_out; i++) {
-    as_stored[i] = parts[i];
-    as_stored[i].type = untiled_type(parts[i].type);
-    covered += parts[i].rows > 0 ? parts[i].rows : n_out; /* gguf_parts_valid refuses it */
-  }
+  gguf_part_t as_stored[GGUF_MAX_PARTS];
+  untiled_parts(parts, n_out, as_stored);
   return gguf_parts_valid(as_stored, n_out, k) && parts_fit(parts, n_out, k);
 }
 

@@ -597,12 +597,8 @@ static void gguf_dequant_range(void *p, int64_t i0, int64_t i1) {
 
 int gguf_dequantize(int dtype, const gguf_part_t *parts, const int64_t *ids, int64_t n_ids,
                     int64_t n_out, int64_t k, void *out, int threads) {
-  gguf_part_t as_stored[GGUF_MAX_PARTS] = {{0}};
-  for (int64_t i = 0, covered = 0; i < GGUF_MAX_PARTS && covered < n_out; i++) {
-    as_stored[i] = parts[i];
-    as_stored[i].type = untiled_type(parts[i].type);
-    covered += parts[i].rows > 0 ? parts[i].rows : n_out; /* gguf_parts_valid refuses it */
-  }
+  gguf_part_t as_stored[GGUF_MAX_PARTS];
+  untiled_parts(parts, n_out, as_stored);
   if (!gguf_parts_valid(as_stored, n_out, k)) return -1;
   if (ids != NULL)
     for (int64_t i = 0; i < n_ids; i++)

@@ -119,3 +119,15 @@ void gguf_untile_row(int64_t type, const void *data, int64_t n, int64_t k, uint8
     row_words(wt, out + b * wt->bytes, tiled, r, 0);
   }
 }
+
+void untiled_parts(const gguf_part_t *parts, int64_t n_out,
+                   gguf_part_t as_stored[GGUF_MAX_PARTS]) {
+  int64_t covered = 0;
+  for (int64_t i = 0; i < GGUF_MAX_PARTS; i++) {
+    as_stored[i] = (gguf_part_t){0};
+    if (covered >= n_out) continue; /* past the weight's parts: never read */
+    as_stored[i] = parts[i];
+    as_stored[i].type = untiled_type(parts[i].type);
+    covered += parts[i].rows > 0 ? parts[i].rows : n_out; /* gguf_parts_valid refuses it */
+  }
+}

@@ -42,6 +42,11 @@ static inline int64_t untiled_type(int64_t type) {
   return type > GGUF_TILED_BASE ? type - GGUF_TILED_BASE : type;
 }
 
+/* The parts (covering n_out rows) with each tiled one's type as its untiled type's, into
+ * as_stored: what gguf_parts_valid checks for a weight whose kernel reads tiled parts. */
+void untiled_parts(const gguf_part_t *parts, int64_t n_out,
+                   gguf_part_t as_stored[GGUF_MAX_PARTS]);
+
 /* Row n of a tiled part (data: its tiles, k values a row; type: a tiled type) as the file
  * stores it, into out (the row's bytes). */
 void gguf_untile_row(int64_t type, const void *data, int64_t n, int64_t k, uint8_t *out);
