@@ -682,12 +682,7 @@ int64_t gguf_a8_gemm_min_rows(const gguf_part_t *parts, int64_t n_out, int64_t k
   for (int64_t i = 0, covered = 0; covered < n_out; covered += parts[i++].rows)
     if (parts[i].type > GGUF_TILED_BASE) return 1;
   const int q6k = q6k_mostly(parts, n_out);
-  if (!vectors_512_split()) {
-    if (q6k) return A8_GEMM_MIN_ROWS_Q6_K;
-    const int64_t first = parts->type;
-    const int few = is_k_quant(first) || first == GGML_TYPE_Q5_0;
-    return few ? A8_GEMM_MIN_ROWS_FEW : A8_GEMM_MIN_ROWS;
-  }
+  if (!vectors_512_split()) return q6k ? A8_GEMM_MIN_ROWS_Q6_K : A8_GEMM_MIN_ROWS;
   if (!is_k_quant(parts->type)) return A8_GEMM_MIN_ROWS_B32_SPLIT;
   if (gguf_row_bytes(parts->type, k) > SHORT_ROW_BYTES) return A8_GEMM_MIN_ROWS_LONG_SPLIT;
   return q6k ? A8_GEMM_MIN_ROWS_Q6_K_SPLIT : A8_GEMM_MIN_ROWS_SPLIT;

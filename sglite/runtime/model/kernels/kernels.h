@@ -45,15 +45,10 @@ enum { SHORT_ROW_VALUES = 4096 };
 enum { BF16_DOT_PAYS_PERCENT = 50, KERNEL_OFF_ROWS = 1073741824 };
 /* Rows from which a batch rounding activations takes gguf_gemm_a8 instead of gguf_gemv_a8
  * (where the tile GEMM does not take it first; never in deterministic mode, whose products keep
- * one kernel for every row count): A8_GEMM_MIN_ROWS_FEW for a weight whose first blocks are Q4_K
- * or Q5_0 (at few rows the GEMM sums a row as independent chains and multiplies each block as it
- * is decoded, so two rows already pay), A8_GEMM_MIN_ROWS for the other blocks of 32 (Q4_0,
- * Q4_1, Q5_1, and Q8_0, an output head's type in small models: the GEMV keeps the lead at two
- * rows),
- * A8_GEMM_MIN_ROWS_Q6_K for a weight mostly of Q6_K blocks, slower to decode
- * (gguf_a8_gemm_min_rows). Measured on an Intel host without AMX, per weight (bench_products)
- * and in whole decode passes (bench_pass_rows; docs/benchmarks.md). */
-enum { A8_GEMM_MIN_ROWS = 3, A8_GEMM_MIN_ROWS_FEW = 2, A8_GEMM_MIN_ROWS_Q6_K = 5 };
+ * one kernel for every row count): A8_GEMM_MIN_ROWS_Q6_K for a weight mostly of Q6_K blocks,
+ * slower to decode (gguf_a8_gemm_min_rows). Measured on an Intel host without AMX, per weight
+ * (bench_products) and in whole decode passes (bench_pass_rows; docs/benchmarks.md). */
+enum { A8_GEMM_MIN_ROWS = 3, A8_GEMM_MIN_ROWS_Q6_K = 5 };
 /* The thresholds where the CPU runs 512-bit operations as two halves (vectors_512_split: AMD
  * Zen 4), measured there per kind of weight (docs/benchmarks.md). There the
  * GEMV reads k-quant rows longer than SHORT_ROW_BYTES as one stream (gguf_a8.c), and the GEMM
