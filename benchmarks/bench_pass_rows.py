@@ -17,14 +17,18 @@ bench_products'.
 against the other layout (tiled for the VNNI GEMM where it can serve them: kernels/gguf_tiles.h,
 the GEMM then their one kernel; or the file's rows where the model holds them tiled), both
 copied into weight arenas of their own and moved into 2 MB pages, so that both read the same
-kind of memory. The data behind which models are tiled (`loader._tiled_types`).
+kind of memory; `--tile-types` names the block types the tiled layout tiles (all it can, by
+default). The data behind which models are tiled (`loader._tiled_types`).
 
 Run: python -m benchmarks.bench_pass_rows [--model qwen2.5-coder-1.5b] [--rows 3,4,5,6,8]
-[--rounds 11] [--against 5:8 | --against file-rows]
+[--rounds 11] [--against 5:8 | --against file-rows [--tile-types Q4_K,Q6_K]]
 """
 
 from __future__ import annotations
 
+import benchmarks.scheduler_env  # noqa: F401  (first: the scheduler's OpenMP setting)
+
+# isort: split
 import statistics
 import time
 
@@ -90,8 +94,11 @@ class LayoutSwitch:
     switches between them (a weight object takes the layout's parts and kernels in place, so
     every module and table holding it follows)."""
 
-    def __init__(self, loaded: LoadedModel) -> None:
+    def __init__(self, loaded: LoadedModel, types: frozenset[str] = frozenset(TILED_TYPES)) -> None:
+        """`types`: the block types tiled in the other layout, where the model holds the file's
+        rows."""
         self.model = loaded.model
+        self.types = frozenset(types)
         self.weights = gguf_weights(loaded)
         gf = open_gguf(loaded.model_path)
         self.layouts: dict[str, dict[int, dict]] = {}
@@ -115,7 +122,7 @@ class LayoutSwitch:
         file_rows = [p.as_stored() for p in weight.parts]
         parts = weight.parts if name == "built" else file_rows
         if name == "other" and not weight.tiled:
-            parts = tiled_parts(file_rows, k, frozenset(TILED_TYPES), arena) or file_rows
+            parts = tiled_parts(file_rows, k, self.types, arena) or file_rows
             self.changed += parts is not file_rows
         placed = [p if p.tiled and name == "other" else _placed(p, arena) for p in parts]
         copy = GGUFWeight(
@@ -173,7 +180,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", default="3,4,5,6,8")
     parser.add_argument("--rounds", type=int, default=11)
     parser.add_argument("--against", nargs="+", default=["5:8"], metavar="FROM:TO|file-rows")
+    parser.add_argument(
+        "--tile-types",
+        default=",".join(sorted(TILED_TYPES)),
+        help="with --against file-rows: the block types the tiled layout tiles (e.g. Q4_K)",
+    )
     args = parser.parse_args(argv)
+    tile_types = frozenset(args.tile_types.split(","))
+    if not tile_types <= frozenset(TILED_TYPES):
+        parser.error(f"--tile-types takes some of {sorted(TILED_TYPES)}, got {args.tile_types}")
     layouts = args.against == ["file-rows"]
     moves: dict[int, int] = {}
     if not layouts:
@@ -184,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     rows_list = [int(r) for r in args.rows.split(",")]
     path = resolve_model_path(args.model)
     loaded = load_model(path, quantization="auto", progress=False)
-    switch = LayoutSwitch(loaded) if layouts else ThresholdSwitch(loaded, moves)
+    switch = LayoutSwitch(loaded, tile_types) if layouts else ThresholdSwitch(loaded, moves)
     passes = Passes(loaded)
     print(command_line("benchmarks.bench_pass_rows"))
     if isinstance(switch, LayoutSwitch):

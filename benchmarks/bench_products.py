@@ -19,6 +19,9 @@ Run: python -m benchmarks.bench_products [--model qwen2.5-coder-1.5b] [--rows 1,
 
 from __future__ import annotations
 
+import benchmarks.scheduler_env  # noqa: F401  (first: the scheduler's OpenMP setting)
+
+# isort: split
 import time
 from collections.abc import Callable
 

@@ -15,15 +15,13 @@ prints each round's decode ms/step and their ratio (the host drifts too much bet
 
 from __future__ import annotations
 
-import os
+import benchmarks.scheduler_env  # noqa: F401  (first: the scheduler's OpenMP setting)
 
-# As the server's scheduler process runs (scheduler_client.scheduler_environment): libgomp reads
-# this when torch loads it, and its default spinning steals the core the kernels' pool needs.
-os.environ.setdefault("GOMP_SPINCOUNT", "20000")
-
-import argparse  # noqa: E402
+# isort: split
+import argparse
 import functools
 import gc
+import os
 import statistics
 import time
 from collections import defaultdict

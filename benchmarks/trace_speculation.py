@@ -15,13 +15,12 @@ Run: python -m benchmarks.trace_speculation [--model M] [--draft-model-path P | 
 
 from __future__ import annotations
 
+import benchmarks.scheduler_env  # noqa: F401  (first: the scheduler's OpenMP setting)
+
+# isort: split
 import argparse
-import os
 import time
 from dataclasses import dataclass
-
-# As the server's scheduler process runs (scheduler_client.scheduler_environment).
-os.environ.setdefault("GOMP_SPINCOUNT", "20000")
 
 from benchmarks.profile_decode import settled_scheduler  # noqa: E402
 from benchmarks.spec_workloads import WORKLOADS  # noqa: E402
