@@ -242,21 +242,35 @@ def _tokenizer_for(path: str, tokenizer_path: str | None, gguf_file: Any) -> Tok
     return load_tokenizer(tokenizer_path or path)
 
 
+# The block types tiled by default where the VNNI GEMM serves every product (`_tiled_types`).
+TILED_BLOCKS_OF_32 = frozenset({"Q5_0", "Q8_0"})
+
+
 def _tiled_types(every_product_rounds: bool, draft: bool, batch_invariant: bool) -> frozenset[str]:
     """The block types a model's GGUF parts are tiled in (`gguf_block_weights`; only where x
-    is rounded): none on CPUs with AMX tiles (whose GEMM takes the file's rows); for
-    `batch_invariant` (deterministic inference) Q5_0, Q8_0, Q4_K and Q6_K where every product
-    rounds x and 512-bit operations run whole (the VNNI GEMM, rows independent, then serves
-    every row count: cheaper than the GEMV for batches, 6-10% dearer at one row); a draft
-    model's Q5_0 (1.1x its GEMV at one row, 1.3x at four); else none."""
+    is rounded): none on CPUs with AMX tiles (whose GEMM takes the file's rows). Where every
+    product rounds x and 512-bit operations run whole, the VNNI GEMM then serves the tiled
+    parts at every row count: for `batch_invariant` (deterministic inference) every type it
+    tiles (rows independent; cheaper than the GEMV for batches, 6-10% dearer at one row), else
+    the blocks of 32 (`TILED_BLOCKS_OF_32`: as fast as their GEMV at one row, far faster at two
+    to eight, where the file's rows take a GEMM that decodes them row by row; tiled k-quants
+    lose a little at one row). Else a draft model's Q5_0 (1.1x its GEMV at one row, 1.3x at
+    four), or none."""
     from sglite.runtime.model import kernels
+    from sglite.runtime.model.gguf_weight import TILED_TYPES
 
     if kernels.amx_available():
         return frozenset()
-    whole = every_product_rounds and not kernels.vectors_512_split()
-    if batch_invariant and whole:
-        return frozenset({"Q5_0", "Q8_0", "Q4_K", "Q6_K"})
+    if every_product_rounds and not kernels.vectors_512_split():
+        return frozenset(TILED_TYPES) if batch_invariant else TILED_BLOCKS_OF_32
     return frozenset({"Q5_0"}) if draft else frozenset()
+
+
+def default_tiled_types() -> frozenset[str]:
+    """The block types a model's GGUF parts are tiled in as a server loads it by default
+    (`--dtype auto --quantization auto`, no deterministic inference): every product then
+    rounds x where activations resolve to int8."""
+    return _tiled_types(resolve_gguf_activations("auto") == "int8", False, False)
 
 
 def load_model(
@@ -288,12 +302,13 @@ def load_model(
     (`resolve_gguf_activations`; int8 rounds decode products' x rows as llama.cpp does, and
     prefill's in bfloat16, or in float32 when `dtype` is auto: see `gguf_weight.py`).
     A GGUF's blocks are read into the process's memory (`weight_arena.py`), or with
-    `mmap_weights` served from the file's mapping. `batch_invariant` (deterministic
-    inference): where every product rounds x to int8 (int8 activations, and bfloat16 or
-    float32 as `dtype=auto`'s choice) and the VNNI GEMM serves, the weights' parts are tiled for
-    it (`_tiled_types`), which is then their one kernel at every row count, its rows
-    independent. `gguf_tiles` (a draft model) tiles its Q5_0 projections for the VNNI GEMM
-    where activations are int8 and there are no AMX tiles, and with int8 activations every
+    `mmap_weights` served from the file's mapping. Where every product rounds x to int8 (int8
+    activations, and bfloat16 or float32 as `dtype=auto`'s choice) and the VNNI GEMM serves,
+    the parts of blocks of 32 are tiled for it, and with `batch_invariant` (deterministic
+    inference) every part it can tile (`_tiled_types`): the GEMM is then their one kernel at
+    every row count, its rows independent. `gguf_tiles` (a draft model) tiles its Q5_0
+    projections for the VNNI GEMM also where 512-bit operations run as halves, and with int8
+    activations every
     product rounds x, prompt reads included, in float32 too (a draft only guesses: its products
     need not be exact, and its prompt reads take the VNNI GEMM, faster than the float GEMMs).
     With a tensor-parallel group `tp`, only this rank's shard of every weight is kept (each
