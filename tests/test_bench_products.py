@@ -1,7 +1,8 @@
 """benchmarks/bench_products.py on the default model: one row per weight kind and row count,
 and the kernel it says the model takes is the weight's own thresholds' (never the tile GEMM
 where bf16 products do not pay here, nor before the VNNI GEMM without AMX); the tiled GEMM's
-column where the VNNI GEMM serves a tiled copy."""
+column where the VNNI GEMM serves a tiled copy, the kernel a weight held tiled takes at every
+row count."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from test_gguf_activations import VNNI_GEMM
 
 from benchmarks import bench_products
 from sglite.runtime.model import kernels
+from sglite.runtime.model.loader import default_tiled_types
 
 
 def test_the_table_names_each_kind_and_the_kernel_the_model_takes(capsys):
@@ -24,7 +26,9 @@ def test_the_table_names_each_kind_and_the_kernel_the_model_takes(capsys):
             assert tiled_ms == "-", kind  # Q4_1 is not tiled
         else:
             assert (tiled_ms != "-") == VNNI_GEMM, kind
-        if rows == "1":
+        if kind.split()[-1].upper() in default_tiled_types():  # held tiled: its one kernel
+            assert takes == "tiled", kind
+        elif rows == "1":
             assert takes == "gemv", kind
         elif vnni_ms != "-" and not kernels.amx_available():  # 24 rows: past every threshold
             assert takes == "vnni", kind  # int8 products before AVX512-BF16 ones
