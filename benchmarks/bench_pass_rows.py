@@ -98,7 +98,7 @@ class LayoutSwitch:
         """`types`: the block types tiled in the other layout, where the model holds the file's
         rows."""
         self.model = loaded.model
-        self.types = frozenset(types)
+        self.types = types
         self.weights = gguf_weights(loaded)
         gf = open_gguf(loaded.model_path)
         self.layouts: dict[str, dict[int, dict]] = {}
@@ -141,10 +141,8 @@ class LayoutSwitch:
 
 
 def _placed(part: GGUFPart, arena: WeightArena) -> GGUFPart:
-    """The part copied into `arena`."""
-    target = arena.reserve(part.data.shape)
-    target[...] = part.data
-    return GGUFPart(part.type_name, target, tiled=part.tiled)
+    """The part placed into `arena` (its bytes there once the arena's `wait` returns)."""
+    return GGUFPart(part.type_name, arena.place(part.data), tiled=part.tiled)
 
 
 class Passes:

@@ -308,9 +308,9 @@ def load_model(
     inference) every part it can tile (`_tiled_types`): the GEMM is then their one kernel at
     every row count, its rows independent. `gguf_tiles` (a draft model) tiles its Q5_0
     projections for the VNNI GEMM also where 512-bit operations run as halves, and with int8
-    activations every
-    product rounds x, prompt reads included, in float32 too (a draft only guesses: its products
-    need not be exact, and its prompt reads take the VNNI GEMM, faster than the float GEMMs).
+    activations every product rounds x, prompt reads included, in float32 too (a draft only
+    guesses: its products need not be exact, and its prompt reads take the VNNI GEMM, faster
+    than the float GEMMs).
     With a tensor-parallel group `tp`, only this rank's shard of every weight is kept (each
     checkpoint tensor is read, cut and dropped in turn) and the returned config is the rank's.
 
