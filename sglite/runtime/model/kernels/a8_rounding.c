@@ -136,6 +136,8 @@ int round_x(int dtype, const void *x, int64_t rows, int64_t k, int threads, int 
     free_rounded(r);
     return -1;
   }
+#else
+  (void)lanes;
 #endif
   if (!r->q || !r->dx || !r->sum16 || !r->sum32 || !r->dx32 || !r->dxsum32) {
     free_rounded(r);

@@ -19,15 +19,16 @@ typedef struct {
   int8_t *q_lanes; /* [rows, k]: q in K4_LANES order (NULL where unused: see there) */
 } rounded_x;
 
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+#if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 /* Where 32-bit lanes are tied to a k-quant's groups of 32 (gguf_a8.c's Q4_K product): a
  * super-block's 256 xq as eight vectors, lo[j] and hi[j] (j = 0..3, stored lo[0], hi[0], lo[1],
  * ...), whose lane l holds 4 consecutive values of group 2 (l % 4) (lo) or 2 (l % 4) + 1 (hi),
  * those at 16 (l / 4) + 4 j of it. Q4_K's 128 nibble bytes, 32 per pair of groups, transposed
- * by k4_lanes give its integers in the same order, so one vpdpbusd per 32 values adds each
- * lane's products to its group's sum (no scale between them). Built where such products run:
- * k is whole super-blocks and the build has 256-bit VNNI. */
+ * by k4_lanes give its integers in the same order, so each lane's products add up to its
+ * group's sum with no scale between them (one vpdpbusd per 32 values with VNNI; on AVX2 a
+ * vpmaddubsw per 32 values, four summed in int16, then one vpmaddwd with the scales). Built
+ * where such products run: k is whole super-blocks on an AVX2 or AVX-512 build. */
 #define K4_LANES 1
 /* The 4 x 32 bytes at p, p + stride, p + 2 stride, p + 3 stride transposed by 32-bit groups:
  * t[j] lane l = group j + 4 (l / 4) of the 32 bytes at p + (l % 4) stride. */

@@ -18,7 +18,9 @@
  *
  * Invariant: a row's result depends on that x row alone (not on the other rows, their number or
  * the thread count): every output is computed by one thread in one fixed order, so prefill,
- * decode and any batch give a token the same values.
+ * decode and any batch give a token the same values. Two or more rows may take Q4_K through
+ * k4_row_lanes (the same integer sums, their float sums rounded in another order) unless the
+ * caller asks for row-independent results.
  */
 #include "a8_rounding.h"
 #include "gguf_bits.h"
@@ -155,27 +157,58 @@ static inline __attribute__((always_inline)) void k4_k5_row(const int R, const i
 }
 
 #ifdef K4_LANES
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define K4_LANES_VNNI 1
+#endif
+
+/* A Q4_K super-block's scales as multipliers of its lane-tied sums (lane l: group 2 (l % 4) in
+ * `even`, 2 (l % 4) + 1 in `odd`): int32 lanes for VNNI's vpmulld, else int16 lanes (both halves
+ * of a 32-bit lane the same) for vpmaddwd; its mins as int16 (k4_add_block's `mn16`). */
+static inline __attribute__((always_inline)) void k4_lane_scales(const uint8_t *b, __m256i *even,
+                                                                 __m256i *odd, __m128i *mn16) {
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+  const __m128i scales_mins = k_scales16(b + 4);
+#else
+  uint32_t sc[2], mn[2];
+  k_scales8(b + 4, sc, mn);
+  const __m128i scales_mins = _mm_set_epi32((int)mn[1], (int)mn[0], (int)sc[1], (int)sc[0]);
+#endif
+  *mn16 = _mm_cvtepu8_epi16(_mm_srli_si128(scales_mins, 8));
+#ifdef K4_LANES_VNNI
+  *even = _mm256_cvtepu8_epi32(
+      _mm_shuffle_epi8(scales_mins, _mm_setr_epi8(0, 2, 4, 6, 0, 2, 4, 6, -1, -1, -1, -1, -1, -1,
+                                                  -1, -1)));
+  *odd = _mm256_cvtepu8_epi32(
+      _mm_shuffle_epi8(scales_mins, _mm_setr_epi8(1, 3, 5, 7, 1, 3, 5, 7, -1, -1, -1, -1, -1, -1,
+                                                  -1, -1)));
+#else
+  *even = _mm256_cvtepu8_epi16(
+      _mm_shuffle_epi8(scales_mins, _mm_setr_epi8(0, 0, 2, 2, 4, 4, 6, 6, 0, 0, 2, 2, 4, 4, 6, 6)));
+  *odd = _mm256_cvtepu8_epi16(
+      _mm_shuffle_epi8(scales_mins, _mm_setr_epi8(1, 1, 3, 3, 5, 5, 7, 7, 1, 1, 3, 3, 5, 5, 7, 7)));
+#endif
+}
+
 /* Q4_K super-blocks of one weight row against R x rows with each 32-bit lane tied to a group
- * (K4_LANES): the nibble bytes transposed as x->q_lanes is, so one vpdpbusd per 32 values adds
- * every lane's 4 products to its group's sum, and the groups' 6-bit scales multiply those sums
- * once per super-block (vpmulld), where k4_k5_row spends a vpmaddubsw and a vpdpwssd per 32
- * values and x row. The same integers per super-block; its float sums differ in rounding. */
+ * (K4_LANES): the nibble bytes transposed as x->q_lanes is, so a lane's products add up to its
+ * group's sum and the groups' 6-bit scales multiply those sums once per super-block, where
+ * k4_k5_row scales every 32 values' products for every x row. With VNNI one vpdpbusd per 32
+ * values, the scales by vpmulld; on AVX2 one vpmaddubsw per 32 values, the four of the low (or
+ * high) nibbles summed in int16 (a lane's 8 products of at most 15 x 127: no overflow), then
+ * one vpmaddwd with the scales: 10 multiplies per super-block and x row where k4_k5_row takes
+ * 16. The same integers per super-block; its float sums differ in rounding. */
 static inline __attribute__((always_inline)) void k4_row_lanes(const int R, const int prefetch,
                                                                const uint8_t *row,
                                                                const rounded_x *x, int64_t m0,
                                                                row_sums *s) {
   const int64_t k = x->k, blocks = k / QK_K;
   const __m256i nibble = _mm256_set1_epi8(0x0f);
-  /* lane l: group 2 (l % 4) (even) or 2 (l % 4) + 1 (odd) */
-  const __m128i even = _mm_setr_epi8(0, 2, 4, 6, 0, 2, 4, 6, -1, -1, -1, -1, -1, -1, -1, -1);
-  const __m128i odd = _mm_setr_epi8(1, 3, 5, 7, 1, 3, 5, 7, -1, -1, -1, -1, -1, -1, -1, -1);
   for (int64_t blk = 0; blk < blocks; blk++) {
     const uint8_t *b = row + blk * 144;
     prefetch_ahead(prefetch, b, 3); /* 144 bytes */
-    const __m128i scales_mins = k_scales16(b + 4);
-    const __m256i s_lo = _mm256_cvtepu8_epi32(_mm_shuffle_epi8(scales_mins, even));
-    const __m256i s_hi = _mm256_cvtepu8_epi32(_mm_shuffle_epi8(scales_mins, odd));
-    const __m128i mn16 = _mm_cvtepu8_epi16(_mm_srli_si128(scales_mins, 8));
+    __m256i s_lo, s_hi;
+    __m128i mn16;
+    k4_lane_scales(b, &s_lo, &s_hi, &mn16);
     __m256i t[4], lo[4], hi[4];
     k4_lanes(b + 16, 32, t);
     for (int j = 0; j < 4; j++) {
@@ -187,6 +220,7 @@ static inline __attribute__((always_inline)) void k4_row_lanes(const int R, cons
     const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128(dd_bits)); /* d, dmin: one conversion */
     for (int m = 0; m < R; m++) {
       const int8_t *xq = x->q_lanes + (m0 + m) * k + blk * QK_K;
+#ifdef K4_LANES_VNNI
       __m256i sum_lo = _mm256_setzero_si256(), sum_hi = _mm256_setzero_si256();
       for (int j = 0; j < 4; j++) {
         sum_lo =
@@ -196,6 +230,19 @@ static inline __attribute__((always_inline)) void k4_row_lanes(const int R, cons
       }
       const __m256i both =
           _mm256_add_epi32(_mm256_mullo_epi32(sum_lo, s_lo), _mm256_mullo_epi32(sum_hi, s_hi));
+#else
+      const __m256i *xv = (const __m256i *)xq; /* lo[j] meets xv[2 j], hi[j] xv[2 j + 1] */
+      __m256i sum_lo = _mm256_maddubs_epi16(lo[0], _mm256_loadu_si256(xv));
+      __m256i sum_hi = _mm256_maddubs_epi16(hi[0], _mm256_loadu_si256(xv + 1));
+      for (int j = 1; j < 4; j++) {
+        const __m256i p_lo = _mm256_maddubs_epi16(lo[j], _mm256_loadu_si256(xv + 2 * j));
+        const __m256i p_hi = _mm256_maddubs_epi16(hi[j], _mm256_loadu_si256(xv + 2 * j + 1));
+        sum_lo = _mm256_add_epi16(sum_lo, p_lo);
+        sum_hi = _mm256_add_epi16(sum_hi, p_hi);
+      }
+      const __m256i both =
+          _mm256_add_epi32(_mm256_madd_epi16(sum_lo, s_lo), _mm256_madd_epi16(sum_hi, s_hi));
+#endif
       k4_add_block(both, dd, mn16, x, m0 + m, blk, m, s);
     }
   }
@@ -642,11 +689,17 @@ int gguf_gemv_a8(int dtype, const void *x, const gguf_part_t *parts, void *y, in
                  int64_t n_out, int64_t k, int threads, int row_independent) {
   if (rows < 1 || k % QK || !gguf_parts_valid(parts, n_out, k)) return -1;
   const int split = (int)vectors_512_split();
-  /* x in the lane order too where the 256-bit path takes Q4_K parts for several rows
-   * (k4_row_lanes: one row's product is bound by reading the weight, and the transposes cost it
-   * more than the fewer products save); never where every row count must give the same bits */
-  const int lanes =
-      split && rows >= 2 && !row_independent && type_rows(parts, n_out, GGML_TYPE_Q4_K) > 0;
+  /* x in the lane order too where the 256-bit path takes Q4_K parts (an AVX2 build, or split
+   * 512-bit operations) for several rows (k4_row_lanes: one row's product is bound by reading
+   * the weight, and the transposes cost it more than the fewer products save); never where
+   * every row count must give the same bits */
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+  const int narrow_k_quants = split;
+#else
+  const int narrow_k_quants = 1;
+#endif
+  const int lanes = narrow_k_quants && rows >= 2 && !row_independent &&
+                    type_rows(parts, n_out, GGML_TYPE_Q4_K) > 0;
   rounded_x rx;
   if (round_x(dtype, x, rows, k, threads, lanes, &rx)) return -1;
   a8_args a = {dtype, &rx, parts, y, n_out, split, row_streams(parts, k, split)};
