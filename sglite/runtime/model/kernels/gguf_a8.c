@@ -18,9 +18,10 @@
  *
  * Invariant: a row's result depends on that x row alone (not on the other rows, their number or
  * the thread count): every output is computed by one thread in one fixed order, so prefill,
- * decode and any batch give a token the same values. Two or more rows may take Q4_K through
- * k4_row_lanes (the same integer sums, their float sums rounded in another order) unless the
- * caller asks for row-independent results.
+ * decode and any batch give a token the same values. On AVX-512 VNNI builds where 512-bit
+ * operations are split, two or more rows may take Q4_K through k4_row_lanes (the same integer
+ * sums, their float sums rounded in another order) unless the caller asks for row-independent
+ * results; AVX2 builds take it for every row count.
  */
 #include "a8_rounding.h"
 #include "gguf_bits.h"
@@ -540,8 +541,12 @@ static inline __attribute__((always_inline)) void row_products(const int R, cons
 #else
   (void)narrow;
 #endif
-#ifdef K4_LANES
+#ifdef K4_LANES_VNNI
   if (R >= 2 && type == GGML_TYPE_Q4_K && x->q_lanes != NULL)
+    k4_row_lanes(R, prefetch, row, x, m0, &s);
+  else
+#elif defined(K4_LANES)
+  if (type == GGML_TYPE_Q4_K && x->q_lanes != NULL)
     k4_row_lanes(R, prefetch, row, x, m0, &s);
   else
 #endif
@@ -689,17 +694,18 @@ int gguf_gemv_a8(int dtype, const void *x, const gguf_part_t *parts, void *y, in
                  int64_t n_out, int64_t k, int threads, int row_independent) {
   if (rows < 1 || k % QK || !gguf_parts_valid(parts, n_out, k)) return -1;
   const int split = (int)vectors_512_split();
-  /* x in the lane order too where the 256-bit path takes Q4_K parts (an AVX2 build, or split
-   * 512-bit operations) for several rows (k4_row_lanes: one row's product is bound by reading
-   * the weight, and the transposes cost it more than the fewer products save); never where
-   * every row count must give the same bits */
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-  const int narrow_k_quants = split;
-#else
-  const int narrow_k_quants = 1;
+  /* x in the lane order too where Q4_K parts take k4_row_lanes. With VNNI (split 512-bit
+   * operations) for several rows only: one row's product is bound by reading the weight, and
+   * the transposes cost it more than the fewer products save; never where every row count must
+   * give the same bits. On AVX2 builds for every row count: cheaper for one row too, and every
+   * row's result the same bits whatever the rows */
+  const int q4k = type_rows(parts, n_out, GGML_TYPE_Q4_K) > 0;
+#ifdef K4_LANES_VNNI
+  const int lanes = split && rows >= 2 && !row_independent && q4k;
+#else /* round_x ignores it where K4_LANES is not built */
+  const int lanes = q4k;
+  (void)row_independent;
 #endif
-  const int lanes = narrow_k_quants && rows >= 2 && !row_independent &&
-                    type_rows(parts, n_out, GGML_TYPE_Q4_K) > 0;
   rounded_x rx;
   if (round_x(dtype, x, rows, k, threads, lanes, &rx)) return -1;
   a8_args a = {dtype, &rx, parts, y, n_out, split, row_streams(parts, k, split)};
