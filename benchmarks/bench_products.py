@@ -13,8 +13,14 @@ types and the CPU; a tiled weight takes the tiled GEMM at every count). These ar
 behind the `AMX_MIN_ROWS`, `BF16_DOT_MIN_ROWS` and `A8_GEMM_MIN_ROWS` families (kernels.h): a
 verification of a speculative draft, or a small decode batch, is such a product per layer.
 
+`--against-kernels PATH`: another build of the kernel library (the `cpu_kernels-*.so` that a
+checkout of another revision built into the kernel cache; the run prints the path of its own)
+whose int8 GEMV alternates with this build's on the same weights in the same process (separate
+processes differ by more than such a change: where their pages land, the host's drift), with
+the ratio and whether the two give the same bits. The data behind a change to the GEMV.
+
 Run: python -m benchmarks.bench_products [--model qwen2.5-coder-1.5b] [--rows 1,2,4,6,8,9,12,16]
-[--rounds 15]
+[--rounds 15] [--against-kernels PATH]
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import benchmarks.scheduler_env  # noqa: F401  (first: the scheduler's OpenMP setting)
 
 # isort: split
+import ctypes
 import time
 from collections.abc import Callable
 
@@ -34,6 +41,8 @@ from sglite.runtime.model.catalog import resolve_model_path
 from sglite.runtime.model.gguf_block_weights import tiled_parts
 from sglite.runtime.model.gguf_weight import TILED_TYPES, GGUFWeight
 from sglite.runtime.model.kernels.abi import ABI
+from sglite.runtime.model.kernels.native import DTYPE_CODES
+from sglite.runtime.model.kernels.native import load as load_kernels
 from sglite.runtime.model.loader import load_model
 
 KERNEL_OFF_ROWS = ABI.constants["KERNEL_OFF_ROWS"]
@@ -79,8 +88,37 @@ def tiled_copy(weight: GGUFWeight) -> GGUFWeight | None:
     return None if parts is None else GGUFWeight(parts, weight.in_features, round_activations=True)
 
 
+def other_gemv(library: ctypes.CDLL) -> Callable[[torch.Tensor, int, int], torch.Tensor]:
+    """`gguf_gemv_a8` of another build of the kernel library, called as this build's is."""
+    ABI.declare(library)
+
+    def call(x: torch.Tensor, parts: int, n_out: int) -> torch.Tensor:
+        out = x.new_empty(x.shape[0], n_out)
+        threads = torch.get_num_threads()
+        status = library.gguf_gemv_a8(
+            DTYPE_CODES[x.dtype], x.data_ptr(), parts, out.data_ptr(), x.shape[0], n_out,
+            x.shape[1], threads, 0,
+        )  # fmt: skip
+        if status != 0:
+            raise RuntimeError(f"the other build's gguf_gemv_a8 refused the weight ({status})")
+        return out
+
+    return call
+
+
+def same_bits(weight: GGUFWeight, rows: int, other: Callable) -> bool:
+    """Whether this build's int8 GEMV and the other's give the same bits on random rows."""
+    x = torch.randn(rows, weight.in_features).to(torch.bfloat16)
+    mine = kernels.gguf_gemv_a8(x, weight.address, weight.out_features)
+    return torch.equal(mine, other(x, weight.address, weight.out_features))
+
+
 def measure(
-    weight: GGUFWeight, tiled: GGUFWeight | None, rows: int, rounds: int
+    weight: GGUFWeight,
+    tiled: GGUFWeight | None,
+    rows: int,
+    rounds: int,
+    other: Callable | None = None,
 ) -> dict[str, float]:
     """ms by kernel ("gemv"; "vnni" where the VNNI GEMM serves the weight; "tiled": that GEMM
     on the tiled copy, where there is one; "tile" where the tile GEMM runs here): the best of
@@ -97,6 +135,8 @@ def measure(
     }
     if tiled is not None:
         calls["tiled"] = lambda: kernels.gguf_gemm_a8(x, tiled.address, tiled.out_features)
+    if other is not None:
+        calls["other"] = lambda: other(x, weight.address, weight.out_features)
     for call in calls.values():
         call()  # warm-up
     best = dict.fromkeys(calls, float("inf"))
@@ -121,7 +161,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="qwen2.5-coder-1.5b", help="GGUF path or known name")
     parser.add_argument("--rows", default="1,2,4,5,6,8,9,12,16,20,24,32")
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument(
+        "--against-kernels", default=None, help="another build's cpu_kernels-*.so (see above)"
+    )
     args = parser.parse_args(argv)
+    other = other_gemv(ctypes.CDLL(args.against_kernels)) if args.against_kernels else None
     loaded = load_model(
         resolve_model_path(args.model), dtype="bfloat16", quantization="auto", progress=False
     )
@@ -135,19 +179,28 @@ def main(argv: list[str] | None = None) -> int:
     split = "split in two halves" if kernels.vectors_512_split() else "whole"
     print(f"vdpbf16ps at {rate}% of an FMA's rate; the model's tile GEMM: {taken}")
     print(f"512-bit operations: {split} (the VNNI GEMM's thresholds follow)")
+    print(f"kernels: {load_kernels()._name}")
+    if other is not None:
+        print(f"against: {args.against_kernels}")
     table = []
-    names = ("gemv", "vnni", "tiled", "tile")
+    names = ("gemv", "vnni", "tiled", "tile") + (("other",) if other is not None else ())
     for kind, weight in weights_by_kind(loaded.model).items():
         plain = file_rows(weight)
         tiled = tiled_copy(plain)
         for rows in (int(r) for r in args.rows.split(",")):
-            ms = measure(plain, tiled, rows, args.rounds)
+            ms = measure(plain, tiled, rows, args.rounds, other)
             cells = [f"{ms[name]:.2f}" if name in ms else "-" for name in names]
+            if other is not None:
+                same = "yes" if same_bits(plain, rows, other) else "no"
+                cells += [f"{ms['other'] / ms['gemv']:.2f}x", same]
             shape = "x".join(map(str, weight.shape()))
             table.append([kind, shape, str(rows), *cells, kernel_taken(weight, rows)])
     heads = ["weight", "shape", "rows", "int8 GEMV ms", "VNNI GEMM ms", "tiled VNNI GEMM ms"]
-    heads += ["tile ms", "a target takes"]
-    print(markdown_table(heads, table, right={2, 3, 4, 5, 6}))
+    heads += ["tile ms"]
+    if other is not None:
+        heads += ["other build's int8 GEMV ms", "other / this", "same bits"]
+    heads += ["a target takes"]
+    print(markdown_table(heads, table, right=set(range(2, len(heads) - 1))))
     return 0
 
 

@@ -38,3 +38,29 @@ def test_the_table_names_each_kind_and_the_kernel_the_model_takes(capsys):
             assert takes == ("vnni" if vnni_ms != "-" else "gemv"), kind
     assert "of an FMA's rate" in out
     assert "512-bit operations: " in out
+
+
+def test_another_kernel_build_alternates_with_this_one_on_the_same_weights(capsys):
+    """`--against-kernels` with this build's own library: its GEMV column beside this build's,
+    their ratio, and the same bits on every row (one build, one result); the path of this
+    build's library is printed for a later run to compare against."""
+    from sglite.runtime.model.kernels.native import load
+
+    mine = load()._name
+    argv = ["--model", "smollm2-135m", "--rows", "1,5", "--rounds", "1"]
+    assert bench_products.main([*argv, "--against-kernels", mine]) == 0
+    out = capsys.readouterr().out
+    assert f"kernels: {mine}" in out
+    lines = [line for line in out.splitlines() if line.startswith("| ")]
+    heads = [c.strip() for c in lines[0].split("|")[1:-1]]
+    assert heads[-4:] == [
+        "other build's int8 GEMV ms",
+        "other / this",
+        "same bits",
+        "a target takes",
+    ]
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in lines[1:]]
+    assert len(rows) >= 8
+    for row in rows:
+        assert float(row[-4]) > 0 and row[-3].endswith("x")
+        assert row[-2] == "yes", row
