@@ -41,7 +41,7 @@ from sglite.runtime.model.catalog import resolve_model_path
 from sglite.runtime.model.gguf_block_weights import tiled_parts
 from sglite.runtime.model.gguf_weight import TILED_TYPES, GGUFWeight
 from sglite.runtime.model.kernels.abi import ABI
-from sglite.runtime.model.kernels.native import DTYPE_CODES
+from sglite.runtime.model.kernels.gguf_matmul import _call_gguf as call_gguf
 from sglite.runtime.model.kernels.native import load as load_kernels
 from sglite.runtime.model.loader import load_model
 
@@ -93,14 +93,9 @@ def other_gemv(library: ctypes.CDLL) -> Callable[[torch.Tensor, int, int], torch
     ABI.declare(library)
 
     def call(x: torch.Tensor, parts: int, n_out: int) -> torch.Tensor:
-        out = x.new_empty(x.shape[0], n_out)
-        threads = torch.get_num_threads()
-        status = library.gguf_gemv_a8(
-            DTYPE_CODES[x.dtype], x.data_ptr(), parts, out.data_ptr(), x.shape[0], n_out,
-            x.shape[1], threads, 0,
-        )  # fmt: skip
-        if status != 0:
-            raise RuntimeError(f"the other build's gguf_gemv_a8 refused the weight ({status})")
+        out = call_gguf(library.gguf_gemv_a8, x, parts, n_out, 0)
+        if out is None:
+            raise RuntimeError("the other build's gguf_gemv_a8 refused the weight")
         return out
 
     return call
