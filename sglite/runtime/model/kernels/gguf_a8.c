@@ -21,9 +21,11 @@
  * decode and any batch give a token the same values. On AVX-512 VNNI builds where 512-bit
  * operations are split, two or more rows may take Q4_K through k4_row_lanes (the same integer
  * sums, their float sums rounded in another order) unless the caller asks for row-independent
- * results; AVX2 builds take it for every row count.
+ * results; AVX2 builds take it for every row count, and for K4_BLOCK_MIN_XROWS or more x rows
+ * compute Q4_K rows eight at a time (gguf_a8_k4_block.c: k4_row_lanes' values bit for bit).
  */
 #include "a8_rounding.h"
+#include "gguf_a8_k4_block.h"
 #include "gguf_bits.h"
 
 #define QK 32
@@ -632,6 +634,43 @@ static inline int64_t stream_row(int64_t v, int64_t n0, int64_t len, int64_t str
   return n0 + (v % streams) * len + v / streams;
 }
 
+#ifdef K4_BLOCKS
+/* Fewest x rows for which Q4_K rows take k4_block_products (the same values as k4_row_lanes'). */
+#define K4_BLOCK_MIN_XROWS 5
+
+/* The Q4_K rows among tile positions [t0, t1) (rows of [n0, n1) in a8_range's order) through
+ * k4_block_products, eight at a time, for every x row; done[v - t0] is set for each row so
+ * computed (the others, and a last group of fewer than eight, take row_products). */
+static void k4_tile_blocks(const a8_args *a, int64_t t0, int64_t t1, int64_t n0, int64_t n1,
+                           int64_t len, char *done) {
+  const rounded_x *x = a->x;
+  const uint8_t *rows[K4_BLOCK_ROWS];
+  int64_t outputs[K4_BLOCK_ROWS], positions[K4_BLOCK_ROWS];
+  float out[K4_BLOCK_XROWS * K4_BLOCK_ROWS];
+  int count = 0;
+  for (int64_t v = t0; v < t1; v++) {
+    const int64_t n = stream_row(v, n0, len, a->streams);
+    int64_t type;
+    if (n >= n1) continue;
+    const uint8_t *row = stacked_row(a->parts, n, x->k, &type);
+    if (type != GGML_TYPE_Q4_K) continue;
+    rows[count] = row;
+    outputs[count] = n;
+    positions[count++] = v;
+    if (count < K4_BLOCK_ROWS) continue;
+    for (int64_t m0 = 0; m0 < x->rows; m0 += K4_BLOCK_XROWS) {
+      const int64_t m1 = m0 + K4_BLOCK_XROWS < x->rows ? m0 + K4_BLOCK_XROWS : x->rows;
+      k4_block_products(rows, x, m0, m1, out);
+      for (int64_t m = m0; m < m1; m++)
+        for (int r = 0; r < K4_BLOCK_ROWS; r++)
+          store(a->y, m * a->n_out + outputs[r], out[(m - m0) * K4_BLOCK_ROWS + r], a->dtype);
+    }
+    for (int r = 0; r < K4_BLOCK_ROWS; r++) done[positions[r] - t0] = 1;
+    count = 0;
+  }
+}
+#endif
+
 static void a8_range(void *p, int64_t n0, int64_t n1) {
   const a8_args *a = p;
   const rounded_x *x = a->x;
@@ -649,6 +688,10 @@ static void a8_range(void *p, int64_t n0, int64_t n1) {
   const int64_t positions = len * streams;
   for (int64_t t0 = 0; t0 < positions; t0 += TILE_ROWS) {
     const int64_t t1 = t0 + TILE_ROWS < positions ? t0 + TILE_ROWS : positions;
+    char done[TILE_ROWS] = {0}; /* rows computed for every x row already */
+#ifdef K4_BLOCKS
+    if (x->rows >= K4_BLOCK_MIN_XROWS) k4_tile_blocks(a, t0, t1, n0, n1, len, done);
+#endif
 #if !(defined(__AVX2__) && defined(__FMA__))
     for (int64_t v = t0; v < t1; v++) {
       const int64_t n = stream_row(v, n0, len, streams);
@@ -662,7 +705,7 @@ static void a8_range(void *p, int64_t n0, int64_t n1) {
       const int64_t left = x->rows - m0;
       for (int64_t v = t0; v < t1; v++) {
         const int64_t n = stream_row(v, n0, len, streams);
-        if (n >= n1) continue;
+        if (n >= n1 || done[v - t0]) continue;
         float out[A8_ROWS];
         int R = left >= A8_ROWS ? A8_ROWS : (int)left;
 #if defined(__AVX2__) && defined(__FMA__)
