@@ -1,6 +1,7 @@
 /*
  * Q4_K weights times several int8-rounded x rows, eight weight rows at a time, on AVX2 builds
- * without VNNI (gguf_a8_k4_block.c); gguf_a8.c's GEMV takes it for two or more x rows.
+ * without VNNI (gguf_a8_k4_block.c); gguf_a8.c's GEMV takes it for K4_BLOCK_MIN_XROWS or more
+ * x rows.
  */
 #ifndef SGLITE_KERNELS_GGUF_A8_K4_BLOCK_H
 #define SGLITE_KERNELS_GGUF_A8_K4_BLOCK_H
