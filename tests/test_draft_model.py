@@ -326,6 +326,30 @@ def test_a_probe_waits_for_a_request_the_draft_model_is_in_step_with(tiny):
     proposer.check_invariants()
 
 
+def test_a_draft_model_catches_up_on_a_request_only_where_its_drafts_can_repay_that(tiny):
+    """A request prefilled while the draft model's drafts did not pay has its prompt unread:
+    once they pay again, drafting for it first costs a pass over every token it holds (priced
+    at the measured seconds per token), which drafts over its last few tokens never repay, so
+    it gets none and no pass runs; a request with many tokens to go is caught up and drafted."""
+    from sglite.runtime.model.loader import load_model
+    from sglite.runtime.sampling.params import SamplingParams
+    from sglite.runtime.scheduler.draft_model import DraftModelProposer
+
+    proposer = DraftModelProposer(load_model(tiny["small"], progress=False), 256, 4, 256)
+    proposer.pass_cost.catch_up_seconds = 0.010  # a token's share of a catch-up pass
+    proposer.saved_seconds = 0.040  # what an accepted token saves (a plain step at batch 1)
+    ending = _request("ending", PROMPT)
+    ending.output_ids = list(PROMPT[:14])  # 2 of its 16 tokens left, all of it unread
+    passes = proposer.forward_passes
+    assert proposer.propose(ending) == [] and proposer.forward_passes == passes
+    going = _request("going", PROMPT)
+    going.params = SamplingParams.from_dict({"max_new_tokens": 200})
+    going.output_ids = list(PROMPT[:14])
+    assert proposer.propose(going) and proposer.forward_passes > passes
+    proposer.forget(set())
+    proposer.check_invariants()
+
+
 def test_a_draft_model_that_does_not_pay_reads_few_prompts(tiny):
     """A prompt's pass costs the draft model a prefill: while its drafts pay every new prompt
     is read as the target prefills it, while they do not only one in

@@ -376,6 +376,29 @@ def test_weak_guesses_alone_in_a_batch_step_are_not_worth_its_verification():
     assert costs.worth_verifying(2, weak, verifying=False) == weak  # nothing measured at 2
 
 
+def test_ngram_drafts_at_a_new_batch_size_are_priced_by_the_nearest_one_measured():
+    """Verification rows cost about the same seconds whatever the batch's other rows, so the
+    n-gram drafts' costs measured at batch 1 price them at batch 4 before any is measured
+    there: against a quarter of a plain step of four saved per accepted token, a 16-token
+    guess half likely kept is not worth verifying (unpriced, it ran and lost the step). A
+    draft model's per-token cost (its passes, shared by the batch's drafts) is not carried
+    over."""
+    costs = SpeculationCosts()
+    costs.observe(1, drafted=0, seconds=0.043, source="")
+    costs.observe(4, drafted=0, seconds=0.078, source="")
+    for _ in range(20):
+        for drafted in (2, 8, 16):
+            costs.observe(1, drafted, seconds=0.043 + 0.015 * drafted, source="ngram")
+    costs.observe(1, drafted=4, seconds=0.043 + 4 * 0.035, source="draft")
+    guess = {"g": Proposal(list(range(16)), "ngram", share=0.5)}
+    assert costs.worth_verifying(1, guess, verifying=False) == guess  # 21.5 ms saved, 15 spent
+    assert costs.worth_verifying(4, guess, verifying=False) == {}  # 9.75 ms saved
+    assert costs.break_even(4, 16, "ngram") == pytest.approx(0.015 / (0.078 / 4))
+    assert costs.coefficients(4, "draft") is None
+    costs.observe(4, drafted=8, seconds=0.078 + 8 * 0.004, source="ngram")  # measured at 4
+    assert costs.break_even(4, 8, "ngram") == pytest.approx(0.004 / (0.078 / 4))
+
+
 def test_match_windows_are_checked():
     with pytest.raises(ValueError, match="match windows"):
         NgramProposer(context_len=10, num_draft_tokens=4, min_match=3, max_match=2)

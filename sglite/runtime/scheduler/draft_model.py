@@ -142,7 +142,7 @@ class DraftModelProposer:
         draft length (the `DraftProposer` bound holds; shorter when the draft pool is full),
         token by token for all of them at once: one pass of the draft model per token,
         whatever the number of requests."""
-        drafting = [d for d in (self._begin(req) for req in reqs) if d is not None]
+        drafting = [d for d in (self._begin(req, len(reqs)) for req in reqs) if d is not None]
         if self._pays() and not self._first_pass_pays(len(drafting), len(reqs)):
             drafting = []  # their catch-up deferred to their next draft
         drafts = {d.rid: d.tokens for d in drafting}
@@ -152,6 +152,8 @@ class DraftModelProposer:
             choices = self._extend_many([(d.seq, d.feed) for d in drafting])
             seconds = time.perf_counter() - start
             passes += 1
+            if first:
+                self.pass_cost.add_catch_up(seconds, sum(len(d.feed) for d in drafting))
             if any(d.reads_prompt for d in drafting):  # a first pass over a prompt
                 self.prompt_seconds += seconds
             elif not first:  # a first pass also catches up on the target's new tokens
@@ -193,6 +195,18 @@ class DraftModelProposer:
         share = self.acceptance.expected_share if self._pays() else 1.0
         return (share - needed) * self.pass_cost.tokens_per_draft
 
+    def _catch_up_pays(self, req: Req, behind: int, offered: int) -> bool:
+        """Whether catching up on the `behind` tokens of `req` it does not hold (a prompt it
+        did not read, the tokens emitted while its drafts paused) likely pays: their pass, at
+        the measured seconds per token, against what its drafts over the request's remaining
+        tokens likely save (`gain` per draft, a draft and the model's own token per step).
+        Until both are measured, it does (measuring them)."""
+        per_token, saved = self.pass_cost.catch_up_seconds, self.saved_seconds
+        if per_token is None or saved is None:
+            return True
+        drafts = req.remaining_new_tokens / (self.pass_cost.tokens_per_draft + 1.0)
+        return max(self.gain(offered), 0.0) * saved * drafts > per_token * behind
+
     def passed_over(self) -> None:
         """An n-gram draft was preferred to its own: its tally ages (`KindAcceptance.age`), so
         that a share learned on earlier text is tried again on this one."""
@@ -202,9 +216,9 @@ class DraftModelProposer:
         """Whether drafts pay now: the recent drafts' accepted tokens against their cost."""
         return self.acceptance.covers_cost()
 
-    def _begin(self, req: Req) -> GrowingDraft | None:
+    def _begin(self, req: Req, offered: int) -> GrowingDraft | None:
         """The request's draft about to grow (its sequence brought to the request's tokens),
-        or None when it drafts nothing now."""
+        or None when it drafts nothing now (in a proposal for `offered` requests)."""
         seq = self.sequences.get(req.rid)
         if seq is None:
             seq = self.sequences[req.rid] = self._start(req)
@@ -212,9 +226,13 @@ class DraftModelProposer:
         if length <= 0:
             return None
         target = seq.history.sync(req)
-        held = seq.held(target)
-        if not self.acceptance.admit(self._pays(), cheap=len(target) - held <= PROBE_MAX_BEHIND):
+        behind = len(target) - seq.held(target)
+        paying = self._pays()
+        if behind > PROBE_MAX_BEHIND and paying and not self._catch_up_pays(req, behind, offered):
             return None
+        if not self.acceptance.admit(paying, cheap=behind <= PROBE_MAX_BEHIND):
+            return None
+        held = len(target) - behind
         self.probe_prompt_for = None
         self._rewind(seq, target, held)
         seq.probabilities = []
@@ -243,8 +261,10 @@ class DraftModelProposer:
         self.prompts_unread = 0
         seq = self.sequences[req.rid] = self._start(req)
         feed = req.prompt_ids[len(seq.tokens) :]
+        start = time.perf_counter()
         if feed and self._extend(seq, feed) is not None:
             seq.verified = len(seq.tokens)
+            self.pass_cost.add_catch_up(time.perf_counter() - start, len(feed))
 
     def speculate(self, reqs: list[Req], allowed: SourceFilter) -> dict[str, Proposal]:
         """`propose_many`'s drafts as the DRAFT_MODEL_SOURCE's."""

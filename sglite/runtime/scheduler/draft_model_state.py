@@ -109,6 +109,10 @@ class ConfidenceCalibration:
         return min(1.0, probability * self.factor)
 
 
+# Tokens from which a pass's seconds per token price the draft model's catch-up on a request.
+CATCH_UP_MEASURED = 8
+
+
 @dataclass
 class DraftPassCost:
     """What the draft model's passes cost the tokens they draft, smoothed over recent drafts:
@@ -125,10 +129,18 @@ class DraftPassCost:
     pass_seconds: float | None = None
     passes_per_token: dict[int, float] = field(default_factory=dict)  # by requests offered
     tokens_per_draft: float = START_DRAFT_TOKENS  # of the drafts it made
+    catch_up_seconds: float | None = None  # per token, in passes over many tokens
 
     def add_pass(self, seconds: float) -> None:
         """A pass that grew drafts by one token each took `seconds`."""
         self.pass_seconds = smooth(self.pass_seconds, seconds)
+
+    def add_catch_up(self, seconds: float, tokens: int) -> None:
+        """A pass over `tokens` of the requests' own tokens (a prompt, or the tokens emitted
+        since a request's last draft) took `seconds`; counted from CATCH_UP_MEASURED tokens,
+        where a pass's cost is mostly its tokens'."""
+        if tokens >= CATCH_UP_MEASURED:
+            self.catch_up_seconds = smooth(self.catch_up_seconds, seconds / tokens)
 
     def add_draft(self, offered: int, passes: int, tokens: int, drafts: int) -> None:
         """A proposal for `offered` requests ran `passes` passes for `tokens` drafted tokens in

@@ -138,17 +138,32 @@ class SpeculationCosts:
 
     def coefficients(self, batch_size: int, source: str) -> tuple[float, float] | None:
         """`source`'s (fixed seconds per verification, seconds per drafted token) at this batch
-        size (None until measured). A draft model's fixed part is the n-gram drafts' where
+        size (None until measured; n-gram drafts' from the nearest batch size measured until
+        then: `_nearest_ngram_fit`). A draft model's fixed part is the n-gram drafts' where
         those are measured: a verification costs the same whoever proposed its tokens, and a
         draft model's lengths rarely vary enough to tell its fixed part apart (a pass per
         token has none of its own), where n-gram drafts of 1 to 16 tokens do; else none."""
         fit = self.fits.get((batch_size, source))
+        if source != DRAFT_MODEL_SOURCE:
+            fit = fit or self._nearest_ngram_fit(batch_size)
+            return None if fit is None else fit.coefficients()
         if fit is None:
             return None
-        if source != DRAFT_MODEL_SOURCE:
-            return fit.coefficients()
-        ngram = self.fits.get((batch_size, NGRAM_SOURCE))
+        ngram = self._nearest_ngram_fit(batch_size)
         return fit.coefficients(ngram.coefficients()[0] if ngram is not None else 0.0)
+
+    def _nearest_ngram_fit(self, batch_size: int) -> DraftCostFit | None:
+        """The n-gram drafts' cost fit at `batch_size`, else at the nearest batch size measured
+        (the smaller of two as near): their cost is their verification's, rows whose seconds
+        hardly depend on the batch's other rows, so one measured elsewhere prices drafts at a
+        batch size new to them (without, their first drafts there run unpriced, and a batch
+        of four on a CPU whose verification rows cost most of a plain row's share loses
+        several steps' worth to them)."""
+        sizes = [size for size, source in self.fits if source == NGRAM_SOURCE]
+        if not sizes:
+            return None
+        nearest = min(sizes, key=lambda size: (abs(size - batch_size), size))
+        return self.fits[(nearest, NGRAM_SOURCE)]
 
     def break_even(self, batch_size: int, drafted: int, source: str) -> float:
         """The acceptance at which a step's `drafted` tokens from `source` pay: the seconds they
