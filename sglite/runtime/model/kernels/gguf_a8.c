@@ -73,26 +73,6 @@ typedef struct {
   __m128 off_vec[A8_ROWS]; /* more offsets, per lane (summed into the result with off) */
 } row_sums;
 
-#if defined(__AVX512BW__) && defined(__AVX512VL__)
-/* A Q4_K / Q5_K super-block's 6-bit scales and mins (k_scales8's values) from its 12 scale
- * bytes at s, with vector instructions: bytes 0-7 the scales of groups 0-7, 8-15 their mins.
- * Reads 16 bytes (the super-block's nibbles follow its scales). */
-static inline __m128i k_scales16(const uint8_t *s) {
-  const __m128i v = _mm_loadu_si128((const __m128i *)s);
-  const __m128i a =
-      _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7));
-  const __m128i b =
-      _mm_shuffle_epi8(v, _mm_setr_epi8(8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11));
-  /* groups 4-7: 4 low bits from bytes 8-11 (the mins' high nibbles), 2 high bits from the
-   * top of bytes 0-7 */
-  const __m128i b_shifted = _mm_srlv_epi16(b, _mm_setr_epi16(0, 0, 0, 0, 0, 0, 4, 4));
-  const __m128i top = _mm_srli_epi16(_mm_and_si128(a, _mm_set1_epi8((char)0xc0)), 2);
-  const __m128i high = _mm_or_si128(_mm_and_si128(b_shifted, _mm_set1_epi8(0x0f)), top);
-  const __m128i low = _mm_and_si128(a, _mm_set1_epi8(0x3f));
-  return _mm_blend_epi32(low, high, 0xa);
-}
-#endif
-
 /* A Q4_K / Q5_K super-block's sums for x row `xrow` (its s->acc / off_vec index m): `isum`, its
  * scaled integers (8 lanes), times d and x's scale; its groups' mins (`mn16`, int16) times x's
  * group sums, times dmin and x's scale, subtracted. `dd`: d, dmin as floats. */
@@ -122,7 +102,7 @@ static inline __attribute__((always_inline)) void k4_k5_row(const int R, const i
     const __m256i scales_mins = _mm256_cvtepu8_epi16(k_scales16(b + 4));
     const __m128i sc16 = _mm256_castsi256_si128(scales_mins);
     const __m128i mn16 = _mm256_extracti128_si256(scales_mins, 1);
-#else
+#else /* on the integer units, where AVX2's vector units are this kernel's bound */
     uint32_t sc[2], mn[2];
     k_scales8(b + 4, sc, mn);
     const __m128i sc16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)sc[1], (int)sc[0]));
@@ -171,7 +151,7 @@ static inline __attribute__((always_inline)) void k4_lane_scales(const uint8_t *
                                                                  __m256i *odd, __m128i *mn16) {
 #if defined(__AVX512BW__) && defined(__AVX512VL__)
   const __m128i scales_mins = k_scales16(b + 4);
-#else
+#else /* on the integer units, where AVX2's vector units are this kernel's bound */
   uint32_t sc[2], mn[2];
   k_scales8(b + 4, sc, mn);
   const __m128i scales_mins = _mm_set_epi32((int)mn[1], (int)mn[0], (int)sc[1], (int)sc[0]);
@@ -634,18 +614,40 @@ static inline int64_t stream_row(int64_t v, int64_t n0, int64_t len, int64_t str
   return n0 + (v % streams) * len + v / streams;
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+/* row_products of weight row `row` and x rows m0 .. m0 + R - 1 (R <= A8_ROWS, a runtime value),
+ * into y. */
+static inline __attribute__((always_inline)) void row_to_y(const a8_args *a, int R, int prefetch,
+                                                           int64_t type, const uint8_t *row,
+                                                           int64_t n, int64_t m0) {
+  const rounded_x *x = a->x;
+  float out[A8_ROWS];
+  if (R == 4)
+    row_products(4, 1, a->narrow, type, row, x, m0, out);
+  else if (R == 3)
+    row_products(3, 1, a->narrow, type, row, x, m0, out);
+  else if (R == 2)
+    row_products(2, 1, a->narrow, type, row, x, m0, out);
+  else if (prefetch)
+    row_products(1, 1, a->narrow, type, row, x, m0, out);
+  else
+    row_products(1, 0, a->narrow, type, row, x, m0, out);
+  for (int m = 0; m < R; m++) store(a->y, (m0 + m) * a->n_out + n, out[m], a->dtype);
+}
+#endif
+
 #ifdef K4_BLOCKS
 /* Fewest x rows for which Q4_K rows take k4_block_products (the same values as k4_row_lanes'). */
-#define K4_BLOCK_MIN_XROWS 5
+#define K4_BLOCK_MIN_XROWS 8
 
-/* The Q4_K rows among tile positions [t0, t1) (rows of [n0, n1) in a8_range's order) through
- * k4_block_products, eight at a time, for every x row; done[v - t0] is set for each row so
- * computed (the others, and a last group of fewer than eight, take row_products). */
+/* The Q4_K rows among tile positions [t0, t1) (rows of [n0, n1) in a8_range's order) times
+ * every x row: eight at a time through k4_block_products, a last group of fewer through
+ * row_products (a8_range leaves them all to this). */
 static void k4_tile_blocks(const a8_args *a, int64_t t0, int64_t t1, int64_t n0, int64_t n1,
-                           int64_t len, char *done) {
+                           int64_t len) {
   const rounded_x *x = a->x;
   const uint8_t *rows[K4_BLOCK_ROWS];
-  int64_t outputs[K4_BLOCK_ROWS], positions[K4_BLOCK_ROWS];
+  int64_t outputs[K4_BLOCK_ROWS];
   float out[K4_BLOCK_XROWS * K4_BLOCK_ROWS];
   int count = 0;
   for (int64_t v = t0; v < t1; v++) {
@@ -655,8 +657,7 @@ static void k4_tile_blocks(const a8_args *a, int64_t t0, int64_t t1, int64_t n0,
     const uint8_t *row = stacked_row(a->parts, n, x->k, &type);
     if (type != GGML_TYPE_Q4_K) continue;
     rows[count] = row;
-    outputs[count] = n;
-    positions[count++] = v;
+    outputs[count++] = n;
     if (count < K4_BLOCK_ROWS) continue;
     for (int64_t m0 = 0; m0 < x->rows; m0 += K4_BLOCK_XROWS) {
       const int64_t m1 = m0 + K4_BLOCK_XROWS < x->rows ? m0 + K4_BLOCK_XROWS : x->rows;
@@ -665,9 +666,13 @@ static void k4_tile_blocks(const a8_args *a, int64_t t0, int64_t t1, int64_t n0,
         for (int r = 0; r < K4_BLOCK_ROWS; r++)
           store(a->y, m * a->n_out + outputs[r], out[(m - m0) * K4_BLOCK_ROWS + r], a->dtype);
     }
-    for (int r = 0; r < K4_BLOCK_ROWS; r++) done[positions[r] - t0] = 1;
     count = 0;
   }
+  for (int r = 0; r < count; r++)
+    for (int64_t m0 = 0; m0 < x->rows; m0 += A8_ROWS) {
+      const int R = x->rows - m0 >= A8_ROWS ? A8_ROWS : (int)(x->rows - m0);
+      row_to_y(a, R, 1, GGML_TYPE_Q4_K, rows[r], outputs[r], m0);
+    }
 }
 #endif
 
@@ -686,11 +691,16 @@ static void a8_range(void *p, int64_t n0, int64_t n1) {
   if (decoded == NULL) abort(); /* a few KB: out of memory is not recoverable here */
 #endif
   const int64_t positions = len * streams;
+#ifdef K4_BLOCKS
+  const int blocks = x->rows >= K4_BLOCK_MIN_XROWS; /* Q4_K rows: k4_tile_blocks' */
+#else
+  const int blocks = 0;
+  (void)blocks; /* read only where the products are AVX2's */
+#endif
   for (int64_t t0 = 0; t0 < positions; t0 += TILE_ROWS) {
     const int64_t t1 = t0 + TILE_ROWS < positions ? t0 + TILE_ROWS : positions;
-    char done[TILE_ROWS] = {0}; /* rows computed for every x row already */
 #ifdef K4_BLOCKS
-    if (x->rows >= K4_BLOCK_MIN_XROWS) k4_tile_blocks(a, t0, t1, n0, n1, len, done);
+    if (blocks) k4_tile_blocks(a, t0, t1, n0, n1, len);
 #endif
 #if !(defined(__AVX2__) && defined(__FMA__))
     for (int64_t v = t0; v < t1; v++) {
@@ -705,26 +715,18 @@ static void a8_range(void *p, int64_t n0, int64_t n1) {
       const int64_t left = x->rows - m0;
       for (int64_t v = t0; v < t1; v++) {
         const int64_t n = stream_row(v, n0, len, streams);
-        if (n >= n1 || done[v - t0]) continue;
-        float out[A8_ROWS];
-        int R = left >= A8_ROWS ? A8_ROWS : (int)left;
+        if (n >= n1) continue;
+        const int R = left >= A8_ROWS ? A8_ROWS : (int)left;
 #if defined(__AVX2__) && defined(__FMA__)
         int64_t type;
         const uint8_t *row = stacked_row(a->parts, n, k, &type);
-        if (R == 4)
-          row_products(4, 1, a->narrow, type, row, x, m0, out);
-        else if (R == 3)
-          row_products(3, 1, a->narrow, type, row, x, m0, out);
-        else if (R == 2)
-          row_products(2, 1, a->narrow, type, row, x, m0, out);
-        else if (prefetch)
-          row_products(1, 1, a->narrow, type, row, x, m0, out);
-        else
-          row_products(1, 0, a->narrow, type, row, x, m0, out);
+        if (blocks && type == GGML_TYPE_Q4_K) continue; /* k4_tile_blocks' */
+        row_to_y(a, R, prefetch, type, row, n, m0);
 #else
+        float out[A8_ROWS];
         row_products_decoded(R, decoded + (v - t0) * k, x, m0, out);
-#endif
         for (int m = 0; m < R; m++) store(a->y, (m0 + m) * a->n_out + n, out[m], a->dtype);
+#endif
       }
     }
   }

@@ -29,6 +29,9 @@
 #define QK_K 256
 /* x rows that share each load of a weight vector */
 #define XSTEP 4
+/* How far ahead of the super-block being decoded each row's bytes are prefetched: the rows
+ * stream from memory in a decode pass, where the hardware prefetchers stop at each 4 KB page. */
+#define PREFETCH_AHEAD 1024
 
 /* The 8 x 32 bytes at rows[r] + offset transposed by 32-bit groups: t[i] lane r = group i of
  * row r's 32 bytes. */
@@ -64,23 +67,6 @@ typedef struct {
   __m256 d, dmin;
 } k4_block;
 
-/* A Q4_K super-block's 12 scale bytes at s as 16: bytes 0-7 the 6-bit scales of groups 0-7,
- * 8-15 their mins (k_scales8's values, with SSE instructions). Reads 16 bytes. */
-static inline __m128i scales_mins16(const uint8_t *s) {
-  const __m128i v = _mm_loadu_si128((const __m128i *)s);
-  const __m128i a =
-      _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7));
-  const __m128i b =
-      _mm_shuffle_epi8(v, _mm_setr_epi8(8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11));
-  /* groups 4-7: 4 low bits from bytes 8-11 (the mins' from their high nibbles), 2 high bits
-   * from the top of bytes 0-7 */
-  const __m128i b_shifted = _mm_blend_epi16(b, _mm_srli_epi16(b, 4), 0xc0);
-  const __m128i top = _mm_srli_epi16(_mm_and_si128(a, _mm_set1_epi8((char)0xc0)), 2);
-  const __m128i high = _mm_or_si128(_mm_and_si128(b_shifted, _mm_set1_epi8(0x0f)), top);
-  const __m128i low = _mm_and_si128(a, _mm_set1_epi8(0x3f));
-  return _mm_blend_epi32(low, high, 0xa);
-}
-
 /* Bytes 8 h .. 8 h + 7 of v as the low 16 bits of eight int32 lanes. */
 static inline __m256i bytes_to_lanes(__m128i v, int h) {
   return _mm256_cvtepu8_epi32(h ? _mm_srli_si128(v, 8) : v);
@@ -90,7 +76,7 @@ static inline __m256i bytes_to_lanes(__m128i v, int h) {
 static inline void block_scales(const uint8_t *const rows[K4_BLOCK_ROWS], int64_t at,
                                 k4_block *blk) {
   __m128i v[8], a[8], b[8], c[8];
-  for (int r = 0; r < 8; r++) v[r] = scales_mins16(rows[r] + at + 4);
+  for (int r = 0; r < 8; r++) v[r] = k_scales16(rows[r] + at + 4);
   /* transposed: c[0..3] groups (0, 1), (2, 3), (4, 5), (6, 7)'s scales, c[4..7] their mins,
    * each 8 bytes in row order */
   for (int r = 0; r < 8; r += 2) {
@@ -209,6 +195,9 @@ void k4_block_products(const uint8_t *const rows[K4_BLOCK_ROWS], const rounded_x
   }
   k4_block blk;
   for (int64_t sb = 0; sb < blocks; sb++) {
+    for (int r = 0; r < K4_BLOCK_ROWS; r++) /* the rows' bytes a few super-blocks ahead */
+      for (int line = 0; line < 3; line++)
+        _mm_prefetch((const char *)rows[r] + sb * 144 + PREFETCH_AHEAD + 64 * line, _MM_HINT_T0);
     decode_block(rows, sb * 144, &blk);
     for (int64_t m = 0; m < xrows; m += XSTEP) {
       const int X = xrows - m < XSTEP ? (int)(xrows - m) : XSTEP;

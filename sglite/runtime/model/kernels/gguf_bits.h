@@ -82,7 +82,7 @@ static inline void k_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
 }
 
 /* The 6-bit scales (sc) and mins (mn) of a Q4_K / Q5_K super-block's 12 scale bytes, group j in
- * byte j % 4 of word j / 4 (k_scale_min's values, eight at once). */
+ * byte j % 4 of word j / 4 (k_scale_min's values, eight at once, on the integer units). */
 static inline void k_scales8(const uint8_t *s, uint32_t sc[2], uint32_t mn[2]) {
   uint32_t w[3];
   memcpy(w, s, 12);
@@ -185,6 +185,24 @@ static inline __m256i b32_ints(int64_t type, const uint8_t *b) {
     default:
       return _mm256_loadu_si256((const __m256i *)(b + 2));
   }
+}
+
+/* A Q4_K / Q5_K super-block's 6-bit scales and mins (k_scale_min's values) from its 12 scale
+ * bytes at s, with vector instructions: bytes 0-7 the scales of groups 0-7, 8-15 their mins.
+ * Reads 16 bytes (the super-block's nibbles follow its scales). */
+static inline __m128i k_scales16(const uint8_t *s) {
+  const __m128i v = _mm_loadu_si128((const __m128i *)s);
+  const __m128i a =
+      _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7));
+  const __m128i b =
+      _mm_shuffle_epi8(v, _mm_setr_epi8(8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11));
+  /* groups 4-7: 4 low bits from bytes 8-11 (the mins' high nibbles), 2 high bits from the
+   * top of bytes 0-7 */
+  const __m128i b_shifted = _mm_blend_epi16(b, _mm_srli_epi16(b, 4), 0xc0);
+  const __m128i top = _mm_srli_epi16(_mm_and_si128(a, _mm_set1_epi8((char)0xc0)), 2);
+  const __m128i high = _mm_or_si128(_mm_and_si128(b_shifted, _mm_set1_epi8(0x0f)), top);
+  const __m128i low = _mm_and_si128(a, _mm_set1_epi8(0x3f));
+  return _mm_blend_epi32(low, high, 0xa);
 }
 #endif
 

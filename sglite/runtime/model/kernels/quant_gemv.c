@@ -659,6 +659,8 @@ int int4_gemv(int dtype, const void *x, const uint8_t *packed, const uint16_t *s
     free(xsum);
     return ok ? 0 : -1;
   }
+#else
+  (void)round_x; /* no integer int4 kernel in this build */
 #endif
 #if VEC == 8
   permute_x_groups(xf, rows, k);
