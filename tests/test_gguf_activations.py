@@ -114,8 +114,9 @@ def test_row_independent_products_are_each_rows_own_bit_for_bit(type_name):
 def test_q4_k_rows_in_blocks_of_eight_match_each_row_alone_bit_for_bit():
     """Many x rows take Q4_K weight rows eight at a time on AVX2 (gguf_a8_k4_block.c): a fused
     weight of 21 Q4_K rows (blocks of eight, and rows left over for the per-row path) and 27
-    Q6_K rows, with 5, 16 and 37 x rows (a block's x rows come 16 at a time), gives every row
-    its product alone, bit for bit, and the dequantized weight times the rounded x."""
+    Q6_K rows, with 5 (the per-row path), 8, 16 and 37 x rows (a block's x rows come 16 at a
+    time), gives every row its product alone, bit for bit, and the dequantized weight times the
+    rounded x."""
     import gguf
 
     rng = np.random.default_rng(5)
@@ -123,7 +124,7 @@ def test_q4_k_rows_in_blocks_of_eight_match_each_row_alone_bit_for_bit():
     weight = GGUFWeight([GGUFPart("Q4_K", q4k), GGUFPart("Q6_K", q6k)], 768, None, True)
     x = torch.from_numpy(rng.standard_normal((37, 768)).astype(np.float32))
     alone = torch.cat([kernels.gguf_gemv_a8(x[i : i + 1], weight.address, 48) for i in range(37)])
-    for rows in (5, 16, 37):
+    for rows in (5, 8, 16, 37):
         got = kernels.gguf_gemv_a8(x[:rows], weight.address, 48, row_independent=True)
         assert torch.equal(got, alone[:rows]), rows
     parts = [
