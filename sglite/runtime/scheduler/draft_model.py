@@ -226,13 +226,13 @@ class DraftModelProposer:
         if length <= 0:
             return None
         target = seq.history.sync(req)
-        behind = len(target) - seq.held(target)
+        held = seq.held(target)
+        behind = len(target) - held
         paying = self._pays()
         if behind > PROBE_MAX_BEHIND and paying and not self._catch_up_pays(req, behind, offered):
             return None
         if not self.acceptance.admit(paying, cheap=behind <= PROBE_MAX_BEHIND):
             return None
-        held = len(target) - behind
         self.probe_prompt_for = None
         self._rewind(seq, target, held)
         seq.probabilities = []

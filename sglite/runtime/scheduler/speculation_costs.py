@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglite.runtime.scheduler.speculation import (
-    DRAFT_MODEL_SOURCE,
     LOW_ACCEPTANCE,
     NGRAM_SOURCE,
     BreakEvens,
@@ -143,13 +142,12 @@ class SpeculationCosts:
         those are measured: a verification costs the same whoever proposed its tokens, and a
         draft model's lengths rarely vary enough to tell its fixed part apart (a pass per
         token has none of its own), where n-gram drafts of 1 to 16 tokens do; else none."""
+        ngram = self._nearest_ngram_fit(batch_size)
+        if source == NGRAM_SOURCE:
+            return None if ngram is None else ngram.coefficients()
         fit = self.fits.get((batch_size, source))
-        if source != DRAFT_MODEL_SOURCE:
-            fit = fit or self._nearest_ngram_fit(batch_size)
-            return None if fit is None else fit.coefficients()
         if fit is None:
             return None
-        ngram = self._nearest_ngram_fit(batch_size)
         return fit.coefficients(ngram.coefficients()[0] if ngram is not None else 0.0)
 
     def _nearest_ngram_fit(self, batch_size: int) -> DraftCostFit | None:
@@ -159,6 +157,9 @@ class SpeculationCosts:
         batch size new to them (without, their first drafts there run unpriced, and a batch
         of four on a CPU whose verification rows cost most of a plain row's share loses
         several steps' worth to them)."""
+        exact = self.fits.get((batch_size, NGRAM_SOURCE))
+        if exact is not None:
+            return exact
         sizes = [size for size, source in self.fits if source == NGRAM_SOURCE]
         if not sizes:
             return None

@@ -30,6 +30,11 @@ typedef struct {
  * vpmaddubsw per 32 values, four summed in int16, then one vpmaddwd with the scales). Built
  * where such products run: k is whole super-blocks on an AVX2 or AVX-512 build. */
 #define K4_LANES 1
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+/* Lane-tied sums by vpdpbusd (gguf_a8.c); without it, by vpmaddubsw, and Q4_K rows of several x
+ * rows eight at a time (gguf_a8_k4_block.c). */
+#define K4_LANES_VNNI 1
+#endif
 /* The 4 x 32 bytes at p, p + stride, p + 2 stride, p + 3 stride transposed by 32-bit groups:
  * t[j] lane l = group j + 4 (l / 4) of the 32 bytes at p + (l % 4) stride. */
 static inline void k4_lanes(const void *p, int64_t stride, __m256i t[4]) {

@@ -140,10 +140,6 @@ static inline __attribute__((always_inline)) void k4_k5_row(const int R, const i
 }
 
 #ifdef K4_LANES
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-#define K4_LANES_VNNI 1
-#endif
-
 /* A Q4_K super-block's scales as multipliers of its lane-tied sums (lane l: group 2 (l % 4) in
  * `even`, 2 (l % 4) + 1 in `odd`): int32 lanes for VNNI's vpmulld, else int16 lanes (both halves
  * of a 32-bit lane the same) for vpmaddwd; its mins as int16 (k4_add_block's `mn16`). */

@@ -22,7 +22,7 @@
 #include "a8_rounding.h"
 #include "gguf_bits.h"
 
-#if defined(K4_LANES) && !(defined(__AVX512VNNI__) && defined(__AVX512VL__))
+#if defined(K4_LANES) && !defined(K4_LANES_VNNI)
 #include "gguf_a8_k4_block.h"
 
 #define QK 32
@@ -196,8 +196,7 @@ void k4_block_products(const uint8_t *const rows[K4_BLOCK_ROWS], const rounded_x
   k4_block blk;
   for (int64_t sb = 0; sb < blocks; sb++) {
     for (int r = 0; r < K4_BLOCK_ROWS; r++) /* the rows' bytes a few super-blocks ahead */
-      for (int line = 0; line < 3; line++)
-        _mm_prefetch((const char *)rows[r] + sb * 144 + PREFETCH_AHEAD + 64 * line, _MM_HINT_T0);
+      prefetch_bytes(rows[r] + sb * 144 + PREFETCH_AHEAD, 144);
     decode_block(rows, sb * 144, &blk);
     for (int64_t m = 0; m < xrows; m += XSTEP) {
       const int X = xrows - m < XSTEP ? (int)(xrows - m) : XSTEP;

@@ -7,7 +7,7 @@
 #define SGLITE_KERNELS_GGUF_A8_K4_BLOCK_H
 #include "a8_rounding.h"
 
-#if defined(K4_LANES) && !(defined(__AVX512VNNI__) && defined(__AVX512VL__))
+#if defined(K4_LANES) && !defined(K4_LANES_VNNI)
 #define K4_BLOCKS 1
 /* Weight rows a block decodes together (one 32-bit lane each), and most x rows per call. */
 #define K4_BLOCK_ROWS 8
