@@ -21,7 +21,7 @@ typedef struct {
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
-/* Where 32-bit lanes are tied to a k-quant's groups of 32 (gguf_a8.c's Q4_K product): a
+/* Where 32-bit lanes are tied to a k-quant's groups of 32 (gguf_a8_kquant_rows.h's Q4_K): a
  * super-block's 256 xq as eight vectors, lo[j] and hi[j] (j = 0..3, stored lo[0], hi[0], lo[1],
  * ...), whose lane l holds 4 consecutive values of group 2 (l % 4) (lo) or 2 (l % 4) + 1 (hi),
  * those at 16 (l / 4) + 4 j of it. Q4_K's 128 nibble bytes, 32 per pair of groups, transposed
@@ -31,8 +31,8 @@ typedef struct {
  * where such products run: k is whole super-blocks on an AVX2 or AVX-512 build. */
 #define K4_LANES 1
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-/* Lane-tied sums by vpdpbusd (gguf_a8.c); without it, by vpmaddubsw, and Q4_K rows of several x
- * rows eight at a time (gguf_a8_k4_block.c). */
+/* Lane-tied sums by vpdpbusd (gguf_a8_kquant_rows.h); without it, by vpmaddubsw, and Q4_K rows
+ * of several x rows eight at a time (gguf_a8_k4_block.c). */
 #define K4_LANES_VNNI 1
 #endif
 /* The 4 x 32 bytes at p, p + stride, p + 2 stride, p + 3 stride transposed by 32-bit groups:

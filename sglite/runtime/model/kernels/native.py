@@ -56,6 +56,7 @@ HEADERS = [
     _HERE / "gguf_bits.h",
     _HERE / "a8_rounding.h",
     _HERE / "gguf_a8_k4_block.h",
+    _HERE / "gguf_a8_kquant_rows.h",
     _HERE / "attention_blocks.h",
     _HERE / "transpose16.h",
     _HERE / "gguf_tiles.h",
