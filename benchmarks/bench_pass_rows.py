@@ -13,12 +13,13 @@ Per row count the two alternate, `--rounds` passes each; the table prints their 
 the ratio. These are the data behind the `A8_GEMM_MIN_ROWS` families in kernels.h, next to
 bench_products'.
 
-`--against file-rows`: the weights as the model holds them (the file's rows, unless tiled)
-against the other layout (tiled for the VNNI GEMM where it can serve them: kernels/gguf_tiles.h,
-the GEMM then their one kernel; or the file's rows where the model holds them tiled), both
-copied into weight arenas of their own and moved into 2 MB pages, so that both read the same
-kind of memory; `--tile-types` names the block types the tiled layout tiles (all it can, by
-default). The data behind which models are tiled (`loader._tiled_types`).
+`--against file-rows`: the weights as the model holds them (the file's rows, unless tiled or in
+quads) against the other layout (tiled for the VNNI GEMM where it can serve them:
+kernels/gguf_tiles.h, the GEMM then their one kernel; or the file's rows where the model holds
+them tiled or in quads, kernels/gguf_quads.h), both copied into weight arenas of their own and
+moved into 2 MB pages, so that both read the same kind of memory; `--tile-types` names the
+block types the tiled layout tiles (all it can, by default). The data behind which models are
+tiled (`loader._tiled_types`) and which hold Q5_0 in quads (`kernels.gguf_quads_pay`).
 
 Run: python -m benchmarks.bench_pass_rows [--model qwen2.5-coder-1.5b] [--rows 3,4,5,6,8]
 [--rounds 11] [--against 5:8 | --against file-rows [--tile-types Q4_K,Q6_K]]
@@ -89,7 +90,8 @@ class ThresholdSwitch:
 
 class LayoutSwitch:
     """The model's GGUF weights in the layout it holds them ("built") and in the other
-    ("other": tiled, or the file's rows where the model holds them tiled), each layout copied
+    ("other": tiled, or the file's rows where the model holds them tiled or in quads), each
+    layout copied
     into a weight arena of its own in 2 MB pages, each with its own native decode step; `use`
     switches between them (a weight object takes the layout's parts and kernels in place, so
     every module and table holding it follows)."""
@@ -121,9 +123,12 @@ class LayoutSwitch:
         k = weight.in_features
         file_rows = [p.as_stored() for p in weight.parts]
         parts = weight.parts if name == "built" else file_rows
-        if name == "other" and not weight.tiled:
+        held_as_file = all(not (p.tiled or p.quads) for p in weight.parts)
+        if name == "other" and held_as_file:
             parts = tiled_parts(file_rows, k, self.types, arena) or file_rows
             self.changed += parts is not file_rows
+        elif name == "other":
+            self.changed += 1
         placed = [p if p.tiled and name == "other" else _placed(p, arena) for p in parts]
         copy = GGUFWeight(
             placed, k, weight.scratch, weight.round_activations, weight.round_float32_extend
@@ -140,9 +145,17 @@ class LayoutSwitch:
         self.model._native_decoder = self.decoders[name]
 
 
+def _held(weights: list[GGUFWeight]) -> str:
+    """How the model holds its GGUF weights: some tiled, Q5_0 in quads, or the file's rows."""
+    parts = [p for w in weights for p in w.parts]
+    if any(p.tiled for p in parts):
+        return "tiled"
+    return "Q5_0 in quads" if any(p.quads for p in parts) else "the file's rows"
+
+
 def _placed(part: GGUFPart, arena: WeightArena) -> GGUFPart:
     """The part placed into `arena` (its bytes there once the arena's `wait` returns)."""
-    return GGUFPart(part.type_name, arena.place(part.data), tiled=part.tiled)
+    return GGUFPart(part.type_name, arena.place(part.data), tiled=part.tiled, quads=part.quads)
 
 
 class Passes:
@@ -201,8 +214,10 @@ def main(argv: list[str] | None = None) -> int:
     passes = Passes(loaded)
     print(command_line("benchmarks.bench_pass_rows"))
     if isinstance(switch, LayoutSwitch):
-        held = "tiled" if any(w.tiled for w in switch.weights) else "the file's rows"
-        print(f"host: {cpu_line()}; weights as held: {held}; {switch.changed} tiled otherwise")
+        print(
+            f"host: {cpu_line()}; weights as held: {_held(switch.weights)}; {switch.changed} "
+            "in the other layout"
+        )
     else:
         print(f"host: {cpu_line()}; {len(switch.moved)} weights moved ({', '.join(args.against)})")
     times: dict[tuple[str, int], list[float]] = {}

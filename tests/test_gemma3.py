@@ -10,6 +10,7 @@ import torch
 from gguf_reference import BLOCK_NAMES, hf_state_dict
 from test_model_parity import decode, extend, new_pool
 
+from sglite.runtime.model import kernels
 from sglite.runtime.model.gguf_index import open_gguf
 from sglite.runtime.model.loader import LoadedModel, default_tiled_types, load_model
 
@@ -161,9 +162,17 @@ def test_prompt_past_the_window_with_a_cached_prefix_matches_transformers(gemma)
 
 
 # Gemma's block types as a server holds them by default: its blocks of 32 tiled for the VNNI
-# GEMM where that serves every product (`loader._tiled_types`), the file's rows elsewhere.
+# GEMM where that serves every product (`loader._tiled_types`), else its Q5_0 projections (rows
+# of 640 values) in quads where they pay (`kernels.gguf_quads_pay`), the file's rows elsewhere.
 DEFAULT_KINDS = "+".join(
-    kind.lower() + ("x16" if kind in default_tiled_types() else "")
+    kind.lower()
+    + (
+        "x16"
+        if kind in default_tiled_types()
+        else "x4"
+        if kind == "Q5_0" and kernels.gguf_quads_pay()
+        else ""
+    )
     for kind in ("Q4_K", "Q5_0", "Q6_K", "Q8_0")
 )
 

@@ -12,6 +12,7 @@ import torch
 from gguf_reference import BLOCK_NAMES, hf_state_dict
 from test_weight_arena import mapped_file
 
+from sglite.runtime.model import kernels
 from sglite.runtime.model.gguf_index import open_gguf
 from sglite.runtime.model.gguf_weight import GGUFWeight
 from sglite.runtime.model.linear import Linear
@@ -35,6 +36,18 @@ def path() -> str:
     from sglite.runtime.model.catalog import resolve_model_path
 
     return resolve_model_path(NAME)
+
+
+def test_q5_0_projections_are_held_in_quads_where_they_pay(path):
+    """The 0.5B's Q5_0 projections (rows of 896 values): in quads (kernels/gguf_quads.h) on
+    builds whose int8 GEMV reads them faster (AVX2 without VNNI), the file's rows elsewhere;
+    the embedding and the output projection keep the file's rows."""
+    model = load_model(path, progress=False, quantization="auto").model
+    gate_up = model.get_submodule("layers.0.mlp.gate_up_proj").kernel
+    assert [p.type_name for p in gate_up.parts] == ["Q5_0", "Q5_0"]
+    assert all(p.quads == kernels.gguf_quads_pay() for p in gate_up.parts)
+    assert not any(p.quads for p in model.embedding_blocks.parts)
+    assert not any(p.quads for p in model.output_projection().parts)
 
 
 def transformers_reference(path: str) -> torch.nn.Module:
@@ -65,9 +78,9 @@ def transformers_reference(path: str) -> torch.nn.Module:
 
 def test_every_quantized_tensor_is_held_once_as_the_file_stores_it(path):
     """Each projection, the embedding and the output projection compute from the file's own
-    blocks: the bytes held are the file's bytes for those tensors, read into the process's
-    memory (not views of the file's mapping), and no dense weight of them exists in any
-    dtype."""
+    blocks: the bytes held are the file's bytes for those tensors (in the file's order once a
+    tiled or quads part is read back), read into the process's memory (not views of the file's
+    mapping), and no dense weight of them exists in any dtype."""
     loaded = load_model(path, "float32", progress=False, quantization="auto")
     model = loaded.model
     gf = open_gguf(path)
@@ -86,7 +99,8 @@ def test_every_quantized_tensor_is_held_once_as_the_file_stores_it(path):
         assert isinstance(module.kernel, GGUFWeight)
         assert module.kernel.nbytes() == sum(sizes[f"blk.{layer}.{p}.weight"] for p in parts)
         for held, p in zip(module.kernel.parts, parts, strict=True):
-            assert np.array_equal(held.data.reshape(-1), data[f"blk.{layer}.{p}.weight"])
+            stored = held.as_stored().data
+            assert np.array_equal(stored.reshape(-1), data[f"blk.{layer}.{p}.weight"])
             assert mapped_file(held.data.ctypes.data) is None  # anonymous memory
     assert model.embed_tokens.weight.numel() == 0
     assert model.embedding_blocks is not None
@@ -96,7 +110,8 @@ def test_every_quantized_tensor_is_held_once_as_the_file_stores_it(path):
     assert model.lm_head.weight.numel() == 0
     # Everything the model holds fits in the file (the rest is norms and biases, in it too).
     assert model.weight_bytes() <= os.path.getsize(path)
-    assert loaded.quantization == "q4_k+q5_0+q6_k+q8_0" and loaded.quantized_max_rows == -1
+    q5_0 = "q5_0x4" if kernels.gguf_quads_pay() else "q5_0"  # quads: the layout, not values
+    assert loaded.quantization == f"q4_k+{q5_0}+q6_k+q8_0" and loaded.quantized_max_rows == -1
 
 
 def test_served_greedy_tokens_equal_transformers_in_float32(path):

@@ -25,6 +25,7 @@ from sglite.runtime.model import kernels
 from sglite.runtime.model.checkpoint import checkpoint_names
 from sglite.runtime.model.config import ModelConfig
 from sglite.runtime.model.gguf_index import GGUFFile
+from sglite.runtime.model.gguf_layouts import QUAD_VALUES
 from sglite.runtime.model.gguf_loader import gguf_family, hf_name, unpermute_rows
 from sglite.runtime.model.gguf_weight import (
     BLOCK_TYPES,
@@ -60,6 +61,7 @@ def gguf_block_weights(
     tiled_types: frozenset[str] = frozenset(),
     tile_head: bool = False,
     round_float32_extend: bool = False,
+    quads: bool = False,
 ) -> BlockWeights:
     """Every projection, the embedding and the output projection of `model` whose GGUF tensors
     are all of a block type the kernels read, as `GGUFWeight`s over the file's blocks: read into
@@ -73,7 +75,10 @@ def gguf_block_weights(
     (`GGUFPart.tiled`), in each projection the GEMM serves as a whole; the embedding and the
     output projection too with `tile_head` (else they keep the file's rows: a draft
     vocabulary cuts a head by rows).
-    `round_float32_extend`: float32 EXTEND passes round x too (`GGUFWeight`)."""
+    `round_float32_extend`: float32 EXTEND passes round x too (`GGUFWeight`).
+    `quads` (with `round_activations`): the projections' Q5_0 parts that are not tiled, of rows
+    of a multiple of 128 values, are held in quads for the int8 GEMV (`GGUFPart.quads`; where
+    `kernels.gguf_quads_pay`)."""
     from sglite.runtime.model.linear import Linear
 
     family = gguf_family(gf, gf.path)
@@ -90,6 +95,7 @@ def gguf_block_weights(
         heads: list[int | None],
         shape: tuple[int, int] | None = None,
         tile: frozenset[str] = frozenset(),
+        quad: bool = False,
     ) -> GGUFWeight | None:
         """The tensors `names` as one weight, or None where they cannot be one (of `shape`,
         when given)."""
@@ -114,8 +120,10 @@ def gguf_block_weights(
         parts = [GGUFPart(kind, b) for kind, b in zip(kinds, blocks, strict=True)]
         if tile and round_activations:
             parts = tiled_parts(parts, k, tile, arena) or parts
+        if quad and round_activations and k % QUAD_VALUES == 0:
+            parts = [_quads(p, k, arena) if _quadded(p) else p for p in parts]
         if arena is not None:
-            parts = [p if p.tiled else GGUFPart(p.type_name, arena.place(p.data)) for p in parts]
+            parts = [p if p.tiled or p.quads else _placed(p, arena) for p in parts]
         return GGUFWeight(parts, k, scratch, round_activations, round_float32_extend)
 
     def permuted_heads(name: str) -> int | None:
@@ -130,7 +138,7 @@ def gguf_block_weights(
             continue
         names = checkpoint_names(model, path)
         shape = (module.out_features, module.in_features)
-        found = weight(names, [permuted_heads(n) for n in names], shape, tiled_types)
+        found = weight(names, [permuted_heads(n) for n in names], shape, tiled_types, quads)
         if found is None and len(names) > 1:  # stored fused in the file (Phi-3)
             found = weight([f"model.{path}.weight"], [None], shape)
         if found is not None:
@@ -162,6 +170,24 @@ def _tiled(part: GGUFPart, k: int, arena: WeightArena | None) -> GGUFPart:
     if not kernels.gguf_tile(BLOCK_TYPES[part.type_name], part.data, out, k):
         raise RuntimeError(f"the native library could not tile a {part.type_name} part")
     return GGUFPart(part.type_name, out, tiled=True)
+
+
+def _quadded(part: GGUFPart) -> bool:
+    """Whether a part is one that quads hold: Q5_0, not tiled."""
+    return part.type_name == "Q5_0" and not part.tiled
+
+
+def _quads(part: GGUFPart, k: int, arena: WeightArena | None) -> GGUFPart:
+    """A Q5_0 part in quads (into `arena` when given)."""
+    out = np.empty_like(part.data) if arena is None else arena.reserve(part.data.shape)
+    if not kernels.gguf_quad_q5_0(part.data, out, k):
+        raise RuntimeError("the native library could not hold a Q5_0 part in quads")
+    return GGUFPart(part.type_name, out, quads=True)
+
+
+def _placed(part: GGUFPart, arena: WeightArena) -> GGUFPart:
+    """A part's rows read into `arena`."""
+    return GGUFPart(part.type_name, arena.place(part.data))
 
 
 def _rank_blocks(

@@ -43,7 +43,11 @@ Q5_0, Q8_0, Q4_K and Q6_K parts may be tiled (`GGUFPart.tiled`, `kernels/gguf_ti
 bytes, 16 rows interleaved in the VNNI GEMM's lane order; the loader's choice,
 `gguf_block_weights`): such a weight has that GEMM, on x rounded to int8, as its one kernel for
 every product and row count (no other product kernel reads a tiled part), so a row's values
-never depend on its batch; its row lookups (`gguf_dequantize`) untile each row.
+never depend on its batch; its row lookups (`gguf_dequantize`) untile each row. On AVX2 builds
+without VNNI, Q5_0 parts of projections may instead be held in quads (`GGUFPart.quads`,
+`kernels/gguf_quads.h`: the same bytes, each row's blocks four at a time), which the int8 GEMV
+reads 1.4-1.6x faster; every other kernel reads such a row back in the file's layout, so the
+weight keeps its kernels and its float products' values.
 
 Invariant: `matmul(x)` computes `x @ W.T` for `W` the weight gguf's own dequantization gives;
 rounding, `matmul_decode`, `matmul_rows` and a bf16 `matmul` where `_rounds_extend` compute it
@@ -60,6 +64,7 @@ import torch
 import torch.nn.functional as F
 
 from sglite.runtime.model import kernels
+from sglite.runtime.model.gguf_layouts import QUAD_VALUES, TILE_ROWS, unquad_q5_0, untile
 from sglite.runtime.model.kernels.abi import ABI
 from sglite.runtime.model.linear_weight import NATIVE_MAX_ROWS, QGEMV_MAX_ROWS, c_linear
 from sglite.runtime.model.quantized_weight import QuantizedWeight
@@ -83,7 +88,7 @@ FLOAT32_SCRATCH_BYTES = 256 << 20
 
 
 GGUF_TILED_BASE = ABI.constants["GGUF_TILED_BASE"]  # a tiled part's type: this + ggml's
-TILE_ROWS = ABI.constants["GGUF_TILE_ROWS"]  # rows per tile of a tiled part
+GGUF_QUADS_Q5_0 = ABI.constants["GGUF_QUADS_Q5_0"]  # a Q5_0 part in quads: its type
 TILED_TYPES = ("Q5_0", "Q8_0", "Q4_K", "Q6_K")  # the block types a part may be tiled in
 
 
@@ -92,19 +97,25 @@ class GGUFPart:
     """`rows` rows of one GGUF tensor of block type `type_name`: `data` is uint8
     `[rows, row_bytes]` (a view of the mapped file, or a reordered copy); `tiled`: rows (of a
     `TILED_TYPES` type) tiled 16 at a time for the VNNI GEMM (`kernels/gguf_tiles.h`, the same
-    bytes), which is then the weight's only product kernel."""
+    bytes), which is then the weight's only product kernel; `quads`: Q5_0 rows four blocks at a
+    time for the int8 GEMV on AVX2 builds without VNNI (`kernels/gguf_quads.h`, the same bytes;
+    the other kernels read each row back in the file's layout, the VNNI and tile GEMMs refuse
+    it)."""
 
     type_name: str
     data: np.ndarray
     tiled: bool = False
+    quads: bool = False
 
     @property
     def rows(self) -> int:
         return int(self.data.shape[0])
 
     def as_stored(self) -> GGUFPart:
-        """The part with its rows as the file stores them (a tiled one untiled, a copy)."""
-        return GGUFPart(self.type_name, untile(self.type_name, self.data)) if self.tiled else self
+        """The part with its rows as the file stores them (a tiled or quads one a copy)."""
+        if self.tiled:
+            return GGUFPart(self.type_name, untile(self.type_name, self.data))
+        return GGUFPart(self.type_name, unquad_q5_0(self.data)) if self.quads else self
 
 
 class DecodeScratch:
@@ -138,6 +149,11 @@ class GGUFWeight(QuantizedWeight):
         for part in parts:
             if part.type_name not in BLOCK_TYPES:
                 raise ValueError(f"GGUF block type {part.type_name} is not supported")
+            if part.quads and (part.type_name != "Q5_0" or in_features % QUAD_VALUES):
+                raise ValueError(
+                    f"only Q5_0 parts of rows of a multiple of {QUAD_VALUES} values are held "
+                    f"in quads, not {part.type_name} of {in_features}"
+                )
             expected = _row_bytes(part.type_name, in_features)
             if part.data.dtype != np.uint8 or part.data.shape[1:] != (expected,):
                 raise ValueError(
@@ -366,6 +382,8 @@ class GGUFWeight(QuantizedWeight):
             part = self.parts[j]
             kind = gguf.GGMLQuantizationType[part.type_name]
             block_row = part.data[row - starts[j]]
+            if part.quads:
+                block_row = unquad_q5_0(part.data[row - starts[j]][None])[0]
             if part.tiled:
                 tile = (row - starts[j]) // TILE_ROWS
                 rows = untile(part.type_name, part.data[tile * TILE_ROWS : (tile + 1) * TILE_ROWS])
@@ -390,13 +408,16 @@ class GGUFWeight(QuantizedWeight):
 
 
 def _kind_name(part: GGUFPart) -> str:
-    """The part's format as the model describes it: q4_k, or q4_k x16 tiled (q4_kx16)."""
-    return part.type_name.lower() + ("x16" if part.tiled else "")
+    """The part's format as the model describes it: q4_k, q4_k x16 tiled (q4_kx16), or q5_0 in
+    quads (q5_0x4)."""
+    return part.type_name.lower() + ("x16" if part.tiled else "x4" if part.quads else "")
 
 
 def _type_id(part: GGUFPart) -> int:
     """The part's type as the kernels name it (kernels.h): ggml's id, plus GGUF_TILED_BASE
-    tiled."""
+    tiled, or GGUF_QUADS_Q5_0."""
+    if part.quads:
+        return GGUF_QUADS_Q5_0
     if not part.tiled:
         return BLOCK_TYPES[part.type_name]
     if part.type_name not in TILED_TYPES or part.rows % TILE_ROWS:
@@ -404,71 +425,6 @@ def _type_id(part: GGUFPart) -> int:
             f"only {', '.join(TILED_TYPES)} parts of whole {TILE_ROWS}-row tiles are tiled"
         )
     return GGUF_TILED_BASE + BLOCK_TYPES[part.type_name]
-
-
-def untile(type_name: str, tiled: np.ndarray) -> np.ndarray:
-    """Tiled rows of `type_name` (uint8 `[n, row_bytes]`, n a multiple of 16) back in the file's
-    layout (`untile_q5_0`, `untile_words`)."""
-    return untile_q5_0(tiled) if type_name == "Q5_0" else untile_words(type_name, tiled)
-
-
-@dataclass(frozen=True)
-class _WordTiling:
-    """How a block type is tiled as word vectors (kernels/gguf_tiles.c's word_tiling): a block's
-    bytes, where its f16 d lies (-1: none apart; the 16 rows' d first in a tiled block), and its
-    segments (byte in a row's block, byte of the first vector in the tiled block, words)."""
-
-    block_bytes: int
-    d_at: int
-    segments: tuple[tuple[int, int, int], ...]
-
-
-_WORD_TILINGS = {
-    "Q4_K": _WordTiling(144, -1, ((0, 0, 4), (16, 256, 32))),
-    "Q6_K": _WordTiling(210, 208, ((192, 32, 4), (0, 288, 32), (128, 2336, 16))),
-    "Q8_0": _WordTiling(34, 0, ((2, 32, 8),)),
-}
-
-
-def untile_words(type_name: str, tiled: np.ndarray) -> np.ndarray:
-    """Tiled Q8_0, Q4_K or Q6_K rows (`kernels/gguf_tiles.h`, uint8 `[n, row_bytes]`, n a
-    multiple of 16) back in the file's layout: the layout's definition, written out in numpy."""
-    n, row_bytes = tiled.shape
-    tiling = _WORD_TILINGS[type_name]
-    size = tiling.block_bytes
-    blocks = row_bytes // size
-    t = tiled.reshape(n // TILE_ROWS, blocks, TILE_ROWS * size)
-    out = np.empty((n // TILE_ROWS, TILE_ROWS, blocks, size), dtype=np.uint8)
-    for start, at, words in tiling.segments:
-        vectors = t[:, :, at : at + 64 * words].reshape(-1, blocks, words, TILE_ROWS, 4)
-        own = vectors.transpose(0, 3, 1, 2, 4).reshape(-1, TILE_ROWS, blocks, 4 * words)
-        out[..., start : start + 4 * words] = own
-    if tiling.d_at >= 0:
-        d = t[:, :, : 2 * TILE_ROWS].reshape(-1, blocks, TILE_ROWS, 2)
-        out[..., tiling.d_at : tiling.d_at + 2] = d.transpose(0, 2, 1, 3)
-    return out.reshape(n, row_bytes)
-
-
-def untile_q5_0(tiled: np.ndarray) -> np.ndarray:
-    """Tiled Q5_0 rows (`kernels/gguf_tiles.h`, uint8 `[n, row_bytes]`, n a multiple of 16)
-    back in the file's layout: the layout's definition, written out in numpy."""
-    n, row_bytes = tiled.shape
-    blocks = row_bytes // 22
-    # [tile, block, 352 bytes] -> per row r of the tile: d, qh, qs of each block
-    t = tiled.reshape(n // TILE_ROWS, blocks, 352)
-    d = t[:, :, :32].reshape(-1, blocks, TILE_ROWS, 2)
-    masks = t[:, :, 32:96].copy().view(np.uint64).reshape(-1, blocks, 8)
-    qs = t[:, :, 96:].reshape(-1, blocks, 4, TILE_ROWS, 4)
-    r = np.arange(TILE_ROWS, dtype=np.uint64)
-    # qh's nibble g of row r is bits 4r..4r+3 of mask g
-    nibbles = (masks[:, :, :, None] >> (np.uint64(4) * r)) & np.uint64(0xF)  # [t, j, g, r]
-    qh = (nibbles << (np.uint64(4) * np.arange(8, dtype=np.uint64))[:, None]).sum(axis=2)
-    out = np.empty((n // TILE_ROWS, TILE_ROWS, blocks, 22), dtype=np.uint8)
-    out[..., 0:2] = d.transpose(0, 2, 1, 3)
-    qh_rows = np.ascontiguousarray(qh.astype("<u4").transpose(0, 2, 1))  # [t, r, j]
-    out[..., 2:6] = qh_rows.view(np.uint8).reshape(n // TILE_ROWS, TILE_ROWS, blocks, 4)
-    out[..., 6:22] = qs.transpose(0, 3, 1, 2, 4).reshape(n // TILE_ROWS, TILE_ROWS, blocks, 16)
-    return out.reshape(n, row_bytes)
 
 
 def _row_bytes(type_name: str, k: int) -> int:

@@ -310,14 +310,15 @@ def load_model(
     projections for the VNNI GEMM also where 512-bit operations run as halves, and with int8
     activations every product rounds x, prompt reads included, in float32 too (a draft only
     guesses: its products need not be exact, and its prompt reads take the VNNI GEMM, faster
-    than the float GEMMs).
+    than the float GEMMs). Rounding activations on an AVX2 build without VNNI, the projections'
+    Q5_0 parts are held in quads for the int8 GEMV (`kernels.gguf_quads_pay`, `GGUFPart.quads`).
     With a tensor-parallel group `tp`, only this rank's shard of every weight is kept (each
     checkpoint tensor is read, cut and dropped in turn) and the returned config is the rank's.
 
     Raises FileNotFoundError for a missing path, ValueError for an unsupported architecture or a
     file that is not valid GGUF/safetensors.
     """
-    from sglite.runtime.model import gguf_loader, hf_loader
+    from sglite.runtime.model import gguf_loader, hf_loader, kernels
     from sglite.runtime.model.gguf_block_weights import gguf_block_weights
     from sglite.runtime.model.gguf_index import open_gguf
     from sglite.runtime.model.weight_arena import WeightArena
@@ -371,6 +372,7 @@ def load_model(
                 ),
                 tile_head=not gguf_tiles,
                 round_float32_extend=round_float32_extend,
+                quads=kernels.gguf_quads_pay(),
             )
             provided = weight_policy.use_gguf_blocks(model, blocks)
             consumed = frozenset(blocks.consumed)

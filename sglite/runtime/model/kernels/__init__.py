@@ -29,6 +29,8 @@ from sglite.runtime.model.kernels.gguf_matmul import (  # noqa: F401 (the packag
     gguf_gemm_amx_glu,
     gguf_gemv,
     gguf_gemv_a8,
+    gguf_quad_q5_0,
+    gguf_quads_pay,
     gguf_tile,
     tile_gemm_available,
     vectors_512_split,

@@ -31,6 +31,7 @@
 #include "gguf_a8_k4_block.h"
 #include "gguf_a8_kquant_rows.h"
 #include "gguf_bits.h"
+#include "gguf_quads.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 /* One block of 32 (group g) of one weight row against R x rows. */
@@ -136,6 +137,67 @@ static inline __attribute__((always_inline)) void b32_row(const int R, const int
   }
 }
 
+/* A Q5_0 row in quads (gguf_quads.h) against R x rows: each quad's four d times each x row's
+ * scales as one vector (their offsets summed in four lanes), each pair of blocks' 64 integers
+ * from one 32-byte load of nibbles and one 64-bit broadcast of fifth bits shifted per 64-bit
+ * lane, a pair's two blocks summed into two accumulators per x row. */
+static inline __attribute__((always_inline)) void q5_0_quads_row(const int R, const int prefetch,
+                                                                 const uint8_t *row,
+                                                                 const rounded_x *x, int64_t m0,
+                                                                 row_sums *s) {
+  const int64_t k = x->k, groups = k / QK;
+  const __m256i nibble = _mm256_set1_epi8(0x0f), fifth = _mm256_set1_epi8(0x10);
+  const __m256i right = _mm256_setr_epi64x(0, 1, 2, 3), left = _mm256_setr_epi64x(1, 2, 3, 4);
+  __m256 second[A8_ROWS];
+  __m128 off[A8_ROWS];
+  for (int m = 0; m < R; m++) {
+    second[m] = _mm256_setzero_ps();
+    off[m] = _mm_setzero_ps();
+  }
+  for (int64_t g = 0; g < groups; g += 4) {
+    const uint8_t *b = row + g / 4 * QUAD_BYTES;
+    prefetch_ahead(prefetch, b, 2);
+    int64_t halves;
+    memcpy(&halves, b, 8);
+    const __m128 d = _mm_cvtph_ps(_mm_cvtsi64_si128(halves));
+    const __m128 mn = _mm_mul_ps(d, _mm_set1_ps(-16.0f));
+    float scale[A8_ROWS][4];
+    for (int m = 0; m < R; m++) {
+      const int64_t i = (m0 + m) * groups + g;
+      _mm_storeu_ps(scale[m], _mm_mul_ps(d, _mm_loadu_ps(x->dx32 + i)));
+      off[m] = _mm_fmadd_ps(mn, _mm_loadu_ps(x->dxsum32 + i), off[m]);
+    }
+    for (int p = 0; p < 2; p++) {
+      const __m256i v = _mm256_loadu_si256((const __m256i *)(b + 24 + 32 * p));
+      int64_t word;
+      memcpy(&word, b + 8 + 8 * p, 8);
+      const __m256i h = _mm256_set1_epi64x(word);
+      const __m256i qa =
+          _mm256_or_si256(_mm256_and_si256(v, nibble),
+                          _mm256_and_si256(_mm256_srlv_epi64(h, right), fifth));
+      const __m256i qb =
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), nibble),
+                          _mm256_and_si256(_mm256_sllv_epi64(h, left), fifth));
+      for (int m = 0; m < R; m++) {
+        const int8_t *xq = x->q + (m0 + m) * k + (g + 2 * p) * QK;
+        const __m256i ones = _mm256_set1_epi16(1);
+        const __m256i da = _mm256_madd_epi16(
+            _mm256_maddubs_epi16(qa, _mm256_loadu_si256((const __m256i *)xq)), ones);
+        const __m256i db = _mm256_madd_epi16(
+            _mm256_maddubs_epi16(qb, _mm256_loadu_si256((const __m256i *)(xq + QK))), ones);
+        s->acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(da),
+                                    _mm256_broadcast_ss(&scale[m][2 * p]), s->acc[m]);
+        second[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(db),
+                                    _mm256_broadcast_ss(&scale[m][2 * p + 1]), second[m]);
+      }
+    }
+  }
+  for (int m = 0; m < R; m++) {
+    s->acc[m] = _mm256_add_ps(s->acc[m], second[m]);
+    s->off_vec[m] = _mm_add_ps(s->off_vec[m], off[m]);
+  }
+}
+
 static inline __attribute__((always_inline)) void row_products(const int R, const int prefetch,
                                                                const int narrow,
                                                                int64_t type, const uint8_t *row,
@@ -165,7 +227,9 @@ static inline __attribute__((always_inline)) void row_products(const int R, cons
     k4_row_lanes(R, prefetch, row, x, m0, &s);
   else
 #endif
-  if (type == GGML_TYPE_Q4_K)
+  if (type == GGUF_QUADS_Q5_0)
+    q5_0_quads_row(R, prefetch, row, x, m0, &s);
+  else if (type == GGML_TYPE_Q4_K)
     k4_k5_row(R, prefetch, 0, row, x, m0, &s);
   else if (type == GGML_TYPE_Q6_K)
     k6_row(R, prefetch, row, x, m0, &s);
@@ -322,6 +386,7 @@ static void a8_range(void *p, int64_t n0, int64_t n1) {
 #else
   float *decoded = (float *)malloc((size_t)(TILE_ROWS * k) * sizeof(float));
   if (decoded == NULL) abort(); /* a few KB: out of memory is not recoverable here */
+  uint8_t stored[k / QK * 22]; /* a quads row in the file's layout */
 #endif
   const int64_t positions = len * streams;
 #ifdef K4_BLOCKS
@@ -340,7 +405,7 @@ static void a8_range(void *p, int64_t n0, int64_t n1) {
       const int64_t n = stream_row(v, n0, len, streams);
       if (n >= n1) continue;
       int64_t type;
-      const void *row = stacked_row(a->parts, n, k, &type);
+      const void *row = gguf_stored_row(a->parts, n, k, stored, &type);
       gguf_decode_row(type, row, k, decoded + (v - t0) * k);
     }
 #endif

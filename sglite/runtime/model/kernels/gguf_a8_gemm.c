@@ -602,12 +602,13 @@ static int parts_fit(const gguf_part_t *parts, int64_t n_out, int64_t k) {
   for (int64_t seen = 0, i = 0; seen < n_out; seen += parts[i].rows, i++) {
     const int64_t type = untiled_type(parts[i].type);
     const int64_t unit = is_k_quant(type) ? QK_K : type_block_values(type) == 32 ? 64 : 0;
-    if (unit == 0 || k % unit || parts[i].rows % WROWS) return 0;
+    if (unit == 0 || k % unit || parts[i].rows % WROWS || type == GGUF_QUADS_Q5_0) return 0;
   }
   return 1;
 }
 
-/* Whether gguf_gemm_a8 serves a weight of these parts (tiled ones read as their untiled type's). */
+/* Whether gguf_gemm_a8 serves a weight of these parts (tiled ones read as their untiled type's;
+ * not a part in quads). */
 static int gemm_serves(const gguf_part_t *parts, int64_t n_out, int64_t k) {
   gguf_part_t as_stored[GGUF_MAX_PARTS];
   untiled_parts(parts, n_out, as_stored);

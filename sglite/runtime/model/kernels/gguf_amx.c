@@ -23,6 +23,7 @@
  * count or the row's place in the batch, so a row's result depends on that row alone.
  */
 #include "gguf_bits.h"
+#include "gguf_quads.h"
 #include "transpose16.h"
 
 #ifdef SGLITE_TILE_GEMM
@@ -503,7 +504,7 @@ static int gemm_amx(int dtype, int act, const void *x, const gguf_part_t *parts,
                     int64_t rows, int64_t n_out, int64_t k, int threads) {
   if (dtype != DTYPE_BFLOAT16 || k % KSTEP || rows <= 0) return -1;
   if (act >= 0 && n_out % (2 * TILE)) return -1; /* whole gate tiles, up tiles alike */
-  if (!gguf_parts_valid(parts, n_out, k)) return -1;
+  if (!gguf_parts_valid(parts, n_out, k) || gguf_has_quads(parts, n_out)) return -1;
   const int64_t xtiles = (rows + TILE - 1) / TILE;
   uint16_t *packed = aligned_alloc(64, (size_t)(xtiles * TILE * k) * sizeof(uint16_t));
   if (packed == NULL) return -1;

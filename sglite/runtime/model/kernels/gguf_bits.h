@@ -14,12 +14,15 @@ static inline float half(const uint8_t *p) {
   return f16_to_f32(h);
 }
 
-/* Values per block of a GGUF block type: 32, or 256 for the k-quants (0: not one we read). */
+/* Values per block of a GGUF block type: 32, or 256 for the k-quants (0: not one we read). A
+ * Q5_0 part in quads (gguf_quads.h) counts as blocks of 32 of 22 bytes: its rows are as long,
+ * but only the kernels that know it read their bytes. */
 static inline int64_t type_block_values(int64_t type) {
   switch (type) {
     case GGML_TYPE_Q4_0:
     case GGML_TYPE_Q4_1:
     case GGML_TYPE_Q5_0:
+    case GGUF_QUADS_Q5_0:
     case GGML_TYPE_Q5_1:
     case GGML_TYPE_Q8_0:
       return 32;
@@ -40,6 +43,7 @@ static inline int64_t type_block_bytes(int64_t type) {
     case GGML_TYPE_Q4_1:
       return 20;
     case GGML_TYPE_Q5_0:
+    case GGUF_QUADS_Q5_0:
       return 22;
     case GGML_TYPE_Q5_1:
       return 24;

@@ -17,6 +17,7 @@
  * are the reference (and the path of other CPUs).
  */
 #include "gguf_bits.h"
+#include "gguf_quads.h"
 #include "gguf_tiles.h"
 
 #define QK 32
@@ -28,7 +29,7 @@ int64_t gguf_block_values(int64_t type) { return type_block_values(type); }
 
 int64_t gguf_row_bytes(int64_t type, int64_t k) {
   const int64_t values = gguf_block_values(type);
-  if (values == 0 || k % values) return -1;
+  if (values == 0 || k % values || (type == GGUF_QUADS_Q5_0 && k % QUAD_VALUES)) return -1;
   return k / values * type_block_bytes(type);
 }
 
@@ -466,9 +467,10 @@ typedef struct {
 static inline __attribute__((always_inline)) void gemv_rows(const int R, const gguf_gemv_args *a,
                                                             int64_t n0, int64_t n1) {
   const int64_t k = a->k;
+  uint8_t scratch[k / QK * 22]; /* a quads row in the file's layout */
   for (int64_t n = n0; n < n1; n++) {
     int64_t type;
-    const uint8_t *row = stacked_row(a->parts, n, k, &type);
+    const uint8_t *row = gguf_stored_row(a->parts, n, k, scratch, &type);
     const int64_t row_bytes = gguf_row_bytes(type, k);
     if (n + 4 < n1) prefetch_bytes(row + 4 * row_bytes, row_bytes);
     float acc[QGEMV_MAX_ROWS] = {0};
@@ -564,11 +566,11 @@ typedef struct {
 } gguf_dequant_args;
 
 /* Row n of a weight's stacked parts as the file stores it, and its block type: a view of the
- * part's row, or a tiled part's row untiled into `untiled` (a row's bytes). */
+ * part's row, or a tiled or quads part's row rebuilt into `untiled` (a row's bytes). */
 static const uint8_t *stored_row(const gguf_part_t *parts, int64_t n, int64_t k,
                                  uint8_t *untiled, int64_t *type) {
   for (; n >= parts->rows; parts++) n -= parts->rows;
-  if (parts->type < GGUF_TILED_BASE) return stacked_row(parts, n, k, type);
+  if (parts->type < GGUF_TILED_BASE) return gguf_stored_row(parts, n, k, untiled, type);
   *type = untiled_type(parts->type);
   gguf_untile_row(parts->type, parts->data, n, k, untiled);
   return untiled;

@@ -168,6 +168,26 @@ def gguf_tile(type_id: int, rows: np.ndarray, out: np.ndarray, k: int) -> bool:
     return lib.gguf_tile(type_id, src.ctypes.data, dst.ctypes.data, rows.shape[0], k) == 0
 
 
+def gguf_quad_q5_0(rows: np.ndarray, out: np.ndarray, k: int) -> bool:
+    """Q5_0 rows (uint8 `[n, row_bytes]`, k values a row, k a multiple of 128) in quads into
+    `out` (the same shape) for the int8 GEMV (kernels/gguf_quads.h); False where the native
+    library is missing or refuses the shape."""
+    lib = native.load()
+    if lib is None or rows.shape != out.shape or rows.dtype != np.uint8:
+        return False
+    src, dst = np.ascontiguousarray(rows), out
+    if not dst.flags.c_contiguous:
+        return False
+    return lib.gguf_quad_q5_0(src.ctypes.data, dst.ctypes.data, rows.shape[0], k) == 0
+
+
+def gguf_quads_pay() -> bool:
+    """Whether this build's int8 GEMV reads Q5_0 parts in quads faster than in the file's rows
+    (kernels.h `gguf_quads_pay`: AVX2 builds without AVX-512 VNNI)."""
+    lib = native.load()
+    return lib is not None and bool(lib.gguf_quads_pay())
+
+
 def gguf_a8_gemm_min_rows(parts: int, n_out: int, k: int) -> int:
     """The rows from which a batch rounding activations takes `gguf_gemm_a8` (kernels.h
     `gguf_a8_gemm_min_rows`: later for weights mostly of Q6_K blocks); `KERNEL_OFF_ROWS` where

@@ -95,6 +95,9 @@ enum {
   GGUF_TILED_Q6_K = 1014,
   GGUF_TILE_ROWS = 16 /* rows per tile */
 };
+/* A part type of ours: Q5_0 rows in quads, four blocks of 32 at a time (gguf_quads.h), for the
+ * int8 GEMV on AVX2 builds without VNNI; the VNNI GEMM and the tile GEMM refuse such a part. */
+enum { GGUF_QUADS_Q5_0 = 900 };
 /* Row ranges of one GGUF weight (a fused projection's parts, each in its own type). */
 enum { GGUF_MAX_PARTS = 4 };
 
@@ -238,6 +241,12 @@ int gguf_gemm_a8_glu(int dtype, int act, const void *x, const gguf_part_t *parts
  * same bytes) for gguf_gemm_a8 as a part of type GGUF_TILED_BASE + type. -1 for another type,
  * unless rows is a multiple of 16 and k of the type's block. */
 int gguf_tile(int64_t type, const void *src, void *dst, int64_t rows, int64_t k);
+/* gguf_quads.c: rows [rows, k] of Q5_0 blocks at src in quads into dst (the same bytes) as a part
+ * of type GGUF_QUADS_Q5_0. -1 unless k is a multiple of 128. */
+int gguf_quad_q5_0(const void *src, void *dst, int64_t rows, int64_t k);
+/* Whether this build's int8 GEMV reads Q5_0 in quads faster than in the file's rows (AVX2
+ * without AVX-512 VNNI: its products there are bound by the vector units' work per block). */
+int gguf_quads_pay(void);
 /* The rows from which a weight of these parts takes gguf_gemm_a8 (1 with a tiled part, the
  * GEMM being its only kernel; else A8_GEMM_MIN_ROWS, or
  * A8_GEMM_MIN_ROWS_Q6_K when Q6_K parts hold most of its rows; the _SPLIT pair where

@@ -39,6 +39,7 @@ SOURCES = [
     _HERE / "gguf_a8_gemm.c",
     _HERE / "gguf_a8_k4_block.c",
     _HERE / "gguf_tiles.c",
+    _HERE / "gguf_quads.c",
     _HERE / "a8_rounding.c",
     _HERE / "gguf_amx.c",
     _HERE / "bf16_probe.c",
@@ -60,6 +61,7 @@ HEADERS = [
     _HERE / "attention_blocks.h",
     _HERE / "transpose16.h",
     _HERE / "gguf_tiles.h",
+    _HERE / "gguf_quads.h",
 ]
 # -fno-math-errno lets lrintf/fmaxf/sqrtf compile to single instructions (errno is never read);
 # -fopenmp links libgomp, which torch has loaded already (one OpenMP runtime in the process).

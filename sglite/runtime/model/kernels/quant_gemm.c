@@ -17,6 +17,7 @@
  * than it gains until there are many rows to run against it (panels_from_rows).
  */
 #include "common.h"
+#include "gguf_quads.h"
 
 #define Q4_GROUP 32
 #define GEMM_COLS 4
@@ -214,6 +215,7 @@ static void quant_gemm_range(void *p, int64_t chunk0, int64_t chunk1) {
   quant_gemm_args *a = p;
   const int64_t k = a->k, groups = k / Q4_GROUP;
   float *w = thread_scratch((GEMM_CHUNK_COLS + panel_width()) * k);
+  uint8_t stored[k / 32 * 22]; /* a GGUF quads row in the file's layout (gguf_quads.h) */
   if (w == NULL) {
     __atomic_store_n(&a->failed, 1, __ATOMIC_RELAXED);
     return;
@@ -229,7 +231,7 @@ static void quant_gemm_range(void *p, int64_t chunk0, int64_t chunk1) {
                             (const uint16_t *)a->scale + n * groups * 2, k, w + c * k);
       else if (c < width && a->kind == QUANT_GEMM_GGUF) {
         int64_t type;
-        const void *row = gguf_part_row(a->weight, n, k, &type);
+        const void *row = gguf_stored_row(a->weight, n, k, stored, &type);
         gguf_decode_row(type, row, k, w + c * k);
       } else if (c < width && a->kind == QUANT_GEMM_Q8_0)
         dequantize_q8_row((const int8_t *)a->weight + n * k, (const uint16_t *)a->scale + n * groups,
