@@ -46,8 +46,8 @@ every product and row count (no other product kernel reads a tiled part), so a r
 never depend on its batch; its row lookups (`gguf_dequantize`) untile each row. On AVX2 builds
 without VNNI, Q5_0 parts of projections may instead be held in quads (`GGUFPart.quads`,
 `kernels/gguf_quads.h`: the same bytes, each row's blocks four at a time), which the int8 GEMV
-reads 1.4-1.6x faster; every other kernel reads such a row back in the file's layout, so the
-weight keeps its kernels and its float products' values.
+decodes in about half the vector operations; every other kernel reads such a row back in the
+file's layout, so the weight keeps its kernels and its float products' values.
 
 Invariant: `matmul(x)` computes `x @ W.T` for `W` the weight gguf's own dequantization gives;
 rounding, `matmul_decode`, `matmul_rows` and a bf16 `matmul` where `_rounds_extend` compute it

@@ -15,6 +15,7 @@ process.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -159,26 +160,27 @@ def gguf_tile(type_id: int, rows: np.ndarray, out: np.ndarray, k: int) -> bool:
     multiple of 16, k values a row) tiled into `out` (the same shape) for `gguf_gemm_a8`
     (kernels/gguf_tiles.h); False where the native library is missing or refuses the type or
     shape."""
-    lib = native.load()
-    if lib is None or rows.shape != out.shape or rows.dtype != np.uint8:
-        return False
-    src, dst = np.ascontiguousarray(rows), out
-    if not dst.flags.c_contiguous:
-        return False
-    return lib.gguf_tile(type_id, src.ctypes.data, dst.ctypes.data, rows.shape[0], k) == 0
+    return _relaid(rows, out, lambda lib, src, dst: lib.gguf_tile(type_id, src, dst, len(rows), k))
 
 
 def gguf_quad_q5_0(rows: np.ndarray, out: np.ndarray, k: int) -> bool:
     """Q5_0 rows (uint8 `[n, row_bytes]`, k values a row, k a multiple of 128) in quads into
     `out` (the same shape) for the int8 GEMV (kernels/gguf_quads.h); False where the native
     library is missing or refuses the shape."""
+    return _relaid(rows, out, lambda lib, src, dst: lib.gguf_quad_q5_0(src, dst, len(rows), k))
+
+
+def _relaid(rows: np.ndarray, out: np.ndarray, call: Callable[[Any, int, int], int]) -> bool:
+    """`call(lib, src, dst)` (a layout's C function: 0 when it wrote `out`) on uint8 `rows` and
+    a C-contiguous `out` of their shape; False where the library is missing or either is not
+    so, or the function refuses."""
     lib = native.load()
     if lib is None or rows.shape != out.shape or rows.dtype != np.uint8:
         return False
-    src, dst = np.ascontiguousarray(rows), out
-    if not dst.flags.c_contiguous:
+    if not out.flags.c_contiguous:
         return False
-    return lib.gguf_quad_q5_0(src.ctypes.data, dst.ctypes.data, rows.shape[0], k) == 0
+    src = np.ascontiguousarray(rows)  # held while C reads it
+    return call(lib, src.ctypes.data, out.ctypes.data) == 0
 
 
 def gguf_quads_pay() -> bool:
