@@ -178,10 +178,17 @@ def _quadded(part: GGUFPart) -> bool:
 
 
 def _quads(part: GGUFPart, k: int, arena: WeightArena | None) -> GGUFPart:
-    """A Q5_0 part in quads (into `arena` when given)."""
-    out = np.empty_like(part.data) if arena is None else arena.reserve(part.data.shape)
-    if not kernels.gguf_quad_q5_0(part.data, out, k):
-        raise RuntimeError("the native library could not hold a Q5_0 part in quads")
+    """A Q5_0 part in quads: into `arena` when given (rearranged on its reading threads as each
+    piece is read), else a copy."""
+
+    def in_place(rows: np.ndarray) -> None:
+        if not kernels.gguf_quad_q5_0(rows, rows, k, threads=1):
+            raise RuntimeError("the native library could not hold a Q5_0 part in quads")
+
+    if arena is not None:
+        return GGUFPart(part.type_name, arena.place(part.data, in_place), quads=True)
+    out = part.data.copy()
+    in_place(out)
     return GGUFPart(part.type_name, out, quads=True)
 
 

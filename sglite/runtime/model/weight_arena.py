@@ -12,7 +12,8 @@ thread takes a core from the kernels' two and slows the first requests after a s
 much (docs/benchmarks.md).
 
 Invariant: `place` returns a C-contiguous array holding exactly its source's bytes (once `wait`
-returns), at a 4 KB boundary of the region; the region lives as long as any array placed in it.
+returns; rearranged by its `relayout`, if given), at a 4 KB boundary of the region; the region
+lives as long as any array placed in it.
 """
 
 from __future__ import annotations
@@ -86,20 +87,26 @@ class WeightArena:
         self._used = begin + n
         return self._free[begin : begin + n].reshape(shape)
 
-    def place(self, rows: np.ndarray) -> np.ndarray:
+    def place(
+        self, rows: np.ndarray, relayout: Callable[[np.ndarray], None] | None = None
+    ) -> np.ndarray:
         """An array in the region that will hold `rows` (uint8, 2D) once `wait` returns: read
-        from the file when `rows` is a range of its mapping, else copied now. Raises ValueError
-        when it does not fit."""
-        n = rows.nbytes
+        from the file when `rows` is a range of its mapping, else copied now; with `relayout`,
+        rearranged in place by it, whole rows at a time (on the reading threads, each piece as
+        it is read). Raises ValueError when it does not fit."""
         target = self.reserve(rows.shape)
         offset = self.gf.file_offset(rows)
         if offset is None:
             np.copyto(target, rows)
+            if relayout is not None:
+                relayout(target)
             return target
-        flat = target.reshape(-1)
-        for piece in range(0, n, READ_PIECE):
-            end = min(piece + READ_PIECE, n)
-            self._reads.append(self._pool.submit(_read, self._fd, flat[piece:end], offset + piece))
+        row_bytes = rows.shape[1]
+        step = max(1, READ_PIECE // row_bytes)  # rows per piece: whole rows for `relayout`
+        for first in range(0, rows.shape[0], step):
+            piece = target[first : first + step]
+            at = offset + first * row_bytes
+            self._reads.append(self._pool.submit(_read_piece, self._fd, piece, at, relayout))
         return target
 
     def wait(self) -> None:
@@ -184,6 +191,15 @@ class HugePageMove:
 def _release(pool: ThreadPoolExecutor, fd: int) -> None:
     pool.shutdown()
     os.close(fd)
+
+
+def _read_piece(
+    fd: int, rows: np.ndarray, offset: int, relayout: Callable[[np.ndarray], None] | None
+) -> None:
+    """rows = the file's bytes at `offset`, then rearranged by `relayout` (if any)."""
+    _read(fd, rows.reshape(-1), offset)
+    if relayout is not None:
+        relayout(rows)
 
 
 def _read(fd: int, target: np.ndarray, offset: int) -> None:

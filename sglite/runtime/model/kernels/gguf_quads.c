@@ -3,62 +3,76 @@
 
 #define BLOCK 22 /* a Q5_0 block's bytes: f16 d, 32 fifth bits, 16 nibble bytes */
 
-/* Value i's nibble of the Q5_0 block at b (value i in the low nibble of byte i, i < 16, value
- * i + 16 in its high one). */
-static inline uint8_t nibble(const uint8_t *b, int i) {
-  return i < 16 ? b[6 + i] & 0x0f : b[6 + i - 16] >> 4;
+/* Bits 0-7 of `byte` at bit 0 of bytes 0-7: a fifth-bit word's bits for 8 values of a row of
+ * values 8 l .. 8 l + 7, before their shift to lane l's position (gguf_quads.h). */
+static inline uint64_t spread_bits(uint32_t byte) {
+  /* byte b of the product holds bit b of `byte` alone (0 or 1 << b); adding 0x7f carries it
+   * into bit 7 of its byte, and no further */
+  const uint64_t picked = (byte * 0x0101010101010101ULL) & 0x8040201008040201ULL;
+  return ((picked + 0x7f7f7f7f7f7f7f7fULL) >> 7) & 0x0101010101010101ULL;
 }
 
-/* Bit positions of value 8 l + b's fifth bit in a pair's word (gguf_quads.h). */
-static inline int first_bit(int i) { return 8 * (i % 8) + 4 + i / 8; }
-static inline int second_bit(int i) { return 8 * (i % 8) + 3 - i / 8; }
-
-/* Four file blocks at `in` as one quad at `out`. */
-static void quad_of_blocks(const uint8_t *in, uint8_t *out) {
+/* Four file blocks at `from` as one quad at `out` (which may be `from`: rearranged in place). */
+static void quad_of_blocks(const uint8_t *from, uint8_t *out) {
+  uint8_t in[QUAD_BYTES];
+  memcpy(in, from, QUAD_BYTES);
   for (int j = 0; j < 4; j++) memcpy(out + 2 * j, in + BLOCK * j, 2);
   for (int p = 0; p < 2; p++) {
     const uint8_t *a = in + BLOCK * 2 * p, *b = a + BLOCK;
-    uint32_t high_a, high_b;
-    memcpy(&high_a, a + 2, 4);
-    memcpy(&high_b, b + 2, 4);
     uint64_t word = 0;
-    for (int i = 0; i < 32; i++) {
-      word |= (uint64_t)((high_a >> i) & 1) << first_bit(i);
-      word |= (uint64_t)((high_b >> i) & 1) << second_bit(i);
-    }
+    for (int l = 0; l < 4; l++) /* values 8 l .. 8 l + 7: byte l of each block's fifth bits */
+      word |= spread_bits(a[2 + l]) << (4 + l) | spread_bits(b[2 + l]) << (3 - l);
     memcpy(out + 8 + 8 * p, &word, 8);
-    for (int i = 0; i < 32; i++) out[24 + 32 * p + i] = nibble(a, i) | nibble(b, i) << 4;
+    uint8_t *nibbles = out + 24 + 32 * p;
+    for (int i = 0; i < 16; i++) { /* values i (low nibbles) and i + 16 (high) of each block */
+      nibbles[i] = (a[6 + i] & 0x0f) | (uint8_t)(b[6 + i] << 4);
+      nibbles[i + 16] = (a[6 + i] >> 4) | (b[6 + i] & 0xf0);
+    }
   }
+}
+
+/* Bit 0 of bytes 0-7 of `x` (its other bits clear) as bits 0-7 of one byte. */
+static inline uint8_t gather_bits(uint64_t x) {
+  return (uint8_t)((x * 0x0102040810204080ULL) >> 56);
 }
 
 /* One quad at `in` as its four file blocks at `out`. */
 static void blocks_of_quad(const uint8_t *in, uint8_t *out) {
+  const uint64_t lowest = 0x0101010101010101ULL;
   for (int p = 0; p < 2; p++) {
     uint64_t word;
     memcpy(&word, in + 8 + 8 * p, 8);
     const uint8_t *nibbles = in + 24 + 32 * p;
     uint8_t *a = out + BLOCK * 2 * p, *b = a + BLOCK;
-    uint32_t high_a = 0, high_b = 0;
-    for (int i = 0; i < 32; i++) {
-      high_a |= (uint32_t)((word >> first_bit(i)) & 1) << i;
-      high_b |= (uint32_t)((word >> second_bit(i)) & 1) << i;
-    }
     memcpy(a, in + 4 * p, 2);
     memcpy(b, in + 4 * p + 2, 2);
-    memcpy(a + 2, &high_a, 4);
-    memcpy(b + 2, &high_b, 4);
+    for (int l = 0; l < 4; l++) {
+      a[2 + l] = gather_bits((word >> (4 + l)) & lowest);
+      b[2 + l] = gather_bits((word >> (3 - l)) & lowest);
+    }
     for (int i = 0; i < 16; i++) {
-      a[6 + i] = (nibbles[i] & 0x0f) | (nibbles[i + 16] & 0x0f) << 4;
+      a[6 + i] = (nibbles[i] & 0x0f) | (uint8_t)(nibbles[i + 16] << 4);
       b[6 + i] = (nibbles[i] >> 4) | (nibbles[i + 16] & 0xf0);
     }
   }
 }
 
-int gguf_quad_q5_0(const void *src, void *dst, int64_t rows, int64_t k) {
+typedef struct {
+  const uint8_t *src;
+  uint8_t *dst;
+  int64_t quads_per_row;
+} quad_args;
+
+static void quad_range(void *p, int64_t r0, int64_t r1) {
+  const quad_args *a = p;
+  for (int64_t q = r0 * a->quads_per_row; q < r1 * a->quads_per_row; q++)
+    quad_of_blocks(a->src + q * QUAD_BYTES, a->dst + q * QUAD_BYTES);
+}
+
+int gguf_quad_q5_0(const void *src, void *dst, int64_t rows, int64_t k, int threads) {
   if (rows < 0 || k <= 0 || k % QUAD_VALUES) return -1;
-  const int64_t quads = rows * (k / QUAD_VALUES);
-  for (int64_t q = 0; q < quads; q++)
-    quad_of_blocks((const uint8_t *)src + q * QUAD_BYTES, (uint8_t *)dst + q * QUAD_BYTES);
+  quad_args a = {src, dst, k / QUAD_VALUES};
+  parallel_range(quad_range, &a, rows, 64, threads, rows * k >= 65536);
   return 0;
 }
 
