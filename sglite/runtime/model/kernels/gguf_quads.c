@@ -1,5 +1,8 @@
 /* Q5_0 rows to quads and back (the layout: gguf_quads.h). */
 #include "gguf_quads.h"
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
 
 #define BLOCK 22 /* a Q5_0 block's bytes: f16 d, 32 fifth bits, 16 nibble bytes */
 
@@ -10,6 +13,26 @@ static inline uint64_t spread_bits(uint32_t byte) {
    * into bit 7 of its byte, and no further */
   const uint64_t picked = (byte * 0x0101010101010101ULL) & 0x8040201008040201ULL;
   return ((picked + 0x7f7f7f7f7f7f7f7fULL) >> 7) & 0x0101010101010101ULL;
+}
+
+/* Two 16-byte nibble arrays x, y as low = x's low nibbles | y's low nibbles << 4 and high =
+ * x's high nibbles | y's high nibbles << 4: a pair's quad nibbles from its two blocks' (x, y:
+ * the file's), and, y and x read from the quad's two halves, back (the same operation). */
+static inline void pair_nibbles(const uint8_t *x, const uint8_t *y, uint8_t *low,
+                                uint8_t *high) {
+#if defined(__SSE2__)
+  const __m128i vx = _mm_loadu_si128((const __m128i *)x), vy = _mm_loadu_si128((const __m128i *)y);
+  const __m128i lo = _mm_set1_epi8(0x0f), hi = _mm_set1_epi8((char)0xf0);
+  _mm_storeu_si128((__m128i *)low,
+                   _mm_or_si128(_mm_and_si128(vx, lo), _mm_and_si128(_mm_slli_epi16(vy, 4), hi)));
+  _mm_storeu_si128((__m128i *)high,
+                   _mm_or_si128(_mm_and_si128(_mm_srli_epi16(vx, 4), lo), _mm_and_si128(vy, hi)));
+#else
+  for (int i = 0; i < 16; i++) {
+    low[i] = (x[i] & 0x0f) | (uint8_t)(y[i] << 4);
+    high[i] = (x[i] >> 4) | (y[i] & 0xf0);
+  }
+#endif
 }
 
 /* Four file blocks at `from` as one quad at `out` (which may be `from`: rearranged in place). */
@@ -23,11 +46,7 @@ static void quad_of_blocks(const uint8_t *from, uint8_t *out) {
     for (int l = 0; l < 4; l++) /* values 8 l .. 8 l + 7: byte l of each block's fifth bits */
       word |= spread_bits(a[2 + l]) << (4 + l) | spread_bits(b[2 + l]) << (3 - l);
     memcpy(out + 8 + 8 * p, &word, 8);
-    uint8_t *nibbles = out + 24 + 32 * p;
-    for (int i = 0; i < 16; i++) { /* values i (low nibbles) and i + 16 (high) of each block */
-      nibbles[i] = (a[6 + i] & 0x0f) | (uint8_t)(b[6 + i] << 4);
-      nibbles[i + 16] = (a[6 + i] >> 4) | (b[6 + i] & 0xf0);
-    }
+    pair_nibbles(a + 6, b + 6, out + 24 + 32 * p, out + 40 + 32 * p);
   }
 }
 
@@ -50,10 +69,7 @@ static void blocks_of_quad(const uint8_t *in, uint8_t *out) {
       a[2 + l] = gather_bits((word >> (4 + l)) & lowest);
       b[2 + l] = gather_bits((word >> (3 - l)) & lowest);
     }
-    for (int i = 0; i < 16; i++) {
-      a[6 + i] = (nibbles[i] & 0x0f) | (uint8_t)(nibbles[i + 16] << 4);
-      b[6 + i] = (nibbles[i] >> 4) | (nibbles[i + 16] & 0xf0);
-    }
+    pair_nibbles(nibbles, nibbles + 16, a + 6, b + 6);
   }
 }
 
