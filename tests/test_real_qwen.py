@@ -41,13 +41,18 @@ def path() -> str:
 def test_q5_0_projections_are_held_in_quads_where_they_pay(path):
     """The 0.5B's Q5_0 projections (rows of 896 values): in quads (kernels/gguf_quads.h) on
     builds whose int8 GEMV reads them faster (AVX2 without VNNI), the file's rows elsewhere;
-    the embedding and the output projection keep the file's rows."""
+    the embedding and the output projection keep the file's rows, and so does every part served
+    from the file's mapping (`mmap_weights`: pages shared with other processes)."""
     model = load_model(path, progress=False, quantization="auto").model
     gate_up = model.get_submodule("layers.0.mlp.gate_up_proj").kernel
     assert [p.type_name for p in gate_up.parts] == ["Q5_0", "Q5_0"]
     assert all(p.quads == kernels.gguf_quads_pay() for p in gate_up.parts)
     assert not any(p.quads for p in model.embedding_blocks.parts)
     assert not any(p.quads for p in model.output_projection().parts)
+    mapped = load_model(path, progress=False, quantization="auto", mmap_weights=True).model
+    gate_up = mapped.get_submodule("layers.0.mlp.gate_up_proj").kernel
+    assert not any(p.quads for p in gate_up.parts)
+    assert all(mapped_file(p.data.ctypes.data) == os.path.realpath(path) for p in gate_up.parts)
 
 
 def transformers_reference(path: str) -> torch.nn.Module:

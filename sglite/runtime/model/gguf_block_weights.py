@@ -76,9 +76,11 @@ def gguf_block_weights(
     output projection too with `tile_head` (else they keep the file's rows: a draft
     vocabulary cuts a head by rows).
     `round_float32_extend`: float32 EXTEND passes round x too (`GGUFWeight`).
-    `quads` (with `round_activations`): the projections' Q5_0 parts that are not tiled, of rows
-    of a multiple of 128 values, are held in quads for the int8 GEMV (`GGUFPart.quads`; where
-    `kernels.gguf_quads_pay`)."""
+    `quads` (with `round_activations` and an `arena`): the projections' Q5_0 parts that are not
+    tiled, of rows of a multiple of 128 values, are held in quads for the int8 GEMV
+    (`GGUFPart.quads`; where `kernels.gguf_quads_pay`), laid out as the arena reads them;
+    without an arena the blocks stay views of the file's mapping, shared with other processes
+    that map it."""
     from sglite.runtime.model.linear import Linear
 
     family = gguf_family(gf, gf.path)
@@ -120,7 +122,7 @@ def gguf_block_weights(
         parts = [GGUFPart(kind, b) for kind, b in zip(kinds, blocks, strict=True)]
         if tile and round_activations:
             parts = tiled_parts(parts, k, tile, arena) or parts
-        if quad and round_activations and k % QUAD_VALUES == 0:
+        if quad and round_activations and arena is not None and k % QUAD_VALUES == 0:
             parts = [_quads(p, k, arena) if _quadded(p) else p for p in parts]
         if arena is not None:
             parts = [p if p.tiled or p.quads else _placed(p, arena) for p in parts]
@@ -177,19 +179,15 @@ def _quadded(part: GGUFPart) -> bool:
     return part.type_name == "Q5_0" and not part.tiled
 
 
-def _quads(part: GGUFPart, k: int, arena: WeightArena | None) -> GGUFPart:
-    """A Q5_0 part in quads: into `arena` when given (rearranged on its reading threads as each
-    piece is read), else a copy."""
+def _quads(part: GGUFPart, k: int, arena: WeightArena) -> GGUFPart:
+    """A Q5_0 part in quads in `arena`, rearranged on its reading threads as each piece is
+    read."""
 
     def in_place(rows: np.ndarray) -> None:
         if not kernels.gguf_quad_q5_0(rows, rows, k, threads=1):
             raise RuntimeError("the native library could not hold a Q5_0 part in quads")
 
-    if arena is not None:
-        return GGUFPart(part.type_name, arena.place(part.data, in_place), quads=True)
-    out = part.data.copy()
-    in_place(out)
-    return GGUFPart(part.type_name, out, quads=True)
+    return GGUFPart(part.type_name, arena.place(part.data, in_place), quads=True)
 
 
 def _placed(part: GGUFPart, arena: WeightArena) -> GGUFPart:

@@ -311,7 +311,8 @@ def load_model(
     activations every product rounds x, prompt reads included, in float32 too (a draft only
     guesses: its products need not be exact, and its prompt reads take the VNNI GEMM, faster
     than the float GEMMs). Rounding activations on an AVX2 build without VNNI, the projections'
-    Q5_0 parts are held in quads for the int8 GEMV (`kernels.gguf_quads_pay`, `GGUFPart.quads`).
+    Q5_0 parts are held in quads for the int8 GEMV (`kernels.gguf_quads_pay`, `GGUFPart.quads`;
+    not with `mmap_weights`, whose blocks stay the file's pages).
     With a tensor-parallel group `tp`, only this rank's shard of every weight is kept (each
     checkpoint tensor is read, cut and dropped in turn) and the returned config is the rank's.
 
