@@ -41,7 +41,7 @@ def test_quads_move_the_files_bytes_into_the_documented_order():
     assert quads.shape == blocks.shape and not np.array_equal(quads, blocks)
     assert np.array_equal(unquad_q5_0(quads), blocks)
     in_place = blocks.copy()  # as the weight arena lays them out, piece by piece
-    assert kernels.gguf_quad_q5_0(in_place, in_place, 256, threads=1)
+    assert kernels.gguf_quad_q5_0(in_place, in_place, 256)
     assert np.array_equal(in_place, quads)
     per_block = blocks.reshape(3, 8, 22)
     assert np.array_equal(quads[2, 88:96].reshape(4, 2), per_block[2, 4:8, :2])  # quad 1's d

@@ -184,7 +184,7 @@ def _quads(part: GGUFPart, k: int, arena: WeightArena) -> GGUFPart:
     read."""
 
     def in_place(rows: np.ndarray) -> None:
-        if not kernels.gguf_quad_q5_0(rows, rows, k, threads=1):
+        if not kernels.gguf_quad_q5_0(rows, rows, k):
             raise RuntimeError("the native library could not hold a Q5_0 part in quads")
 
     return GGUFPart(part.type_name, arena.place(part.data, in_place), quads=True)

@@ -53,6 +53,11 @@ void panel_rows(const float *x, int64_t rows, int64_t k, const float *panel, con
 /* gguf_blocks.c's row decoding, which quant_gemm.c runs for QUANT_GEMM_GGUF: row n of a GGUF
  * weight (its bytes and type), and the float32 values of a row of k values of `type`. */
 const void *gguf_part_row(const gguf_part_t *parts, int64_t n, int64_t k, int64_t *type);
+/* Row n as the file stores it, and its block type: gguf_part_row's view, or a tiled or quads
+ * part's row rebuilt into `scratch` (STORED_ROW_BYTES(k): the widest row, Q8_0's). */
+const uint8_t *gguf_stored_row(const gguf_part_t *parts, int64_t n, int64_t k, uint8_t *scratch,
+                               int64_t *type);
+#define STORED_ROW_BYTES(k) ((k) / 32 * 34)
 /* Whether the parts are row ranges of supported types covering exactly n_out rows of k values. */
 int gguf_parts_valid(const gguf_part_t *parts, int64_t n_out, int64_t k);
 void gguf_decode_row(int64_t type, const void *row, int64_t k, float *out);

@@ -224,7 +224,7 @@ static void a8_range(void *p, int64_t n0, int64_t n1) {
 #else
   float *decoded = (float *)malloc((size_t)(TILE_ROWS * k) * sizeof(float));
   if (decoded == NULL) abort(); /* a few KB: out of memory is not recoverable here */
-  uint8_t stored[k / QK * 22]; /* a quads row in the file's layout */
+  uint8_t stored[STORED_ROW_BYTES(k)]; /* a quads row in the file's layout */
 #endif
   const int64_t positions = len * streams;
 #ifdef K4_BLOCKS

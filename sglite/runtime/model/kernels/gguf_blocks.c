@@ -467,12 +467,12 @@ typedef struct {
 static inline __attribute__((always_inline)) void gemv_rows(const int R, const gguf_gemv_args *a,
                                                             int64_t n0, int64_t n1) {
   const int64_t k = a->k;
-  uint8_t scratch[k / QK * 22]; /* a quads row in the file's layout */
+  uint8_t scratch[STORED_ROW_BYTES(k)];
   for (int64_t n = n0; n < n1; n++) {
     int64_t type;
     const uint8_t *row = gguf_stored_row(a->parts, n, k, scratch, &type);
     const int64_t row_bytes = gguf_row_bytes(type, k);
-    if (n + 4 < n1) prefetch_bytes(row + 4 * row_bytes, row_bytes);
+    if (n + 4 < n1 && row != scratch) prefetch_bytes(row + 4 * row_bytes, row_bytes);
     float acc[QGEMV_MAX_ROWS] = {0};
 #if defined(__AVX2__) && defined(__FMA__)
     row_dot_fused(R, type, row, a->xf, a->xsum, k, acc);
@@ -565,25 +565,28 @@ typedef struct {
   int64_t k;
 } gguf_dequant_args;
 
-/* Row n of a weight's stacked parts as the file stores it, and its block type: a view of the
- * part's row, or a tiled or quads part's row rebuilt into `untiled` (a row's bytes). */
-static const uint8_t *stored_row(const gguf_part_t *parts, int64_t n, int64_t k,
-                                 uint8_t *untiled, int64_t *type) {
+const uint8_t *gguf_stored_row(const gguf_part_t *parts, int64_t n, int64_t k, uint8_t *scratch,
+                               int64_t *type) {
   for (; n >= parts->rows; parts++) n -= parts->rows;
-  if (parts->type < GGUF_TILED_BASE) return gguf_stored_row(parts, n, k, untiled, type);
+  if (parts->type == GGUF_QUADS_Q5_0) {
+    gguf_unquad_row(parts->data, n, k, scratch);
+    *type = GGML_TYPE_Q5_0;
+    return scratch;
+  }
+  if (parts->type < GGUF_TILED_BASE) return stacked_row(parts, n, k, type);
   *type = untiled_type(parts->type);
-  gguf_untile_row(parts->type, parts->data, n, k, untiled);
-  return untiled;
+  gguf_untile_row(parts->type, parts->data, n, k, scratch);
+  return scratch;
 }
 
 static void gguf_dequant_range(void *p, int64_t i0, int64_t i1) {
   const gguf_dequant_args *a = p;
   const int64_t k = a->k;
   float buf[SPAN] __attribute__((aligned(64)));
-  uint8_t untiled[k / 32 * 34]; /* a row's bytes, the widest (Q8_0's) */
+  uint8_t untiled[STORED_ROW_BYTES(k)];
   for (int64_t i = i0; i < i1; i++) {
     int64_t type;
-    const uint8_t *src = stored_row(a->parts, a->ids ? a->ids[i] : i, k, untiled, &type);
+    const uint8_t *src = gguf_stored_row(a->parts, a->ids ? a->ids[i] : i, k, untiled, &type);
     if (a->dtype == 0) {
       decode_span(type, src, 0, k, (float *)a->out + i * k);
       continue;

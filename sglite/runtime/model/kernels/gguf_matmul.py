@@ -163,15 +163,11 @@ def gguf_tile(type_id: int, rows: np.ndarray, out: np.ndarray, k: int) -> bool:
     return _relaid(rows, out, lambda lib, src, dst: lib.gguf_tile(type_id, src, dst, len(rows), k))
 
 
-def gguf_quad_q5_0(rows: np.ndarray, out: np.ndarray, k: int, threads: int | None = None) -> bool:
+def gguf_quad_q5_0(rows: np.ndarray, out: np.ndarray, k: int) -> bool:
     """Q5_0 rows (uint8 `[n, row_bytes]`, k values a row, k a multiple of 128) in quads into
     `out` (the same shape; `rows` itself for in place) for the int8 GEMV
-    (kernels/gguf_quads.h), on `threads` threads (None: torch's); False where the native
-    library is missing or refuses the shape."""
-    count = torch.get_num_threads() if threads is None else threads
-    return _relaid(
-        rows, out, lambda lib, src, dst: lib.gguf_quad_q5_0(src, dst, len(rows), k, count)
-    )
+    (kernels/gguf_quads.h); False where the native library is missing or refuses the shape."""
+    return _relaid(rows, out, lambda lib, src, dst: lib.gguf_quad_q5_0(src, dst, len(rows), k))
 
 
 def _relaid(rows: np.ndarray, out: np.ndarray, call: Callable[[Any, int, int], int]) -> bool:

@@ -73,22 +73,11 @@ static void blocks_of_quad(const uint8_t *in, uint8_t *out) {
   }
 }
 
-typedef struct {
-  const uint8_t *src;
-  uint8_t *dst;
-  int64_t quads_per_row;
-} quad_args;
-
-static void quad_range(void *p, int64_t r0, int64_t r1) {
-  const quad_args *a = p;
-  for (int64_t q = r0 * a->quads_per_row; q < r1 * a->quads_per_row; q++)
-    quad_of_blocks(a->src + q * QUAD_BYTES, a->dst + q * QUAD_BYTES);
-}
-
-int gguf_quad_q5_0(const void *src, void *dst, int64_t rows, int64_t k, int threads) {
+int gguf_quad_q5_0(const void *src, void *dst, int64_t rows, int64_t k) {
   if (rows < 0 || k <= 0 || k % QUAD_VALUES) return -1;
-  quad_args a = {src, dst, k / QUAD_VALUES};
-  parallel_range(quad_range, &a, rows, 64, threads, rows * k >= 65536);
+  const int64_t quads = rows * (k / QUAD_VALUES);
+  for (int64_t q = 0; q < quads; q++)
+    quad_of_blocks((const uint8_t *)src + q * QUAD_BYTES, (uint8_t *)dst + q * QUAD_BYTES);
   return 0;
 }
 

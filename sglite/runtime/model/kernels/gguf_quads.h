@@ -17,7 +17,7 @@
  *   bytes 56-87  C and D's.
  *
  * The int8 GEMV (gguf_a8.c) reads such rows directly; every other kernel that accepts them
- * reads a row through gguf_stored_row (the file's layout, rebuilt into a buffer). The VNNI GEMM
+ * reads a row through gguf_stored_row (common.h: the file's layout, rebuilt into a buffer). The VNNI GEMM
  * and the tile GEMM refuse them: the loader holds Q5_0 parts in quads only on AVX2 builds
  * without VNNI, where neither runs.
  */
@@ -31,19 +31,6 @@
 /* Row `n` of `k` values of a quads part's data, rebuilt in the file's Q5_0 layout into `out`
  * (k / 32 * 22 bytes). */
 void gguf_unquad_row(const void *data, int64_t n, int64_t k, uint8_t *out);
-
-/* Row n of a weight's stacked parts in the file's layout, and its block type: a view of the
- * part's row, or a quads part's row rebuilt into `scratch` (k / 32 * 22 bytes). */
-static inline const uint8_t *gguf_stored_row(const gguf_part_t *parts, int64_t n, int64_t k,
-                                             uint8_t *scratch, int64_t *type) {
-  for (; n >= parts->rows; parts++) n -= parts->rows;
-  if (parts->type == GGUF_QUADS_Q5_0) {
-    gguf_unquad_row(parts->data, n, k, scratch);
-    *type = GGML_TYPE_Q5_0;
-    return scratch;
-  }
-  return (const uint8_t *)gguf_part_row(parts, n, k, type);
-}
 
 /* Whether any of the weight's parts (covering n_out rows) is in quads. */
 static inline int gguf_has_quads(const gguf_part_t *parts, int64_t n_out) {

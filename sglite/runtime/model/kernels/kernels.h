@@ -242,9 +242,9 @@ int gguf_gemm_a8_glu(int dtype, int act, const void *x, const gguf_part_t *parts
  * unless rows is a multiple of 16 and k of the type's block. */
 int gguf_tile(int64_t type, const void *src, void *dst, int64_t rows, int64_t k);
 /* gguf_quads.c: rows [rows, k] of Q5_0 blocks at src in quads into dst (the same bytes; dst may
- * be src) as a part of type GGUF_QUADS_Q5_0, on up to `threads` threads. -1 unless k is a
- * multiple of 128. */
-int gguf_quad_q5_0(const void *src, void *dst, int64_t rows, int64_t k, int threads);
+ * be src: the weight arena lays each piece out as it reads it, on its own threads). -1 unless k
+ * is a multiple of 128. */
+int gguf_quad_q5_0(const void *src, void *dst, int64_t rows, int64_t k);
 /* Whether this build's int8 GEMV reads Q5_0 in quads faster than in the file's rows (AVX2
  * without AVX-512 VNNI: its products there are bound by the vector units' work per block). */
 int gguf_quads_pay(void);

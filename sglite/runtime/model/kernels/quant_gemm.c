@@ -17,7 +17,6 @@
  * than it gains until there are many rows to run against it (panels_from_rows).
  */
 #include "common.h"
-#include "gguf_quads.h"
 
 #define Q4_GROUP 32
 #define GEMM_COLS 4
@@ -215,7 +214,7 @@ static void quant_gemm_range(void *p, int64_t chunk0, int64_t chunk1) {
   quant_gemm_args *a = p;
   const int64_t k = a->k, groups = k / Q4_GROUP;
   float *w = thread_scratch((GEMM_CHUNK_COLS + panel_width()) * k);
-  uint8_t stored[k / 32 * 22]; /* a GGUF quads row in the file's layout (gguf_quads.h) */
+  uint8_t stored[STORED_ROW_BYTES(k)]; /* a GGUF row rebuilt in the file's layout */
   if (w == NULL) {
     __atomic_store_n(&a->failed, 1, __ATOMIC_RELAXED);
     return;
