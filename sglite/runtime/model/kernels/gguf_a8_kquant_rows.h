@@ -52,6 +52,11 @@ static inline __m256i spread_int16(__m256i v, int j) {
   return _mm256_shuffle_epi8(v, ctrl);
 }
 
+/* v made in a register here (no instruction): GCC otherwise expands a chain of vector additions
+ * at its last use (TER), its every product computed first and held to the end, where the
+ * registers do not hold them (spilled to the stack and read back). */
+#define A8_PIN(v) __asm__("" : "+v"(v))
+
 typedef struct {
   __m256 acc[A8_ROWS];     /* scaled products */
   float off[A8_ROWS];      /* offsets */
@@ -167,24 +172,33 @@ static inline __attribute__((always_inline)) void k4_row_lanes(const int R, cons
                                                                row_sums *s) {
   const int64_t k = x->k, blocks = k / QK_K;
   const __m256i nibble = _mm256_set1_epi8(0x0f);
+#ifndef K4_LANES_VNNI
+  /* s's sums as locals over the super-blocks: acc[m], and off_vec of rows 2i and 2i + 1 as the
+   * halves of off[i] (an odd last row's in off_last) */
+  __m256 acc[A8_ROWS], off[A8_ROWS / 2];
+  __m128 off_last = R % 2 ? s->off_vec[R - 1] : _mm_setzero_ps();
+  for (int m = 0; m < R; m++) acc[m] = s->acc[m];
+  for (int m = 0; m + 1 < R; m += 2) off[m / 2] = _mm256_set_m128(s->off_vec[m + 1], s->off_vec[m]);
+#endif
   for (int64_t blk = 0; blk < blocks; blk++) {
     const uint8_t *b = row + blk * 144;
     prefetch_ahead(prefetch, b, 3); /* 144 bytes */
     __m256i s_lo, s_hi;
     __m128i mn16;
     k4_lane_scales(b, &s_lo, &s_hi, &mn16);
-    __m256i t[4], lo[4], hi[4];
+    __m256i t[4];
     k4_lanes(b + 16, 32, t);
+    int32_t dd_bits;
+    memcpy(&dd_bits, b, 4);
+    const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128(dd_bits)); /* d, dmin: one conversion */
+#ifdef K4_LANES_VNNI
+    __m256i lo[4], hi[4];
     for (int j = 0; j < 4; j++) {
       lo[j] = _mm256_and_si256(t[j], nibble);
       hi[j] = _mm256_and_si256(_mm256_srli_epi16(t[j], 4), nibble);
     }
-    int32_t dd_bits;
-    memcpy(&dd_bits, b, 4);
-    const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128(dd_bits)); /* d, dmin: one conversion */
     for (int m = 0; m < R; m++) {
       const int8_t *xq = x->q_lanes + (m0 + m) * k + blk * QK_K;
-#ifdef K4_LANES_VNNI
       __m256i sum_lo = _mm256_setzero_si256(), sum_hi = _mm256_setzero_si256();
       for (int j = 0; j < 4; j++) {
         sum_lo =
@@ -194,22 +208,62 @@ static inline __attribute__((always_inline)) void k4_row_lanes(const int R, cons
       }
       const __m256i both =
           _mm256_add_epi32(_mm256_mullo_epi32(sum_lo, s_lo), _mm256_mullo_epi32(sum_hi, s_hi));
-#else
-      const __m256i *xv = (const __m256i *)xq; /* lo[j] meets xv[2 j], hi[j] xv[2 j + 1] */
-      __m256i sum_lo = _mm256_maddubs_epi16(lo[0], _mm256_loadu_si256(xv));
-      __m256i sum_hi = _mm256_maddubs_epi16(hi[0], _mm256_loadu_si256(xv + 1));
-      for (int j = 1; j < 4; j++) {
-        const __m256i p_lo = _mm256_maddubs_epi16(lo[j], _mm256_loadu_si256(xv + 2 * j));
-        const __m256i p_hi = _mm256_maddubs_epi16(hi[j], _mm256_loadu_si256(xv + 2 * j + 1));
-        sum_lo = _mm256_add_epi16(sum_lo, p_lo);
-        sum_hi = _mm256_add_epi16(sum_hi, p_hi);
-      }
-      const __m256i both =
-          _mm256_add_epi32(_mm256_madd_epi16(sum_lo, s_lo), _mm256_madd_epi16(sum_hi, s_hi));
-#endif
       k4_add_block(both, dd, mn16, x, m0 + m, blk, m, s);
     }
+#else
+    /* chunk j's low and high nibbles made once, then met by every x row (lo[j] meets its
+     * xv[2 j], hi[j] xv[2 j + 1]): row m's sums of them in int16, sum_lo[m] and sum_hi[m] */
+    __m256i sum_lo[A8_ROWS], sum_hi[A8_ROWS];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+      const __m256i lo = _mm256_and_si256(t[j], nibble);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(t[j], 4), nibble);
+#pragma GCC unroll 8
+      for (int m = 0; m < R; m++) {
+        const __m256i *xv = (const __m256i *)(x->q_lanes + (m0 + m) * k + blk * QK_K) + 2 * j;
+        const __m256i p_lo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256(xv));
+        const __m256i p_hi = _mm256_maddubs_epi16(hi, _mm256_loadu_si256(xv + 1));
+        sum_lo[m] = j ? _mm256_add_epi16(sum_lo[m], p_lo) : p_lo;
+        sum_hi[m] = j ? _mm256_add_epi16(sum_hi[m], p_hi) : p_hi;
+        A8_PIN(sum_lo[m]);
+        A8_PIN(sum_hi[m]);
+      }
+    }
+    /* k4_add_block's operations, lane by lane, on acc and off */
+    __m128 scaled[A8_ROWS]; /* d dx, dmin dx */
+#pragma GCC unroll 8
+    for (int m = 0; m < R; m++) {
+      const __m256i both = _mm256_add_epi32(_mm256_madd_epi16(sum_lo[m], s_lo),
+                                            _mm256_madd_epi16(sum_hi[m], s_hi));
+      scaled[m] = _mm_mul_ps(dd, _mm_broadcast_ss(x->dx + (m0 + m) * blocks + blk));
+      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(both), _mm256_broadcastss_ps(scaled[m]), acc[m]);
+    }
+#pragma GCC unroll 4
+    for (int m = 0; m + 1 < R; m += 2) {
+      const __m256i sums =
+          _mm256_loadu2_m128i((const __m128i *)(x->sum32 + (m0 + m + 1) * (k / QK) + 8 * blk),
+                              (const __m128i *)(x->sum32 + (m0 + m) * (k / QK) + 8 * blk));
+      const __m256i mins = _mm256_madd_epi16(_mm256_broadcastsi128_si256(mn16), sums);
+      const __m256 dmin = _mm256_permute_ps(_mm256_set_m128(scaled[m + 1], scaled[m]), 0x55);
+      off[m / 2] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins), dmin, off[m / 2]);
+    }
+    if (R % 2) {
+      const __m128i sums =
+          _mm_loadu_si128((const __m128i *)(x->sum32 + (m0 + R - 1) * (k / QK) + 8 * blk));
+      const __m128i mins = _mm_madd_epi16(mn16, sums);
+      off_last =
+          _mm_fnmadd_ps(_mm_cvtepi32_ps(mins), _mm_permute_ps(scaled[R - 1], 0x55), off_last);
+    }
+#endif
   }
+#ifndef K4_LANES_VNNI
+  for (int m = 0; m < R; m++) {
+    s->acc[m] = acc[m];
+    s->off_vec[m] = m == R - 1 && R % 2 ? off_last
+                    : m % 2         ? _mm256_extractf128_ps(off[m / 2], 1)
+                                    : _mm256_castps256_ps128(off[m / 2]);
+  }
+#endif
 }
 #endif
 
@@ -220,17 +274,20 @@ static inline __attribute__((always_inline)) void k6_row(const int R, const int 
                                                          const rounded_x *x, int64_t m0,
                                                          row_sums *s) {
   const int64_t k = x->k, blocks = k / QK_K;
+  const __m256i low_bits = _mm256_set1_epi8(0x0f), two_bits = _mm256_set1_epi8(0x30);
   for (int64_t blk = 0; blk < blocks; blk++) {
     const uint8_t *b = row + blk * 210;
     prefetch_ahead(prefetch, b, 4);
     const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
+    /* -32 times the scales (-4064..4096: int16) times xq's sums: the offsets' integers */
+    const __m256i sc_offset = _mm256_slli_epi16(_mm256_sub_epi16(_mm256_setzero_si256(), sc16), 5);
     __m256i isum[A8_ROWS];
     for (int m = 0; m < R; m++) {
       const __m256i sums =
           _mm256_loadu_si256((const __m256i *)(x->sum16 + (m0 + m) * (k / 16) + 16 * blk));
-      isum[m] = _mm256_sub_epi32(_mm256_setzero_si256(),
-                                 _mm256_slli_epi32(_mm256_madd_epi16(sc16, sums), 5));
+      isum[m] = _mm256_madd_epi16(sc_offset, sums);
     }
+#pragma GCC unroll 2
     for (int h = 0; h < 2; h++) {
       /* Both 128-bit lanes hold scales 8h..8h+7; run s takes 8h + 2s (values 0-15) in the low
        * lane and 8h + 2s + 1 (values 16-31) in the high one. */
@@ -239,12 +296,19 @@ static inline __attribute__((always_inline)) void k6_row(const int R, const int 
       const __m256i lo0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
       const __m256i lo1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
       const __m256i hb = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+      /* bits 2r, 2r + 1 of each hb byte at bits 4, 5 (what a 16-bit shift moves across bytes
+       * is masked off) */
       const __m256i q[4] = {
-          _mm256_or_si256(low4(lo0), byte_bits(hb, 0, 3, 4)),
-          _mm256_or_si256(low4(lo1), byte_bits(hb, 2, 3, 4)),
-          _mm256_or_si256(high4(lo0), byte_bits(hb, 4, 3, 4)),
-          _mm256_or_si256(high4(lo1), byte_bits(hb, 6, 3, 4)),
+          _mm256_or_si256(_mm256_and_si256(lo0, low_bits),
+                          _mm256_and_si256(_mm256_slli_epi16(hb, 4), two_bits)),
+          _mm256_or_si256(_mm256_and_si256(lo1, low_bits),
+                          _mm256_and_si256(_mm256_slli_epi16(hb, 2), two_bits)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo0, 4), low_bits),
+                          _mm256_and_si256(hb, two_bits)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo1, 4), low_bits),
+                          _mm256_and_si256(_mm256_srli_epi16(hb, 2), two_bits)),
       };
+#pragma GCC unroll 4
       for (int r = 0; r < 4; r++) {
         const __m256i ctrl = _mm256_setr_epi8(
             4 * r, 4 * r + 1, 4 * r, 4 * r + 1, 4 * r, 4 * r + 1, 4 * r, 4 * r + 1, 4 * r,
@@ -252,10 +316,12 @@ static inline __attribute__((always_inline)) void k6_row(const int R, const int 
             4 * r + 2, 4 * r + 3, 4 * r + 2, 4 * r + 3, 4 * r + 2, 4 * r + 3, 4 * r + 2, 4 * r + 3,
             4 * r + 2, 4 * r + 3, 4 * r + 2, 4 * r + 3, 4 * r + 2, 4 * r + 3);
         const __m256i sv = _mm256_shuffle_epi8(lane_scales, ctrl);
+#pragma GCC unroll 8
         for (int m = 0; m < R; m++) {
           const int8_t *xq = x->q + (m0 + m) * k + blk * QK_K + 128 * h + 32 * r;
           const __m256i p = _mm256_maddubs_epi16(q[r], _mm256_loadu_si256((const __m256i *)xq));
           isum[m] = add_madd16(isum[m], p, sv);
+          A8_PIN(isum[m]);
         }
       }
     }
