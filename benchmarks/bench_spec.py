@@ -94,7 +94,7 @@ def run_concurrent(
             ratios.append(rate_on / rate_off)
             same = same and ids_on == answers
         ratio = statistics.median(ratios)
-        print(f"  {name}, {args.concurrency} at once: {ratio:.2f}x", flush=True)
+        print(f"  {name}, {n} at once: {ratio:.2f}x {rounds_text(ratios)}", flush=True)
         rows.append(
             [
                 name, f"{off.rate:.1f}", f"{on.rate:.1f}", f"{ratio:.2f}x", on.acceptance,
@@ -102,6 +102,11 @@ def run_concurrent(
             ]
         )  # fmt: skip
     return rows
+
+
+def rounds_text(ratios: list[float]) -> str:
+    """Each round's speedup, in order (how far the median's rounds spread)."""
+    return "(rounds " + ", ".join(f"{r:.2f}" for r in ratios) + ")"
 
 
 def speculation_args(args: argparse.Namespace, plain: sglite.Engine) -> dict:
@@ -184,7 +189,7 @@ def main() -> None:
     try:
         for name in names:
             rows.append(run_workload(args, plain, spec, llama, name, name in REASKED))
-            print(f"  {name}: {rows[-1].ratio:.2f}x", flush=True)
+            print(f"  {name}: {rows[-1].ratio:.2f}x {rounds_text(rows[-1].ratios)}", flush=True)
         if args.concurrency > 1:
             batch_names = [name for name in names if name not in REASKED]
             concurrent = run_concurrent(args, plain, spec, batch_names)
@@ -246,6 +251,7 @@ def run_workload(
         off,
         on,
         statistics.median(ratios),
+        ratios,
         emitted / max(emitted - on.accepted, 1),
         same,
         None if reask else ngram_ceiling(context, answer, args.num_draft_tokens),

@@ -20,6 +20,7 @@ class WorkloadResult:
     off: Tally
     on: Tally
     ratio: float  # median over rounds of speculative / plain rate
+    ratios: list[float]  # each round's, in order
     per_forward: float  # tokens emitted per forward with speculation
     same: bool  # identical outputs with and without speculation, every round
     ceiling: float | None  # `ngram_ceiling` of the plain answer (None: drafts from the cache)

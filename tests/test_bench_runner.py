@@ -277,7 +277,7 @@ def test_bench_spec_reports_a_llama_server_that_crashes_at_start(crashing_llama,
     )
     peers = start_llama(args, "model.gguf")
     assert not peers.servers and set(peers.status) == {"off", *LLAMA_SPEC}
-    row = WorkloadResult("copy", Tally([10.0]), Tally([20.0]), 2.0, 1.5, True, 2.0)
+    row = WorkloadResult("copy", Tally([10.0]), Tally([20.0]), 2.0, [2.0], 1.5, True, 2.0)
     print_table(args, [row], peers)
     out = capsys.readouterr().out
     table_row = next(line for line in out.splitlines() if line.startswith("| copy"))

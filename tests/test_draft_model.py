@@ -291,6 +291,36 @@ def test_a_draft_model_below_its_break_even_stops_drafting_for_new_requests_too(
     proposer.check_invariants()
 
 
+def test_a_request_whose_own_drafts_fail_stops_drafting_though_earlier_ones_paid(tiny):
+    """After requests whose drafts were kept whole (a copy workload), a request writing text the
+    draft model does not foresee stops drafting after its first failed drafts, without waiting
+    for the tally of all requests to fall; a new request still starts drafting."""
+    from sglite.runtime.model.loader import load_model
+    from sglite.runtime.sampling.params import SamplingParams
+    from sglite.runtime.scheduler.draft_model import DraftModelProposer
+
+    proposer = DraftModelProposer(load_model(tiny["small"], progress=False), 256, 4, 256)
+    copying = _request("copy", PROMPT)
+    assert proposer.propose(copying)
+    for _ in range(30):
+        proposer.record(copying, 4, 4, BreakEvens(0.8, 0.8))
+    proposer.forget(set())
+    new_text = _request("new", PROMPT)
+    new_text.params = SamplingParams.from_dict({"max_new_tokens": 200})
+    drafts = []
+    for i in range(6):
+        new_text.output_ids.append(PROMPT[i])
+        draft = proposer.propose(new_text)
+        drafts.append(len(draft))
+        if draft:
+            proposer.record(new_text, len(draft), 0, BreakEvens(0.8, 0.8))
+    assert drafts[0] == 4 and drafts[1:] == [0] * 5  # 4 tokens of its own rejected
+    assert proposer.acceptance.covers_cost()  # all requests' drafts still pay
+    assert proposer.propose(_request("next", PROMPT))
+    proposer.forget(set())
+    proposer.check_invariants()
+
+
 def test_a_probe_waits_for_a_request_the_draft_model_is_in_step_with(tiny):
     """A probe of a non-paying draft model would first catch up on every token a request
     emitted since the draft model last followed it: the probe that falls due there is

@@ -26,11 +26,13 @@ from sglite.runtime.scheduler.speculation import (
     LOW_ACCEPTANCE,
     MAX_BACKOFF,
     PAUSE_STEPS,
+    REQUEST_PRIOR_TOKENS,
     START_DRAFT_TOKENS,
     BreakEvens,
     DraftLength,
     KindAcceptance,
     Proposal,
+    RequestTally,
 )
 from sglite.runtime.scheduler.speculation_costs import (
     HOPELESS_PROBE_EVERY,
@@ -295,6 +297,34 @@ def test_a_draft_kind_that_does_not_pay_is_only_probed_until_it_does():
     for _ in range(40):
         tally.record(drafted=2, accepted=2, needed=0.35)
     assert tally.admit(tally.pays(0.35)) and tally.probe_gap == KIND_PROBE_EVERY
+
+
+def test_a_requests_own_drafts_outweigh_the_kinds_after_a_few():
+    """The kind's recent drafts (all requests) are a request's prior worth REQUEST_PRIOR_TOKENS
+    tokens: after long drafts that paid, a request whose own first drafts fail stops, one
+    whose own drafts are kept goes on; after drafts that did not pay, the same holds the other
+    way round."""
+    paid = KindAcceptance()
+    for _ in range(60):
+        paid.record(drafted=8, accepted=8, needed=0.8)
+    assert paid.covers_cost_for(RequestTally())  # nothing of its own yet: the kind's
+    failing, kept = RequestTally(), RequestTally()
+    for _ in range(3):  # 12 tokens of its own, each a quarter kept where 0.8 was needed
+        failing.record(drafted=4, accepted=1, needed=0.8)
+        kept.record(drafted=4, accepted=4, needed=0.8)
+    assert failing.drafted > REQUEST_PRIOR_TOKENS
+    assert not paid.covers_cost_for(failing) and paid.covers_cost_for(kept)
+    assert paid.expected_share_for(failing) < 0.8 < paid.expected_share_for(kept)
+    assert paid.expected_share_for(RequestTally()) == pytest.approx(paid.share)
+
+    unpaid = KindAcceptance()
+    for _ in range(60):
+        unpaid.record(drafted=8, accepted=2, needed=0.8)
+    assert not unpaid.covers_cost_for(RequestTally())
+    assert not unpaid.covers_cost_for(kept)  # 12 tokens of its own: not yet
+    for _ in range(5):
+        kept.record(drafted=4, accepted=4, needed=0.8)
+    assert unpaid.covers_cost_for(kept)
 
 
 def test_a_due_probe_waits_for_a_cheap_moment():

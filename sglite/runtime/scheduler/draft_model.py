@@ -143,8 +143,9 @@ class DraftModelProposer:
         token by token for all of them at once: one pass of the draft model per token,
         whatever the number of requests."""
         drafting = [d for d in (self._begin(req, len(reqs)) for req in reqs) if d is not None]
-        if self._pays() and not self._first_pass_pays(len(drafting), len(reqs)):
-            drafting = []  # their catch-up deferred to their next draft
+        paid = [d for d in drafting if not d.probe]
+        if paid and not self._first_pass_pays(paid, len(drafting), len(reqs)):
+            drafting = [d for d in drafting if d.probe]  # the others' catch-up deferred
         drafts = {d.rid: d.tokens for d in drafting}
         passes, first = 0, True
         while drafting:
@@ -177,13 +178,15 @@ class DraftModelProposer:
         self.pass_cost.add_draft(len(reqs), passes, drafted, len(made))
         return made
 
-    def _first_pass_pays(self, count: int, offered: int) -> bool:
-        """Whether a first pass drafting for `count` of the `offered` requests pays while
-        drafts pay (a probe, while they do not, runs regardless): their first tokens as likely
-        kept as the recent drafts' tokens, against their share of the pass (a pass for fewer
-        requests than usual costs each of them more)."""
+    def _first_pass_pays(self, paid: list[GrowingDraft], count: int, offered: int) -> bool:
+        """Whether a first pass drafting for `count` of the `offered` requests pays for the
+        `paid` ones among them, whose drafts pay (a probe runs regardless): their first tokens
+        as likely kept as their recent drafts' tokens (`KindAcceptance.expected_share_for`),
+        against their share of the pass (a pass for fewer requests than usual costs each of
+        them more)."""
         needed = self.pass_cost.needed(self.needed, self.saved_seconds, count, offered)
-        return self.acceptance.expected_share >= needed
+        shares = [self.acceptance.expected_share_for(d.seq.drafts) for d in paid]
+        return sum(shares) / len(shares) >= needed
 
     def gain(self, batch_size: int) -> float:
         """The tokens its next draft for one request of a step of `batch_size` likely saves
@@ -216,6 +219,11 @@ class DraftModelProposer:
         """Whether drafts pay now: the recent drafts' accepted tokens against their cost."""
         return self.acceptance.covers_cost()
 
+    def _pays_for(self, seq: DraftSequence) -> bool:
+        """Whether drafts for the request of `seq` pay now: its own recent drafts with the
+        recent ones of all requests as their prior (`KindAcceptance.covers_cost_for`)."""
+        return self.acceptance.covers_cost_for(seq.drafts)
+
     def _begin(self, req: Req, offered: int) -> GrowingDraft | None:
         """The request's draft about to grow (its sequence brought to the request's tokens),
         or None when it drafts nothing now (in a proposal for `offered` requests)."""
@@ -228,7 +236,7 @@ class DraftModelProposer:
         target = seq.history.sync(req)
         held = seq.held(target)
         behind = len(target) - held
-        paying = self._pays()
+        paying = self._pays_for(seq)
         if behind > PROBE_MAX_BEHIND and paying and not self._catch_up_pays(req, behind, offered):
             return None
         if not self.acceptance.admit(paying, cheap=behind <= PROBE_MAX_BEHIND):
@@ -237,7 +245,8 @@ class DraftModelProposer:
         self._rewind(seq, target, held)
         seq.probabilities = []
         reads_prompt = len(seq.tokens) < len(req.prompt_ids)
-        return GrowingDraft(req.rid, seq, length, target[len(seq.tokens) :], reads_prompt)
+        feed = target[len(seq.tokens) :]
+        return GrowingDraft(req.rid, seq, length, feed, reads_prompt, probe=not paying)
 
     def read_prompt(self, req: Req) -> None:
         """The draft model's pass over the prompt (past what its cache holds), run as the target
@@ -277,6 +286,7 @@ class DraftModelProposer:
         seq = self.sequences.get(req.rid)
         if seq is not None:
             seq.length.record(drafted, accepted, shares)
+            seq.drafts.record(drafted, accepted, shares.needed)
             self.calibration.record(seq.probabilities[:drafted], accepted)
         self.acceptance.record(drafted, accepted, shares.needed)
         self.needed = max(shares.least, LOW_ACCEPTANCE)

@@ -18,6 +18,7 @@ from sglite.runtime.scheduler.speculation import (
     LOW_ACCEPTANCE,
     START_DRAFT_TOKENS,
     DraftLength,
+    RequestTally,
     TokenHistory,
 )
 from sglite.runtime.scheduler.speculation_costs import smooth
@@ -43,6 +44,7 @@ class DraftSequence:
     history: TokenHistory = field(default_factory=TokenHistory)
     extra: RequestRows | None = None  # its candidates past the draft vocabulary's prefix
     probabilities: list[float] = field(default_factory=list)  # the last draft's tokens'
+    drafts: RequestTally = field(default_factory=RequestTally)  # its own drafts' fate
     slot_mirror: SlotMirror = field(default_factory=SlotMirror)
 
     def held(self, target: list[int]) -> int:
@@ -76,6 +78,7 @@ class GrowingDraft:
     length: int
     feed: list[int]
     reads_prompt: bool
+    probe: bool = False  # drafted while drafts for its request do not pay
     tokens: list[int] = field(default_factory=list)
     whole: float = 1.0
 

@@ -201,6 +201,28 @@ KIND_PROBE_MAX = 256
 # A kind's recent tokens (decayed) below which their accepted share is too little evidence to
 # choose between draft sources by (`NgramBeforeDraft`).
 MIN_EVIDENCE_TOKENS = 16
+# A request's own drafts are judged with the kind's recent ones (all requests) counted as at
+# most this many tokens at their share and cost (`KindAcceptance.covers_cost_for`): its first
+# drafts follow what the workload's did, its own text outweighs that after a few drafts.
+REQUEST_PRIOR_TOKENS = 8.0
+
+
+@dataclass
+class RequestTally:
+    """One request's own drafts of a kind, decayed by KIND_DECAY per verification as
+    `KindAcceptance`'s are: tokens drafted and accepted, and what their cost was worth in
+    tokens (each verification's drafted tokens times its step's break-even share)."""
+
+    accepted: float = 0.0
+    drafted: float = 0.0
+    cost: float = 0.0
+
+    def record(self, drafted: int, accepted: int, needed: float) -> None:
+        """A verification of the request's draft kept `accepted` of `drafted` tokens, in a step
+        whose drafts paid above a share of `needed`."""
+        self.accepted = self.accepted * KIND_DECAY + accepted
+        self.drafted = self.drafted * KIND_DECAY + drafted
+        self.cost = self.cost * KIND_DECAY + drafted * needed
 
 
 @dataclass
@@ -256,6 +278,26 @@ class KindAcceptance:
     def covers_cost(self) -> bool:
         """Whether its recent drafts got more tokens accepted than their cost was worth."""
         return self.accepted > self.cost
+
+    def covers_cost_for(self, own: RequestTally) -> bool:
+        """`covers_cost` for one request: its own recent drafts (`own`) with this kind's counted
+        as at most REQUEST_PRIOR_TOKENS tokens (a request whose text the drafts do not fit stops
+        after a few, though the workload's drafts before it paid; one they fit goes on though
+        they did not)."""
+        weight = self._prior_weight()
+        return self.accepted * weight + own.accepted > self.cost * weight + own.cost
+
+    def expected_share_for(self, own: RequestTally) -> float:
+        """`expected_share` for one request: its own recent share with this kind's counted as at
+        most REQUEST_PRIOR_TOKENS tokens; the kind's alone while the request drafted nothing."""
+        if own.drafted <= 0.0:
+            return self.expected_share
+        weight = self._prior_weight()
+        return (self.accepted * weight + own.accepted) / (self.drafted * weight + own.drafted)
+
+    def _prior_weight(self) -> float:
+        """The factor that scales this kind's recent counts to REQUEST_PRIOR_TOKENS tokens."""
+        return min(1.0, REQUEST_PRIOR_TOKENS / max(self.drafted, 1e-9))
 
     def admit(self, paying: bool, cheap: bool = True) -> bool:
         """Whether to draft now, given whether drafts pay (`pays`, possibly with other
