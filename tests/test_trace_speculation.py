@@ -37,3 +37,28 @@ def test_an_unknown_workload_is_refused(capsys):
     with pytest.raises(SystemExit):
         trace_speculation.main(["--workload", "no such workload"])
     assert "unknown workload 'no such workload'" in capsys.readouterr().err
+
+
+def test_priced_speedup_charges_each_verification_row_and_draft_pass():
+    """bench_spec_priced prices a step of R requests verifying D drafted tokens after P draft
+    passes as pass(R + D) + P * draft(R), against pass(R) per emitted token of each request."""
+    from benchmarks.bench_spec_priced import parse_args, priced_speedup
+    from benchmarks.trace_speculation import TracedStep
+
+    args = parse_args(["--plain-ms", "40", "--row-ms", "10", "--draft-ms", "12"])
+    plain = [TracedStep(1, 0, "", 0, 0, 1.0)] * 5
+    assert priced_speedup(plain, 1, args) == pytest.approx(1.0)
+    # 4 drafted n-gram tokens, 3 kept: 4 tokens for one 5-row pass (80 ms) against 160 ms
+    copied = [TracedStep(1, 4, "ngram", 3, 0, 1.0)]
+    assert priced_speedup(copied, 1, args) == pytest.approx(160 / 80)
+    # the same from a draft model's 4 passes (48 ms more); none kept: 1 token for 128 ms
+    assert priced_speedup([TracedStep(1, 4, "draft", 3, 4, 1.0)], 1, args) == pytest.approx(
+        160 / 128
+    )
+    assert priced_speedup([TracedStep(1, 4, "draft", 0, 4, 1.0)], 1, args) == pytest.approx(
+        40 / 128
+    )
+    # two requests, one drafting 2 kept tokens: 4 tokens (2 steps' worth of a 50 ms pass)
+    assert priced_speedup([TracedStep(2, 2, "ngram", 2, 0, 1.0)], 2, args) == pytest.approx(
+        2 * 50 / 70
+    )
