@@ -10,12 +10,15 @@ each from a flushed cache with the prompt cached; each decode step of R requests
 drafted tokens after P draft-model passes is priced `pass(R + D) + P * draft(R)`, where
 `pass(n) = plain-ms + row-ms * (n - 1)` and `draft(R) = draft-ms + draft-row-ms * (R - 1)`
 (defaults: the Qwen2.5-Coder 1.5B and 0.5B on host A, from `bench_pass_rows` and
-`trace_speculation`), against `pass(R)` per token without speculation. The draft model's
+`trace_speculation`), against `pass(R)` per token without speculation. `--pass-table
+"1:39.6,2:45.8,..."` prices a pass by measured rows instead (`bench_pass_rows`' "as built"
+column), linear between them and past the last by its last step: passes are not linear in
+their rows (on AVX2 a fifth row costs a chunk of its own). The draft model's
 prompt reads are left out (as bench_spec's subtraction of a one-token run leaves them out).
 
 Run: python -m benchmarks.bench_spec_priced [--model M] [--draft-model-path P] [--rounds 2]
      [--concurrency 4] [--tokens 96] [--plain-ms 39.6] [--row-ms 14.5] [--draft-ms 14.0]
-     [--draft-row-ms 6.6]
+     [--draft-row-ms 6.6] [--pass-table ROWS:MS,...]
 """
 
 from __future__ import annotations
@@ -32,10 +35,38 @@ from sglite.runtime.model.loader import load_model  # noqa: E402
 from sglite.runtime.server_args import ServerArgs  # noqa: E402
 
 
+def table_ms(table: dict[int, float], rows: int) -> float:
+    """A pass of `rows` rows from measured passes (`table`: rows -> ms): linear between the two
+    nearest, past the ends by the nearest end's step."""
+    known = sorted(table)
+    if rows in table:
+        return table[rows]
+    below = [r for r in known if r < rows]
+    above = [r for r in known if r > rows]
+    if below and above:
+        lo, hi = below[-1], above[0]
+    elif below:
+        lo, hi = known[-2], known[-1]
+    else:
+        lo, hi = known[0], known[1]
+    slope = (table[hi] - table[lo]) / (hi - lo)
+    return table[lo] + slope * (rows - lo)
+
+
+def parse_table(text: str) -> dict[int, float]:
+    """ "1:39.6,2:45.8" -> {1: 39.6, 2: 45.8} (at least two row counts)."""
+    table = {int(rows): float(ms) for rows, ms in (item.split(":") for item in text.split(","))}
+    if len(table) < 2:
+        raise ValueError(f"--pass-table needs at least two row counts, got {text!r}")
+    return table
+
+
 def priced_speedup(steps: list[TracedStep], batch: int, args: argparse.Namespace) -> float:
     """Plain decoding's priced milliseconds for the tokens `steps` emitted over theirs."""
 
     def pass_ms(rows: int) -> float:
+        if args.pass_table is not None:
+            return table_ms(args.pass_table, rows)
         return args.plain_ms + args.row_ms * (rows - 1)
 
     def draft_ms(reqs: int) -> float:
@@ -59,6 +90,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--row-ms", type=float, default=14.5, help="each further row")
     parser.add_argument("--draft-ms", type=float, default=14.0, help="a draft pass, one request")
     parser.add_argument("--draft-row-ms", type=float, default=6.6, help="each further request")
+    parser.add_argument(
+        "--pass-table", type=parse_table, default=None, help="measured passes: 1:39.6,2:45.8,..."
+    )
     return parser.parse_args(argv)
 
 

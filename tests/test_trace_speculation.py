@@ -62,3 +62,18 @@ def test_priced_speedup_charges_each_verification_row_and_draft_pass():
     assert priced_speedup([TracedStep(2, 2, "ngram", 2, 0, 1.0)], 2, args) == pytest.approx(
         2 * 50 / 70
     )
+
+
+def test_a_pass_table_prices_passes_by_their_measured_rows():
+    """With --pass-table a pass costs what was measured at its rows, linear between them and
+    past the last by its last step."""
+    from benchmarks.bench_spec_priced import parse_args, priced_speedup, table_ms
+    from benchmarks.trace_speculation import TracedStep
+
+    args = parse_args(["--pass-table", "1:40,2:46,4:70,8:140", "--draft-ms", "12"])
+    assert [table_ms(args.pass_table, r) for r in (1, 3, 5, 16)] == [40, 58, 87.5, 280]
+    # one drafted token kept: 2 tokens for a 2-row pass (46 ms) against 80 ms
+    kept = [TracedStep(1, 1, "ngram", 1, 0, 1.0)]
+    assert priced_speedup(kept, 1, args) == pytest.approx(80 / 46)
+    with pytest.raises(SystemExit):
+        parse_args(["--pass-table", "1:40"])
