@@ -30,9 +30,9 @@ from sglite.runtime.scheduler.speculation import (
     START_DRAFT_TOKENS,
     BreakEvens,
     DraftLength,
+    DraftTally,
     KindAcceptance,
     Proposal,
-    RequestTally,
 )
 from sglite.runtime.scheduler.speculation_costs import (
     HOPELESS_PROBE_EVERY,
@@ -307,20 +307,20 @@ def test_a_requests_own_drafts_outweigh_the_kinds_after_a_few():
     paid = KindAcceptance()
     for _ in range(60):
         paid.record(drafted=8, accepted=8, needed=0.8)
-    assert paid.covers_cost_for(RequestTally())  # nothing of its own yet: the kind's
-    failing, kept = RequestTally(), RequestTally()
+    assert paid.covers_cost_for(DraftTally())  # nothing of its own yet: the kind's
+    failing, kept = DraftTally(), DraftTally()
     for _ in range(3):  # 12 tokens of its own, each a quarter kept where 0.8 was needed
         failing.record(drafted=4, accepted=1, needed=0.8)
         kept.record(drafted=4, accepted=4, needed=0.8)
     assert failing.drafted > REQUEST_PRIOR_TOKENS
     assert not paid.covers_cost_for(failing) and paid.covers_cost_for(kept)
     assert paid.expected_share_for(failing) < 0.8 < paid.expected_share_for(kept)
-    assert paid.expected_share_for(RequestTally()) == pytest.approx(paid.share)
+    assert paid.expected_share_for(DraftTally()) == pytest.approx(paid.share)
 
     unpaid = KindAcceptance()
     for _ in range(60):
         unpaid.record(drafted=8, accepted=2, needed=0.8)
-    assert not unpaid.covers_cost_for(RequestTally())
+    assert not unpaid.covers_cost_for(DraftTally())
     assert not unpaid.covers_cost_for(kept)  # 12 tokens of its own: not yet
     for _ in range(5):
         kept.record(drafted=4, accepted=4, needed=0.8)

@@ -18,7 +18,7 @@ from sglite.runtime.scheduler.speculation import (
     LOW_ACCEPTANCE,
     START_DRAFT_TOKENS,
     DraftLength,
-    RequestTally,
+    DraftTally,
     TokenHistory,
 )
 from sglite.runtime.scheduler.speculation_costs import smooth
@@ -44,7 +44,7 @@ class DraftSequence:
     history: TokenHistory = field(default_factory=TokenHistory)
     extra: RequestRows | None = None  # its candidates past the draft vocabulary's prefix
     probabilities: list[float] = field(default_factory=list)  # the last draft's tokens'
-    drafts: RequestTally = field(default_factory=RequestTally)  # its own drafts' fate
+    drafts: DraftTally = field(default_factory=DraftTally)  # its own drafts' fate
     slot_mirror: SlotMirror = field(default_factory=SlotMirror)
 
     def held(self, target: list[int]) -> int:

@@ -208,25 +208,26 @@ REQUEST_PRIOR_TOKENS = 8.0
 
 
 @dataclass
-class RequestTally:
-    """One request's own drafts of a kind, decayed by KIND_DECAY per verification as
-    `KindAcceptance`'s are: tokens drafted and accepted, and what their cost was worth in
-    tokens (each verification's drafted tokens times its step's break-even share)."""
+class DraftTally:
+    """Recent verifications of some drafts (one request's own: `DraftSequence.drafts`; a kind's
+    over all requests: `KindAcceptance`), decayed by KIND_DECAY each: tokens drafted and
+    accepted, and what their cost was worth in tokens (each verification's drafted tokens
+    times its step's break-even share)."""
 
     accepted: float = 0.0
     drafted: float = 0.0
     cost: float = 0.0
 
     def record(self, drafted: int, accepted: int, needed: float) -> None:
-        """A verification of the request's draft kept `accepted` of `drafted` tokens, in a step
-        whose drafts paid above a share of `needed`."""
+        """A verification kept `accepted` of `drafted` tokens, in a step whose drafts paid
+        above a share of `needed` (`BreakEvens.needed`)."""
         self.accepted = self.accepted * KIND_DECAY + accepted
         self.drafted = self.drafted * KIND_DECAY + drafted
         self.cost = self.cost * KIND_DECAY + drafted * needed
 
 
 @dataclass
-class KindAcceptance:
+class KindAcceptance(DraftTally):
     """One kind of draft's recent verifications (all requests: a kind's quality is the
     workload's), decayed by KIND_DECAY each: its tokens drafted and accepted, and the tokens
     their cost was worth (each verification's drafted tokens times its step's break-even
@@ -245,11 +246,8 @@ class KindAcceptance:
     probe_gap: int = KIND_PROBE_EVERY
 
     def record(self, drafted: int, accepted: int, needed: float) -> None:
-        """A verification kept `accepted` of `drafted` tokens of this kind, whose step's drafts
-        paid above a share of `needed` (`BreakEvens.needed`)."""
-        self.accepted = self.accepted * KIND_DECAY + accepted
-        self.drafted = self.drafted * KIND_DECAY + drafted
-        self.cost = self.cost * KIND_DECAY + drafted * needed
+        """`DraftTally.record`, counted in the totals too."""
+        super().record(drafted, accepted, needed)
         self.total_drafted += drafted
         self.total_accepted += accepted
 
@@ -279,7 +277,7 @@ class KindAcceptance:
         """Whether its recent drafts got more tokens accepted than their cost was worth."""
         return self.accepted > self.cost
 
-    def covers_cost_for(self, own: RequestTally) -> bool:
+    def covers_cost_for(self, own: DraftTally) -> bool:
         """`covers_cost` for one request: its own recent drafts (`own`) with this kind's counted
         as at most REQUEST_PRIOR_TOKENS tokens (a request whose text the drafts do not fit stops
         after a few, though the workload's drafts before it paid; one they fit goes on though
@@ -287,7 +285,7 @@ class KindAcceptance:
         weight = self._prior_weight()
         return self.accepted * weight + own.accepted > self.cost * weight + own.cost
 
-    def expected_share_for(self, own: RequestTally) -> float:
+    def expected_share_for(self, own: DraftTally) -> float:
         """`expected_share` for one request: its own recent share with this kind's counted as at
         most REQUEST_PRIOR_TOKENS tokens; the kind's alone while the request drafted nothing."""
         if own.drafted <= 0.0:

@@ -229,7 +229,8 @@ static inline __attribute__((always_inline)) void k4_row_lanes(const int R, cons
         A8_PIN(sum_hi[m]);
       }
     }
-    /* k4_add_block's operations, lane by lane, on acc and off */
+    /* k4_add_block's operations, lane by lane, on the local acc and off (not that function:
+     * it works on s, and two rows' offsets share one vector here) */
     __m128 scaled[A8_ROWS]; /* d dx, dmin dx */
 #pragma GCC unroll 8
     for (int m = 0; m < R; m++) {
@@ -297,7 +298,7 @@ static inline __attribute__((always_inline)) void k6_row(const int R, const int 
       const __m256i lo1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
       const __m256i hb = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
       /* bits 2r, 2r + 1 of each hb byte at bits 4, 5 (what a 16-bit shift moves across bytes
-       * is masked off) */
+       * is masked off): fewer operations than byte_bits' shift, mask and shift back */
       const __m256i q[4] = {
           _mm256_or_si256(_mm256_and_si256(lo0, low_bits),
                           _mm256_and_si256(_mm256_slli_epi16(hb, 4), two_bits)),
