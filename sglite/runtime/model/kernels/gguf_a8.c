@@ -149,6 +149,15 @@ static inline int64_t stream_row(int64_t v, int64_t n0, int64_t len, int64_t str
   return n0 + (v % streams) * len + v / streams;
 }
 
+/* The x rows of the chunk at m0 of `rows` split into the fewest chunks of at most `most`, their
+ * sizes at most one apart: a chunk decodes each weight block once for all its rows, and a last
+ * chunk of one row would decode them all again for a row's products (5 rows as 3 + 2, not
+ * 4 + 1). */
+static inline int chunk_rows(int64_t rows, int64_t m0, int most) {
+  const int64_t left = rows - m0, chunks = (left + most - 1) / most;
+  return (int)((left + chunks - 1) / chunks);
+}
+
 #if defined(__AVX2__) && defined(__FMA__)
 /* row_products of weight row `row` and x rows m0 .. m0 + R - 1 (R <= A8_ROWS, a runtime value),
  * into y. */
@@ -194,8 +203,8 @@ static void k4_tile_blocks(const a8_args *a, int64_t t0, int64_t t1, int64_t n0,
     rows[count] = row;
     outputs[count++] = n;
     if (count < K4_BLOCK_ROWS) continue;
-    for (int64_t m0 = 0; m0 < x->rows; m0 += K4_BLOCK_XROWS) {
-      const int64_t m1 = m0 + K4_BLOCK_XROWS < x->rows ? m0 + K4_BLOCK_XROWS : x->rows;
+    for (int64_t m0 = 0, m1; m0 < x->rows; m0 = m1) {
+      m1 = m0 + chunk_rows(x->rows, m0, K4_BLOCK_XROWS);
       k4_block_products(rows, x, m0, m1, out);
       for (int64_t m = m0; m < m1; m++)
         for (int r = 0; r < K4_BLOCK_ROWS; r++)
@@ -204,9 +213,9 @@ static void k4_tile_blocks(const a8_args *a, int64_t t0, int64_t t1, int64_t n0,
     count = 0;
   }
   for (int r = 0; r < count; r++)
-    for (int64_t m0 = 0; m0 < x->rows; m0 += A8_ROWS) {
-      const int R = x->rows - m0 >= A8_ROWS ? A8_ROWS : (int)(x->rows - m0);
-      row_to_y(a, R, 1, GGML_TYPE_Q4_K, rows[r], outputs[r], m0);
+    for (int64_t m0 = 0, R; m0 < x->rows; m0 += R) {
+      R = chunk_rows(x->rows, m0, A8_ROWS);
+      row_to_y(a, (int)R, 1, GGML_TYPE_Q4_K, rows[r], outputs[r], m0);
     }
 }
 #endif
@@ -247,17 +256,16 @@ static void a8_range(void *p, int64_t n0, int64_t n1) {
       gguf_decode_row(type, row, k, decoded + (v - t0) * k);
     }
 #endif
-    for (int64_t m0 = 0; m0 < x->rows; m0 += A8_ROWS) {
-      const int64_t left = x->rows - m0;
+    for (int64_t m0 = 0, R; m0 < x->rows; m0 += R) {
+      R = chunk_rows(x->rows, m0, A8_ROWS);
       for (int64_t v = t0; v < t1; v++) {
         const int64_t n = stream_row(v, n0, len, streams);
         if (n >= n1) continue;
-        const int R = left >= A8_ROWS ? A8_ROWS : (int)left;
 #if defined(__AVX2__) && defined(__FMA__)
         int64_t type;
         const uint8_t *row = stacked_row(a->parts, n, k, &type);
         if (blocks && type == GGML_TYPE_Q4_K) continue; /* k4_tile_blocks' */
-        row_to_y(a, R, prefetch, type, row, n, m0);
+        row_to_y(a, (int)R, prefetch, type, row, n, m0);
 #else
         float out[A8_ROWS];
         row_products_decoded(R, decoded + (v - t0) * k, x, m0, out);
