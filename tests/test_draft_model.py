@@ -16,7 +16,7 @@ from test_loader import PROMPT, make_hf_model
 import sglite
 from sglite.runtime.model.gguf_weight import GGUFWeight
 from sglite.runtime.scheduler.draft_vocabulary import DraftVocabulary
-from sglite.runtime.scheduler.speculation import BreakEvens
+from sglite.runtime.scheduler.speculation import START_DRAFT_TOKENS, BreakEvens
 from sglite.runtime.server_args import ServerArgs
 
 GREEDY = {"temperature": 0, "max_new_tokens": 24}
@@ -204,7 +204,7 @@ def test_a_draft_models_pass_over_a_new_prompt_is_not_counted_as_draft_cost(tiny
     proposer.needed = 0.0  # every draft token pays: drafts as long as the draft length
     req = _request("r", PROMPT * 4)
     draft = proposer.propose(req)
-    assert len(draft) == 4
+    assert len(draft) == START_DRAFT_TOKENS
     assert proposer.take_prompt_seconds() > 0.0
     assert proposer.take_prompt_seconds() == 0.0  # taken: reset
     # The target kept one draft token, then emitted its own: the draft model reads that one.
@@ -246,8 +246,8 @@ def test_the_draft_model_reads_a_prompt_as_the_target_prefills_it(tiny, plain):
     proposer.read_prompt(req)
     assert proposer.forward_passes == 1
     req.output_ids.append(PROMPT[0])
-    assert len(proposer.propose(req)) == 4
-    assert proposer.forward_passes == 1 + 4
+    assert len(proposer.propose(req)) == START_DRAFT_TOKENS
+    assert proposer.forward_passes == 1 + START_DRAFT_TOKENS
     assert proposer.take_prompt_seconds() == 0.0
     proposer.forget(set())
     proposer.check_invariants()
@@ -314,7 +314,8 @@ def test_a_request_whose_own_drafts_fail_stops_drafting_though_earlier_ones_paid
         drafts.append(len(draft))
         if draft:
             proposer.record(new_text, len(draft), 0, BreakEvens(0.8, 0.8))
-    assert drafts[0] == 4 and drafts[1:] == [0] * 5  # 4 tokens of its own rejected
+    # a first draft of its own rejected
+    assert drafts[0] == START_DRAFT_TOKENS and drafts[1:] == [0] * 5
     assert proposer.acceptance.covers_cost()  # all requests' drafts still pay
     assert proposer.propose(_request("next", PROMPT))
     proposer.forget(set())
@@ -407,7 +408,7 @@ def test_a_draft_model_that_does_not_pay_reads_few_prompts(tiny):
     proposer.acceptance, proposer.needed = KindAcceptance(), 0.0  # drafts pay again
     late = unpaid[0]
     late.output_ids.append(PROMPT[0])
-    assert len(proposer.propose(late)) == 4  # its prompt read by its first draft
+    assert len(proposer.propose(late)) == START_DRAFT_TOKENS  # its prompt read by its first draft
     assert proposer.take_prompt_seconds() > 0.0
     proposer.forget(set())
     proposer.check_invariants()
@@ -555,7 +556,7 @@ def test_a_draft_stops_where_the_target_would_likely_reject_it(tiny):
         proposer.calibration.record([probability] * 4, 4)
     assert proposer.calibration.agreement(probability) > 0.99
     req.output_ids.append(first[0])
-    assert len(proposer.propose(req)) == 4
+    assert len(proposer.propose(req)) == START_DRAFT_TOKENS
     proposer.forget(set())
     proposer.check_invariants()
 
@@ -731,7 +732,8 @@ def test_the_draft_model_takes_the_requests_whose_ngram_match_it_beats(tiny):
         model.record(short, 4, 3, BreakEvens(0.3, 0.3, 0.02))  # the draft model: 3 in 4
     proposals = both.speculate([short, long], allow_all)
     assert proposals["short"].source == "draft" and both.last["short"] is model
-    assert proposals["long"].source == "ngram" and proposals["long"].tokens == PROMPT[5:9]
+    first = PROMPT[5 : 5 + START_DRAFT_TOKENS]
+    assert proposals["long"].source == "ngram" and proposals["long"].tokens == first
     assert both.proposals == {"ngram": 1, "draft": 1}
 
     share, evidence = model.acceptance.share, model.acceptance.drafted

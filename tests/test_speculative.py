@@ -33,6 +33,7 @@ from sglite.runtime.scheduler.speculation import (
     DraftTally,
     KindAcceptance,
     Proposal,
+    grown_draft,
 )
 from sglite.runtime.scheduler.speculation_costs import (
     HOPELESS_PROBE_EVERY,
@@ -75,9 +76,9 @@ def test_proposes_what_followed_the_longest_earlier_match():
     proposer = NgramProposer(context_len=1000, num_draft_tokens=4, min_match=1, max_match=3)
     # "7 8" occurs at 1-2 (then 9 10 11) and, longer, "6 7 8" at 4-6 (then 20 21 22 23).
     tokens = [5, 7, 8, 9, 10, 6, 7, 8, 20, 21, 22, 23, 24, 6, 7, 8]
-    assert proposer.propose(_req(tokens)) == [20, 21, 22, 23]
+    assert proposer.propose(_req(tokens)) == [20, 21, 22]  # a first draft: START_DRAFT_TOKENS
     # Only a one-token match (the latest 8 is at position 7).
-    assert proposer.propose(_req([1, 8, 2, 3, 4, 5, 8], rid="s")) == [2, 3, 4, 5]
+    assert proposer.propose(_req([1, 8, 2, 3, 4, 5, 8], rid="s")) == [2, 3, 4]
     assert proposer.propose(_req([1, 2, 3], rid="t")) == []  # nothing repeats
 
 
@@ -93,8 +94,8 @@ def test_after_an_edit_the_draft_follows_the_source_past_the_replaced_token():
         return req
 
     def edited_once(proposer: NgramProposer, rid: str = "r") -> None:
-        assert proposer.propose(at([1, 2], rid)) == [3, 10, 4, 5]
-        proposer.record(at([1, 2], rid), drafted=4, accepted=1, shares=BreakEvens.uniform())
+        assert proposer.propose(at([1, 2], rid)) == [3, 10, 4]
+        proposer.record(at([1, 2], rid), drafted=3, accepted=1, shares=BreakEvens.uniform())
 
     proposer = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=2, max_match=4)
     edited_once(proposer)
@@ -106,7 +107,7 @@ def test_after_an_edit_the_draft_follows_the_source_past_the_replaced_token():
     # The copy went on past 20: a rename, so the suffix ending 20 4 5 6 matches the source's
     # 10 4 5 6, and the copy goes on as a match of STRONG_MATCH tokens.
     draft = proposer.propose(at(edited + [4, 5, 6]))
-    assert draft == [7, 8, 101, 1] and proposer.states["r"].kind == "strong"
+    assert draft == [7, 8, 101, 1, 2] and proposer.states["r"].kind == "strong"  # grown: 2 -> 5
     proposer.record(at(edited + [4, 5, 6]), len(draft), 3, BreakEvens.uniform())
     # (the model wrote its own token after 101; its length the request's: just past the 3
     # tokens the last draft kept)
@@ -142,24 +143,24 @@ def test_a_rename_that_the_copy_goes_on_past_is_carried_into_later_drafts():
         return draft
 
     def renamed_once(proposer: NgramProposer, rid: str) -> None:
-        assert verify(proposer, [100, 1], 0, rid) == [10, 2, 3, 10]  # the model wrote 20
+        assert verify(proposer, [100, 1], 0, rid) == [10, 2, 3]  # the model wrote 20
         assert verify(proposer, [100, 1, 20], 1, rid) == [2]  # and went on with the source
 
     proposer = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=2, max_match=4)
     renamed_once(proposer, "r")
     # the suffix 1 20 2 3 is found as the source's 1 10 2 3, and what follows carries 20
-    assert verify(proposer, [100, 1, 20, 2, 3], 2, "r") == [20, 4]
+    assert verify(proposer, [100, 1, 20, 2, 3], 2, "r") == [20, 4, 5]  # grown: 1 -> 3
     assert proposer.states["r"].substitutions == {10: 20}
 
     inserted = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=2, max_match=4)
-    assert verify(inserted, [100, 1], 0, "i") == [10, 2, 3, 10]  # 20 written ...
+    assert verify(inserted, [100, 1], 0, "i") == [10, 2, 3]  # 20 written ...
     assert verify(inserted, [100, 1, 20], 0, "i") == [2]  # ... then 30, not the source's 2
     inserted.propose(at([100, 1, 20, 30], "i"))
     assert inserted.states["i"].substitutions == {}
 
     refused = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=2, max_match=4)
     renamed_once(refused, "x")
-    assert verify(refused, [100, 1, 20, 2, 3], 0, "x") == [20, 4]  # 20 refused for 10 ...
+    assert verify(refused, [100, 1, 20, 2, 3], 0, "x") == [20, 4, 5]  # 20 refused for 10 ...
     assert refused.states["x"].substitutions == {}  # ... so it is dropped
 
 
@@ -169,7 +170,7 @@ def test_an_edit_just_past_a_match_accepted_whole_is_followed_and_learned():
     the source past it, and the copy going on makes it a substitution. Where the model writes
     the source's own token the copy goes on by the lookup; where the copy ended (the pointer's
     draft fails at once) nothing is learned and the pointer goes."""
-    prompt = [100, 1, 2, 3, 4, 5, 6, 10, 7, 8, 9, 101]
+    prompt = [100, 1, 2, 3, 4, 5, 10, 7, 8, 9, 101]
 
     def at(output: list[int], rid: str = "r") -> SimpleNamespace:
         req = _req(prompt, rid)
@@ -177,12 +178,12 @@ def test_an_edit_just_past_a_match_accepted_whole_is_followed_and_learned():
         return req
 
     def copied_whole(proposer: NgramProposer, rid: str) -> None:
-        assert proposer.propose(at([1, 2], rid)) == [3, 4, 5, 6]
-        proposer.record(at([1, 2], rid), drafted=4, accepted=4, shares=BreakEvens.uniform())
+        assert proposer.propose(at([1, 2], rid)) == [3, 4, 5]
+        proposer.record(at([1, 2], rid), drafted=3, accepted=3, shares=BreakEvens.uniform())
 
     proposer = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=2, max_match=4)
     copied_whole(proposer, "r")
-    renamed = [1, 2, 3, 4, 5, 6, 20]  # the model's own token after the draft replaced 10
+    renamed = [1, 2, 3, 4, 5, 20]  # the model's own token after the draft replaced 10
     assert proposer.propose(at(renamed)) == [7, 8]
     assert proposer.states["r"].kind == "rejoin"  # a kind of its own: its share is its own
     proposer.record(at(renamed), drafted=2, accepted=2, shares=BreakEvens.uniform())
@@ -191,21 +192,19 @@ def test_an_edit_just_past_a_match_accepted_whole_is_followed_and_learned():
 
     goes_on = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=2, max_match=4)
     copied_whole(goes_on, "g")
-    assert goes_on.propose(at([1, 2, 3, 4, 5, 6, 10], "g"))[:4] == [7, 8, 9, 101]
+    assert goes_on.propose(at([1, 2, 3, 4, 5, 10], "g"))[:4] == [7, 8, 9, 101]
     assert goes_on.states["g"].kind == "strong"
 
     ended = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=2, max_match=4)
     copied_whole(ended, "e")
-    assert ended.propose(at([1, 2, 3, 4, 5, 6, 30], "e")) == [7, 8]
-    ended.record(
-        at([1, 2, 3, 4, 5, 6, 30], "e"), drafted=2, accepted=0, shares=BreakEvens.uniform()
-    )
-    assert ended.propose(at([1, 2, 3, 4, 5, 6, 30, 31], "e")) == []
+    assert ended.propose(at([1, 2, 3, 4, 5, 30], "e")) == [7, 8]
+    ended.record(at([1, 2, 3, 4, 5, 30], "e"), drafted=2, accepted=0, shares=BreakEvens.uniform())
+    assert ended.propose(at([1, 2, 3, 4, 5, 30, 31], "e")) == []
     assert ended.states["e"].substitutions == {}
 
 
 def test_a_new_pointers_first_draft_is_short_after_an_earlier_one_grew():
-    """A pointer's drafts double while accepted whole; a later pointer (here a rejoin after a
+    """A pointer's drafts grow while accepted whole; a later pointer (here a rejoin after a
     match accepted whole) starts again at POINTER_DRAFT_TOKENS, so a wrong guess costs few rows."""
     prompt = [100, 1, 2, 3, 10, 4, 5, 6, 7, 8, 101]
 
@@ -221,12 +220,12 @@ def test_a_new_pointers_first_draft_is_short_after_an_earlier_one_grew():
         proposer.record(at(output), len(draft), accepted, BreakEvens.uniform())
 
     verified([1, 2], 1)  # 10 replaced by 20: a pointer past it
-    verified([1, 2, 3, 20], 2)  # its draft 4 5 accepted whole: the next would be twice as long
-    assert proposer.states["r"].pointer_length == 2 * POINTER_DRAFT_TOKENS
-    verified([1, 2, 3, 20, 4, 5, 6], 4)  # a strong match, 7 8 101 1, accepted whole
-    # the model wrote 30 where the source has 2
-    rejoined = [1, 2, 3, 20, 4, 5, 6, 7, 8, 101, 1, 30]
-    assert proposer.propose(at(rejoined)) == [3, 20]  # the rename carried, 2 tokens long
+    verified([1, 2, 3, 20], 2)  # its draft 4 5 accepted whole: the next would be longer
+    assert proposer.states["r"].pointer_length == grown_draft(POINTER_DRAFT_TOKENS, 8)
+    verified([1, 2, 3, 20, 4, 5, 6], 5)  # a strong match, 7 8 101 1 2, accepted whole
+    # the model wrote 30 where the source has 3
+    rejoined = [1, 2, 3, 20, 4, 5, 6, 7, 8, 101, 1, 2, 30]
+    assert proposer.propose(at(rejoined)) == [20, 4]  # POINTER_DRAFT_TOKENS long again
     assert proposer.states["r"].kind == "rejoin"
 
 
@@ -264,16 +263,16 @@ def test_draft_length_follows_acceptance_and_speculation_pauses_when_it_does_not
     proposer = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=1, max_match=2)
     tokens = list(range(20)) * 3
     req = _req(tokens)
-    assert len(proposer.propose(req)) == START_DRAFT_TOKENS  # a first draft starts short
-    proposer.record(req, drafted=4, accepted=4, shares=BreakEvens.uniform())
-    assert len(proposer.propose(req)) == 8  # and doubles while whole drafts are accepted
-    proposer.record(req, drafted=8, accepted=2, shares=BreakEvens.uniform())
+    assert len(proposer.propose(req)) == START_DRAFT_TOKENS == 3  # a first draft starts short
+    proposer.record(req, drafted=3, accepted=3, shares=BreakEvens.uniform())
+    assert len(proposer.propose(req)) == 7  # and grows while whole drafts are accepted: 4 -> 8 rows
+    proposer.record(req, drafted=7, accepted=2, shares=BreakEvens.uniform())
     assert len(proposer.propose(req)) == 3  # just past what was accepted
     proposer.record(req, drafted=3, accepted=3, shares=BreakEvens.uniform())
-    assert len(proposer.propose(req)) == 6  # doubles while whole drafts are accepted
+    assert len(proposer.propose(req)) == 7  # grows again
     proposer.record(
-        req, drafted=6, accepted=0, shares=BreakEvens.uniform()
-    )  # closes a window: 9 of 21 accepted, fine
+        req, drafted=7, accepted=0, shares=BreakEvens.uniform()
+    )  # closes a window: 8 of 20 accepted, fine
     assert len(proposer.propose(req)) == 1
     proposer.record(req, drafted=8, accepted=0, shares=BreakEvens.uniform())
     proposer.record(
@@ -352,7 +351,7 @@ def test_short_matches_stop_being_drafted_when_they_fail_while_long_ones_go_on()
             proposer.record(req, drafted=len(draft), accepted=0, shares=BreakEvens.uniform(0.35))
         req = _req(strong, rid=f"s{i}")
         draft = proposer.propose(req)
-        assert draft == [14, 15, 10, 11]
+        assert draft == [14, 15, 10]  # a fresh request's first draft
         proposer.record(
             req, drafted=len(draft), accepted=len(draft), shares=BreakEvens.uniform(0.35)
         )
@@ -361,7 +360,7 @@ def test_short_matches_stop_being_drafted_when_they_fail_while_long_ones_go_on()
     left = weak_kind.probe_gap - weak_kind.refused
     drafted = [bool(proposer.propose(_req(weak, rid=f"x{i}"))) for i in range(left)]
     assert drafted == [False] * (left - 1) + [True]  # refused until the next probe
-    assert proposer.info()["speculative_ngram_drafts"]["strong"]["accepted"] == 160
+    assert proposer.info()["speculative_ngram_drafts"]["strong"]["accepted"] == 40 * 3
 
 
 def test_ngram_drafts_carry_their_kinds_share_and_probes_none():
@@ -553,11 +552,12 @@ def test_a_short_draft_above_break_even_does_not_stop_drafts_that_pay_when_longe
     for _ in range(20):
         for drafted in (8, 16, 48):
             costs.observe(4, drafted, seconds=0.052 + 0.030 + 0.008 * drafted, source="ngram")
-    short, longest = costs.break_evens(4, 4, "ngram"), costs.break_evens(4, 48, "ngram")
-    assert short.needed > 1.0 > longest.needed > short.least  # 1.19, 0.66 and 0.62
+    first = START_DRAFT_TOKENS
+    short, longest = costs.break_evens(4, first, "ngram"), costs.break_evens(4, 48, "ngram")
+    assert short.needed > 1.0 > longest.needed > short.least  # 1.38, 0.66 and 0.62
     length = DraftLength(8)
-    length.record(4, 4, short)  # a short step, all accepted
-    assert not length.paused and length.current == 8
+    length.record(first, first, short)  # a short step, all accepted
+    assert not length.paused and length.current == grown_draft(first, 8)
     for _ in range(3):  # then longer drafts, 90% accepted
         length.record(8, 7, costs.break_evens(4, 32, "ngram"))
     assert not length.paused

@@ -26,12 +26,13 @@ proposer therefore follows its source: after a draft is rejected it keeps the po
 text just past the token the model wrote in place of the first unaccepted one (a substitution
 of one token), and when no match of `STRONG_MATCH` tokens or more exists, it drafts what
 follows that position before trying shorter matches (which often point at the wrong one of
-several similar lines). Its first draft is `POINTER_DRAFT_TOKENS` long, each next one twice
-the last while they are accepted whole (a copy running on between edits). A pointer whose
-own draft is rejected at its first token is dropped. After an n-gram draft accepted whole the
-model's own next token decides: the source's token means the copy goes on, which the lookup
-follows; another token is an edit just past the copied run (or the copy's end, which the
-pointer's first short draft finds at the cost of a row or two), so the pointer is set past it.
+several similar lines). Its first draft is `POINTER_DRAFT_TOKENS` long, each next one's rows
+twice the last's while they are accepted whole (`grown_draft`: a copy running on between
+edits). A pointer whose own draft is rejected at its first token is dropped. After an n-gram
+draft accepted whole the model's own next token decides: the source's token means the copy
+goes on, which the lookup follows; another token is an edit just past the copied run (or the
+copy's end, which the pointer's first short draft finds at the cost of a row or two), so the
+pointer is set past it.
 
 Renames: an edit that renames something writes the same new token for every occurrence of the
 old one. When the model writes its own token where a draft copied another (or where the source
@@ -70,6 +71,7 @@ from sglite.runtime.scheduler.speculation import (
     SourceFilter,
     TokenHistory,
     draft_room,
+    grown_draft,
     proposals_from,
 )
 
@@ -88,7 +90,7 @@ STRONG_MATCH = 4
 DRAFT_KINDS = ("cache", "strong", "pointer", "rejoin", "weak")
 # A draft from the source pointer is a guess about an edit's extent: it starts short, so that a
 # wrong one costs a verification of a few rows (about a plain step) rather than of a long draft,
-# and doubles while the copy runs on.
+# and grows (`grown_draft`) while the copy runs on.
 POINTER_DRAFT_TOKENS = 2
 
 
@@ -183,7 +185,8 @@ class NgramProposer:
             state.pointer = None
         if self.cache is not None:
             room = min(draft_room(req, self.context_len), MAX_DRAFT_TOKENS)
-            cached = cached_continuation(self.cache, tokens, min(room, CACHE_DRAFT_SCALE * length))
+            longest = CACHE_DRAFT_SCALE * (length + 1) - 1  # its rows CACHE_DRAFT_SCALE times
+            cached = cached_continuation(self.cache, tokens, min(room, longest))
             if cached and self._pays(state, "cache"):
                 return _tokens_only(cached)
         self._index(state, tokens)
@@ -238,7 +241,7 @@ class NgramProposer:
         self._note_replacement(state, drafted, accepted)
         whole = accepted == drafted
         if state.from_pointer:  # a copy past an edit that goes on is drafted further each time
-            longer = min(2 * state.pointer_length, self.num_draft_tokens)
+            longer = grown_draft(state.pointer_length, self.num_draft_tokens)
             state.pointer_length = longer if whole else POINTER_DRAFT_TOKENS
         failed = state.from_pointer and accepted == 0
         if state.draft_start is None or failed:
