@@ -284,6 +284,20 @@ def test_draft_length_follows_acceptance_and_speculation_pauses_when_it_does_not
     assert proposer.states == {}
 
 
+def test_a_short_draft_kept_whole_grows_from_its_own_length():
+    """An edit's copies: after a long draft, a 2-token draft (a short match, a pointer's first)
+    kept whole earns a draft of 5 (6 rows), not twice the long one: its kept tokens say little
+    of a long run, and a 15-token draft rejected early costs 16 rows."""
+    length = DraftLength(15)
+    for drafted in (3, 7):
+        length.record(drafted, drafted, BreakEvens.uniform())
+    assert length.next(room=100) == 15
+    length.record(2, 2, BreakEvens.uniform())
+    assert length.next(room=100) == grown_draft(2, 15) == 5
+    length.record(5, 5, BreakEvens.uniform())
+    assert length.next(room=100) == 11 and length.next(room=4) == 4
+
+
 def test_a_draft_kind_that_does_not_pay_is_only_probed_until_it_does():
     tally = KindAcceptance()
     assert tally.admit(tally.pays(0.35))  # untried: drafted

@@ -142,8 +142,8 @@ def grown_draft(length: int, maximum: int) -> int:
 @dataclass
 class DraftLength:
     """One request's draft length: it starts at `START_DRAFT_TOKENS` (at most `maximum`),
-    grows while whole drafts are accepted (`grown_draft`), shrinks to just past what was
-    accepted, and drafting pauses for a while when most drafts are rejected."""
+    grows from a draft accepted whole (`grown_draft` of its length), shrinks to just past what
+    was accepted, and drafting pauses for a while when most drafts are rejected."""
 
     maximum: int
     current: int = 0
@@ -177,8 +177,8 @@ class DraftLength:
         few tokens) is judged with the window's others instead."""
         if drafted == 0:
             return
-        if accepted == drafted:
-            self.current = grown_draft(self.current, self.maximum)
+        if accepted == drafted:  # grown from what was shown: a short match kept whole says
+            self.current = grown_draft(drafted, self.maximum)  # little of a long draft
         else:
             self.current = max(1, accepted + 1)
         self.drafted += drafted
