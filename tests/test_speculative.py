@@ -38,6 +38,7 @@ from sglite.runtime.scheduler.speculation import (
 from sglite.runtime.scheduler.speculation_costs import (
     HOPELESS_PROBE_EVERY,
     PLAIN_PROBE_EVERY,
+    DraftCostFit,
     SpeculationCosts,
 )
 
@@ -449,9 +450,13 @@ def test_match_windows_are_checked():
 
 def test_measured_costs_set_the_acceptance_drafts_need():
     costs = SpeculationCosts()
-    assert not costs.allows_drafts(1)  # nothing measured at this batch size: a plain step first
-    costs.observe(1, drafted=0, seconds=0.010, source="")
+    # A batch size's first steps are plain; its plain cost the least of them (the first runs
+    # cold), a moving average after.
+    for seconds in (0.014, 0.010, 0.011):
+        assert not costs.allows_drafts(1)
+        costs.observe(1, drafted=0, seconds=seconds, source="")
     assert costs.allows_drafts(1)
+    assert costs.plain[1] == pytest.approx(0.010)
     assert costs.break_even(1, 8, "draft") == LOW_ACCEPTANCE  # no speculative step measured yet
     # A draft model as slow as the target, and n-gram drafts (their verification rows only).
     costs.observe(1, drafted=8, seconds=0.010 + 8 * 0.011, source="draft")
@@ -482,6 +487,16 @@ def test_measured_costs_set_the_acceptance_drafts_need():
     sources = costs.info()["1"]["sources"]
     assert sources["ngram"]["break_even_acceptance"]["8"] == pytest.approx(0.1)
     assert sources["draft"]["ms_per_drafted_token"] == pytest.approx(11.0)
+
+
+def test_a_cold_first_verification_weighs_as_one_of_the_first_few():
+    """The cost fit is the plain mean of its first 1 / COST_SMOOTHING steps: a first step at
+    twice the cost, then seven as expected, leaves their mean, not most of the first."""
+    fit = DraftCostFit()
+    fit.add(8, 0.200)
+    for _ in range(7):
+        fit.add(8, 0.100)
+    assert fit.coefficients() == pytest.approx((0.0, 0.1125 / 8))
 
 
 def test_in_a_batch_an_accepted_token_saves_only_its_requests_share_of_the_step():

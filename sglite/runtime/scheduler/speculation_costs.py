@@ -21,6 +21,11 @@ from sglite.runtime.scheduler.speculation import (
 # without drafts to keep the plain cost current.
 COST_SMOOTHING = 0.125
 PLAIN_PROBE_EVERY = 64
+# A batch size's first decode steps are plain, and its plain cost starts as their least: the
+# first step at a batch size runs cold (its kernels' code and data not yet in cache, up to 1.4x
+# a later step), and a moment of interference only ever slows a step, so the least of a few is
+# the step's cost where their first alone would stand for hundreds of steps.
+PLAIN_WARMUP_STEPS = 3
 # Below this variance of the draft lengths seen, a verification's fixed cost is not told apart
 # from the cost per token (`DraftCostFit`).
 MIN_DRAFT_LENGTH_VARIANCE = 0.5
@@ -40,17 +45,18 @@ class DraftCostFit:
     drafted_sq: float = 0.0
     extra: float = 0.0
     drafted_extra: float = 0.0
-    seen: bool = False
+    seen: int = 0  # steps folded in
 
     def add(self, drafted: int, extra: float) -> None:
         """Fold in a step that drafted `drafted` tokens and took `extra` seconds more than a
-        plain one (the first step sets the means)."""
-        weight = COST_SMOOTHING if self.seen else 1.0
+        plain one: the plain mean of the first 1 / COST_SMOOTHING steps (so that a cold first
+        one weighs no more than the others), a moving average after."""
+        self.seen += 1
+        weight = max(COST_SMOOTHING, 1.0 / self.seen)
         self.drafted += weight * (drafted - self.drafted)
         self.drafted_sq += weight * (drafted * drafted - self.drafted_sq)
         self.extra += weight * (extra - self.extra)
         self.drafted_extra += weight * (drafted * extra - self.drafted_extra)
-        self.seen = True
 
     def coefficients(self, fixed: float | None = None) -> tuple[float, float]:
         """(fixed seconds per verification, seconds per drafted token), both >= 0. With `fixed`
@@ -82,16 +88,18 @@ class SpeculationCosts:
 
     def __init__(self) -> None:
         self.plain: dict[int, float] = {}
+        self.plain_steps: dict[int, int] = {}  # plain steps measured per batch size
         self.fits: dict[tuple[int, str], DraftCostFit] = {}
         self.steps: dict[int, int] = {}
 
     def allows_drafts(self, batch_size: int) -> bool:
         """Whether this step may verify speculative drafts: not when it is due to measure the
-        plain cost (none measured yet at this batch size, or every `PLAIN_PROBE_EVERY` steps).
-        Counts the step (`pays` asks about the step last counted)."""
+        plain cost (fewer than PLAIN_WARMUP_STEPS measured at this batch size, or every
+        `PLAIN_PROBE_EVERY` steps). Counts the step (`pays` asks about the step last counted)."""
         step = self.steps.get(batch_size, 0)
         self.steps[batch_size] = step + 1
-        return batch_size in self.plain and step % PLAIN_PROBE_EVERY != PLAIN_PROBE_EVERY - 1
+        warm = self.plain_steps.get(batch_size, 0) >= PLAIN_WARMUP_STEPS
+        return warm and step % PLAIN_PROBE_EVERY != PLAIN_PROBE_EVERY - 1
 
     def pays(self, batch_size: int, source: str) -> bool:
         """Whether `source`'s drafts can pay at some acceptance this step: not where a drafted
@@ -130,7 +138,13 @@ class SpeculationCosts:
         """A decode step of `batch_size` requests verified `drafted` speculative draft tokens,
         all from `source` (proposing included), and took `seconds`."""
         if drafted == 0:
-            self.plain[batch_size] = smooth(self.plain.get(batch_size), seconds)
+            measured = self.plain_steps.get(batch_size, 0) + 1
+            self.plain_steps[batch_size] = measured
+            old = self.plain.get(batch_size)
+            if old is not None and measured <= PLAIN_WARMUP_STEPS:
+                self.plain[batch_size] = min(old, seconds)
+            else:
+                self.plain[batch_size] = smooth(old, seconds)
         elif batch_size in self.plain:
             extra = max(0.0, seconds - self.plain[batch_size])
             self.fits.setdefault((batch_size, source), DraftCostFit()).add(drafted, extra)
