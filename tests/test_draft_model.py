@@ -751,6 +751,36 @@ def test_the_draft_model_takes_the_requests_whose_ngram_match_it_beats(tiny):
     model.check_invariants()
 
 
+def test_an_ngram_draft_passed_over_grows_where_the_target_wrote_it(tiny):
+    """A copy the draft model took first: its n-gram draft, passed over at its first length,
+    grows as if kept where the target then wrote it (else it would stay that short, its likely
+    gain below the draft model's longer drafts' for good); where the target wrote other
+    tokens it does not."""
+    from sglite.runtime.model.loader import load_model
+    from sglite.runtime.scheduler.draft_model import DraftModelProposer
+    from sglite.runtime.scheduler.ngram import NgramProposer
+    from sglite.runtime.scheduler.speculation import grown_draft
+    from sglite.runtime.scheduler.speculators import NgramBeforeDraft
+
+    model = DraftModelProposer(load_model(tiny["small"], progress=False), 256, 15, 1024)
+    ngram = NgramProposer(context_len=256, num_draft_tokens=15, min_match=1, max_match=4)
+    both = NgramBeforeDraft(ngram, model)
+    allow_all = lambda source: True  # noqa: E731
+    for _ in range(30):  # the draft model's drafts kept whole, long matches' half
+        model.record(_request("x", PROMPT), 4, 4, BreakEvens(0.3, 0.3, 0.02))
+        ngram.kinds["strong"].record(4, 2, 0.45)
+    for rid, written in (("copy", PROMPT[5 : 5 + START_DRAFT_TOKENS]), ("other", [3, 3, 3])):
+        req = _request(rid, [*PROMPT, *PROMPT[:5]])
+        proposal = both.speculate([req], allow_all)[rid]
+        assert proposal.source == "draft" and both.passed[rid] == PROMPT[5:8]
+        req.output_ids.extend(written)  # two of the draft model's tokens kept, then its own
+        both.record(req, len(proposal.tokens), 2, BreakEvens(0.3, 0.3, 0.02))
+    assert ngram.states["copy"].length.current == grown_draft(START_DRAFT_TOKENS, 15)
+    assert ngram.states["other"].length.current == START_DRAFT_TOKENS
+    model.forget(set())
+    model.check_invariants()
+
+
 def test_a_draft_model_that_does_not_pay_probes_a_request_its_ngram_match_serves_poorly(tiny):
     """While the draft model's drafts do not pay, a request whose n-gram match is weak is still
     offered to it, for the rare probe (`KindAcceptance.admit`): when one falls due, the next

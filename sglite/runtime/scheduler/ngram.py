@@ -255,6 +255,14 @@ class NgramProposer:
             if not state.from_pointer:  # a new pointer: its first draft is short
                 state.pointer_length = POINTER_DRAFT_TOKENS
 
+    def shown(self, req: Req, tokens: list[int]) -> None:
+        """The target wrote `tokens`, this proposer's draft for `req` that another source's
+        draft was verified in place of: its draft length grows as if it had been kept whole
+        (`DraftLength.shown`)."""
+        state = self.states.get(req.rid)
+        if state is not None:
+            state.length.shown(len(tokens))
+
     @staticmethod
     def _stale_pointer(state: NgramState, tokens: list[int]) -> bool:
         """Whether the source pointer no longer applies: tokens were written without a draft

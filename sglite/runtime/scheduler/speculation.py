@@ -168,6 +168,12 @@ class DraftLength:
             return 0
         return max(0, min(room, self.current))
 
+    def shown(self, tokens: int) -> None:
+        """A draft of `tokens` would have been kept whole where another source's draft was
+        verified instead (the target wrote those tokens): the length grows as if it had been,
+        so that a source passed over on a copy is not held to its first short drafts."""
+        self.current = max(self.current, grown_draft(tokens, self.maximum))
+
     def record(self, drafted: int, accepted: int, shares: BreakEvens) -> None:
         """Adapt to a verification's result; drafting pauses when the tokens accepted over the
         window are fewer than its drafts needed to pay (each draft's `shares.needed`, from

@@ -32,6 +32,8 @@ class NgramBeforeDraft:
     def __init__(self, ngram: NgramProposer, model: DraftModelProposer) -> None:
         self.sources: tuple[NgramProposer, DraftModelProposer] = (ngram, model)
         self.last: dict[str, Speculator] = {}  # rid -> the source of its latest draft
+        # rid -> its n-gram draft passed over for the draft model's this step
+        self.passed: dict[str, list[int]] = {}
         self.proposals = {NGRAM_SOURCE: 0, DRAFT_MODEL_SOURCE: 0}  # drafts proposed, by source
 
     def speculate(self, reqs: list[Req], allowed: SourceFilter) -> dict[str, Proposal]:
@@ -48,6 +50,7 @@ class NgramBeforeDraft:
         if kept:
             model.passed_over()
         drafted = model.speculate([r for r in reqs if r.rid not in kept], allowed)
+        self.passed = {rid: matched[rid].tokens for rid in drafted if rid in matched}
         found = {**matched, **drafted}
         for rid, proposal in found.items():
             self.last[rid] = model if rid in drafted else ngram
@@ -55,10 +58,18 @@ class NgramBeforeDraft:
         return found
 
     def record(self, req: Req, drafted: int, accepted: int, shares: BreakEvens) -> None:
-        """Tell the source of the request's latest draft how it fared."""
+        """Tell the source of the request's latest draft how it fared; where that was the
+        draft model's in place of an n-gram draft the target then wrote whole (the tokens kept
+        and its own), the n-gram draft length grows as if it had been verified: else a copy
+        the draft model takes first keeps its n-gram drafts at their first length, and their
+        likely gain below the draft model's ever after (`NgramProposer.shown`)."""
         source = self.last.get(req.rid)
         if source is not None:
             source.record(req, drafted, accepted, shares)
+        passed = self.passed.pop(req.rid, None)
+        written = req.output_ids[len(req.output_ids) - accepted - 1 :]
+        if passed and written[: len(passed)] == passed:
+            self.sources[0].shown(req, passed)
 
     def read_prompt(self, req: Req) -> None:
         """Both sources read the prompt."""
@@ -70,6 +81,7 @@ class NgramBeforeDraft:
         for source in self.sources:
             source.forget(live)
         self.last = {rid: s for rid, s in self.last.items() if rid in live}
+        self.passed = {rid: t for rid, t in self.passed.items() if rid in live}
 
     def flush(self) -> None:
         """Both sources drop what they cache across requests."""
