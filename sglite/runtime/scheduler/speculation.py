@@ -183,8 +183,9 @@ class DraftLength:
         few tokens) is judged with the window's others instead."""
         if drafted == 0:
             return
-        if accepted == drafted:  # grown from what was shown: a short match kept whole says
-            self.current = grown_draft(drafted, self.maximum)  # little of a long draft
+        if accepted == drafted:
+            # grown from what was shown: a short match kept whole says little of a long draft
+            self.current = grown_draft(drafted, self.maximum)
         else:
             self.current = max(1, accepted + 1)
         self.drafted += drafted

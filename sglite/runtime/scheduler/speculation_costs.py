@@ -22,9 +22,9 @@ from sglite.runtime.scheduler.speculation import (
 COST_SMOOTHING = 0.125
 PLAIN_PROBE_EVERY = 64
 # A batch size's first decode steps are plain, and its plain cost starts as their least: the
-# first step at a batch size runs cold (its kernels' code and data not yet in cache, up to 1.4x
-# a later step), and a moment of interference only ever slows a step, so the least of a few is
-# the step's cost where their first alone would stand for hundreds of steps.
+# first step at a batch size runs cold (its kernels' code and data not yet in cache), and a
+# moment of interference only ever slows a step, so the least of a few is the step's cost
+# where their first alone would stand for hundreds of steps.
 PLAIN_WARMUP_STEPS = 3
 # Below this variance of the draft lengths seen, a verification's fixed cost is not told apart
 # from the cost per token (`DraftCostFit`).
