@@ -255,13 +255,13 @@ class NgramProposer:
             if not state.from_pointer:  # a new pointer: its first draft is short
                 state.pointer_length = POINTER_DRAFT_TOKENS
 
-    def shown(self, req: Req, tokens: list[int]) -> None:
-        """The target wrote `tokens`, this proposer's draft for `req` that another source's
-        draft was verified in place of: its draft length grows as if it had been kept whole
-        (`DraftLength.shown`)."""
+    def shown(self, req: Req, tokens: int) -> None:
+        """The target wrote this proposer's draft of `tokens` tokens for `req`, which another
+        source's draft was verified in place of: its draft length grows as if it had been
+        kept whole (`DraftLength.shown`)."""
         state = self.states.get(req.rid)
         if state is not None:
-            state.length.shown(len(tokens))
+            state.length.shown(tokens)
 
     @staticmethod
     def _stale_pointer(state: NgramState, tokens: list[int]) -> bool:

@@ -67,9 +67,11 @@ class NgramBeforeDraft:
         if source is not None:
             source.record(req, drafted, accepted, shares)
         passed = self.passed.pop(req.rid, None)
-        written = req.output_ids[len(req.output_ids) - accepted - 1 :]
-        if passed and written[: len(passed)] == passed:
-            self.sources[0].shown(req, passed)
+        if passed and len(passed) <= accepted + 1:
+            ngram, _ = self.sources
+            written = req.output_ids[len(req.output_ids) - accepted - 1 :]
+            if written[: len(passed)] == passed:
+                ngram.shown(req, len(passed))
 
     def read_prompt(self, req: Req) -> None:
         """Both sources read the prompt."""
