@@ -16,7 +16,7 @@ from test_loader import PROMPT, make_hf_model
 import sglite
 from sglite.runtime.model.gguf_weight import GGUFWeight
 from sglite.runtime.scheduler.draft_vocabulary import DraftVocabulary
-from sglite.runtime.scheduler.speculation import START_DRAFT_TOKENS, BreakEvens
+from sglite.runtime.scheduler.speculation import EVERY_REQUEST, START_DRAFT_TOKENS, BreakEvens
 from sglite.runtime.server_args import ServerArgs
 
 GREEDY = {"temperature": 0, "max_new_tokens": 24}
@@ -723,7 +723,7 @@ def test_the_draft_model_takes_the_requests_whose_ngram_match_it_beats(tiny):
     model = DraftModelProposer(load_model(tiny["small"], progress=False), 256, 4, 1024)
     ngram = NgramProposer(context_len=256, num_draft_tokens=4, min_match=1, max_match=4)
     both = NgramBeforeDraft(ngram, model)
-    allow_all = lambda source: True  # noqa: E731
+    allow_all = lambda source: EVERY_REQUEST  # noqa: E731
     short = _request("short", [*PROMPT, PROMPT[3]])  # only the last token was seen before
     long = _request("long", [*PROMPT, *PROMPT[:5]])
     for _ in range(30):
@@ -765,7 +765,7 @@ def test_an_ngram_draft_passed_over_grows_where_the_target_wrote_it(tiny):
     model = DraftModelProposer(load_model(tiny["small"], progress=False), 256, 15, 1024)
     ngram = NgramProposer(context_len=256, num_draft_tokens=15, min_match=1, max_match=4)
     both = NgramBeforeDraft(ngram, model)
-    allow_all = lambda source: True  # noqa: E731
+    allow_all = lambda source: EVERY_REQUEST  # noqa: E731
     for _ in range(30):  # the draft model's drafts kept whole, long matches' half
         model.record(_request("x", PROMPT), 4, 4, BreakEvens(0.3, 0.3, 0.02))
         ngram.kinds["strong"].record(4, 2, 0.45)
@@ -810,7 +810,7 @@ def test_a_draft_model_that_does_not_pay_probes_a_request_its_ngram_match_serves
         prompts_read.append(model.forward_passes > passes)
         for token in (33, 21):
             req.output_ids.append(token)
-            proposals = both.speculate([req], lambda source: True)
+            proposals = both.speculate([req], lambda source: EVERY_REQUEST)
             sources.append(proposals[req.rid].source)
             if proposals[req.rid].source == "draft":
                 break
@@ -867,7 +867,7 @@ def test_in_a_batch_where_a_lone_draft_cannot_pay_ngram_matches_keep_their_reque
         for req in reqs:
             both.read_prompt(req)
             req.output_ids.append(33)  # PROMPT has 33 once: a one-token match
-        proposals = both.speculate(reqs, lambda source: True)
+        proposals = both.speculate(reqs, lambda source: EVERY_REQUEST)
         return [proposals[req.rid].source for req in reqs]
 
     assert sources(1, "one") == ["draft"]

@@ -22,6 +22,7 @@ from sglite.runtime.scheduler.ngram import (
     cached_continuation,
 )
 from sglite.runtime.scheduler.speculation import (
+    EVERY_REQUEST,
     KIND_PROBE_EVERY,
     LOW_ACCEPTANCE,
     MAX_BACKOFF,
@@ -34,10 +35,12 @@ from sglite.runtime.scheduler.speculation import (
     KindAcceptance,
     Proposal,
     grown_draft,
+    proposals_from,
 )
 from sglite.runtime.scheduler.speculation_costs import (
     HOPELESS_PROBE_EVERY,
     PLAIN_PROBE_EVERY,
+    PLAIN_WARMUP_STEPS,
     DraftCostFit,
     SpeculationCosts,
 )
@@ -381,7 +384,7 @@ def test_short_matches_stop_being_drafted_when_they_fail_while_long_ones_go_on()
 def test_ngram_drafts_carry_their_kinds_share_and_probes_none():
     proposer = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=1, max_match=4)
     strong = [10, 11, 12, 13, 14, 15, 10, 11, 12, 13]
-    allow_all = lambda source: True  # noqa: E731
+    allow_all = lambda source: EVERY_REQUEST  # noqa: E731
     (proposal,) = proposer.speculate([_req(strong, rid="a")], allow_all).values()
     assert proposal.share == 1.0  # too few drafts to tell: counted as likely kept whole
     for _ in range(10):
@@ -410,6 +413,7 @@ def test_weak_guesses_alone_in_a_batch_step_are_not_worth_its_verification():
     assert costs.worth_verifying(4, weak, verifying=False) == {}
     assert costs.worth_verifying(4, weak, verifying=True) == weak  # a grammar's forced tokens
     with_model = {**weak, "m": Proposal([3, 4, 5], "draft")}  # its passes spent: verified
+    costs.observe(4, drafted=3, seconds=0.080 + 0.028 + 3 * 0.010, source="draft")
     assert costs.worth_verifying(4, with_model, verifying=False) == with_model
     copies = {f"c{i}": Proposal(list(range(8)), "ngram", share=0.9) for i in range(4)}
     assert costs.worth_verifying(4, copies, verifying=False) == copies
@@ -424,9 +428,9 @@ def test_ngram_drafts_at_a_new_batch_size_are_priced_by_the_nearest_one_measured
     """Verification rows cost about the same seconds whatever the batch's other rows, so the
     n-gram drafts' costs measured at batch 1 price them at batch 4 before any is measured
     there: against a quarter of a plain step of four saved per accepted token, a 16-token
-    guess half likely kept is not worth verifying (unpriced, it ran and lost the step). A
-    draft model's per-token cost (its passes, shared by the batch's drafts) is not carried
-    over."""
+    guess half likely kept is not worth verifying (unpriced, it ran and lost the step). So is
+    a draft model's cost per token (its passes' share falls as the batch grows: priced from a
+    smaller batch, its drafts at a larger one look dearer than they are)."""
     costs = SpeculationCosts()
     costs.observe(1, drafted=0, seconds=0.043, source="")
     costs.observe(4, drafted=0, seconds=0.078, source="")
@@ -438,9 +442,40 @@ def test_ngram_drafts_at_a_new_batch_size_are_priced_by_the_nearest_one_measured
     assert costs.worth_verifying(1, guess, verifying=False) == guess  # 21.5 ms saved, 15 spent
     assert costs.worth_verifying(4, guess, verifying=False) == {}  # 9.75 ms saved
     assert costs.break_even(4, 16, "ngram") == pytest.approx(0.015 / (0.078 / 4))
-    assert costs.coefficients(4, "draft") is None
+    assert costs.coefficients(4, "draft") == pytest.approx((0.0, 0.035))
+    assert costs.marginal(4, "draft") > 1.0  # 35 ms a drafted token, 19.5 ms saved by one kept
     costs.observe(4, drafted=8, seconds=0.078 + 8 * 0.004, source="ngram")  # measured at 4
     assert costs.break_even(4, 8, "ngram") == pytest.approx(0.004 / (0.078 / 4))
+
+
+def test_a_source_whose_cost_is_measured_nowhere_drafts_for_one_request_alone():
+    """A fresh server's first drafts at a batch of four cost rows that may not pay at any
+    acceptance: until a source's cost per token is measured at some batch size, it drafts
+    for one request of the step, its draft verified alone (a step mixing sources measures
+    neither); measured, for every request; where it cannot pay, for none."""
+    costs = SpeculationCosts()
+    for _ in range(PLAIN_WARMUP_STEPS):
+        assert not costs.allows_drafts(4)
+        costs.observe(4, drafted=0, seconds=0.078, source="")
+    assert costs.allows_drafts(4)
+    assert costs.drafting_requests(4, "ngram") == costs.drafting_requests(4, "draft") == 1
+    reqs = [SimpleNamespace(rid=f"r{i}") for i in range(4)]
+    asked: list[list[str]] = []
+
+    def propose_many(batch: list[SimpleNamespace]) -> dict[str, list[int]]:
+        asked.append([req.rid for req in batch])
+        return {req.rid: [7, 8, 9] for req in batch}
+
+    one = proposals_from("draft", propose_many, reqs, lambda source: 1)
+    assert asked == [["r0"]] and list(one) == ["r0"]
+    both = {"r1": Proposal([5, 6], "ngram", share=1.0), **one}
+    assert costs.worth_verifying(4, both, verifying=False) == one  # its passes are spent
+    costs.observe(4, drafted=3, seconds=0.078 + 3 * 0.030, source="draft")
+    assert costs.drafting_requests(4, "draft") == 0  # 30 ms a token, 19.5 ms saved by one
+    assert costs.drafting_requests(4, "ngram") == 1
+    costs.observe(4, drafted=3, seconds=0.078 + 3 * 0.015, source="ngram")
+    assert costs.drafting_requests(4, "ngram") == EVERY_REQUEST
+    assert costs.drafting_requests(2, "ngram") == EVERY_REQUEST  # priced from batch 4's
 
 
 def test_match_windows_are_checked():

@@ -32,7 +32,7 @@ from sglite.runtime.scheduler.model_runner import ModelRunner
 from sglite.runtime.scheduler.output import OutputProcessor
 from sglite.runtime.scheduler.request import Req
 from sglite.runtime.scheduler.request_table import ReqStatus, RequestTable
-from sglite.runtime.scheduler.speculation import BreakEvens, Speculator
+from sglite.runtime.scheduler.speculation import EVERY_REQUEST, BreakEvens, Speculator
 from sglite.runtime.scheduler.speculation_costs import SpeculationCosts
 from sglite.runtime.scheduler.stats import SchedulerStats
 from sglite.runtime.scheduler.token_sampler import TokenSampler
@@ -168,8 +168,8 @@ class DecodeManager:
         if speculate and costs is not None:
             speculate = costs.allows_drafts(size)
 
-        def allowed(source: str) -> bool:
-            return costs is None or costs.pays(size, source)
+        def allowed(source: str) -> int:
+            return EVERY_REQUEST if costs is None else costs.drafting_requests(size, source)
 
         undrafted = []
         for req in running:

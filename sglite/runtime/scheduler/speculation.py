@@ -29,8 +29,10 @@ PAUSE_STEPS = 16
 MAX_BACKOFF = 4
 
 
-# Whether a draft source (a `Proposal.source`) may propose this step (its measured costs).
-SourceFilter = Callable[[str], bool]
+# For how many of a step's requests a draft source (a `Proposal.source`) may propose: 0 for
+# none, EVERY_REQUEST for all (`SpeculationCosts.drafting_requests`, from its measured costs).
+SourceFilter = Callable[[str], int]
+EVERY_REQUEST = 1 << 30
 # The draft sources' names.
 NGRAM_SOURCE = "ngram"
 DRAFT_MODEL_SOURCE = "draft"
@@ -73,12 +75,13 @@ def proposals_from(
     allowed: SourceFilter,
     share_of: Callable[[str], float | None] = lambda rid: None,
 ) -> dict[str, Proposal]:
-    """One source's `Speculator.speculate`: `propose_many(reqs)`'s non-empty drafts as
-    `source`'s, when `allowed` takes that source, each with `share_of` its request (asked
-    after the drafts are made: `Proposal.share`)."""
-    if not reqs or not allowed(source):
+    """One source's `Speculator.speculate`: `propose_many`'s non-empty drafts as `source`'s
+    for the first of `reqs` that `allowed` lets it draft for, each with `share_of` its request
+    (asked after the drafts are made: `Proposal.share`)."""
+    limit = allowed(source)
+    if not reqs or limit <= 0:
         return {}
-    drafts = propose_many(reqs).items()
+    drafts = propose_many(reqs[:limit]).items()
     return {rid: Proposal(tokens, source, share_of(rid)) for rid, tokens in drafts if tokens}
 
 
@@ -87,7 +90,8 @@ class Speculator(Protocol):
 
     def speculate(self, reqs: list[Req], allowed: SourceFilter) -> dict[str, Proposal]:
         """Drafts (by request id) for those of `reqs` that get one, from sources `allowed`
-        takes, each within the `DraftProposer.propose` bound."""
+        takes (each for at most as many requests as it allows), each within the
+        `DraftProposer.propose` bound."""
         ...
 
     def record(self, req: Req, drafted: int, accepted: int, shares: BreakEvens) -> None:

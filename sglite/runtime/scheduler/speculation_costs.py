@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglite.runtime.scheduler.speculation import (
+    EVERY_REQUEST,
     LOW_ACCEPTANCE,
     NGRAM_SOURCE,
     BreakEvens,
@@ -101,6 +102,17 @@ class SpeculationCosts:
         warm = self.plain_steps.get(batch_size, 0) >= PLAIN_WARMUP_STEPS
         return warm and step % PLAIN_PROBE_EVERY != PLAIN_PROBE_EVERY - 1
 
+    def drafting_requests(self, batch_size: int, source: str) -> int:
+        """For how many requests of this step `source` may draft: none where its drafts cannot
+        pay (`pays`); one while its cost is measured at no batch size (`coefficients`): a
+        first step's unpriced drafts for a whole batch verify rows that may not pay at any
+        acceptance (four requests' three-token drafts cost a batch of four on an AVX2 CPU six
+        plain steps, a draft model's passes included), where one request's drafts measure
+        the same cost per token; else every request."""
+        if not self.pays(batch_size, source):
+            return 0
+        return EVERY_REQUEST if self.coefficients(batch_size, source) is not None else 1
+
     def pays(self, batch_size: int, source: str) -> bool:
         """Whether `source`'s drafts can pay at some acceptance this step: not where a drafted
         token costs a plain step or more however long the draft, except one step in
@@ -117,7 +129,16 @@ class SpeculationCosts:
         verification's fixed part, unless the step verifies anyway (`verifying`: another
         draft, such as a grammar's forced tokens, is in it; or a proposal without a share).
         Where that fixed part is large (in a batch, whose rows then take a GEMM), short
-        guesses that pay their own rows still lose the step when nothing else is verified."""
+        guesses that pay their own rows still lose the step when nothing else is verified.
+        A proposal of a source whose cost is not yet measured (`drafting_requests`) is
+        verified alone, a draft model's first (its passes are spent): a step whose drafts
+        mix sources measures neither."""
+        unpriced = [
+            p for p in proposals.items() if self.coefficients(batch_size, p[1].source) is None
+        ]
+        if unpriced:  # measuring a source's cost: its draft alone (the step mixes no sources)
+            rid, proposal = min(unpriced, key=lambda item: item[1].share is not None)
+            return {rid: proposal}
         fit = self.coefficients(batch_size, NGRAM_SOURCE)
         if fit is None or batch_size not in self.plain:
             return proposals
@@ -151,41 +172,45 @@ class SpeculationCosts:
 
     def coefficients(self, batch_size: int, source: str) -> tuple[float, float] | None:
         """`source`'s (fixed seconds per verification, seconds per drafted token) at this batch
-        size (None until measured; n-gram drafts' from the nearest batch size measured until
-        then: `_nearest_ngram_fit`). A draft model's fixed part is the n-gram drafts' where
-        those are measured: a verification costs the same whoever proposed its tokens, and a
-        draft model's lengths rarely vary enough to tell its fixed part apart (a pass per
-        token has none of its own), where n-gram drafts of 1 to 16 tokens do; else none."""
-        ngram = self._nearest_ngram_fit(batch_size)
+        size, from the nearest batch size measured until it is (`_nearest_fit`; None while
+        none is). A draft model's fixed part is the n-gram drafts' where those are measured: a
+        verification costs the same whoever proposed its tokens, and a draft model's lengths
+        rarely vary enough to tell its fixed part apart (a pass per token has none of its
+        own), where n-gram drafts of 1 to 16 tokens do; else none."""
+        ngram = self._nearest_fit(batch_size, NGRAM_SOURCE)
         if source == NGRAM_SOURCE:
             return None if ngram is None else ngram.coefficients()
-        fit = self.fits.get((batch_size, source))
+        fit = self._nearest_fit(batch_size, source)
         if fit is None:
             return None
         return fit.coefficients(ngram.coefficients()[0] if ngram is not None else 0.0)
 
-    def _nearest_ngram_fit(self, batch_size: int) -> DraftCostFit | None:
-        """The n-gram drafts' cost fit at `batch_size`, else at the nearest batch size measured
-        (the smaller of two as near): their cost is their verification's, rows whose seconds
-        hardly depend on the batch's other rows, so one measured elsewhere prices drafts at a
-        batch size new to them (without, their first drafts there run unpriced, and a batch
-        of four on a CPU whose verification rows cost most of a plain row's share loses
-        several steps' worth to them)."""
-        exact = self.fits.get((batch_size, NGRAM_SOURCE))
+    def _nearest_fit(self, batch_size: int, source: str) -> DraftCostFit | None:
+        """`source`'s cost fit at `batch_size`, else at the nearest batch size measured (the
+        smaller of two as near). Its seconds per drafted token are its verification rows',
+        which hardly depend on the batch's other rows, and a draft model's passes' share,
+        which falls as the batch grows: one measured elsewhere prices drafts at a batch size
+        new to them, about right for n-gram drafts and erring toward drafting for a draft
+        model priced from a larger batch. Unpriced, the first drafts at a batch size run
+        whatever they cost: on a CPU whose verification rows cost most of a plain row's share,
+        a batch of four loses several steps' worth to n-gram drafts, and a batch that shrank
+        to two or three as requests finished a second or more to a draft model's catch-up on
+        every token since it last drafted."""
+        exact = self.fits.get((batch_size, source))
         if exact is not None:
             return exact
-        sizes = [size for size, source in self.fits if source == NGRAM_SOURCE]
+        sizes = [size for size, fit_source in self.fits if fit_source == source]
         if not sizes:
             return None
         nearest = min(sizes, key=lambda size: (abs(size - batch_size), size))
-        return self.fits[(nearest, NGRAM_SOURCE)]
+        return self.fits[(nearest, source)]
 
     def break_even(self, batch_size: int, drafted: int, source: str) -> float:
         """The acceptance at which a step's `drafted` tokens from `source` pay: the seconds they
         add over the seconds their acceptance would save, a plain step's 1/`batch_size` per
-        token (`LOW_ACCEPTANCE` until measured)."""
+        token (`LOW_ACCEPTANCE` until both are measured)."""
         fit = self.coefficients(batch_size, source)
-        if fit is None or drafted <= 0:
+        if fit is None or drafted <= 0 or batch_size not in self.plain:
             return LOW_ACCEPTANCE
         fixed, per_token = fit
         return (fixed + per_token * drafted) / (drafted * self._saved_per_token(batch_size))
@@ -202,7 +227,7 @@ class SpeculationCosts:
     def marginal(self, batch_size: int, source: str) -> float:
         """The break-even of an arbitrarily long draft (the fixed part spread to nothing)."""
         fit = self.coefficients(batch_size, source)
-        if fit is None:
+        if fit is None or batch_size not in self.plain:
             return LOW_ACCEPTANCE
         return fit[1] / self._saved_per_token(batch_size)
 
