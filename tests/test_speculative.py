@@ -428,9 +428,10 @@ def test_ngram_drafts_at_a_new_batch_size_are_priced_by_the_nearest_one_measured
     """Verification rows cost about the same seconds whatever the batch's other rows, so the
     n-gram drafts' costs measured at batch 1 price them at batch 4 before any is measured
     there: against a quarter of a plain step of four saved per accepted token, a 16-token
-    guess half likely kept is not worth verifying (unpriced, it ran and lost the step). So is
-    a draft model's cost per token (its passes' share falls as the batch grows: priced from a
-    smaller batch, its drafts at a larger one look dearer than they are)."""
+    guess half likely kept is not worth verifying (unpriced, it ran and lost the step). A
+    draft model's cost per token (its passes' share of it falls as the batch grows) prices a
+    smaller batch only: from a larger one its drafts look no dearer than they are, where they
+    cannot pay they cannot; from a smaller one they would look dearer, and go unmeasured."""
     costs = SpeculationCosts()
     costs.observe(1, drafted=0, seconds=0.043, source="")
     costs.observe(4, drafted=0, seconds=0.078, source="")
@@ -442,37 +443,46 @@ def test_ngram_drafts_at_a_new_batch_size_are_priced_by_the_nearest_one_measured
     assert costs.worth_verifying(1, guess, verifying=False) == guess  # 21.5 ms saved, 15 spent
     assert costs.worth_verifying(4, guess, verifying=False) == {}  # 9.75 ms saved
     assert costs.break_even(4, 16, "ngram") == pytest.approx(0.015 / (0.078 / 4))
-    assert costs.coefficients(4, "draft") == pytest.approx((0.0, 0.035))
-    assert costs.marginal(4, "draft") > 1.0  # 35 ms a drafted token, 19.5 ms saved by one kept
+    assert costs.coefficients(4, "draft") is None  # not from batch 1's 35 ms a token
+    costs.observe(4, drafted=8, seconds=0.078 + 8 * 0.030, source="draft")
+    costs.observe(2, drafted=0, seconds=0.052, source="")
+    assert costs.coefficients(2, "draft") == costs.coefficients(4, "draft")
+    assert costs.marginal(2, "draft") > 1.0  # 30 ms a drafted token at least, 26 ms saved
     costs.observe(4, drafted=8, seconds=0.078 + 8 * 0.004, source="ngram")  # measured at 4
     assert costs.break_even(4, 8, "ngram") == pytest.approx(0.004 / (0.078 / 4))
 
 
-def test_a_source_whose_cost_is_measured_nowhere_drafts_for_one_request_alone():
-    """A fresh server's first drafts at a batch of four cost rows that may not pay at any
-    acceptance: until a source's cost per token is measured at some batch size, it drafts
-    for one request of the step, its draft verified alone (a step mixing sources measures
-    neither); measured, for every request; where it cannot pay, for none."""
+def test_ngram_drafts_measured_nowhere_are_measured_on_one_requests_draft():
+    """A fresh server's first n-gram drafts at a batch of four cost rows that may not pay at
+    any acceptance: until their cost per token is measured at some batch size, one request
+    of the step drafts (the first that has a match), its draft verified without the other
+    source's (a step mixing sources measures neither); measured, every request; where they
+    cannot pay, none. A draft model drafts for every request when unpriced (its passes serve
+    the batch at once: one request's draft would measure a whole pass per token), its drafts
+    kept over the n-gram ones (their passes are spent)."""
     costs = SpeculationCosts()
     for _ in range(PLAIN_WARMUP_STEPS):
         assert not costs.allows_drafts(4)
         costs.observe(4, drafted=0, seconds=0.078, source="")
     assert costs.allows_drafts(4)
-    assert costs.drafting_requests(4, "ngram") == costs.drafting_requests(4, "draft") == 1
+    assert costs.drafting_requests(4, "ngram") == 1
+    assert costs.drafting_requests(4, "draft") == EVERY_REQUEST
     reqs = [SimpleNamespace(rid=f"r{i}") for i in range(4)]
     asked: list[list[str]] = []
 
     def propose_many(batch: list[SimpleNamespace]) -> dict[str, list[int]]:
         asked.append([req.rid for req in batch])
-        return {req.rid: [7, 8, 9] for req in batch}
+        return {req.rid: [] if req.rid == "r0" else [7, 8, 9] for req in batch}  # r0: no match
 
-    one = proposals_from("draft", propose_many, reqs, lambda source: 1)
-    assert asked == [["r0"]] and list(one) == ["r0"]
-    both = {"r1": Proposal([5, 6], "ngram", share=1.0), **one}
-    assert costs.worth_verifying(4, both, verifying=False) == one  # its passes are spent
-    costs.observe(4, drafted=3, seconds=0.078 + 3 * 0.030, source="draft")
+    one = proposals_from("ngram", propose_many, reqs, lambda source: 1)
+    assert asked == [["r0"], ["r1"]] and list(one) == ["r1"]
+    every = proposals_from("draft", propose_many, reqs, lambda source: EVERY_REQUEST)
+    assert asked[-1] == ["r0", "r1", "r2", "r3"] and list(every) == ["r1", "r2", "r3"]
+    mixed = {"r1": Proposal([5, 6], "ngram", share=1.0), "r2": every["r2"], "r3": every["r3"]}
+    assert costs.worth_verifying(4, mixed, verifying=False) == {k: every[k] for k in ("r2", "r3")}
+    costs.observe(4, drafted=6, seconds=0.078 + 6 * 0.030, source="draft")
     assert costs.drafting_requests(4, "draft") == 0  # 30 ms a token, 19.5 ms saved by one
-    assert costs.drafting_requests(4, "ngram") == 1
+    assert costs.worth_verifying(4, mixed, verifying=False) == {"r1": mixed["r1"]}
     costs.observe(4, drafted=3, seconds=0.078 + 3 * 0.015, source="ngram")
     assert costs.drafting_requests(4, "ngram") == EVERY_REQUEST
     assert costs.drafting_requests(2, "ngram") == EVERY_REQUEST  # priced from batch 4's

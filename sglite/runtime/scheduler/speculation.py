@@ -75,14 +75,26 @@ def proposals_from(
     allowed: SourceFilter,
     share_of: Callable[[str], float | None] = lambda rid: None,
 ) -> dict[str, Proposal]:
-    """One source's `Speculator.speculate`: `propose_many`'s non-empty drafts as `source`'s
-    for the first of `reqs` that `allowed` lets it draft for, each with `share_of` its request
-    (asked after the drafts are made: `Proposal.share`)."""
+    """One source's `Speculator.speculate`: `propose_many(reqs)`'s non-empty drafts as
+    `source`'s, each with `share_of` its request (asked after the drafts are made:
+    `Proposal.share`); where `allowed` lets it draft for fewer requests than `reqs`, the
+    requests are asked one by one until that many have a draft (the first requests may have
+    none: a source measured on one request's draft is not kept waiting by one it cannot
+    draft for)."""
     limit = allowed(source)
     if not reqs or limit <= 0:
         return {}
-    drafts = propose_many(reqs[:limit]).items()
-    return {rid: Proposal(tokens, source, share_of(rid)) for rid, tokens in drafts if tokens}
+    if limit >= len(reqs):
+        drafts = propose_many(reqs)
+    else:
+        drafts = {}
+        for req in reqs:
+            drafts.update((rid, t) for rid, t in propose_many([req]).items() if t)
+            if len(drafts) >= limit:
+                break
+    return {
+        rid: Proposal(tokens, source, share_of(rid)) for rid, tokens in drafts.items() if tokens
+    }
 
 
 class Speculator(Protocol):

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglite.runtime.scheduler.speculation import (
+    DRAFT_MODEL_SOURCE,
     EVERY_REQUEST,
     LOW_ACCEPTANCE,
     NGRAM_SOURCE,
@@ -104,14 +105,17 @@ class SpeculationCosts:
 
     def drafting_requests(self, batch_size: int, source: str) -> int:
         """For how many requests of this step `source` may draft: none where its drafts cannot
-        pay (`pays`); one while its cost is measured at no batch size (`coefficients`): a
-        first step's unpriced drafts for a whole batch verify rows that may not pay at any
-        acceptance (four requests' three-token drafts cost a batch of four on an AVX2 CPU six
-        plain steps, a draft model's passes included), where one request's drafts measure
-        the same cost per token; else every request."""
+        pay (`pays`); one for n-gram drafts while their cost is measured at no batch size
+        (`coefficients`): a first step's unpriced drafts for a whole batch verify rows that
+        may not pay at any acceptance (on an AVX2 CPU, four requests' three-token drafts cost
+        a batch of four about two plain steps), where one request's draft measures the same
+        cost per token; else every request. A draft model drafts for every request when
+        unpriced too: its passes serve the whole batch at once, so one request's draft would
+        measure a pass per token where the batch shares it."""
         if not self.pays(batch_size, source):
             return 0
-        return EVERY_REQUEST if self.coefficients(batch_size, source) is not None else 1
+        unpriced = self.coefficients(batch_size, source) is None
+        return 1 if unpriced and source == NGRAM_SOURCE else EVERY_REQUEST
 
     def pays(self, batch_size: int, source: str) -> bool:
         """Whether `source`'s drafts can pay at some acceptance this step: not where a drafted
@@ -130,15 +134,16 @@ class SpeculationCosts:
         draft, such as a grammar's forced tokens, is in it; or a proposal without a share).
         Where that fixed part is large (in a batch, whose rows then take a GEMM), short
         guesses that pay their own rows still lose the step when nothing else is verified.
-        A proposal of a source whose cost is not yet measured (`drafting_requests`) is
-        verified alone, a draft model's first (its passes are spent): a step whose drafts
-        mix sources measures neither."""
-        unpriced = [
-            p for p in proposals.items() if self.coefficients(batch_size, p[1].source) is None
-        ]
-        if unpriced:  # measuring a source's cost: its draft alone (the step mixes no sources)
-            rid, proposal = min(unpriced, key=lambda item: item[1].share is not None)
-            return {rid: proposal}
+        Where a source's cost is not yet measured (`drafting_requests`), its drafts are
+        verified without the other source's, a draft model's first (its passes are spent): a
+        step whose drafts mix sources measures neither (nor does one that verifies a
+        grammar's forced tokens too, after which they are tried again)."""
+        unpriced = {
+            p.source for p in proposals.values() if self.coefficients(batch_size, p.source) is None
+        }
+        if unpriced:
+            chosen = DRAFT_MODEL_SOURCE if DRAFT_MODEL_SOURCE in unpriced else unpriced.pop()
+            return {rid: p for rid, p in proposals.items() if p.source == chosen}
         fit = self.coefficients(batch_size, NGRAM_SOURCE)
         if fit is None or batch_size not in self.plain:
             return proposals
@@ -187,19 +192,25 @@ class SpeculationCosts:
 
     def _nearest_fit(self, batch_size: int, source: str) -> DraftCostFit | None:
         """`source`'s cost fit at `batch_size`, else at the nearest batch size measured (the
-        smaller of two as near). Its seconds per drafted token are its verification rows',
-        which hardly depend on the batch's other rows, and a draft model's passes' share,
-        which falls as the batch grows: one measured elsewhere prices drafts at a batch size
-        new to them, about right for n-gram drafts and erring toward drafting for a draft
-        model priced from a larger batch. Unpriced, the first drafts at a batch size run
-        whatever they cost: on a CPU whose verification rows cost most of a plain row's share,
-        a batch of four loses several steps' worth to n-gram drafts, and a batch that shrank
-        to two or three as requests finished a second or more to a draft model's catch-up on
-        every token since it last drafted."""
+        smaller of two as near); a draft model's at a larger one only. Its seconds per drafted
+        token are its verification rows', which hardly depend on the batch's other rows, and a
+        draft model's passes' share, which falls as the batch grows: priced from a larger
+        batch, its drafts look no dearer than they are (where even so they cannot pay, they
+        cannot), from a smaller one dearer (which would keep them from being measured). One
+        measured elsewhere prices drafts at a batch size new to them; unpriced, the first
+        drafts there run whatever they cost: on a CPU whose verification rows cost most of a
+        plain row's share, a batch of four loses several steps' worth to n-gram drafts, and a
+        batch that shrank to two or three as requests finished a second or more to a draft
+        model's catch-up on every token since it last drafted."""
         exact = self.fits.get((batch_size, source))
         if exact is not None:
             return exact
-        sizes = [size for size, fit_source in self.fits if fit_source == source]
+        larger_only = source != NGRAM_SOURCE
+        sizes = [
+            size
+            for size, fit_source in self.fits
+            if fit_source == source and (size > batch_size or not larger_only)
+        ]
         if not sizes:
             return None
         nearest = min(sizes, key=lambda size: (abs(size - batch_size), size))
