@@ -112,10 +112,9 @@ class SpeculationCosts:
         cost per token; else every request. A draft model drafts for every request when
         unpriced too: its passes serve the whole batch at once, so one request's draft would
         measure a pass per token where the batch shares it."""
-        if not self.pays(batch_size, source):
-            return 0
-        unpriced = self.coefficients(batch_size, source) is None
-        return 1 if unpriced and source == NGRAM_SOURCE else EVERY_REQUEST
+        if self.coefficients(batch_size, source) is None:  # unpriced: `pays` at any share
+            return 1 if source == NGRAM_SOURCE else EVERY_REQUEST
+        return EVERY_REQUEST if self.pays(batch_size, source) else 0
 
     def pays(self, batch_size: int, source: str) -> bool:
         """Whether `source`'s drafts can pay at some acceptance this step: not where a drafted
@@ -138,9 +137,8 @@ class SpeculationCosts:
         verified without the other source's, a draft model's first (its passes are spent): a
         step whose drafts mix sources measures neither (nor does one that verifies a
         grammar's forced tokens too, after which they are tried again)."""
-        unpriced = {
-            p.source for p in proposals.values() if self.coefficients(batch_size, p.source) is None
-        }
+        sources = {p.source for p in proposals.values()}  # each priced once, not per draft
+        unpriced = {source for source in sources if self.coefficients(batch_size, source) is None}
         if unpriced:
             chosen = DRAFT_MODEL_SOURCE if DRAFT_MODEL_SOURCE in unpriced else unpriced.pop()
             return {rid: p for rid, p in proposals.items() if p.source == chosen}
