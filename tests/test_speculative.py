@@ -38,7 +38,8 @@ from sglite.runtime.scheduler.speculation import (
     proposals_from,
 )
 from sglite.runtime.scheduler.speculation_costs import (
-    HOPELESS_PROBE_EVERY,
+    HOPELESS_PROBE_FIRST,
+    HOPELESS_PROBE_MAX,
     PLAIN_PROBE_EVERY,
     PLAIN_WARMUP_STEPS,
     DraftCostFit,
@@ -521,17 +522,46 @@ def test_measured_costs_set_the_acceptance_drafts_need():
         length.record(16, 0, costs.break_evens(1, 16, "ngram"))
         assert length.paused == PAUSE_STEPS << (min(failures, MAX_BACKOFF) - 1)
     # Plain steps keep the plain cost current, one in PLAIN_PROBE_EVERY; the source whose
-    # drafts cannot pay is tried one step in HOPELESS_PROBE_EVERY, the other every step.
-    allowed = {"ngram": 0, "draft": 0}
-    for _ in range(2 * HOPELESS_PROBE_EVERY):
+    # drafts cannot pay is tried after HOPELESS_PROBE_FIRST steps, then after gaps that double
+    # up to HOPELESS_PROBE_MAX; the other every step.
+    steps = 4 * HOPELESS_PROBE_MAX
+    ngram_steps, draft_probes = 0, []
+    for step in range(steps):
         if costs.allows_drafts(1):
-            for source in allowed:
-                allowed[source] += costs.pays(1, source)
-    plain_probes = 2 * HOPELESS_PROBE_EVERY // PLAIN_PROBE_EVERY
-    assert allowed == {"ngram": 2 * HOPELESS_PROBE_EVERY - plain_probes, "draft": 2}
+            ngram_steps += costs.pays(1, "ngram")
+            if costs.pays(1, "draft"):
+                assert costs.pays(1, "draft")  # a probe answers every question at its step
+                draft_probes.append(step)
+    assert ngram_steps == steps - steps // PLAIN_PROBE_EVERY
+    gaps = [later - earlier for earlier, later in zip([-1] + draft_probes, draft_probes)]
+    expected = [HOPELESS_PROBE_FIRST << i for i in range(7)] + [HOPELESS_PROBE_MAX] * 2
+    assert len(gaps) == len(expected)
+    for gap, due in zip(gaps, expected):
+        assert due <= gap <= due + 1  # one more where it fell on a plain step
     sources = costs.info()["1"]["sources"]
     assert sources["ngram"]["break_even_acceptance"]["8"] == pytest.approx(0.1)
     assert sources["draft"]["ms_per_drafted_token"] == pytest.approx(11.0)
+
+
+def test_a_source_priced_hopeless_by_one_slow_step_is_tried_again_soon():
+    """One verification slowed by interference (a shared host) prices n-gram drafts above what
+    an accepted token saves: they are tried again HOPELESS_PROBE_FIRST steps later, not a
+    thousand, and once that probe's cost brings their price below, every step drafts again."""
+    costs = SpeculationCosts()
+    for _ in range(PLAIN_WARMUP_STEPS):
+        costs.allows_drafts(4)
+        costs.observe(4, drafted=0, seconds=0.078, source="")
+    assert costs.allows_drafts(4)
+    costs.observe(4, drafted=3, seconds=0.078 + 3 * 0.025, source="ngram")  # 19.5 ms saved
+    refused = 0
+    while costs.allows_drafts(4) and costs.drafting_requests(4, "ngram") == 0:
+        refused += 1
+    assert refused == HOPELESS_PROBE_FIRST
+    assert costs.drafting_requests(4, "ngram") == EVERY_REQUEST  # the probe, asked again
+    costs.observe(4, drafted=3, seconds=0.078 + 3 * 0.010, source="ngram")
+    for _ in range(HOPELESS_PROBE_FIRST):
+        assert costs.allows_drafts(4)
+        assert costs.drafting_requests(4, "ngram") == EVERY_REQUEST
 
 
 def test_a_cold_first_verification_weighs_as_one_of_the_first_few():

@@ -31,9 +31,13 @@ PLAIN_WARMUP_STEPS = 3
 # Below this variance of the draft lengths seen, a verification's fixed cost is not told apart
 # from the cost per token (`DraftCostFit`).
 MIN_DRAFT_LENGTH_VARIANCE = 0.5
-# Where drafts cannot pay at any acceptance, one step in this many still tries them (a probe
+# Where a source's drafts cannot pay at any acceptance, a step still tries them after
+# HOPELESS_PROBE_FIRST steps, a gap that doubles with every probe up to HOPELESS_PROBE_MAX:
+# one step slowed by interference (on a shared host) must not stop a source for a thousand
+# steps, and one that truly cannot pay costs a probe ever more rarely (a probe
 # costs a draft model its catch-up on every token since the last one).
-HOPELESS_PROBE_EVERY = 1024
+HOPELESS_PROBE_FIRST = 16
+HOPELESS_PROBE_MAX = 1024
 
 
 @dataclass
@@ -77,6 +81,26 @@ class DraftCostFit:
         return (fixed, per_token) if per_token >= 0.0 and fixed >= 0.0 else proportional
 
 
+@dataclass
+class HopelessProbes:
+    """When a source whose drafts cannot pay is tried again: at step `due`, then after a gap
+    twice the last. A probe fires once but answers every question asked at its step."""
+
+    due: int
+    gap: int = HOPELESS_PROBE_FIRST
+    fired: int = -1  # the step of the last probe
+
+    def fires(self, step: int) -> bool:
+        """Whether `step` probes (the first asked at or after `due`, or the last probe's)."""
+        if step == self.fired:
+            return True
+        if step < self.due:
+            return False
+        self.gap = min(2 * self.gap, HOPELESS_PROBE_MAX)
+        self.fired, self.due = step, step + self.gap
+        return True
+
+
 class SpeculationCosts:
     """What speculation costs, measured per batch size: a plain decode step's seconds, and per
     draft source (n-gram lookups, a draft model) the seconds a step's drafts add to it
@@ -93,6 +117,7 @@ class SpeculationCosts:
         self.plain_steps: dict[int, int] = {}  # plain steps measured per batch size
         self.fits: dict[tuple[int, str], DraftCostFit] = {}
         self.steps: dict[int, int] = {}
+        self.probes: dict[tuple[int, str], HopelessProbes] = {}  # sources that cannot pay
 
     def allows_drafts(self, batch_size: int) -> bool:
         """Whether this step may verify speculative drafts: not when it is due to measure the
@@ -118,10 +143,15 @@ class SpeculationCosts:
 
     def pays(self, batch_size: int, source: str) -> bool:
         """Whether `source`'s drafts can pay at some acceptance this step: not where a drafted
-        token costs a plain step or more however long the draft, except one step in
-        `HOPELESS_PROBE_EVERY`, to notice when that changes."""
+        token costs a plain step or more however long the draft, except on the probes that
+        notice when that changes (`HopelessProbes`, from the step that first found it so)."""
         step = max(self.steps.get(batch_size, 1) - 1, 0)
-        return self.marginal(batch_size, source) < 1.0 or step % HOPELESS_PROBE_EVERY == 0
+        key = (batch_size, source)
+        if self.marginal(batch_size, source) < 1.0:
+            self.probes.pop(key, None)
+            return True
+        probes = self.probes.setdefault(key, HopelessProbes(due=step + HOPELESS_PROBE_FIRST))
+        return probes.fires(step)
 
     def worth_verifying(
         self, batch_size: int, proposals: dict[str, Proposal], verifying: bool
