@@ -14,16 +14,15 @@ import pytest
 import requests
 import torch
 
+from sglite.runtime.cache.continuation import cached_continuation
 from sglite.runtime.cache.kv_pool import KVPool
 from sglite.runtime.cache.radix_cache import RadixCache
-from sglite.runtime.scheduler.ngram import (
-    POINTER_DRAFT_TOKENS,
-    NgramProposer,
-    cached_continuation,
-)
+from sglite.runtime.scheduler.ngram import POINTER_DRAFT_TOKENS, NgramProposer
+from sglite.runtime.scheduler.ngram_evidence import OwnDrafts, UnverifiedDraft
 from sglite.runtime.scheduler.speculation import (
     EVERY_REQUEST,
     KIND_PROBE_EVERY,
+    KIND_PROBE_MAX,
     LOW_ACCEPTANCE,
     MAX_BACKOFF,
     PAUSE_STEPS,
@@ -343,6 +342,60 @@ def test_a_requests_own_drafts_outweigh_the_kinds_after_a_few():
     for _ in range(5):
         kept.record(drafted=4, accepted=4, needed=0.8)
     assert unpaid.covers_cost_for(kept)
+
+
+def test_a_copy_drafts_where_its_kind_does_not_pay_once_its_own_unverified_drafts_kept():
+    """After other requests' long matches failed (their kind's record far below the share a
+    draft needs), a request copying a passage is refused its drafts, but each refused draft is
+    checked against what the model then writes: once its own copies are seen kept, it drafts
+    (its share its own evidence with the kind's), its draft grown as if kept; a request whose
+    text leaves the passage stays refused."""
+    proposer = NgramProposer(context_len=1000, num_draft_tokens=15, min_match=2, max_match=4)
+    proposer.needed = 0.8  # as a batch of four had it on an AVX2 host
+    for kind in proposer.kinds.values():
+        for _ in range(60):
+            kind.record(drafted=8, accepted=2, needed=0.8)
+        kind.probe_gap = KIND_PROBE_MAX  # no kind probe within this test
+    passage = list(range(100, 160))
+    prompt = passage + [1, 2]
+
+    def written(output: list[int], rid: str) -> SimpleNamespace:
+        req = _req(prompt, rid)
+        req.output_ids, req.num_fill = output, len(prompt) + len(output)
+        return req
+
+    drafted_at = None
+    for n in range(4, 40):  # the model copies the passage, one plain step a token
+        draft = proposer.propose(written(passage[:n], "copy"))
+        if draft:
+            drafted_at = n
+            break
+    assert drafted_at is not None and drafted_at < 40
+    assert draft == passage[drafted_at : drafted_at + 15]  # grown by the copies seen kept
+    own = proposer.states["copy"].own.tallies["strong"]
+    assert own.accepted == own.drafted >= 20
+    assert proposer.states["copy"].share > 0.8
+
+    elsewhere = passage[:4] + list(range(300, 340))  # starts as the passage, then does not
+    assert not any(proposer.propose(written(elsewhere[:n], "other")) for n in range(4, 40))
+
+
+def test_unverified_drafts_count_once_the_model_has_written_their_tokens():
+    """A proposal that no verification recorded, or a draft refused, is checked against the
+    tokens written after it: undecided until they are, one at a time."""
+    own = OwnDrafts()
+    own.proposed = UnverifiedDraft("strong", [5, 6, 7], at=10)
+    before = list(range(10))
+    assert own.check(before + [5], needed=0.5) == 0 and own.tallies == {}  # undecided
+    assert own.check(before + [5, 6, 9], needed=0.5) == 0  # kept 2 of 3
+    assert (own.tallies["strong"].accepted, own.tallies["strong"].drafted) == (2, 3)
+    own.refused(UnverifiedDraft("weak", [1, 2], at=13))
+    own.refused(UnverifiedDraft("strong", [4], at=13))  # one checked at a time: dropped
+    assert own.check(before + [5, 6, 9, 1, 2], needed=0.5) == 2  # kept whole
+    assert own.tallies["weak"].accepted == 2 and own.tallies["strong"].drafted == 3
+    own.proposed = UnverifiedDraft("strong", [8], at=15)
+    own.verified("strong", drafted=1, accepted=0, needed=0.5)  # verified: not checked again
+    assert own.proposed is None and own.check(before + [5, 6, 9, 1, 2, 8], needed=0.5) == 0
 
 
 def test_a_due_probe_waits_for_a_cheap_moment():

@@ -46,9 +46,10 @@ the end of a copy (the source's next token does not follow) teaches nothing.
 Those are five kinds of draft (`DRAFT_KINDS`), accepted at very different rates by the text:
 free writing repeats short runs that are not copies, an edit's pointer guesses wrong in prose,
 and a rejoin wherever copied values end and the model's own text goes on (a record). Each kind
-is proposed only while its recent tokens' accepted share (`KindAcceptance`, over all requests)
-is above the share a long draft needs to pay (the scheduler's measured `least` break-even), and
-probed less and less often while it is not.
+is proposed to a request only while its recent tokens' accepted share (`KindAcceptance`, over
+all requests, with the request's own: `ngram_evidence.OwnDrafts`, its unverified drafts checked
+too) is above the share a long draft needs to pay (the scheduler's measured `least`
+break-even), and probed less and less often while it is not.
 """
 
 from __future__ import annotations
@@ -56,16 +57,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from sglite.runtime.cache.continuation import cached_continuation
 from sglite.runtime.cache.radix_cache import RadixCache
-from sglite.runtime.cache.tree_node import TreeNode
 from sglite.runtime.multimodal.processor import is_pad
 from sglite.runtime.scheduler.drafts import MAX_DRAFT_TOKENS
+from sglite.runtime.scheduler.ngram_evidence import OwnDrafts, UnverifiedDraft
 from sglite.runtime.scheduler.request import Req
 from sglite.runtime.scheduler.speculation import (
     LOW_ACCEPTANCE,
     NGRAM_SOURCE,
     BreakEvens,
     DraftLength,
+    DraftTally,
     KindAcceptance,
     Proposal,
     SourceFilter,
@@ -114,6 +117,7 @@ class NgramState:
     pointer_if_replaced: bool = False
     kind: str = ""  # where the last draft came from (a DRAFT_KINDS name)
     share: float | None = None  # its kind's accepted share (None: the draft is a probe)
+    own: OwnDrafts = field(default_factory=OwnDrafts)  # the request's own evidence, by kind
     # The request's replacements (a source token -> the token the model writes for it; their
     # inverse, for lookups), the last draft as copied (before them), and the replacements
     # awaiting the token after them.
@@ -179,6 +183,9 @@ class NgramProposer:
         if length <= 0:
             return []
         tokens = state.history.sync(req)
+        kept_whole = state.own.check(tokens, self.needed)
+        if kept_whole:
+            state.length.shown(kept_whole)
         self._confirm_replacement(state, tokens)
         state.draft_start, state.from_pointer, state.proposed_at = None, False, len(tokens)
         if self._stale_pointer(state, tokens):
@@ -186,28 +193,45 @@ class NgramProposer:
         if self.cache is not None:
             room = min(draft_room(req, self.context_len), MAX_DRAFT_TOKENS)
             longest = CACHE_DRAFT_SCALE * (length + 1) - 1  # its rows CACHE_DRAFT_SCALE times
-            cached = cached_continuation(self.cache, tokens, min(room, longest))
-            if cached and self._pays(state, "cache"):
-                return _tokens_only(cached)
+            cached = _tokens_only(cached_continuation(self.cache, tokens, min(room, longest)))
+            if cached and self._pays(state, "cache", cached, tokens):
+                return self._proposed(state, cached, tokens)
         self._index(state, tokens)
         strong = min(STRONG_MATCH, self.max_match)
         start = self._match(state, tokens, strong, self.max_match)
-        if start is not None and not self._pays(state, "strong"):
-            start = None
-        pointing = state.pointer is not None and state.pointer < len(tokens) - 1
+        if start is not None:
+            if not self._pays(state, "strong", self._copy(state, tokens, start, length), tokens):
+                start = None
+        pointer = state.pointer
         kind = "rejoin" if state.pointer_if_replaced else "pointer"
-        if start is None and pointing and self._pays(state, kind):
-            start, state.from_pointer = state.pointer, True
-            length = min(length, state.pointer_length)
+        if start is None and pointer is not None and pointer < len(tokens) - 1:
+            pointer_length = min(length, state.pointer_length)
+            pointed = self._copy(state, tokens, pointer, pointer_length)
+            if self._pays(state, kind, pointed, tokens):
+                start, state.from_pointer, length = pointer, True, pointer_length
         if start is None:
             start = self._match(state, tokens, self.min_match, strong - 1)
-            if start is not None and not self._pays(state, "weak"):
+            weak = None if start is None else self._copy(state, tokens, start, length)
+            if weak is not None and not self._pays(state, "weak", weak, tokens):
                 start = None
         if start is None:
             return []
         state.draft_start = start
         state.copied = _tokens_only(tokens[start : start + length])
-        return [state.substitutions.get(t, t) for t in state.copied]
+        return self._proposed(state, self._copy(state, tokens, start, length), tokens)
+
+    @staticmethod
+    def _copy(state: NgramState, tokens: list[int], start: int, length: int) -> list[int]:
+        """The draft copied from `start`: up to `length` tokens, the request's substitutions
+        made."""
+        return [state.substitutions.get(t, t) for t in _tokens_only(tokens[start : start + length])]
+
+    @staticmethod
+    def _proposed(state: NgramState, draft: list[int], tokens: list[int]) -> list[int]:
+        """`draft`, noted as the request's latest proposal (checked as unverified evidence
+        where no verification records it)."""
+        state.own.proposed = UnverifiedDraft(state.kind, draft, len(tokens))
+        return draft
 
     def speculate(self, reqs: list[Req], allowed: SourceFilter) -> dict[str, Proposal]:
         """`propose`'s drafts as the NGRAM_SOURCE's, each with its kind's accepted share."""
@@ -235,6 +259,7 @@ class NgramProposer:
         state.length.record(drafted, accepted, shares)
         if state.kind in self.kinds:
             self.kinds[state.kind].record(drafted, accepted, shares.needed)
+            state.own.verified(state.kind, drafted, accepted, shares.needed)
         # a kind is judged by what its longest drafts need: its short ones are the draft
         # length's to stop (DraftLength)
         self.needed = max(shares.least, LOW_ACCEPTANCE)
@@ -330,14 +355,19 @@ class NgramProposer:
             "speculative_ngram_drafts": {kind: tally.info() for kind, tally in self.kinds.items()},
         }
 
-    def _pays(self, state: NgramState, kind: str) -> bool:
-        """Whether a draft of `kind` may be proposed now (`KindAcceptance.admit`); if so, it is
-        the request's draft kind."""
+    def _pays(self, state: NgramState, kind: str, draft: list[int], tokens: list[int]) -> bool:
+        """Whether `draft`, of `kind`, may be proposed now: while the kind's drafts pay on
+        this request (`KindAcceptance.pays_for`: its own evidence with the kind's record),
+        or as the kind's probe (`KindAcceptance.admit`); if so, it is the request's draft
+        kind. Else the draft is checked as unverified evidence (`OwnDrafts.refused`)."""
         tally = self.kinds[kind]
-        paying = tally.pays(self.needed)
+        own = state.own.tallies.get(kind)
+        paying = tally.pays_for(own, self.needed)
         if not tally.admit(paying):
+            state.own.refused(UnverifiedDraft(kind, draft, len(tokens)))
             return False
-        state.kind, state.share = kind, tally.expected_share if paying else None
+        share = tally.expected_share_for(own or DraftTally())
+        state.kind, state.share = kind, share if paying else None
         return True
 
     @staticmethod
@@ -365,33 +395,9 @@ class NgramProposer:
         state.indexed = max(state.indexed, last + 1)
 
 
-def cached_continuation(cache: RadixCache, tokens: list[int], limit: int) -> list[int]:
-    """Up to `limit` tokens that follow `tokens` in `cache`, when the whole of `tokens` is a
-    cached prefix; empty otherwise. Where the tree branches, the most recently used branch is
-    followed. Reads the tree only: no split, no LRU refresh, no hit count."""
-    node, pos, offset = cache.root, 0, 0  # tokens[:pos] matched; `offset` into node.key
-    while pos < len(tokens):
-        child = node.children.get(tokens[pos])
-        if child is None:
-            return []
-        n = min(len(child.key), len(tokens) - pos)
-        if child.key[:n] != tokens[pos : pos + n]:
-            return []
-        node, pos, offset = child, pos + n, n
-    out = node.key[offset : offset + limit]
-    while len(out) < limit and node.children:
-        node = max(node.children.values(), key=_recency)
-        out.extend(node.key[: limit - len(out)])
-    return out
-
-
 def _tokens_only(draft: list[int]) -> list[int]:
     """`draft` up to its first image position (negative pad ids are not tokens to propose)."""
     for i, token in enumerate(draft):
         if is_pad(token):
             return draft[:i]
     return draft
-
-
-def _recency(node: TreeNode) -> tuple[float, int]:
-    return (node.last_access, node.serial)

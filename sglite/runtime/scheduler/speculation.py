@@ -305,6 +305,15 @@ class KindAcceptance(DraftTally):
         self.drafted *= KIND_DECAY
         self.cost *= KIND_DECAY
 
+    def pays_for(self, own: DraftTally | None, needed: float) -> bool:
+        """`pays` for one request: its own recent drafts (`own`) with this kind's counted as
+        at most REQUEST_PRIOR_TOKENS tokens; the kind's alone while it has none."""
+        if own is None or own.drafted <= 0.0:
+            return self.pays(needed)
+        weight = self._prior_weight()
+        drafted = self.drafted * weight + own.drafted
+        return self.accepted * weight + own.accepted > needed * drafted
+
     def covers_cost(self) -> bool:
         """Whether its recent drafts got more tokens accepted than their cost was worth."""
         return self.accepted > self.cost

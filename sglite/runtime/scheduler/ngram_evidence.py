@@ -1,0 +1,77 @@
+"""A request's own evidence of how n-gram drafts fare on its text, per kind of draft.
+
+A kind's record over all requests (`KindAcceptance`) says what the workload's drafts of that
+kind were worth, but requests differ: after requests that edited code, a request repeating a
+passage copies it whole, and one writing freely after a run of copies copies nothing. Each
+request therefore keeps its own tallies (`OwnDrafts`): of its drafts that were verified, and of
+those that were not (a kind whose record does not pay, a draft the step's costs passed over, one
+a draft model's draft took the place of), checked against the tokens the model then wrote. An
+n-gram draft costs a few lookups to propose, so what it would have kept is known without
+verifying it; a greedy verification keeps exactly the tokens the model writes as drafted (with
+sampling, the check is the stricter of the two).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sglite.runtime.scheduler.speculation import DraftTally
+
+
+@dataclass(frozen=True)
+class UnverifiedDraft:
+    """A draft of `kind` proposed when the request was `at` tokens long, not verified."""
+
+    kind: str
+    tokens: list[int]
+    at: int
+
+    def kept(self, sequence: list[int]) -> int | None:
+        """How many of its tokens the model wrote as drafted after it (`sequence`: the
+        request's tokens now), as a verification would have kept them; None while too few
+        tokens are written to tell."""
+        written = sequence[self.at : self.at + len(self.tokens)]
+        kept = 0
+        for drafted, wrote in zip(self.tokens, written):
+            if drafted != wrote:
+                return kept
+            kept += 1
+        return kept if kept == len(self.tokens) else None
+
+
+@dataclass
+class OwnDrafts:
+    """One request's n-gram drafts, per kind (`tallies`): the verified ones and the unverified
+    ones once checked. At most one unverified draft is checked at a time (`unverified`), the
+    latest proposal (`proposed`) becoming one when the next proposal finds it was not
+    verified."""
+
+    tallies: dict[str, DraftTally] = field(default_factory=dict)
+    unverified: UnverifiedDraft | None = None
+    proposed: UnverifiedDraft | None = None
+
+    def verified(self, kind: str, drafted: int, accepted: int, needed: float) -> None:
+        """The latest proposal, of `kind`, was verified: it kept `accepted` of `drafted`."""
+        self.proposed = None
+        self.tallies.setdefault(kind, DraftTally()).record(drafted, accepted, needed)
+
+    def refused(self, draft: UnverifiedDraft) -> None:
+        """A draft found but not proposed (its kind does not pay): checked once the model
+        writes its tokens, unless another is being checked."""
+        if self.unverified is None and draft.tokens:
+            self.unverified = draft
+
+    def check(self, sequence: list[int], needed: float) -> int:
+        """Check the unverified draft against the request's tokens now (`sequence`), a
+        proposal since left unverified first; return its length where it was kept whole
+        (else 0), counted at `needed`, the share a long draft needs."""
+        if self.proposed is not None:
+            self.refused(self.proposed)
+            self.proposed = None
+        draft = self.unverified
+        kept = None if draft is None else draft.kept(sequence)
+        if draft is None or kept is None:
+            return 0
+        self.unverified = None
+        self.tallies.setdefault(draft.kind, DraftTally()).record(len(draft.tokens), kept, needed)
+        return kept if kept == len(draft.tokens) else 0
