@@ -15,8 +15,10 @@ drafted tokens after P draft-model passes is priced `pass(R + D) + P * draft(R)`
 column), linear between them and past the last by its last step: passes are not linear in
 their rows (on AVX2 a fifth row costs a chunk of its own). The draft model's
 prompt reads are left out (as bench_spec's subtraction of a one-token run leaves them out).
+`--algorithm ngram`: n-gram drafts alone, no draft model.
 
-Run: python -m benchmarks.bench_spec_priced [--model M] [--draft-model-path P] [--rounds 2]
+Run: python -m benchmarks.bench_spec_priced [--model M] [--draft-model-path P | --algorithm
+     ngram] [--rounds 2]
      [--concurrency 4] [--tokens 96] [--plain-ms 39.6] [--row-ms 14.5] [--draft-ms 14.0]
      [--draft-row-ms 6.6] [--pass-table ROWS:MS,...]
 """
@@ -83,6 +85,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", default="qwen2.5-coder-1.5b")
     parser.add_argument("--draft-model-path", default="qwen2.5-coder-0.5b")
+    parser.add_argument(
+        "--algorithm", choices=("draft", "ngram"), default="draft", help="ngram: no draft model"
+    )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=96)
@@ -102,8 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     server_args = ServerArgs(
         model_path=loaded.model_path,
         max_total_tokens=65536,
-        speculative_algorithm="draft",
-        speculative_draft_model_path=args.draft_model_path,
+        speculative_algorithm=args.algorithm,
+        speculative_draft_model_path=args.draft_model_path if args.algorithm == "draft" else None,
     )
     sched = settled_scheduler(server_args, loaded)
     tracer = StepTracer(sched)

@@ -18,7 +18,12 @@ from sglite.runtime.cache.continuation import cached_continuation
 from sglite.runtime.cache.kv_pool import KVPool
 from sglite.runtime.cache.radix_cache import RadixCache
 from sglite.runtime.scheduler.ngram import POINTER_DRAFT_TOKENS, NgramProposer
-from sglite.runtime.scheduler.ngram_evidence import OwnDrafts, UnverifiedDraft
+from sglite.runtime.scheduler.ngram_evidence import (
+    OwnDrafts,
+    UnverifiedDraft,
+    copied_run,
+    run_cap,
+)
 from sglite.runtime.scheduler.speculation import (
     EVERY_REQUEST,
     KIND_PROBE_EVERY,
@@ -348,8 +353,8 @@ def test_a_copy_drafts_where_its_kind_does_not_pay_once_its_own_unverified_draft
     """After other requests' long matches failed (their kind's record far below the share a
     draft needs), a request copying a passage is refused its drafts, but each refused draft is
     checked against what the model then writes: once its own copies are seen kept, it drafts
-    (its share its own evidence with the kind's), its draft grown as if kept; a request whose
-    text leaves the passage stays refused."""
+    (its share its own evidence with the kind's), as far as its copy's run says a token is
+    likely kept; a request whose text leaves the passage stays refused."""
     proposer = NgramProposer(context_len=1000, num_draft_tokens=15, min_match=2, max_match=4)
     proposer.needed = 0.8  # as a batch of four had it on an AVX2 host
     for kind in proposer.kinds.values():
@@ -371,13 +376,28 @@ def test_a_copy_drafts_where_its_kind_does_not_pay_once_its_own_unverified_draft
             drafted_at = n
             break
     assert drafted_at is not None and drafted_at < 40
-    assert draft == passage[drafted_at : drafted_at + 15]  # grown by the copies seen kept
+    # as long as a copy that ran `drafted_at` tokens likely goes on at 0.8 a token (run_cap)
+    assert draft == passage[drafted_at : drafted_at + (drafted_at + 1) // 4]
     own = proposer.states["copy"].own.tallies["strong"]
     assert own.accepted == own.drafted >= 20
     assert proposer.states["copy"].share > 0.8
 
     elsewhere = passage[:4] + list(range(300, 340))  # starts as the passage, then does not
     assert not any(proposer.propose(written(elsewhere[:n], "other")) for n in range(4, 40))
+
+
+def test_a_draft_reaches_as_far_as_its_copy_has_run_at_the_share_a_token_needs():
+    """A copy that has run r tokens is drafted up to (r + 1)(1 - m) / m tokens at a break-even
+    m: the first tokens of a fresh match at a low break-even, only long copies' where a token
+    needs most of what it saves (a batch on a CPU), nothing where no token pays."""
+    source = [1, 2, 3, 4, 5, 6, 7, 8]
+    sequence = [9, *source, 0, 1, 2, 3]  # 1 2 3 copied again: the copy ran 3 tokens
+    assert copied_run(sequence, 4, {}) == 3  # a draft from source position 4 (the 4)
+    assert copied_run(sequence, 6, {}) == 0  # a draft from 6 would not continue it
+    assert copied_run([*sequence[:-1], 30], 4, {3: 30}) == 3  # a rename read as the source's
+    assert run_cap(0, 0.25, 15) == 3 and run_cap(3, 0.25, 15) == 12 and run_cap(9, 0.25, 15) == 15
+    assert run_cap(3, 0.8, 15) == 1 and run_cap(43, 0.75, 15) == 14 and run_cap(2, 0.8, 15) == 0
+    assert run_cap(100, 1.0, 15) == 0
 
 
 def test_unverified_drafts_count_once_the_model_has_written_their_tokens():

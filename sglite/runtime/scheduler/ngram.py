@@ -49,7 +49,8 @@ and a rejoin wherever copied values end and the model's own text goes on (a reco
 is proposed to a request only while its recent tokens' accepted share (`KindAcceptance`, over
 all requests, with the request's own: `ngram_evidence.OwnDrafts`, its unverified drafts checked
 too) is above the share a long draft needs to pay (the scheduler's measured `least`
-break-even), and probed less and less often while it is not.
+break-even), and probed less and less often while it is not; a draft reaches only as far as
+the copy it continues has run says its tokens pay (`ngram_evidence.run_cap`).
 """
 
 from __future__ import annotations
@@ -61,7 +62,12 @@ from sglite.runtime.cache.continuation import cached_continuation
 from sglite.runtime.cache.radix_cache import RadixCache
 from sglite.runtime.multimodal.processor import is_pad
 from sglite.runtime.scheduler.drafts import MAX_DRAFT_TOKENS
-from sglite.runtime.scheduler.ngram_evidence import OwnDrafts, UnverifiedDraft
+from sglite.runtime.scheduler.ngram_evidence import (
+    OwnDrafts,
+    UnverifiedDraft,
+    copied_run,
+    run_cap,
+)
 from sglite.runtime.scheduler.request import Req
 from sglite.runtime.scheduler.speculation import (
     LOW_ACCEPTANCE,
@@ -194,31 +200,42 @@ class NgramProposer:
             room = min(draft_room(req, self.context_len), MAX_DRAFT_TOKENS)
             longest = CACHE_DRAFT_SCALE * (length + 1) - 1  # its rows CACHE_DRAFT_SCALE times
             cached = _tokens_only(cached_continuation(self.cache, tokens, min(room, longest)))
-            if cached and self._pays(state, "cache", cached, tokens):
+            if cached and self._pays(state, "cache", cached, tokens, len(cached)):
                 return self._proposed(state, cached, tokens)
         self._index(state, tokens)
         strong = min(STRONG_MATCH, self.max_match)
         start = self._match(state, tokens, strong, self.max_match)
-        if start is not None:
-            if not self._pays(state, "strong", self._copy(state, tokens, start, length), tokens):
-                start = None
+        if start is not None and not self._admits(state, "strong", tokens, start, length):
+            start = None
         pointer = state.pointer
         kind = "rejoin" if state.pointer_if_replaced else "pointer"
         if start is None and pointer is not None and pointer < len(tokens) - 1:
             pointer_length = min(length, state.pointer_length)
-            pointed = self._copy(state, tokens, pointer, pointer_length)
-            if self._pays(state, kind, pointed, tokens):
+            if self._admits(state, kind, tokens, pointer, pointer_length):
                 start, state.from_pointer, length = pointer, True, pointer_length
         if start is None:
             start = self._match(state, tokens, self.min_match, strong - 1)
-            weak = None if start is None else self._copy(state, tokens, start, length)
-            if weak is not None and not self._pays(state, "weak", weak, tokens):
+            if start is not None and not self._admits(state, "weak", tokens, start, length):
                 start = None
         if start is None:
             return []
+        length = min(length, self._cap(state, tokens, start))
         state.draft_start = start
         state.copied = _tokens_only(tokens[start : start + length])
         return self._proposed(state, self._copy(state, tokens, start, length), tokens)
+
+    def _admits(
+        self, state: NgramState, kind: str, tokens: list[int], start: int, length: int
+    ) -> bool:
+        """`_pays` for a draft of `kind` copied from `start`, up to `length` tokens."""
+        draft = self._copy(state, tokens, start, length)
+        return self._pays(state, kind, draft, tokens, self._cap(state, tokens, start))
+
+    def _cap(self, state: NgramState, tokens: list[int], start: int) -> int:
+        """The longest draft from `start` likely to pay token by token, by how long the copy
+        it continues has run (`run_cap` at a long draft's break-even)."""
+        run = copied_run(tokens, start, state.substitutions)
+        return run_cap(run, self.needed, MAX_DRAFT_TOKENS)
 
     @staticmethod
     def _copy(state: NgramState, tokens: list[int], start: int, length: int) -> list[int]:
@@ -355,17 +372,20 @@ class NgramProposer:
             "speculative_ngram_drafts": {kind: tally.info() for kind, tally in self.kinds.items()},
         }
 
-    def _pays(self, state: NgramState, kind: str, draft: list[int], tokens: list[int]) -> bool:
-        """Whether `draft`, of `kind`, may be proposed now: while the kind's drafts pay on
-        this request (`KindAcceptance.pays_for`: its own evidence with the kind's record),
-        or as the kind's probe (`KindAcceptance.admit`); if so, it is the request's draft
-        kind. Else the draft is checked as unverified evidence (`OwnDrafts.refused`)."""
+    def _pays(
+        self, state: NgramState, kind: str, draft: list[int], tokens: list[int], cap: int
+    ) -> bool:
+        """Whether `draft`, of `kind`, may be proposed now: where the copy it continues has run
+        long enough for a draft token to pay (`cap`, `_cap`, above 0), while the kind's drafts
+        pay on this request (`KindAcceptance.pays_for`: its own evidence with the kind's
+        record) or as the kind's probe (`KindAcceptance.admit`); if so, it is the request's
+        draft kind. Else the draft is checked as unverified evidence (`OwnDrafts.refused`)."""
         tally = self.kinds[kind]
         own = state.own.tallies.get(kind)
-        paying = tally.pays_for(own, self.needed)
-        if not tally.admit(paying):
+        if not (cap > 0 and tally.admit(tally.pays_for(own, self.needed))):
             state.own.refused(UnverifiedDraft(kind, draft, len(tokens)))
             return False
+        paying = tally.pays_for(own, self.needed)
         share = tally.expected_share_for(own or DraftTally())
         state.kind, state.share = kind, share if paying else None
         return True

@@ -9,6 +9,12 @@ a draft model's draft took the place of), checked against the tokens the model t
 n-gram draft costs a few lookups to propose, so what it would have kept is known without
 verifying it; a greedy verification keeps exactly the tokens the model writes as drafted (with
 sampling, the check is the stricter of the two).
+
+How long a request's copy has run (`copied_run`: its latest tokens as they stand before the
+draft's source position) also bounds the draft's length (`run_cap`): copies end, and the longer
+one has run the longer it likely goes on, so a draft token far past what the copy has shown is
+kept too rarely to pay where verification rows cost most of what a kept token saves (a batch
+on a CPU).
 """
 
 from __future__ import annotations
@@ -53,6 +59,9 @@ class OwnDrafts:
     def verified(self, kind: str, drafted: int, accepted: int, needed: float) -> None:
         """The latest proposal, of `kind`, was verified: it kept `accepted` of `drafted`."""
         self.proposed = None
+        self._count(kind, drafted, accepted, needed)
+
+    def _count(self, kind: str, drafted: int, accepted: int, needed: float) -> None:
         self.tallies.setdefault(kind, DraftTally()).record(drafted, accepted, needed)
 
     def refused(self, draft: UnverifiedDraft) -> None:
@@ -73,5 +82,33 @@ class OwnDrafts:
         if draft is None or kept is None:
             return 0
         self.unverified = None
-        self.tallies.setdefault(draft.kind, DraftTally()).record(len(draft.tokens), kept, needed)
+        self._count(draft.kind, len(draft.tokens), kept, needed)
         return kept if kept == len(draft.tokens) else 0
+
+
+# Copies are measured back at most this far (a longer one takes the longest draft at any
+# break-even a draft can pay at).
+LONGEST_RUN = 256
+
+
+def copied_run(sequence: list[int], start: int, substitutions: dict[int, int]) -> int:
+    """How many of the request's latest tokens (`sequence`) are a copy of those just before
+    `start` (its substitutions made): how long the copy a draft from `start` continues has
+    run, up to LONGEST_RUN."""
+    run, end = 0, len(sequence)
+    while run < min(start, LONGEST_RUN):
+        source = sequence[start - run - 1]
+        if substitutions.get(source, source) != sequence[end - run - 1]:
+            break
+        run += 1
+    return run
+
+
+def run_cap(run: int, needed: float, maximum: int) -> int:
+    """The longest draft (at most `maximum`) whose last token is likely kept at `needed` (the
+    share at which a draft token pays for its verification row), where a copy that has run r
+    tokens runs i more with probability (r + 1) / (r + 1 + i): copy lengths spread as a power
+    law, so a copy that ran twice as long likely goes on twice as far."""
+    if needed <= 0.0:
+        return maximum
+    return max(0, min(maximum, int((run + 1) * (1.0 - needed) / needed + 1e-9)))
