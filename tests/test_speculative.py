@@ -23,6 +23,7 @@ from sglite.runtime.scheduler.ngram_evidence import (
     UnverifiedDraft,
     copied_run,
     run_cap,
+    run_needed,
 )
 from sglite.runtime.scheduler.speculation import (
     EVERY_REQUEST,
@@ -375,15 +376,18 @@ def test_a_copy_drafts_where_its_kind_does_not_pay_once_its_own_unverified_draft
         if draft:
             drafted_at = n
             break
-    assert drafted_at is not None and drafted_at < 40
+    assert drafted_at is not None
     # as long as a copy that ran `drafted_at` tokens likely goes on at 0.8 a token (run_cap)
     assert draft == passage[drafted_at : drafted_at + (drafted_at + 1) // 4]
     own = proposer.states["copy"].own.tallies["strong"]
     assert own.accepted == own.drafted >= 20
     assert proposer.states["copy"].share > 0.8
 
-    elsewhere = passage[:4] + list(range(300, 340))  # starts as the passage, then does not
-    assert not any(proposer.propose(written(elsewhere[:n], "other")) for n in range(4, 40))
+    # copies four or five tokens at a time, then writes its own: its matches' drafts fail
+    elsewhere = [t for i in range(0, 60, 10) for t in (*passage[i : i + 5], 300 + i)]
+    assert not any(proposer.propose(written(elsewhere[:n], "other")) for n in range(4, 36))
+    own = proposer.states["other"].own.tallies["strong"]
+    assert own.drafted > 0 and not proposer.kinds["strong"].pays_for(own, 0.8)
 
 
 def test_a_draft_reaches_as_far_as_its_copy_has_run_at_the_share_a_token_needs():
@@ -392,12 +396,27 @@ def test_a_draft_reaches_as_far_as_its_copy_has_run_at_the_share_a_token_needs()
     needs most of what it saves (a batch on a CPU), nothing where no token pays."""
     source = [1, 2, 3, 4, 5, 6, 7, 8]
     sequence = [9, *source, 0, 1, 2, 3]  # 1 2 3 copied again: the copy ran 3 tokens
-    assert copied_run(sequence, 4, {}) == 3  # a draft from source position 4 (the 4)
-    assert copied_run(sequence, 6, {}) == 0  # a draft from 6 would not continue it
-    assert copied_run([*sequence[:-1], 30], 4, {3: 30}) == 3  # a rename read as the source's
+    assert copied_run(sequence, 4, {}, longest=64) == 3  # a draft from source position 4
+    assert copied_run(sequence, 4, {}, longest=2) == 2  # counted no further than asked
+    assert copied_run(sequence, 6, {}, longest=64) == 0  # a draft from 6 would not continue it
+    assert copied_run([*sequence[:-1], 30], 4, {3: 30}, longest=64) == 3  # a rename
+    assert run_cap(run_needed(15, 0.75), 0.75, 15) == 15 > run_cap(42, 0.75, 15)
     assert run_cap(0, 0.25, 15) == 3 and run_cap(3, 0.25, 15) == 12 and run_cap(9, 0.25, 15) == 15
     assert run_cap(3, 0.8, 15) == 1 and run_cap(43, 0.75, 15) == 14 and run_cap(2, 0.8, 15) == 0
     assert run_cap(100, 1.0, 15) == 0
+
+
+def test_where_no_draft_token_pays_a_kinds_probe_still_drafts_one():
+    """A long draft's break-even at 1 or more (the latest verification priced drafts out)
+    caps every draft at nothing, but the kinds' probes still come, one token long: their
+    verification is what prices drafts again."""
+    proposer = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=1, max_match=4)
+    proposer.needed = 1.2
+    strong = [10, 11, 12, 13, 14, 15, 10, 11, 12, 13]
+    drafts = [proposer.propose(_req(strong, rid=f"r{i}")) for i in range(KIND_PROBE_EVERY)]
+    assert drafts == [[]] * (KIND_PROBE_EVERY - 1) + [[14]]
+    last = proposer.states[f"r{KIND_PROBE_EVERY - 1}"]
+    assert last.kind == "strong" and last.share is None  # a probe
 
 
 def test_unverified_drafts_count_once_the_model_has_written_their_tokens():
@@ -619,7 +638,8 @@ def test_measured_costs_set_the_acceptance_drafts_need():
 def test_a_source_priced_hopeless_by_one_slow_step_is_tried_again_soon():
     """One verification slowed by interference (a shared host) prices n-gram drafts above what
     an accepted token saves: they are tried again HOPELESS_PROBE_FIRST steps later, not a
-    thousand, and once that probe's cost brings their price below, every step drafts again."""
+    thousand (that step verifies them whatever they are likely to save), and once that
+    probe's cost brings their price below, every step drafts again."""
     costs = SpeculationCosts()
     for _ in range(PLAIN_WARMUP_STEPS):
         costs.allows_drafts(4)
@@ -627,10 +647,13 @@ def test_a_source_priced_hopeless_by_one_slow_step_is_tried_again_soon():
     assert costs.allows_drafts(4)
     costs.observe(4, drafted=3, seconds=0.078 + 3 * 0.025, source="ngram")  # 19.5 ms saved
     refused = 0
+    guess = {"r": Proposal([5, 6, 7], "ngram", share=0.9)}  # 0.9 x 19.5 ms < 25 ms a token
     while costs.allows_drafts(4) and costs.drafting_requests(4, "ngram") == 0:
         refused += 1
+        assert costs.worth_verifying(4, guess, verifying=False) == {}
     assert refused == HOPELESS_PROBE_FIRST
     assert costs.drafting_requests(4, "ngram") == EVERY_REQUEST  # the probe, asked again
+    assert costs.worth_verifying(4, guess, verifying=False) == guess  # a probe verifies them
     costs.observe(4, drafted=3, seconds=0.078 + 3 * 0.010, source="ngram")
     for _ in range(HOPELESS_PROBE_FIRST):
         assert costs.allows_drafts(4)

@@ -49,8 +49,8 @@ and a rejoin wherever copied values end and the model's own text goes on (a reco
 is proposed to a request only while its recent tokens' accepted share (`KindAcceptance`, over
 all requests, with the request's own: `ngram_evidence.OwnDrafts`, its unverified drafts checked
 too) is above the share a long draft needs to pay (the scheduler's measured `least`
-break-even), and probed less and less often while it is not; a draft reaches only as far as
-the copy it continues has run says its tokens pay (`ngram_evidence.run_cap`).
+break-even), and probed less and less often while it is not; a match's draft reaches only as
+far as the copy it continues has run says its tokens pay (`ngram_evidence.run_cap`).
 """
 
 from __future__ import annotations
@@ -67,6 +67,12 @@ from sglite.runtime.scheduler.ngram_evidence import (
     UnverifiedDraft,
     copied_run,
     run_cap,
+    run_needed,
+)
+from sglite.runtime.scheduler.ngram_renames import (
+    Replacement,
+    confirm_replacement,
+    note_replacement,
 )
 from sglite.runtime.scheduler.request import Req
 from sglite.runtime.scheduler.speculation import (
@@ -145,15 +151,6 @@ class NgramState:
             del self.originals[written]
 
 
-@dataclass(frozen=True)
-class Replacement:
-    """The model's own token, at position `written_at` of the request, written where a draft
-    copied the token at text position `source_at`."""
-
-    source_at: int
-    written_at: int
-
-
 class NgramProposer:
     """Drafts from the request's prompt and output (a `speculation.Speculator`)."""
 
@@ -192,7 +189,7 @@ class NgramProposer:
         kept_whole = state.own.check(tokens, self.needed)
         if kept_whole:
             state.length.shown(kept_whole)
-        self._confirm_replacement(state, tokens)
+        confirm_replacement(state, tokens)
         state.draft_start, state.from_pointer, state.proposed_at = None, False, len(tokens)
         if self._stale_pointer(state, tokens):
             state.pointer = None
@@ -205,37 +202,35 @@ class NgramProposer:
         self._index(state, tokens)
         strong = min(STRONG_MATCH, self.max_match)
         start = self._match(state, tokens, strong, self.max_match)
-        if start is not None and not self._admits(state, "strong", tokens, start, length):
-            start = None
+        taken = 0 if start is None else self._admits(state, "strong", tokens, start, length)
         pointer = state.pointer
-        kind = "rejoin" if state.pointer_if_replaced else "pointer"
-        if start is None and pointer is not None and pointer < len(tokens) - 1:
-            pointer_length = min(length, state.pointer_length)
-            if self._admits(state, kind, tokens, pointer, pointer_length):
-                start, state.from_pointer, length = pointer, True, pointer_length
-        if start is None:
+        if not taken and pointer is not None and pointer < len(tokens) - 1:
+            kind = "rejoin" if state.pointer_if_replaced else "pointer"
+            start = pointer
+            taken = self._admits(state, kind, tokens, pointer, min(length, state.pointer_length))
+            state.from_pointer = taken > 0
+        if not taken:
             start = self._match(state, tokens, self.min_match, strong - 1)
-            if start is not None and not self._admits(state, "weak", tokens, start, length):
-                start = None
-        if start is None:
+            taken = 0 if start is None else self._admits(state, "weak", tokens, start, length)
+        if not taken or start is None:
             return []
-        length = min(length, self._cap(state, tokens, start))
         state.draft_start = start
-        state.copied = _tokens_only(tokens[start : start + length])
-        return self._proposed(state, self._copy(state, tokens, start, length), tokens)
+        state.copied = _tokens_only(tokens[start : start + taken])
+        return self._proposed(state, self._copy(state, tokens, start, taken), tokens)
 
     def _admits(
         self, state: NgramState, kind: str, tokens: list[int], start: int, length: int
-    ) -> bool:
-        """`_pays` for a draft of `kind` copied from `start`, up to `length` tokens."""
+    ) -> int:
+        """How many tokens of a draft of `kind` copied from `start` (up to `length`) may be
+        proposed now (`_pays`; 0: none): as far as the copy it continues has run says they
+        pay (`run_cap` at a long draft's break-even), a probe's at least one. A pointer past
+        an edit continues the copy that ran up to the replaced token."""
+        edited = kind in ("pointer", "rejoin")  # the last token written replaced start - 1's
+        written, source = (tokens[:-1], start - 1) if edited else (tokens, start)
+        run = copied_run(written, source, state.substitutions, run_needed(length, self.needed))
+        cap = run_cap(run, self.needed, length)
         draft = self._copy(state, tokens, start, length)
-        return self._pays(state, kind, draft, tokens, self._cap(state, tokens, start))
-
-    def _cap(self, state: NgramState, tokens: list[int], start: int) -> int:
-        """The longest draft from `start` likely to pay token by token, by how long the copy
-        it continues has run (`run_cap` at a long draft's break-even)."""
-        run = copied_run(tokens, start, state.substitutions)
-        return run_cap(run, self.needed, MAX_DRAFT_TOKENS)
+        return self._pays(state, kind, draft, tokens, cap)
 
     @staticmethod
     def _copy(state: NgramState, tokens: list[int], start: int, length: int) -> list[int]:
@@ -280,7 +275,7 @@ class NgramProposer:
         # a kind is judged by what its longest drafts need: its short ones are the draft
         # length's to stop (DraftLength)
         self.needed = max(shares.least, LOW_ACCEPTANCE)
-        self._note_replacement(state, drafted, accepted)
+        note_replacement(state, drafted, accepted)
         whole = accepted == drafted
         if state.from_pointer:  # a copy past an edit that goes on is drafted further each time
             longer = grown_draft(state.pointer_length, self.num_draft_tokens)
@@ -314,37 +309,6 @@ class NgramProposer:
             return True
         return state.pointer_if_replaced and tokens[-1] == tokens[state.pointer - 1]
 
-    @staticmethod
-    def _note_replacement(state: NgramState, drafted: int, accepted: int) -> None:
-        """After a verification of a copied draft: note where the model's own token after the
-        accepted ones stands against the source's, for `_confirm_replacement` (after a rejected
-        draft, or one accepted whole, it may be a rename); a substituted token the model did
-        not write is forgotten."""
-        if state.draft_start is None:
-            return
-        if accepted < min(drafted, len(state.copied)):
-            state.forget_substitution(state.copied[accepted])
-        state.pending.append(
-            Replacement(state.draft_start + accepted, state.proposed_at + accepted)
-        )
-
-    @staticmethod
-    def _confirm_replacement(state: NgramState, tokens: list[int]) -> None:
-        """Once the token after a noted replacement is written: when it is the one that
-        followed the replaced token in the source, the replacement is a substitution."""
-        waiting = []
-        for pending in state.pending:
-            if pending.written_at + 1 >= len(tokens):
-                waiting.append(pending)
-                continue
-            source, written = tokens[pending.source_at], tokens[pending.written_at]
-            if (
-                written != source
-                and tokens[pending.written_at + 1] == tokens[pending.source_at + 1]
-            ):
-                state.substitute(source, written)
-        state.pending = waiting
-
     def read_prompt(self, req: Req) -> None:
         """Nothing: a lookup indexes the prompt at its first proposal."""
 
@@ -374,21 +338,26 @@ class NgramProposer:
 
     def _pays(
         self, state: NgramState, kind: str, draft: list[int], tokens: list[int], cap: int
-    ) -> bool:
-        """Whether `draft`, of `kind`, may be proposed now: where the copy it continues has run
-        long enough for a draft token to pay (`cap`, `_cap`, above 0), while the kind's drafts
-        pay on this request (`KindAcceptance.pays_for`: its own evidence with the kind's
-        record) or as the kind's probe (`KindAcceptance.admit`); if so, it is the request's
-        draft kind. Else the draft is checked as unverified evidence (`OwnDrafts.refused`)."""
+    ) -> int:
+        """How much of `draft`, of `kind`, may be proposed now: its first `cap` tokens where
+        the kind's drafts pay on this request (`KindAcceptance.pays_for`: its own evidence
+        with the kind's record); one or more as the kind's probe (`KindAcceptance.admit`,
+        whose probe gap only the kind's own record resets); else none, and the draft (as far
+        as it could have been proposed) is checked as unverified evidence instead
+        (`OwnDrafts.refused`). A draft proposed makes `kind` the request's draft kind."""
         tally = self.kinds[kind]
         own = state.own.tallies.get(kind)
-        if not (cap > 0 and tally.admit(tally.pays_for(own, self.needed))):
-            state.own.refused(UnverifiedDraft(kind, draft, len(tokens)))
-            return False
-        paying = tally.pays_for(own, self.needed)
-        share = tally.expected_share_for(own or DraftTally())
-        state.kind, state.share = kind, share if paying else None
-        return True
+        kind_pays = tally.pays(self.needed)
+        if cap > 0 and tally.pays_for(own, self.needed):
+            if kind_pays:
+                tally.admit(True)
+            state.kind, state.share = kind, tally.expected_share_for(own or DraftTally())
+            return cap
+        if not kind_pays and tally.admit(False):  # a probe
+            state.kind, state.share = kind, None
+            return max(cap, 1)
+        state.own.refused(UnverifiedDraft(kind, draft[: max(cap, 1)], len(tokens)))
+        return 0
 
     @staticmethod
     def _match(state: NgramState, tokens: list[int], low: int, high: int) -> int | None:

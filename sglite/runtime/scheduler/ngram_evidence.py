@@ -57,16 +57,18 @@ class OwnDrafts:
     proposed: UnverifiedDraft | None = None
 
     def verified(self, kind: str, drafted: int, accepted: int, needed: float) -> None:
-        """The latest proposal, of `kind`, was verified: it kept `accepted` of `drafted`."""
-        self.proposed = None
+        """The latest proposal, of `kind`, was verified: it kept `accepted` of `drafted`. An
+        unverified draft awaiting its tokens is dropped (the verification counts them)."""
+        self.proposed = self.unverified = None
         self._count(kind, drafted, accepted, needed)
 
     def _count(self, kind: str, drafted: int, accepted: int, needed: float) -> None:
         self.tallies.setdefault(kind, DraftTally()).record(drafted, accepted, needed)
 
     def refused(self, draft: UnverifiedDraft) -> None:
-        """A draft found but not proposed (its kind does not pay): checked once the model
-        writes its tokens, unless another is being checked."""
+        """A draft not verified (found but not proposed, or proposed and left out of its step):
+        checked once the model writes its tokens, unless another is being checked (then
+        dropped)."""
         if self.unverified is None and draft.tokens:
             self.unverified = draft
 
@@ -86,17 +88,12 @@ class OwnDrafts:
         return kept if kept == len(draft.tokens) else 0
 
 
-# Copies are measured back at most this far (a longer one takes the longest draft at any
-# break-even a draft can pay at).
-LONGEST_RUN = 256
-
-
-def copied_run(sequence: list[int], start: int, substitutions: dict[int, int]) -> int:
+def copied_run(sequence: list[int], start: int, substitutions: dict[int, int], longest: int) -> int:
     """How many of the request's latest tokens (`sequence`) are a copy of those just before
-    `start` (its substitutions made): how long the copy a draft from `start` continues has
-    run, up to LONGEST_RUN."""
+    `start` (its substitutions made), counted up to `longest`: how long the copy a draft from
+    `start` continues has run."""
     run, end = 0, len(sequence)
-    while run < min(start, LONGEST_RUN):
+    while run < min(start, longest):
         source = sequence[start - run - 1]
         if substitutions.get(source, source) != sequence[end - run - 1]:
             break
@@ -112,3 +109,11 @@ def run_cap(run: int, needed: float, maximum: int) -> int:
     if needed <= 0.0:
         return maximum
     return max(0, min(maximum, int((run + 1) * (1.0 - needed) / needed + 1e-9)))
+
+
+def run_needed(length: int, needed: float) -> int:
+    """A run long enough for `run_cap` to allow a draft of `length` (no longer run is worth
+    measuring)."""
+    if needed >= 1.0:
+        return 0
+    return int(length * needed / (1.0 - needed)) + 1

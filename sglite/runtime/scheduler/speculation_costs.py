@@ -153,6 +153,12 @@ class SpeculationCosts:
         probes = self.probes.setdefault(key, HopelessProbes(due=step + HOPELESS_PROBE_FIRST))
         return probes.fires(step)
 
+    def _probing(self, batch_size: int, source: str) -> bool:
+        """Whether this step is a probe of `source`'s drafts where they cannot pay (`pays`)."""
+        probes = self.probes.get((batch_size, source))
+        step = max(self.steps.get(batch_size, 1) - 1, 0)
+        return probes is not None and probes.fired == step
+
     def worth_verifying(
         self, batch_size: int, proposals: dict[str, Proposal], verifying: bool
     ) -> dict[str, Proposal]:
@@ -163,12 +169,15 @@ class SpeculationCosts:
         draft, such as a grammar's forced tokens, is in it; or a proposal without a share).
         Where that fixed part is large (in a batch, whose rows then take a GEMM), short
         guesses that pay their own rows still lose the step when nothing else is verified.
-        Where a source's cost is not yet measured (`drafting_requests`), its drafts are
-        verified without the other source's, a draft model's first (its passes are spent): a
+        Where a source's cost is not yet measured (`drafting_requests`), or its drafts cannot
+        pay and this step probes them (`pays`), its drafts are verified, whatever they are
+        likely to save, without the other source's, a draft model's first (its passes are
+        spent): a
         step whose drafts mix sources measures neither (nor does one that verifies a
         grammar's forced tokens too, after which they are tried again)."""
         sources = {p.source for p in proposals.values()}  # each priced once, not per draft
         unpriced = {source for source in sources if self.coefficients(batch_size, source) is None}
+        unpriced |= {source for source in sources if self._probing(batch_size, source)}
         if unpriced:
             chosen = DRAFT_MODEL_SOURCE if DRAFT_MODEL_SOURCE in unpriced else unpriced.pop()
             return {rid: p for rid, p in proposals.items() if p.source == chosen}
