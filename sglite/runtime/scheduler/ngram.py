@@ -197,8 +197,10 @@ class NgramProposer:
             room = min(draft_room(req, self.context_len), MAX_DRAFT_TOKENS)
             longest = CACHE_DRAFT_SCALE * (length + 1) - 1  # its rows CACHE_DRAFT_SCALE times
             cached = _tokens_only(cached_continuation(self.cache, tokens, min(room, longest)))
-            if cached and self._pays(state, "cache", cached, tokens, len(cached)):
-                return self._proposed(state, cached, tokens)
+            if cached:
+                if self._pays(state, "cache", len(cached)):
+                    return self._proposed(state, cached, tokens)
+                state.own.refused(UnverifiedDraft("cache", cached, len(tokens)))
         self._index(state, tokens)
         strong = min(STRONG_MATCH, self.max_match)
         start = self._match(state, tokens, strong, self.max_match)
@@ -216,7 +218,8 @@ class NgramProposer:
             return []
         state.draft_start = start
         state.copied = _tokens_only(tokens[start : start + taken])
-        return self._proposed(state, self._copy(state, tokens, start, taken), tokens)
+        draft = [state.substitutions.get(t, t) for t in state.copied]
+        return self._proposed(state, draft, tokens)
 
     def _admits(
         self, state: NgramState, kind: str, tokens: list[int], start: int, length: int
@@ -229,8 +232,11 @@ class NgramProposer:
         written, source = (tokens[:-1], start - 1) if edited else (tokens, start)
         run = copied_run(written, source, state.substitutions, run_needed(length, self.needed))
         cap = run_cap(run, self.needed, length)
-        draft = self._copy(state, tokens, start, length)
-        return self._pays(state, kind, draft, tokens, cap)
+        taken = self._pays(state, kind, cap)
+        if not taken and state.own.unverified is None:  # checked as evidence instead
+            draft = self._copy(state, tokens, start, max(cap, 1))
+            state.own.refused(UnverifiedDraft(kind, draft, len(tokens)))
+        return taken
 
     @staticmethod
     def _copy(state: NgramState, tokens: list[int], start: int, length: int) -> list[int]:
@@ -336,15 +342,13 @@ class NgramProposer:
             "speculative_ngram_drafts": {kind: tally.info() for kind, tally in self.kinds.items()},
         }
 
-    def _pays(
-        self, state: NgramState, kind: str, draft: list[int], tokens: list[int], cap: int
-    ) -> int:
-        """How much of `draft`, of `kind`, may be proposed now: its first `cap` tokens where
-        the kind's drafts pay on this request (`KindAcceptance.pays_for`: its own evidence
-        with the kind's record); one or more as the kind's probe (`KindAcceptance.admit`,
-        whose probe gap only the kind's own record resets); else none, and the draft (as far
-        as it could have been proposed) is checked as unverified evidence instead
-        (`OwnDrafts.refused`). A draft proposed makes `kind` the request's draft kind."""
+    def _pays(self, state: NgramState, kind: str, cap: int) -> int:
+        """How many tokens of a draft of `kind` may be proposed now: `cap` where the kind's
+        drafts pay on this request (`KindAcceptance.pays_for`: its own evidence with the
+        kind's record); one or more as the kind's probe (`KindAcceptance.admit`, whose probe
+        gap only the kind's own record resets); else none (the caller checks the draft as
+        unverified evidence instead). A draft proposed makes `kind` the request's draft
+        kind."""
         tally = self.kinds[kind]
         own = state.own.tallies.get(kind)
         kind_pays = tally.pays(self.needed)
@@ -356,7 +360,6 @@ class NgramProposer:
         if not kind_pays and tally.admit(False):  # a probe
             state.kind, state.share = kind, None
             return max(cap, 1)
-        state.own.refused(UnverifiedDraft(kind, draft[: max(cap, 1)], len(tokens)))
         return 0
 
     @staticmethod

@@ -145,7 +145,7 @@ class SpeculationCosts:
         """Whether `source`'s drafts can pay at some acceptance this step: not where a drafted
         token costs a plain step or more however long the draft, except on the probes that
         notice when that changes (`HopelessProbes`, from the step that first found it so)."""
-        step = max(self.steps.get(batch_size, 1) - 1, 0)
+        step = self._last_step(batch_size)
         key = (batch_size, source)
         if self.marginal(batch_size, source) < 1.0:
             self.probes.pop(key, None)
@@ -153,10 +153,14 @@ class SpeculationCosts:
         probes = self.probes.setdefault(key, HopelessProbes(due=step + HOPELESS_PROBE_FIRST))
         return probes.fires(step)
 
+    def _last_step(self, batch_size: int) -> int:
+        """The index of the step `allows_drafts` last counted at this batch size."""
+        return max(self.steps.get(batch_size, 1) - 1, 0)
+
     def _probing(self, batch_size: int, source: str) -> bool:
         """Whether this step is a probe of `source`'s drafts where they cannot pay (`pays`)."""
         probes = self.probes.get((batch_size, source))
-        step = max(self.steps.get(batch_size, 1) - 1, 0)
+        step = self._last_step(batch_size)
         return probes is not None and probes.fired == step
 
     def worth_verifying(
