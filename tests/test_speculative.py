@@ -19,6 +19,7 @@ from sglite.runtime.cache.kv_pool import KVPool
 from sglite.runtime.cache.radix_cache import RadixCache
 from sglite.runtime.scheduler.ngram import POINTER_DRAFT_TOKENS, NgramProposer
 from sglite.runtime.scheduler.ngram_evidence import (
+    CheckedDraft,
     OwnDrafts,
     UnverifiedDraft,
     copied_run,
@@ -309,17 +310,22 @@ def test_a_short_draft_kept_whole_grows_from_its_own_length():
 
 
 def test_a_draft_kind_that_does_not_pay_is_only_probed_until_it_does():
+    """A probe gap counts steps with a proposal refused, not proposals: a batch's requests
+    asked in one step count once (each probe adds rows to the whole batch's verification)."""
     tally = KindAcceptance()
-    assert tally.admit(tally.pays(0.35))  # untried: drafted
+    assert tally.admit(tally.pays(0.35), step=0)  # untried: drafted
     for _ in range(40):
         tally.record(drafted=2, accepted=0, needed=0.35)
-    allowed = [tally.admit(tally.pays(0.35)) for _ in range(7 * KIND_PROBE_EVERY)]
+    allowed = [tally.admit(tally.pays(0.35), step) for step in range(1, 7 * KIND_PROBE_EVERY + 1)]
     # probes after 8, then 16, then 32 refusals: each probe that fails doubles the gap
     probes = [i + 1 for i, ok in enumerate(allowed) if ok]
     assert probes == [KIND_PROBE_EVERY, 3 * KIND_PROBE_EVERY, 7 * KIND_PROBE_EVERY]
+    batch = [tally.admit(False, step) for step in range(1000, 1000 + 4 * KIND_PROBE_EVERY)]
+    asked_four_at_once = [tally.admit(False, 2000 + step // 4) for step in range(16 * 8 * 4)]
+    assert sum(batch) == 0 and sum(asked_four_at_once) == 1  # the gap is 64 steps by then
     for _ in range(40):
         tally.record(drafted=2, accepted=2, needed=0.35)
-    assert tally.admit(tally.pays(0.35)) and tally.probe_gap == KIND_PROBE_EVERY
+    assert tally.admit(tally.pays(0.35), step=5000) and tally.probe_gap == KIND_PROBE_EVERY
 
 
 def test_a_requests_own_drafts_outweigh_the_kinds_after_a_few():
@@ -361,7 +367,6 @@ def test_a_copy_drafts_where_its_kind_does_not_pay_once_its_own_unverified_draft
     for kind in proposer.kinds.values():
         for _ in range(60):
             kind.record(drafted=8, accepted=2, needed=0.8)
-        kind.probe_gap = KIND_PROBE_MAX  # no kind probe within this test
     passage = list(range(100, 160))
     prompt = passage + [1, 2]
 
@@ -406,17 +411,24 @@ def test_a_draft_reaches_as_far_as_its_copy_has_run_at_the_share_a_token_needs()
     assert run_cap(100, 1.0, 15) == 0
 
 
-def test_where_no_draft_token_pays_a_kinds_probe_still_drafts_one():
+def test_where_no_draft_token_pays_one_request_a_step_drafts_one_token_to_price_them():
     """A long draft's break-even at 1 or more (the latest verification priced drafts out)
-    caps every draft at nothing, but the kinds' probes still come, one token long: their
-    verification is what prices drafts again."""
+    caps every draft at nothing; the scheduler then asks for drafts only on the steps that
+    price them again (`SpeculationCosts.pays`), and one token of one request's draft is
+    verified on each: a probe, which no share judges."""
     proposer = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=1, max_match=4)
     proposer.needed = 1.2
     strong = [10, 11, 12, 13, 14, 15, 10, 11, 12, 13]
-    drafts = [proposer.propose(_req(strong, rid=f"r{i}")) for i in range(KIND_PROBE_EVERY)]
-    assert drafts == [[]] * (KIND_PROBE_EVERY - 1) + [[14]]
-    last = proposer.states[f"r{KIND_PROBE_EVERY - 1}"]
-    assert last.kind == "strong" and last.share is None  # a probe
+    allow_all = lambda source: EVERY_REQUEST  # noqa: E731
+    for step in range(2):
+        reqs = [_req(strong, rid=f"r{step}{i}") for i in range(4)]
+        proposals = proposer.speculate(reqs, allow_all)
+        assert list(proposals) == [f"r{step}0"]
+        assert proposals[f"r{step}0"] == Proposal([14], "ngram", share=None)
+    proposer.record(reqs[0], drafted=1, accepted=1, shares=BreakEvens.uniform(0.35))
+    assert proposer.needed == 0.35  # priced again: every request drafts
+    reqs = [_req(strong, rid=f"s{i}") for i in range(4)]
+    assert len(proposer.speculate(reqs, allow_all)) == 4
 
 
 def test_unverified_drafts_count_once_the_model_has_written_their_tokens():
@@ -425,27 +437,28 @@ def test_unverified_drafts_count_once_the_model_has_written_their_tokens():
     own = OwnDrafts()
     own.proposed = UnverifiedDraft("strong", [5, 6, 7], at=10)
     before = list(range(10))
-    assert own.check(before + [5], needed=0.5) == 0 and own.tallies == {}  # undecided
-    assert own.check(before + [5, 6, 9], needed=0.5) == 0  # kept 2 of 3
+    assert own.check(before + [5], needed=0.5) is None and own.tallies == {}  # undecided
+    assert own.check(before + [5, 6, 9], needed=0.5) == CheckedDraft("strong", 3, 2)
     assert (own.tallies["strong"].accepted, own.tallies["strong"].drafted) == (2, 3)
     own.refused(UnverifiedDraft("weak", [1, 2], at=13))
     own.refused(UnverifiedDraft("strong", [4], at=13))  # one checked at a time: dropped
-    assert own.check(before + [5, 6, 9, 1, 2], needed=0.5) == 2  # kept whole
+    assert own.check(before + [5, 6, 9, 1, 2], needed=0.5) == CheckedDraft("weak", 2, 2)
     assert own.tallies["weak"].accepted == 2 and own.tallies["strong"].drafted == 3
     own.proposed = UnverifiedDraft("strong", [8], at=15)
     own.verified("strong", drafted=1, accepted=0, needed=0.5)  # verified: not checked again
-    assert own.proposed is None and own.check(before + [5, 6, 9, 1, 2, 8], needed=0.5) == 0
+    assert own.proposed is None and own.check(before + [5, 6, 9, 1, 2, 8], needed=0.5) is None
 
 
 def test_a_due_probe_waits_for_a_cheap_moment():
     tally = KindAcceptance()
     for _ in range(40):
         tally.record(drafted=2, accepted=0, needed=0.35)
-    assert [tally.admit(False) for _ in range(KIND_PROBE_EVERY - 1)] == [False] * (
+    assert [tally.admit(False, step) for step in range(KIND_PROBE_EVERY - 1)] == [False] * (
         KIND_PROBE_EVERY - 1
     )
-    assert [tally.admit(False, cheap=False) for _ in range(3)] == [False] * 3  # due, not cheap
-    assert tally.admit(False, cheap=True)  # the deferred probe
+    due = KIND_PROBE_EVERY - 1
+    assert [tally.admit(False, due + i, cheap=False) for i in range(3)] == [False] * 3
+    assert tally.admit(False, due + 3, cheap=True)  # the deferred probe
     assert tally.probe_gap == 2 * KIND_PROBE_EVERY and tally.refused == 0
 
 
@@ -466,15 +479,46 @@ def test_short_matches_stop_being_drafted_when_they_fail_while_long_ones_go_on()
         proposer.record(
             req, drafted=len(draft), accepted=len(draft), shares=BreakEvens.uniform(0.35)
         )
-    weak_kind = proposer.kinds["weak"]
-    assert weak_kind.probe_gap > KIND_PROBE_EVERY  # its probes failed: rarer and rarer
-    left = weak_kind.probe_gap - weak_kind.refused
-    drafted = [bool(proposer.propose(_req(weak, rid=f"x{i}"))) for i in range(left)]
-    assert drafted == [False] * (left - 1) + [True]  # refused until the next probe
+    assert not proposer.kinds["weak"].pays(proposer.needed)
+    # never verified to find out whether they pay again (no probe): their rows cost a batch
+    assert not any(proposer.propose(_req(weak, rid=f"x{i}")) for i in range(2 * KIND_PROBE_MAX))
     assert proposer.info()["speculative_ngram_drafts"]["strong"]["accepted"] == 40 * 3
 
 
-def test_ngram_drafts_carry_their_kinds_share_and_probes_none():
+def test_a_kind_that_stopped_paying_drafts_again_once_its_unverified_drafts_are_kept():
+    """A kind's record learns from drafts no one verified: a request copying a passage is
+    refused its drafts (its kind's record far below the share a draft needs), but each refused
+    draft is checked against what the model then writes and counted in the kind's record as
+    a verification would be, so that a new request, with no evidence of its own, is drafted
+    for once the copies are seen kept: no rows were verified to find out."""
+    proposer = NgramProposer(context_len=1000, num_draft_tokens=15, min_match=2, max_match=4)
+    proposer.needed = 0.35
+    for kind in proposer.kinds.values():
+        for _ in range(60):
+            kind.record(drafted=8, accepted=2, needed=0.35)
+    passage = list(range(100, 200))
+    prompt = [*passage, 1, 2]
+    fresh = [*passage[:30], 3, *passage[:8]]  # a new request's strong match
+
+    def written(output: list[int], rid: str) -> SimpleNamespace:
+        req = _req(prompt, rid)
+        req.output_ids, req.num_fill = output, len(prompt) + len(output)
+        return req
+
+    assert not proposer.propose(_req(fresh, "before"))
+    drafted_fresh_at = None
+    for n in range(4, 100):  # the model copies the passage, one plain step a token
+        proposer.propose(written(passage[:n], "copy"))  # refused or left unverified: checked
+        if proposer.propose(_req(fresh, f"fresh{n}")):
+            drafted_fresh_at = n
+            break
+    assert drafted_fresh_at is not None
+    strong = proposer.info()["speculative_ngram_drafts"]["strong"]
+    assert strong["drafted"] == 60 * 8  # none verified since the failures
+    assert strong["checked"] == strong["checked_kept"] > 0
+
+
+def test_ngram_drafts_carry_their_kinds_share():
     proposer = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=1, max_match=4)
     strong = [10, 11, 12, 13, 14, 15, 10, 11, 12, 13]
     allow_all = lambda source: EVERY_REQUEST  # noqa: E731
@@ -485,12 +529,11 @@ def test_ngram_drafts_carry_their_kinds_share_and_probes_none():
     (proposal,) = proposer.speculate([_req(strong, rid="b")], allow_all).values()
     assert proposal.share == pytest.approx(proposer.kinds["strong"].share)
     assert 0.7 < proposal.share < 0.75
-    for kind in proposer.kinds.values():  # every kind fails until only probes draft it
+    for kind in proposer.kinds.values():  # every kind fails: none is drafted
         for _ in range(40):
             kind.record(drafted=4, accepted=0, needed=0.35)
     reqs = [_req(strong, rid=f"r{i}") for i in range(KIND_PROBE_EVERY)]
-    shares = [p.share for p in proposer.speculate(reqs, allow_all).values()]
-    assert shares == [None]  # a probe, verified whatever the step costs
+    assert proposer.speculate(reqs, allow_all) == {}
 
 
 def test_weak_guesses_alone_in_a_batch_step_are_not_worth_its_verification():

@@ -108,6 +108,7 @@ class DraftModelProposer:
         self.num_draft_tokens = num_draft_tokens
         self.sequences: dict[str, DraftSequence] = {}
         self.forward_passes = 0
+        self.steps = 0  # calls to propose_many (a probe gap counts them)
         self.prompt_seconds = 0.0  # catch-up passes over prompt tokens, until taken
         # Its recent drafts over all requests (a new request would otherwise spend its first
         # drafts relearning what the last one saw): while they do not cover their cost, it
@@ -142,6 +143,7 @@ class DraftModelProposer:
         draft length (the `DraftProposer` bound holds; shorter when the draft pool is full),
         token by token for all of them at once: one pass of the draft model per token,
         whatever the number of requests."""
+        self.steps += 1
         drafting = [d for d in (self._begin(req, len(reqs)) for req in reqs) if d is not None]
         paid = [d for d in drafting if not d.probe]
         if paid and not self._first_pass_pays(paid, len(drafting), len(reqs)):
@@ -239,7 +241,7 @@ class DraftModelProposer:
         paying = self._pays_for(seq)
         if behind > PROBE_MAX_BEHIND and paying and not self._catch_up_pays(req, behind, offered):
             return None
-        if not self.acceptance.admit(paying, cheap=behind <= PROBE_MAX_BEHIND):
+        if not self.acceptance.admit(paying, self.steps, cheap=behind <= PROBE_MAX_BEHIND):
             return None
         self.probe_prompt_for = None
         self._rewind(seq, target, held)

@@ -49,8 +49,11 @@ and a rejoin wherever copied values end and the model's own text goes on (a reco
 is proposed to a request only while its recent tokens' accepted share (`KindAcceptance`, over
 all requests, with the request's own: `ngram_evidence.OwnDrafts`, its unverified drafts checked
 too) is above the share a long draft needs to pay (the scheduler's measured `least`
-break-even), and probed less and less often while it is not; a match's draft reaches only as
-far as the copy it continues has run says its tokens pay (`ngram_evidence.run_cap`).
+break-even. A draft a request does not verify is checked against the tokens the model then
+writes, and counts toward its kind's share as a verification would (`KindAcceptance.checked`):
+a kind that stopped paying learns that it pays again without verifying rows to find out (no
+probes). A match's draft reaches only as far as the copy it continues has run says its tokens
+pay (`ngram_evidence.run_cap`).
 """
 
 from __future__ import annotations
@@ -128,7 +131,7 @@ class NgramState:
     # accepted whole: the model's next token decides, `_stale_pointer`)
     pointer_if_replaced: bool = False
     kind: str = ""  # where the last draft came from (a DRAFT_KINDS name)
-    share: float | None = None  # its kind's accepted share (None: the draft is a probe)
+    share: float | None = None  # its kind's likely kept share here (None: a cost probe)
     own: OwnDrafts = field(default_factory=OwnDrafts)  # the request's own evidence, by kind
     # The request's replacements (a source token -> the token the model writes for it; their
     # inverse, for lookups), the last draft as copied (before them), and the replacements
@@ -172,6 +175,8 @@ class NgramProposer:
         self.states: dict[str, NgramState] = {}
         self.kinds = {kind: KindAcceptance() for kind in DRAFT_KINDS}
         self.needed = LOW_ACCEPTANCE  # a long draft's break-even, as the latest verification had it
+        self.steps = 0  # steps proposed for (`speculate` calls)
+        self.probed_at = -1  # the step of the latest cost probe (`_cost_probe`)
 
     def propose(self, req: Req) -> list[int]:
         """Up to the request's draft length of tokens: what follows its whole sequence in the
@@ -186,9 +191,11 @@ class NgramProposer:
         if length <= 0:
             return []
         tokens = state.history.sync(req)
-        kept_whole = state.own.check(tokens, self.needed)
-        if kept_whole:
-            state.length.shown(kept_whole)
+        checked = state.own.check(tokens, self.needed)
+        if checked is not None:
+            self.kinds[checked.kind].checked(checked.drafted, checked.kept, self.needed)
+            if checked.kept == checked.drafted:
+                state.length.shown(checked.drafted)
         confirm_replacement(state, tokens)
         state.draft_start, state.from_pointer, state.proposed_at = None, False, len(tokens)
         if self._stale_pointer(state, tokens):
@@ -226,8 +233,8 @@ class NgramProposer:
     ) -> int:
         """How many tokens of a draft of `kind` copied from `start` (up to `length`) may be
         proposed now (`_pays`; 0: none): as far as the copy it continues has run says they
-        pay (`run_cap` at a long draft's break-even), a probe's at least one. A pointer past
-        an edit continues the copy that ran up to the replaced token."""
+        pay (`run_cap` at a long draft's break-even). A pointer past an edit continues the
+        copy that ran up to the replaced token."""
         edited = kind in ("pointer", "rejoin")  # the last token written replaced start - 1's
         written, source = (tokens[:-1], start - 1) if edited else (tokens, start)
         run = copied_run(written, source, state.substitutions, run_needed(length, self.needed))
@@ -259,11 +266,12 @@ class NgramProposer:
 
     def gain(self, proposal: Proposal) -> float:
         """The tokens `proposal` likely saves beyond what it costs: its length times how far
-        its kind's likely kept share is above a long draft's break-even (none for a probe)."""
+        its kind's likely kept share is above a long draft's break-even (none for a cost probe)."""
         share = 0.0 if proposal.share is None else proposal.share
         return (share - self.needed) * len(proposal.tokens)
 
     def _propose_each(self, reqs: list[Req]) -> dict[str, list[int]]:
+        self.steps += 1
         return {req.rid: self.propose(req) for req in reqs}
 
     def record(self, req: Req, drafted: int, accepted: int, shares: BreakEvens) -> None:
@@ -345,22 +353,28 @@ class NgramProposer:
     def _pays(self, state: NgramState, kind: str, cap: int) -> int:
         """How many tokens of a draft of `kind` may be proposed now: `cap` where the kind's
         drafts pay on this request (`KindAcceptance.pays_for`: its own evidence with the
-        kind's record); one or more as the kind's probe (`KindAcceptance.admit`, whose probe
-        gap only the kind's own record resets); else none (the caller checks the draft as
-        unverified evidence instead). A draft proposed makes `kind` the request's draft
-        kind."""
+        kind's record), else none (the caller checks the draft as unverified evidence
+        instead, which is how a kind that does not pay learns that it does again: no probe
+        verifies rows for it). A draft proposed makes `kind` the request's draft kind."""
+        if self.needed >= 1.0:
+            return self._cost_probe(state, kind)
         tally = self.kinds[kind]
         own = state.own.tallies.get(kind)
-        kind_pays = tally.pays(self.needed)
-        if cap > 0 and tally.pays_for(own, self.needed):
-            if kind_pays:
-                tally.admit(True)
-            state.kind, state.share = kind, tally.expected_share_for(own or DraftTally())
-            return cap
-        if not kind_pays and tally.admit(False):  # a probe
-            state.kind, state.share = kind, None
-            return max(cap, 1)
-        return 0
+        if cap <= 0 or not tally.pays_for(own, self.needed):
+            return 0
+        state.kind, state.share = kind, tally.expected_share_for(own or DraftTally())
+        return cap
+
+    def _cost_probe(self, state: NgramState, kind: str) -> int:
+        """One token for the first request asked in this step, none for the others, where the
+        latest verification found that no draft can pay (`needed` of 1 or more): the
+        scheduler asks for drafts then only on the steps that measure the costs again
+        (`SpeculationCosts.pays`), and one row measures them."""
+        if self.probed_at == self.steps:
+            return 0
+        self.probed_at = self.steps
+        state.kind, state.share = kind, None
+        return 1
 
     @staticmethod
     def _match(state: NgramState, tokens: list[int], low: int, high: int) -> int | None:

@@ -45,6 +45,16 @@ class UnverifiedDraft:
         return kept if kept == len(self.tokens) else None
 
 
+@dataclass(frozen=True)
+class CheckedDraft:
+    """An unverified draft of `kind` once checked: `kept` of its `drafted` tokens written as
+    drafted."""
+
+    kind: str
+    drafted: int
+    kept: int
+
+
 @dataclass
 class OwnDrafts:
     """One request's n-gram drafts, per kind (`tallies`): the verified ones and the unverified
@@ -72,20 +82,20 @@ class OwnDrafts:
         if self.unverified is None and draft.tokens:
             self.unverified = draft
 
-    def check(self, sequence: list[int], needed: float) -> int:
+    def check(self, sequence: list[int], needed: float) -> CheckedDraft | None:
         """Check the unverified draft against the request's tokens now (`sequence`), a
-        proposal since left unverified first; return its length where it was kept whole
-        (else 0), counted at `needed`, the share a long draft needs."""
+        proposal since left unverified first; where the tokens tell, count it at `needed`
+        (the share a long draft needs) and return it."""
         if self.proposed is not None:
             self.refused(self.proposed)
             self.proposed = None
         draft = self.unverified
         kept = None if draft is None else draft.kept(sequence)
         if draft is None or kept is None:
-            return 0
+            return None
         self.unverified = None
         self._count(draft.kind, len(draft.tokens), kept, needed)
-        return kept if kept == len(draft.tokens) else 0
+        return CheckedDraft(draft.kind, len(draft.tokens), kept)
 
 
 def copied_run(sequence: list[int], start: int, substitutions: dict[int, int], longest: int) -> int:

@@ -222,10 +222,11 @@ class DraftLength:
 
 # A kind of draft (an n-gram kind, a draft model) keeps an accepted share that starts at
 # KIND_PRIOR (accepted, drafted tokens) and whose counts decay by KIND_DECAY per verification
-# of that kind, so the share follows the workload; a kind that does not pay is still drafted
-# once in KIND_PROBE_EVERY proposals that would take it, a gap that doubles with every probe
-# that leaves it below, up to KIND_PROBE_MAX (a batch proposes for every request each step,
-# and every probe verifies rows that cannot pay).
+# of that kind, so the share follows the workload. A draft model that does not pay is still
+# drafted once in KIND_PROBE_EVERY steps with a proposal that would take it, a gap that doubles
+# with every probe that leaves it below, up to KIND_PROBE_MAX (every probe verifies rows that
+# cannot pay); an n-gram kind learns from its drafts that were not verified instead
+# (`KindAcceptance.checked`), which cost nothing.
 KIND_PRIOR = (2.0, 4.0)
 KIND_DECAY = 0.97
 KIND_PROBE_EVERY = 8
@@ -274,7 +275,10 @@ class KindAcceptance(DraftTally):
     cost: float = KIND_PRIOR[1] * LOW_ACCEPTANCE  # in tokens
     total_drafted: int = 0
     total_accepted: int = 0
-    refused: int = 0  # proposals refused since the last probe
+    total_checked: int = 0  # tokens of unverified drafts checked (`checked`)
+    total_checked_kept: int = 0
+    refused: int = 0  # steps with a proposal refused since the last probe
+    asked_at: int = -1  # the step of the latest proposal refused
     probe_gap: int = KIND_PROBE_EVERY
 
     def record(self, drafted: int, accepted: int, needed: float) -> None:
@@ -282,6 +286,14 @@ class KindAcceptance(DraftTally):
         super().record(drafted, accepted, needed)
         self.total_drafted += drafted
         self.total_accepted += accepted
+
+    def checked(self, drafted: int, accepted: int, needed: float) -> None:
+        """A draft of this kind that was not verified kept `accepted` of `drafted` tokens, as
+        checked against the tokens the model then wrote (an n-gram draft: `OwnDrafts`):
+        counted in the recent share as a verification would be, and in the checked totals."""
+        super().record(drafted, accepted, needed)
+        self.total_checked += drafted
+        self.total_checked_kept += accepted
 
     def pays(self, needed: float) -> bool:
         """Whether its recent share is above `needed`."""
@@ -338,24 +350,27 @@ class KindAcceptance(DraftTally):
         """The factor that scales this kind's recent counts to REQUEST_PRIOR_TOKENS tokens."""
         return min(1.0, REQUEST_PRIOR_TOKENS / max(self.drafted, 1e-9))
 
-    def admit(self, paying: bool, cheap: bool = True) -> bool:
-        """Whether to draft now, given whether drafts pay (`pays`, possibly with other
-        conditions): always while they do, else once per probe gap, at the first proposal
-        past the gap where a probe is `cheap` (a draft model in step with the request)."""
+    def admit(self, paying: bool, step: int, cheap: bool = True) -> bool:
+        """Whether to draft now (in the proposer's `step`), given whether drafts pay (`pays`,
+        possibly with other conditions): always while they do, else once per probe gap of
+        steps with a proposal refused (a batch's requests share a step: every probe adds rows
+        to a batch's verification), at the first proposal past the gap where a probe is
+        `cheap` (a draft model in step with the request)."""
         if paying:
             self.refused, self.probe_gap = 0, KIND_PROBE_EVERY
             return True
-        due = self.probe_due
-        self.refused += 1
-        if not due or not cheap:
+        if step != self.asked_at:
+            self.asked_at = step
+            self.refused += 1
+        if self.refused < self.probe_gap or not cheap:
             return False
         self.refused, self.probe_gap = 0, min(2 * self.probe_gap, KIND_PROBE_MAX)
         return True
 
     @property
     def probe_due(self) -> bool:
-        """Whether the next proposal `admit` is asked about, while drafts do not pay, is a
-        probe if it is cheap."""
+        """Whether the next step's proposals `admit` is asked about, while drafts do not pay,
+        may probe."""
         return self.refused + 1 >= self.probe_gap
 
     def info(self) -> dict[str, float]:
@@ -364,6 +379,8 @@ class KindAcceptance(DraftTally):
         return {
             "drafted": self.total_drafted,
             "accepted": self.total_accepted,
+            "checked": self.total_checked,
+            "checked_kept": self.total_checked_kept,
             "recent_acceptance": self.share,
             "recent_break_even": self.cost / self.drafted,
         }
