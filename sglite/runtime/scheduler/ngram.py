@@ -72,6 +72,7 @@ from sglite.runtime.scheduler.ngram_evidence import (
     run_cap,
     run_needed,
 )
+from sglite.runtime.scheduler.ngram_index import SuffixIndex
 from sglite.runtime.scheduler.ngram_renames import (
     Replacement,
     confirm_replacement,
@@ -117,10 +118,8 @@ class NgramState:
     """One request's n-gram index, tokens and draft length."""
 
     length: DraftLength
-    # ends[n][ngram] = the end (exclusive) of the ngram's latest indexed occurrence.
-    ends: dict[int, dict[tuple[int, ...], int]] = field(default_factory=dict)
+    index: SuffixIndex
     history: TokenHistory = field(default_factory=TokenHistory)
-    indexed: int = 0  # positions below this are indexed as n-gram ends
     draft_start: int | None = None  # where the last draft was copied from (None: the cache)
     from_pointer: bool = False  # whether the last draft was the pointer's
     pointer: int | None = None  # the source position the copy continues at (module docstring)
@@ -186,7 +185,8 @@ class NgramProposer:
         bound holds."""
         state = self.states.get(req.rid)
         if state is None:
-            state = self.states[req.rid] = NgramState(DraftLength(self.num_draft_tokens))
+            index = SuffixIndex(self.min_match, self.max_match)
+            state = self.states[req.rid] = NgramState(DraftLength(self.num_draft_tokens), index)
         length = state.length.next(draft_room(req, self.context_len))
         if length <= 0:
             return []
@@ -208,9 +208,9 @@ class NgramProposer:
                 if self._pays(state, "cache", len(cached)):
                     return self._proposed(state, cached, tokens)
                 state.own.refused(UnverifiedDraft("cache", cached, len(tokens)))
-        self._index(state, tokens)
+        state.index.update(tokens)
         strong = min(STRONG_MATCH, self.max_match)
-        start = self._match(state, tokens, strong, self.max_match)
+        start = state.index.match(tokens, strong, self.max_match, state.originals)
         taken = 0 if start is None else self._admits(state, "strong", tokens, start, length)
         pointer = state.pointer
         if not taken and pointer is not None and pointer < len(tokens) - 1:
@@ -219,7 +219,7 @@ class NgramProposer:
             taken = self._admits(state, kind, tokens, pointer, min(length, state.pointer_length))
             state.from_pointer = taken > 0
         if not taken:
-            start = self._match(state, tokens, self.min_match, strong - 1)
+            start = state.index.match(tokens, self.min_match, strong - 1, state.originals)
             taken = 0 if start is None else self._admits(state, "weak", tokens, start, length)
         if not taken or start is None:
             return []
@@ -375,30 +375,6 @@ class NgramProposer:
         self.probed_at = self.steps
         state.kind, state.share = kind, None
         return 1
-
-    @staticmethod
-    def _match(state: NgramState, tokens: list[int], low: int, high: int) -> int | None:
-        """Where what followed the latest earlier occurrence of the longest suffix of `low` to
-        `high` tokens (as written, or with the request's substitutions read as their sources)
-        starts, or None."""
-        for n in range(min(high, len(tokens) - 1), low - 1, -1):
-            ends = state.ends.get(n, {})
-            suffix = tuple(tokens[-n:])
-            end = ends.get(suffix)
-            if end is None and state.originals:
-                end = ends.get(tuple(state.originals.get(t, t) for t in suffix))
-            if end is not None:
-                return end
-        return None
-
-    def _index(self, state: NgramState, tokens: list[int]) -> None:
-        """Index every n-gram ending before the last token (the suffix being matched must find
-        an earlier occurrence, not itself)."""
-        last = len(tokens) - 1
-        for end in range(max(state.indexed, 1), last + 1):
-            for n in range(self.min_match, min(self.max_match, end) + 1):
-                state.ends.setdefault(n, {})[tuple(tokens[end - n : end])] = end
-        state.indexed = max(state.indexed, last + 1)
 
 
 def _tokens_only(draft: list[int]) -> list[int]:
