@@ -1,11 +1,12 @@
 """Batch-1 decode with and without speculative decoding, alternated round by round.
 
-Two engines on the same model (`--speculative-algorithm ngram` or `draft`, and without), greedy, one
-request at a time. Per workload and round: the decode rate of each (output tokens / time, with
-the prompt already in the radix cache and a 1-token run's time subtracted, so prefill drops
-out), then the ratio; the table gives the median ratio over rounds, both rates' medians and the
-speculative engine's acceptance (accepted / drafted tokens) and tokens per forward
-(emitted / (emitted - accepted): each forward emits one token plus the accepted drafts).
+Two engines on the same model (`--speculative-algorithm ngram` or `draft`, and without),
+greedy, one request at a time. Per workload and round: the decode rate of each (output tokens /
+time, with the prompt already in the radix cache, streamed and timed from the first token on,
+so prefill drops out), then the ratio; the table gives the median ratio over rounds, both
+rates' medians and the speculative engine's acceptance (accepted / drafted tokens) and tokens
+per forward (emitted / (emitted - accepted): each forward emits one token plus the accepted
+drafts).
 
 Workloads: (a) copy-heavy: repeating a passage, editing code, quoting a retrieved passage,
 filling a JSON record from a document; (b) free chat; (c) free chat asked again: the same
@@ -43,8 +44,9 @@ SIGSEGV, log: PATH)" and the lines under the table give every configuration's st
 
 With `--concurrency N` (N > 1) a second table follows: each workload's prompt sent N times at
 once (a batch of N decoding requests, each drafting from its own text), both engines alternated
-round by round; its rates are all N requests' output tokens over the batch's time, with a
-1-token run of the same batch subtracted (prefill drops out).
+round by round; its rates are the N requests' output tokens from the moment all have their
+first token to the last one's end (prefill, and a draft model's passes over the prompts with
+it, drop out).
 
 Run: python -m benchmarks.bench_spec [--model M] [--rounds 3] [--tokens 96] [--quantization auto]
      [--algorithm ngram|draft] [--draft-model-path P] [--draft-quantization Q]

@@ -14,7 +14,7 @@ drafted tokens after P draft-model passes is priced `pass(R + D) + P * draft(R)`
 "1:39.6,2:45.8,..."` prices a pass by measured rows instead (`bench_pass_rows`' "as built"
 column), linear between them and past the last by its last step: passes are not linear in
 their rows (on AVX2 a fifth row costs a chunk of its own). The draft model's
-prompt reads are left out (as bench_spec's subtraction of a one-token run leaves them out).
+prompt reads are left out (as bench_spec, timing from the first token on, leaves them out).
 `--algorithm ngram`: n-gram drafts alone, no draft model.
 
 Run: python -m benchmarks.bench_spec_priced [--model M] [--draft-model-path P | --algorithm

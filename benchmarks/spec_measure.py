@@ -1,9 +1,10 @@
-"""bench_spec's measurements: an engine's decode rate with prefill subtracted, the n-gram
+"""bench_spec's measurements: an engine's decode rate with prefill left out, the n-gram
 ceiling of an answer, and one system's tally of rates and draft counts over a workload's rounds.
 """
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -16,21 +17,35 @@ def batch_run(
 ) -> tuple[float, list[dict], list[list[int]]]:
     """(decode tok/s of all `n` copies of `prompt` run at once, each run's meta_info, each
     answer's ids) from a flushed cache with the prompt cached beforehand (with `reask`, the
-    whole answer too), by a request that decodes a token, so that a draft model, which reads
-    a prompt as the target prefills it, caches it too, as after a conversation's earlier
-    turn. The time of the same batch writing one token is subtracted, so prefill drops out."""
+    whole answer too), by a request that decodes a token, as after a conversation's earlier
+    turn. Streamed: the rate counts the tokens written from the moment every request has its
+    first token to the last one's end, so prefill (and a draft model's pass over a prompt,
+    which runs with it) drops out, whichever prompts it reads."""
     params = {"temperature": 0, "max_new_tokens": 1}
     engine.flush_cache()
     engine.generate(prompt, {**params, "max_new_tokens": tokens if reask else 2})
-    start = time.perf_counter()
-    engine.generate([prompt] * n, [params] * n)
-    first = time.perf_counter() - start
-    start = time.perf_counter()
-    outs = engine.generate([prompt] * n, [{**params, "max_new_tokens": tokens}] * n)
-    total = time.perf_counter() - start
-    done = sum(out["meta_info"]["completion_tokens"] - 1 for out in outs)
-    metas = [out["meta_info"] for out in outs]
-    return done / max(total - first, 1e-9), metas, [out["output_ids"] for out in outs]
+    runs = asyncio.run(_streamed(engine, prompt, {**params, "max_new_tokens": tokens}, n))
+    start = max(seen[0][0] for seen, _ in runs)  # every request has its first token
+    end = max(seen[-1][0] for seen, _ in runs)
+    done = sum(seen[-1][1] - max(count for at, count in seen if at <= start) for seen, _ in runs)
+    metas = [final["meta_info"] for _, final in runs]
+    return done / max(end - start, 1e-9), metas, [final["output_ids"] for _, final in runs]
+
+
+async def _streamed(
+    engine: sglite.Engine, prompt: str, params: dict, n: int
+) -> list[tuple[list[tuple[float, int]], dict]]:
+    """`n` streams of `prompt` at once: each one's (arrival time, tokens written so far) per
+    chunk, and its last chunk."""
+
+    async def one() -> tuple[list[tuple[float, int]], dict]:
+        seen, final = [], {}
+        async for chunk in await engine.async_generate(prompt, params, stream=True):
+            seen.append((time.perf_counter(), chunk["meta_info"]["completion_tokens"]))
+            final = chunk
+        return seen, final
+
+    return list(await asyncio.gather(*(one() for _ in range(n))))
 
 
 def decode_run(

@@ -284,9 +284,22 @@ def test_a_draft_model_below_its_break_even_stops_drafting_for_new_requests_too(
     for req in fresh:
         proposer.read_prompt(req)  # as the target prefills it
         req.output_ids.append(PROMPT[0])  # the prefill's token: a first decode step
-    drafts = [proposer.propose(req) for req in fresh]
+    drafts = [proposer.propose(req) for req in fresh]  # one step each
     assert [bool(d) for d in drafts] == [False] * (KIND_PROBE_EVERY - 1) + [True]  # one probe
     assert proposer.info()["speculative_draft"]["drafts"]["recent_acceptance"] < 0.9
+    proposer.forget(set())
+    # a batch's requests asked in one step count once toward the probe gap (a probe adds rows
+    # to the whole batch's verification)
+    batch = [_request(f"b{i}", PROMPT[i:]) for i in range(4)]
+    for req in batch:
+        proposer.read_prompt(req)
+        req.output_ids.append(PROMPT[0])
+    assert proposer.acceptance.refused == 0  # the probe above
+    for step in range(5):
+        assert proposer.propose_many(batch) == {}
+        for req in batch:  # each step writes a token of each request's own
+            req.output_ids.append(PROMPT[1 + step])
+    assert proposer.acceptance.refused == 5
     proposer.forget(set())
     proposer.check_invariants()
 
