@@ -588,6 +588,31 @@ def test_ngram_drafts_at_a_new_batch_size_are_priced_by_the_nearest_one_measured
     assert costs.break_even(4, 8, "ngram") == pytest.approx(0.004 / (0.078 / 4))
 
 
+def test_a_step_judges_ngram_drafts_by_its_own_batch_sizes_costs():
+    """A batch of four after a lone request: the proposer's break-even follows the step's batch
+    size (`price`), not the latest verification's (a lone request's), so a kind kept 60% of
+    the time, which pays where a row costs a third of what a token saves, is refused where it
+    costs three quarters, before any draft is verified at batch 4, and taken again at 1."""
+    costs = SpeculationCosts()
+    costs.observe(1, drafted=0, seconds=0.042, source="")
+    costs.observe(4, drafted=0, seconds=0.078, source="")
+    for _ in range(20):
+        for drafted in (2, 8, 16):
+            costs.observe(1, drafted, seconds=0.042 + 0.014 * drafted, source="ngram")
+    proposer = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=1, max_match=4)
+    for _ in range(60):
+        proposer.kinds["strong"].record(drafted=5, accepted=3, needed=0.33)
+    strong = [10, 11, 12, 13, 14, 15, 10, 11, 12, 13]
+    proposer.price(lambda source: costs.break_evens(1, 1, source))
+    assert proposer.needed == pytest.approx(0.014 / 0.042)
+    assert proposer.propose(_req(strong, rid="alone"))
+    proposer.price(lambda source: costs.break_evens(4, 1, source))
+    assert proposer.needed == pytest.approx(0.014 / (0.078 / 4))
+    assert not any(proposer.propose(_req(strong, rid=f"b{i}")) for i in range(4))
+    proposer.price(lambda source: costs.break_evens(1, 1, source))
+    assert proposer.propose(_req(strong, rid="alone again"))
+
+
 def test_ngram_drafts_measured_nowhere_are_measured_on_one_requests_draft():
     """A fresh server's first n-gram drafts at a batch of four cost rows that may not pay at
     any acceptance: until their cost per token is measured at some batch size, one request

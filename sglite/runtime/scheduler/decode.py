@@ -171,6 +171,10 @@ class DecodeManager:
         def allowed(source: str) -> int:
             return EVERY_REQUEST if costs is None else costs.drafting_requests(size, source)
 
+        if speculate and costs is not None:
+            self.speculator.price(  # type: ignore[union-attr]
+                lambda source: costs.break_evens(size, 1, source)
+            )
         undrafted = []
         for req in running:
             try:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -115,8 +116,8 @@ class DraftModelProposer:
         # drafts only as a probe; a pass skipped is a catch-up deferred, which a later pass
         # does for several tokens at nearly one token's cost.
         self.acceptance = KindAcceptance()
-        self.needed = LOW_ACCEPTANCE  # a long draft's break-even, as the latest verification had it
-        self.saved_seconds: float | None = None  # what an accepted token saved, as it had it
+        self.needed = LOW_ACCEPTANCE  # a long draft's break-even in this step (`price`)
+        self.saved_seconds: float | None = None  # what an accepted token saves (`price`)
         self.pass_cost = DraftPassCost()
         self.calibration = ConfidenceCalibration()
         self.prompts_unread = 0  # prompts left unread since the last one read while not paying
@@ -280,6 +281,13 @@ class DraftModelProposer:
     def speculate(self, reqs: list[Req], allowed: SourceFilter) -> dict[str, Proposal]:
         """`propose_many`'s drafts as the DRAFT_MODEL_SOURCE's."""
         return proposals_from(DRAFT_MODEL_SOURCE, self.propose_many, reqs, allowed)
+
+    def price(self, prices: Callable[[str], BreakEvens]) -> None:
+        """Judge this step's drafts and passes by its batch size's costs."""
+        shares = prices(DRAFT_MODEL_SOURCE)
+        self.needed = max(shares.least, LOW_ACCEPTANCE)
+        if shares.saved_seconds is not None:
+            self.saved_seconds = shares.saved_seconds
 
     def record(self, req: Req, drafted: int, accepted: int, shares: BreakEvens) -> None:
         """Adapt the request's draft length, the confidence calibration and the recent value of

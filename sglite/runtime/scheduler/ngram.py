@@ -58,6 +58,7 @@ pay (`ngram_evidence.run_cap`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -173,7 +174,7 @@ class NgramProposer:
         self.max_match = max_match
         self.states: dict[str, NgramState] = {}
         self.kinds = {kind: KindAcceptance() for kind in DRAFT_KINDS}
-        self.needed = LOW_ACCEPTANCE  # a long draft's break-even, as the latest verification had it
+        self.needed = LOW_ACCEPTANCE  # a long draft's break-even in this step (`price`)
         self.steps = 0  # steps proposed for (`speculate` calls)
         self.probed_at = -1  # the step of the latest cost probe (`_cost_probe`)
 
@@ -273,6 +274,10 @@ class NgramProposer:
     def _propose_each(self, reqs: list[Req]) -> dict[str, list[int]]:
         self.steps += 1
         return {req.rid: self.propose(req) for req in reqs}
+
+    def price(self, prices: Callable[[str], BreakEvens]) -> None:
+        """Judge this step's drafts by its batch size's long-draft break-even."""
+        self.needed = max(prices(NGRAM_SOURCE).least, LOW_ACCEPTANCE)
 
     def record(self, req: Req, drafted: int, accepted: int, shares: BreakEvens) -> None:
         """Adapt the request's draft length to a verification's result and move the source

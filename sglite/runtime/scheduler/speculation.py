@@ -106,6 +106,13 @@ class Speculator(Protocol):
         `DraftProposer.propose` bound."""
         ...
 
+    def price(self, prices: Callable[[str], BreakEvens]) -> None:
+        """The break-evens of this step's drafts by source (`prices(source)`: its batch size's
+        measured costs), before it proposes: the batch size changes between steps, and a
+        source priced only by its latest verification would judge a batch of four by a lone
+        request's costs until its own drafts are verified there."""
+        ...
+
     def record(self, req: Req, drafted: int, accepted: int, shares: BreakEvens) -> None:
         """A verification of `req`'s draft kept `accepted` of its `drafted` tokens; `shares`:
         the acceptances at which the step's drafts pay."""

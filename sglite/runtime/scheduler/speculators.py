@@ -3,6 +3,7 @@ each request's draft from the source likely to gain more on it)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sglite.runtime.scheduler.request import Req
@@ -56,6 +57,11 @@ class NgramBeforeDraft:
             self.last[rid] = model if rid in drafted else ngram
             self.proposals[proposal.source] += 1
         return found
+
+    def price(self, prices: Callable[[str], BreakEvens]) -> None:
+        """Both sources are priced for the step."""
+        for source in self.sources:
+            source.price(prices)
 
     def record(self, req: Req, drafted: int, accepted: int, shares: BreakEvens) -> None:
         """Tell the source of the request's latest draft how it fared; where that was the
