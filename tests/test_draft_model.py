@@ -857,6 +857,35 @@ def test_a_draft_model_that_does_not_pay_probes_a_request_its_ngram_match_serves
     model.check_invariants()
 
 
+def test_a_due_probe_waits_for_a_step_where_a_draft_kept_whole_would_pay(tiny):
+    """A probe finds at most drafts kept whole: where even those cannot pay for the pass and
+    rows one request's draft costs (a batch of four on a CPU, as the step prices it), a due
+    probe waits, and comes at the first step where they could."""
+    from sglite.runtime.model.loader import load_model
+    from sglite.runtime.scheduler.draft_model import DraftModelProposer
+    from sglite.runtime.scheduler.draft_model_state import DraftPassCost
+
+    model = DraftModelProposer(load_model(tiny["small"], progress=False), 256, 4, 1024)
+    req = _request("a", PROMPT)
+    assert model.propose(req)
+    for _ in range(6):  # drafts of 4 that kept nothing, where 90% was needed
+        model.record(req, 4, 0, BreakEvens(0.9, 0.9, 0.05))
+    model.forget(set())
+    model.pass_cost = DraftPassCost(pass_seconds=0.02, passes_per_token={1: 0.25})
+    model.acceptance.refused = model.acceptance.probe_gap  # a probe due
+    fresh = _request("b", PROMPT[:3])  # a short prompt: in step at once
+    fresh.output_ids.append(PROMPT[3])
+    model.price(lambda source: BreakEvens(0.9, 0.9, 0.02))  # 20 ms saved a token: batch 4
+    assert model.gain(1) <= 0 and model.propose(fresh) == []
+    assert model.acceptance.probe_due  # still due
+    fresh.output_ids.append(PROMPT[4])
+    model.price(lambda source: BreakEvens(0.3, 0.3, 0.05))  # 50 ms: a lone request
+    assert model.gain(1) > 0 and model.propose(fresh)  # the probe
+    assert model.acceptance.refused == 0
+    model.forget(set())
+    model.check_invariants()
+
+
 def test_in_a_batch_where_a_lone_draft_cannot_pay_ngram_matches_keep_their_requests(tiny):
     """At batch 4 a draft model's pass costs more than a plain step's share of one request: a
     request whose short match the draft model would beat at batch 1 keeps its n-gram draft

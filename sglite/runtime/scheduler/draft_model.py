@@ -242,7 +242,9 @@ class DraftModelProposer:
         paying = self._pays_for(seq)
         if behind > PROBE_MAX_BEHIND and paying and not self._catch_up_pays(req, behind, offered):
             return None
-        if not self.acceptance.admit(paying, self.steps, cheap=behind <= PROBE_MAX_BEHIND):
+        # a probe is worth its pass where the request is in step and a draft kept whole pays
+        cheap = behind <= PROBE_MAX_BEHIND and (paying or self.gain(offered) > 0)
+        if not self.acceptance.admit(paying, self.steps, cheap=cheap):
             return None
         self.probe_prompt_for = None
         self._rewind(seq, target, held)
