@@ -568,12 +568,7 @@ def test_ngram_drafts_at_a_new_batch_size_are_priced_by_the_nearest_one_measured
     draft model's cost per token (its passes' share of it falls as the batch grows) prices a
     smaller batch only: from a larger one its drafts look no dearer than they are, where they
     cannot pay they cannot; from a smaller one they would look dearer, and go unmeasured."""
-    costs = SpeculationCosts()
-    costs.observe(1, drafted=0, seconds=0.043, source="")
-    costs.observe(4, drafted=0, seconds=0.078, source="")
-    for _ in range(20):
-        for drafted in (2, 8, 16):
-            costs.observe(1, drafted, seconds=0.043 + 0.015 * drafted, source="ngram")
+    costs = _ngram_costs_measured_at_batch_1(plain=0.043, per_token=0.015)
     costs.observe(1, drafted=4, seconds=0.043 + 4 * 0.035, source="draft")
     guess = {"g": Proposal(list(range(16)), "ngram", share=0.5)}
     assert costs.worth_verifying(1, guess, verifying=False) == guess  # 21.5 ms saved, 15 spent
@@ -588,17 +583,24 @@ def test_ngram_drafts_at_a_new_batch_size_are_priced_by_the_nearest_one_measured
     assert costs.break_even(4, 8, "ngram") == pytest.approx(0.004 / (0.078 / 4))
 
 
+def _ngram_costs_measured_at_batch_1(plain: float, per_token: float) -> SpeculationCosts:
+    """Costs with plain steps measured at batch 1 (`plain` seconds) and 4 (78 ms), and n-gram
+    drafts of 2, 8 and 16 tokens at batch 1 only, each token `per_token` seconds more."""
+    costs = SpeculationCosts()
+    costs.observe(1, drafted=0, seconds=plain, source="")
+    costs.observe(4, drafted=0, seconds=0.078, source="")
+    for _ in range(20):
+        for drafted in (2, 8, 16):
+            costs.observe(1, drafted, seconds=plain + per_token * drafted, source="ngram")
+    return costs
+
+
 def test_a_step_judges_ngram_drafts_by_its_own_batch_sizes_costs():
     """A batch of four after a lone request: the proposer's break-even follows the step's batch
     size (`price`), not the latest verification's (a lone request's), so a kind kept 60% of
     the time, which pays where a row costs a third of what a token saves, is refused where it
     costs three quarters, before any draft is verified at batch 4, and taken again at 1."""
-    costs = SpeculationCosts()
-    costs.observe(1, drafted=0, seconds=0.042, source="")
-    costs.observe(4, drafted=0, seconds=0.078, source="")
-    for _ in range(20):
-        for drafted in (2, 8, 16):
-            costs.observe(1, drafted, seconds=0.042 + 0.014 * drafted, source="ngram")
+    costs = _ngram_costs_measured_at_batch_1(plain=0.042, per_token=0.014)
     proposer = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=1, max_match=4)
     for _ in range(60):
         proposer.kinds["strong"].record(drafted=5, accepted=3, needed=0.33)
