@@ -16,7 +16,7 @@ from test_loader import PROMPT, make_hf_model
 import sglite
 from sglite.runtime.model.gguf_weight import GGUFWeight
 from sglite.runtime.scheduler.draft_vocabulary import DraftVocabulary
-from sglite.runtime.scheduler.speculation import EVERY_REQUEST, START_DRAFT_TOKENS, BreakEvens
+from sglite.runtime.scheduler.speculation import EVERY_REQUEST, FIRST_DRAFT_TOKENS, BreakEvens
 from sglite.runtime.server_args import ServerArgs
 
 GREEDY = {"temperature": 0, "max_new_tokens": 24}
@@ -204,7 +204,7 @@ def test_a_draft_models_pass_over_a_new_prompt_is_not_counted_as_draft_cost(tiny
     proposer.needed = 0.0  # every draft token pays: drafts as long as the draft length
     req = _request("r", PROMPT * 4)
     draft = proposer.propose(req)
-    assert len(draft) == START_DRAFT_TOKENS
+    assert len(draft) == FIRST_DRAFT_TOKENS
     assert proposer.take_prompt_seconds() > 0.0
     assert proposer.take_prompt_seconds() == 0.0  # taken: reset
     # The target kept one draft token, then emitted its own: the draft model reads that one.
@@ -246,8 +246,8 @@ def test_the_draft_model_reads_a_prompt_as_the_target_prefills_it(tiny, plain):
     proposer.read_prompt(req)
     assert proposer.forward_passes == 1
     req.output_ids.append(PROMPT[0])
-    assert len(proposer.propose(req)) == START_DRAFT_TOKENS
-    assert proposer.forward_passes == 1 + START_DRAFT_TOKENS
+    assert len(proposer.propose(req)) == FIRST_DRAFT_TOKENS
+    assert proposer.forward_passes == 1 + FIRST_DRAFT_TOKENS
     assert proposer.take_prompt_seconds() == 0.0
     proposer.forget(set())
     proposer.check_invariants()
@@ -328,7 +328,7 @@ def test_a_request_whose_own_drafts_fail_stops_drafting_though_earlier_ones_paid
         if draft:
             proposer.record(new_text, len(draft), 0, BreakEvens(0.8, 0.8))
     # a first draft of its own rejected
-    assert drafts[0] == START_DRAFT_TOKENS and drafts[1:] == [0] * 5
+    assert drafts[0] == FIRST_DRAFT_TOKENS and drafts[1:] == [0] * 5
     assert proposer.acceptance.covers_cost()  # all requests' drafts still pay
     assert proposer.propose(_request("next", PROMPT))
     proposer.forget(set())
@@ -421,7 +421,7 @@ def test_a_draft_model_that_does_not_pay_reads_few_prompts(tiny):
     proposer.acceptance, proposer.needed = KindAcceptance(), 0.0  # drafts pay again
     late = unpaid[0]
     late.output_ids.append(PROMPT[0])
-    assert len(proposer.propose(late)) == START_DRAFT_TOKENS  # its prompt read by its first draft
+    assert len(proposer.propose(late)) == FIRST_DRAFT_TOKENS  # its prompt read by its first draft
     assert proposer.take_prompt_seconds() > 0.0
     proposer.forget(set())
     proposer.check_invariants()
@@ -569,7 +569,7 @@ def test_a_draft_stops_where_the_target_would_likely_reject_it(tiny):
         proposer.calibration.record([probability] * 4, 4)
     assert proposer.calibration.agreement(probability) > 0.99
     req.output_ids.append(first[0])
-    assert len(proposer.propose(req)) == START_DRAFT_TOKENS
+    assert len(proposer.propose(req)) == FIRST_DRAFT_TOKENS
     proposer.forget(set())
     proposer.check_invariants()
 
@@ -745,7 +745,7 @@ def test_the_draft_model_takes_the_requests_whose_ngram_match_it_beats(tiny):
         model.record(short, 4, 3, BreakEvens(0.3, 0.3, 0.02))  # the draft model: 3 in 4
     proposals = both.speculate([short, long], allow_all)
     assert proposals["short"].source == "draft" and both.last["short"] is model
-    first = PROMPT[5 : 5 + START_DRAFT_TOKENS]
+    first = PROMPT[5 : 5 + FIRST_DRAFT_TOKENS]
     assert proposals["long"].source == "ngram" and proposals["long"].tokens == first
     assert both.proposals == {"ngram": 1, "draft": 1}
 
@@ -772,7 +772,7 @@ def test_an_ngram_draft_passed_over_grows_where_the_target_wrote_it(tiny):
     from sglite.runtime.model.loader import load_model
     from sglite.runtime.scheduler.draft_model import DraftModelProposer
     from sglite.runtime.scheduler.ngram import NgramProposer
-    from sglite.runtime.scheduler.speculation import grown_draft
+    from sglite.runtime.scheduler.speculation import UNGROUPED_ROWS
     from sglite.runtime.scheduler.speculators import NgramBeforeDraft
 
     model = DraftModelProposer(load_model(tiny["small"], progress=False), 256, 15, 1024)
@@ -782,14 +782,16 @@ def test_an_ngram_draft_passed_over_grows_where_the_target_wrote_it(tiny):
     for _ in range(30):  # the draft model's drafts kept whole, long matches' half
         model.record(_request("x", PROMPT), 4, 4, BreakEvens(0.3, 0.3, 0.02))
         ngram.kinds["strong"].record(4, 2, 0.45)
-    for rid, written in (("copy", PROMPT[5 : 5 + START_DRAFT_TOKENS]), ("other", [3, 3, 3])):
+    passed = PROMPT[5 : 5 + FIRST_DRAFT_TOKENS]  # the n-gram draft at its first length
+    for rid, written in (("copy", passed), ("other", [3] * FIRST_DRAFT_TOKENS)):
         req = _request(rid, [*PROMPT, *PROMPT[:5]])
         proposal = both.speculate([req], allow_all)[rid]
-        assert proposal.source == "draft" and both.passed[rid] == PROMPT[5:8]
-        req.output_ids.extend(written)  # two of the draft model's tokens kept, then its own
-        both.record(req, len(proposal.tokens), 2, BreakEvens(0.3, 0.3, 0.02))
-    assert ngram.states["copy"].length.current == grown_draft(START_DRAFT_TOKENS, 15)
-    assert ngram.states["other"].length.current == START_DRAFT_TOKENS
+        assert proposal.source == "draft" and both.passed[rid] == passed
+        req.output_ids.extend(written)  # the draft model's tokens kept but one, then its own
+        kept = FIRST_DRAFT_TOKENS - 1
+        both.record(req, len(proposal.tokens), kept, BreakEvens(0.3, 0.3, 0.02))
+    assert ngram.states["copy"].length.current == UNGROUPED_ROWS.grown(FIRST_DRAFT_TOKENS, 15)
+    assert ngram.states["other"].length.current == FIRST_DRAFT_TOKENS
     model.forget(set())
     model.check_invariants()
 

@@ -28,19 +28,20 @@ from sglite.runtime.scheduler.ngram_evidence import (
 )
 from sglite.runtime.scheduler.speculation import (
     EVERY_REQUEST,
+    FIRST_DRAFT_TOKENS,
     KIND_PROBE_EVERY,
     KIND_PROBE_MAX,
     LOW_ACCEPTANCE,
     MAX_BACKOFF,
     PAUSE_STEPS,
     REQUEST_PRIOR_TOKENS,
-    START_DRAFT_TOKENS,
+    UNGROUPED_ROWS,
     BreakEvens,
     DraftLength,
     DraftTally,
     KindAcceptance,
     Proposal,
-    grown_draft,
+    VerifyRows,
     proposals_from,
 )
 from sglite.runtime.scheduler.speculation_costs import (
@@ -51,6 +52,10 @@ from sglite.runtime.scheduler.speculation_costs import (
     DraftCostFit,
     SpeculationCosts,
 )
+
+# Drafts sized for verification rows in groups of four (3, 7, 15 tokens: AVX2 builds), the
+# sizes the n-gram tests that spell out their drafts were written for.
+GROUPS_OF_FOUR = VerifyRows(4)
 
 CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 PASSAGE = (
@@ -84,10 +89,12 @@ def _req(tokens: list[int], rid: str = "r", remaining: int = 100) -> SimpleNames
 
 
 def test_proposes_what_followed_the_longest_earlier_match():
-    proposer = NgramProposer(context_len=1000, num_draft_tokens=4, min_match=1, max_match=3)
+    proposer = NgramProposer(
+        context_len=1000, num_draft_tokens=4, min_match=1, max_match=3, rows=GROUPS_OF_FOUR
+    )
     # "7 8" occurs at 1-2 (then 9 10 11) and, longer, "6 7 8" at 4-6 (then 20 21 22 23).
     tokens = [5, 7, 8, 9, 10, 6, 7, 8, 20, 21, 22, 23, 24, 6, 7, 8]
-    assert proposer.propose(_req(tokens)) == [20, 21, 22]  # a first draft: START_DRAFT_TOKENS
+    assert proposer.propose(_req(tokens)) == [20, 21, 22]  # a first draft: 3 tokens
     # Only a one-token match (the latest 8 is at position 7).
     assert proposer.propose(_req([1, 8, 2, 3, 4, 5, 8], rid="s")) == [2, 3, 4]
     assert proposer.propose(_req([1, 2, 3], rid="t")) == []  # nothing repeats
@@ -108,7 +115,9 @@ def test_after_an_edit_the_draft_follows_the_source_past_the_replaced_token():
         assert proposer.propose(at([1, 2], rid)) == [3, 10, 4]
         proposer.record(at([1, 2], rid), drafted=3, accepted=1, shares=BreakEvens.uniform())
 
-    proposer = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=2, max_match=4)
+    proposer = NgramProposer(
+        context_len=1000, num_draft_tokens=8, min_match=2, max_match=4, rows=GROUPS_OF_FOUR
+    )
     edited_once(proposer)
     edited = [1, 2, 3, 20]  # the model's own token replaced 10
     assert POINTER_DRAFT_TOKENS == 2
@@ -125,13 +134,17 @@ def test_after_an_edit_the_draft_follows_the_source_past_the_replaced_token():
     assert proposer.propose(at(edited + [4, 5, 6, 7, 8, 101])) == [1, 2, 3, 20]
     assert proposer.propose(at(edited, rid="fresh")) == []  # no pointer: nothing matches
     # Its own draft rejected at once: the pointer goes.
-    dropped = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=2, max_match=4)
+    dropped = NgramProposer(
+        context_len=1000, num_draft_tokens=8, min_match=2, max_match=4, rows=GROUPS_OF_FOUR
+    )
     edited_once(dropped)
     assert dropped.propose(at(edited)) == [4, 5]
     dropped.record(at(edited), drafted=2, accepted=0, shares=BreakEvens.uniform())
     assert dropped.propose(at(edited + [30])) == []
     # Stale: a token was written after the verification without a draft.
-    stale = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=2, max_match=4)
+    stale = NgramProposer(
+        context_len=1000, num_draft_tokens=8, min_match=2, max_match=4, rows=GROUPS_OF_FOUR
+    )
     edited_once(stale)
     assert stale.propose(at(edited + [30])) == []
 
@@ -157,19 +170,25 @@ def test_a_rename_that_the_copy_goes_on_past_is_carried_into_later_drafts():
         assert verify(proposer, [100, 1], 0, rid) == [10, 2, 3]  # the model wrote 20
         assert verify(proposer, [100, 1, 20], 1, rid) == [2]  # and went on with the source
 
-    proposer = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=2, max_match=4)
+    proposer = NgramProposer(
+        context_len=1000, num_draft_tokens=8, min_match=2, max_match=4, rows=GROUPS_OF_FOUR
+    )
     renamed_once(proposer, "r")
     # the suffix 1 20 2 3 is found as the source's 1 10 2 3, and what follows carries 20
     assert verify(proposer, [100, 1, 20, 2, 3], 2, "r") == [20, 4, 5]  # grown: 1 -> 3
     assert proposer.states["r"].substitutions == {10: 20}
 
-    inserted = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=2, max_match=4)
+    inserted = NgramProposer(
+        context_len=1000, num_draft_tokens=8, min_match=2, max_match=4, rows=GROUPS_OF_FOUR
+    )
     assert verify(inserted, [100, 1], 0, "i") == [10, 2, 3]  # 20 written ...
     assert verify(inserted, [100, 1, 20], 0, "i") == [2]  # ... then 30, not the source's 2
     inserted.propose(at([100, 1, 20, 30], "i"))
     assert inserted.states["i"].substitutions == {}
 
-    refused = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=2, max_match=4)
+    refused = NgramProposer(
+        context_len=1000, num_draft_tokens=8, min_match=2, max_match=4, rows=GROUPS_OF_FOUR
+    )
     renamed_once(refused, "x")
     assert verify(refused, [100, 1, 20, 2, 3], 0, "x") == [20, 4, 5]  # 20 refused for 10 ...
     assert refused.states["x"].substitutions == {}  # ... so it is dropped
@@ -192,7 +211,9 @@ def test_an_edit_just_past_a_match_accepted_whole_is_followed_and_learned():
         assert proposer.propose(at([1, 2], rid)) == [3, 4, 5]
         proposer.record(at([1, 2], rid), drafted=3, accepted=3, shares=BreakEvens.uniform())
 
-    proposer = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=2, max_match=4)
+    proposer = NgramProposer(
+        context_len=1000, num_draft_tokens=8, min_match=2, max_match=4, rows=GROUPS_OF_FOUR
+    )
     copied_whole(proposer, "r")
     renamed = [1, 2, 3, 4, 5, 20]  # the model's own token after the draft replaced 10
     assert proposer.propose(at(renamed)) == [7, 8]
@@ -201,12 +222,16 @@ def test_an_edit_just_past_a_match_accepted_whole_is_followed_and_learned():
     proposer.propose(at(renamed + [7, 8, 9]))
     assert proposer.states["r"].substitutions == {10: 20}
 
-    goes_on = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=2, max_match=4)
+    goes_on = NgramProposer(
+        context_len=1000, num_draft_tokens=8, min_match=2, max_match=4, rows=GROUPS_OF_FOUR
+    )
     copied_whole(goes_on, "g")
     assert goes_on.propose(at([1, 2, 3, 4, 5, 10], "g"))[:4] == [7, 8, 9, 101]
     assert goes_on.states["g"].kind == "strong"
 
-    ended = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=2, max_match=4)
+    ended = NgramProposer(
+        context_len=1000, num_draft_tokens=8, min_match=2, max_match=4, rows=GROUPS_OF_FOUR
+    )
     copied_whole(ended, "e")
     assert ended.propose(at([1, 2, 3, 4, 5, 30], "e")) == [7, 8]
     ended.record(at([1, 2, 3, 4, 5, 30], "e"), drafted=2, accepted=0, shares=BreakEvens.uniform())
@@ -224,7 +249,9 @@ def test_a_new_pointers_first_draft_is_short_after_an_earlier_one_grew():
         req.output_ids, req.num_fill = output, len(prompt) + len(output)
         return req
 
-    proposer = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=2, max_match=4)
+    proposer = NgramProposer(
+        context_len=1000, num_draft_tokens=8, min_match=2, max_match=4, rows=GROUPS_OF_FOUR
+    )
 
     def verified(output: list[int], accepted: int) -> None:
         draft = proposer.propose(at(output))
@@ -232,7 +259,7 @@ def test_a_new_pointers_first_draft_is_short_after_an_earlier_one_grew():
 
     verified([1, 2], 1)  # 10 replaced by 20: a pointer past it
     verified([1, 2, 3, 20], 2)  # its draft 4 5 accepted whole: the next would be longer
-    assert proposer.states["r"].pointer_length == grown_draft(POINTER_DRAFT_TOKENS, 8)
+    assert proposer.states["r"].pointer_length == GROUPS_OF_FOUR.grown(POINTER_DRAFT_TOKENS, 8)
     verified([1, 2, 3, 20, 4, 5, 6], 5)  # a strong match, 7 8 101 1 2, accepted whole
     # the model wrote 30 where the source has 3
     rejoined = [1, 2, 3, 20, 4, 5, 6, 7, 8, 101, 1, 2, 30]
@@ -271,10 +298,12 @@ def test_drafts_fit_the_requests_budget_and_context():
 
 
 def test_draft_length_follows_acceptance_and_speculation_pauses_when_it_does_not_pay():
-    proposer = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=1, max_match=2)
+    proposer = NgramProposer(
+        context_len=1000, num_draft_tokens=8, min_match=1, max_match=2, rows=GROUPS_OF_FOUR
+    )
     tokens = list(range(20)) * 3
     req = _req(tokens)
-    assert len(proposer.propose(req)) == START_DRAFT_TOKENS == 3  # a first draft starts short
+    assert len(proposer.propose(req)) == GROUPS_OF_FOUR.first(8) == 3  # a first draft starts short
     proposer.record(req, drafted=3, accepted=3, shares=BreakEvens.uniform())
     assert len(proposer.propose(req)) == 7  # and grows while whole drafts are accepted: 4 -> 8 rows
     proposer.record(req, drafted=7, accepted=2, shares=BreakEvens.uniform())
@@ -290,7 +319,7 @@ def test_draft_length_follows_acceptance_and_speculation_pauses_when_it_does_not
         req, drafted=8, accepted=0, shares=BreakEvens.uniform()
     )  # none of 16 accepted: speculation pauses
     assert [proposer.propose(req) for _ in range(PAUSE_STEPS)] == [[]] * PAUSE_STEPS
-    assert len(proposer.propose(req)) == START_DRAFT_TOKENS  # back, short again
+    assert len(proposer.propose(req)) == GROUPS_OF_FOUR.first(8)  # back, short again
     proposer.forget(set())
     assert proposer.states == {}
 
@@ -299,14 +328,75 @@ def test_a_short_draft_kept_whole_grows_from_its_own_length():
     """An edit's copies: after a long draft, a 2-token draft (a short match, a pointer's first)
     kept whole earns a draft of 5 (6 rows), not twice the long one: its kept tokens say little
     of a long run, and a 15-token draft rejected early costs 16 rows."""
-    length = DraftLength(15)
+    length = DraftLength(15, GROUPS_OF_FOUR)
     for drafted in (3, 7):
         length.record(drafted, drafted, BreakEvens.uniform())
     assert length.next(room=100) == 15
     length.record(2, 2, BreakEvens.uniform())
-    assert length.next(room=100) == grown_draft(2, 15) == 5
+    assert length.next(room=100) == GROUPS_OF_FOUR.grown(2, 15) == 5
     length.record(5, 5, BreakEvens.uniform())
     assert length.next(room=100) == 11 and length.next(room=4) == 4
+
+
+def test_drafts_fill_whole_groups_of_rows_where_the_kernels_take_rows_in_groups():
+    """Where the target's GEMV takes x rows four at a time, a fifth row costs a group of its
+    own, so a draft with the model's own token fills whole groups (3, 7, 15 tokens); where
+    every row costs about alike, drafts double from 4 tokens. A cache draft CACHE_DRAFT_SCALE
+    times as long stays whole groups."""
+
+    def kept_whole(rows: VerifyRows) -> list[int]:
+        length, seen = DraftLength(31, rows), []
+        for _ in range(4):
+            seen.append(length.next(room=100))
+            length.record(seen[-1], seen[-1], BreakEvens.uniform())
+        return seen
+
+    assert kept_whole(GROUPS_OF_FOUR) == [3, 7, 15, 31]
+    assert kept_whole(UNGROUPED_ROWS) == [4, 8, 16, 31]
+    assert GROUPS_OF_FOUR.scaled(3, 4) == 15 and UNGROUPED_ROWS.scaled(4, 4) == 16
+    assert GROUPS_OF_FOUR.first(2) == UNGROUPED_ROWS.first(2) == 2  # within the maximum
+    tokens = [5, *range(20, 40), 6, 5]  # "5" recurs: a copy of 20 ... follows
+    for rows, first in ((GROUPS_OF_FOUR, 3), (UNGROUPED_ROWS, 4)):
+        proposer = NgramProposer(1000, 16, 1, 3, rows=rows)
+        assert proposer.propose(_req(tokens)) == list(range(20, 20 + first))
+
+
+def test_the_targets_kernels_decide_how_drafts_are_sized():
+    """A model whose weights take the int8 GEMV for five rows and more (an AVX2 build: no GEMM
+    takes them) gets drafts in whole groups of four rows, from the server's speculator on; one
+    where a GEMM takes them, or whose activations are not rounded, gets ungrouped drafts."""
+    from sglite.runtime.model.gguf_weight import KERNEL_OFF_ROWS, GGUFWeight
+    from sglite.runtime.model.loader import load_model
+    from sglite.runtime.model.weight_policy import verification_row_group
+    from sglite.runtime.scheduler.speculators import build_speculator
+    from sglite.runtime.server_args import ServerArgs
+
+    loaded = load_model("smollm2-135m", quantization="auto", progress=False)
+    weights = [w for w in _weight_objects(loaded.model) if isinstance(w, GGUFWeight)]
+    assert weights and all(w.round_activations for w in weights)
+
+    def with_thresholds(gemm_from: int) -> int:
+        for w in weights:
+            w.a8_gemm_min_rows, w.amx_min_rows = gemm_from, KERNEL_OFF_ROWS
+        return verification_row_group(loaded.model)
+
+    assert with_thresholds(KERNEL_OFF_ROWS) == 4
+    args = ServerArgs(model_path=loaded.model_path, speculative_algorithm="ngram")
+    speculator = build_speculator(args, loaded, 1000, 1000, cache=None)
+    assert speculator is not None and speculator.rows == GROUPS_OF_FOUR
+    assert with_thresholds(4) == with_thresholds(5) == 1  # a GEMM from the fifth row at most
+    assert with_thresholds(6) == 4
+    for w in weights:
+        w.round_activations = False
+    assert with_thresholds(KERNEL_OFF_ROWS) == 1
+
+
+def _weight_objects(model: torch.nn.Module) -> list[object]:
+    """Every weight object the model's projections and output head hold (their attributes)."""
+    held = [model.lm_head_quantized]
+    for module in model.modules():
+        held.extend(vars(module).values())
+    return held
 
 
 def test_a_draft_kind_that_does_not_pay_is_only_probed_until_it_does():
@@ -465,7 +555,9 @@ def test_a_due_probe_waits_for_a_cheap_moment():
 def test_short_matches_stop_being_drafted_when_they_fail_while_long_ones_go_on():
     """Free writing repeats short token runs that are not copies: drafts from them are
     rejected, and every verification of them costs rows that save no step."""
-    proposer = NgramProposer(context_len=1000, num_draft_tokens=8, min_match=1, max_match=4)
+    proposer = NgramProposer(
+        context_len=1000, num_draft_tokens=8, min_match=1, max_match=4, rows=GROUPS_OF_FOUR
+    )
     weak = [5, 6, 7, 8, 9, 1, 2, 3, 1, 2]  # only a 2-token suffix recurs
     strong = [10, 11, 12, 13, 14, 15, 10, 11, 12, 13]  # a 4-token suffix recurs
     for i in range(40):  # a fresh request each time: its own draft length never pauses
@@ -822,12 +914,12 @@ def test_a_short_draft_above_break_even_does_not_stop_drafts_that_pay_when_longe
     for _ in range(20):
         for drafted in (8, 16, 48):
             costs.observe(4, drafted, seconds=0.052 + 0.030 + 0.008 * drafted, source="ngram")
-    first = START_DRAFT_TOKENS
+    first = FIRST_DRAFT_TOKENS
     short, longest = costs.break_evens(4, first, "ngram"), costs.break_evens(4, 48, "ngram")
-    assert short.needed > 1.0 > longest.needed > short.least  # 1.38, 0.66 and 0.62
+    assert short.needed > 1.0 > longest.needed > short.least  # 1.19, 0.66 and 0.62
     length = DraftLength(8)
     length.record(first, first, short)  # a short step, all accepted
-    assert not length.paused and length.current == grown_draft(first, 8)
+    assert not length.paused and length.current == UNGROUPED_ROWS.grown(first, 8)
     for _ in range(3):  # then longer drafts, 90% accepted
         length.record(8, 7, costs.break_evens(4, 32, "ngram"))
     assert not length.paused

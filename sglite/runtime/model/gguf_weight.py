@@ -78,6 +78,7 @@ BLOCK_TYPES = {
 GGUF_MAX_PARTS = ABI.constants["GGUF_MAX_PARTS"]
 GGUF_FLOAT_GEMV_MAX_ROWS = ABI.constants["GGUF_FLOAT_GEMV_MAX_ROWS"]
 KERNEL_OFF_ROWS = ABI.constants["KERNEL_OFF_ROWS"]
+A8_ROWS = ABI.constants["A8_ROWS"]
 _PART = ABI.structs["gguf_part_t"]
 # bfloat16 rows up to which products run in float32 through the quantized GEMM; larger batches
 # (prefill) decode the weight into the scratch for PyTorch's bf16 GEMM (AMX where present).
@@ -204,6 +205,18 @@ class GGUFWeight(QuantizedWeight):
             and self.a8_gemm_min_rows < KERNEL_OFF_ROWS
             and self.amx_min_rows < KERNEL_OFF_ROWS
             and not kernels.amx_available()
+        )
+
+    def regroups_decode_rows(self) -> bool:
+        """Whether a DECODE batch of more than `A8_ROWS` rows takes the int8 GEMV, which
+        decodes every weight block once per group of `A8_ROWS` x rows (no GEMM takes it
+        there): its product of `A8_ROWS + 1` rows costs about twice that of `A8_ROWS`."""
+        rows = A8_ROWS + 1
+        return (
+            self.round_activations
+            and not self.tiled
+            and self.a8_gemm_min_rows > rows
+            and self.amx_min_rows > rows
         )
 
     def shape(self) -> tuple[int, int]:

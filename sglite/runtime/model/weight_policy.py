@@ -23,7 +23,7 @@ from torch import nn
 
 from sglite.runtime.model import kernels
 from sglite.runtime.model.checkpoint import checkpoint_names
-from sglite.runtime.model.gguf_weight import GGUFWeight
+from sglite.runtime.model.gguf_weight import A8_ROWS, GGUFWeight
 from sglite.runtime.model.linear import Linear
 from sglite.runtime.model.linear_weight import LinearWeight, select_weight
 from sglite.runtime.model.quantization import make_quantized
@@ -208,6 +208,23 @@ def quantized_kinds(model: CausalLM) -> list[str]:
         for kind in m.quantized.kind.split("+")
     }
     return sorted(kinds)
+
+
+def verification_row_group(model: CausalLM) -> int:
+    """Rows of a DECODE pass that cost about as one group: `A8_ROWS` where the GGUF weights
+    holding most of the model's bytes take the int8 GEMV past `A8_ROWS` rows
+    (`GGUFWeight.regroups_decode_rows`: a fifth row decodes every block again), else 1 (a GEMM
+    takes larger batches and each further row costs about alike). A speculative draft is
+    sized by it (`VerifyRows`)."""
+    weights = [
+        m.quantized
+        for m in model.modules()
+        if isinstance(m, Linear) and m is not model.lm_head and isinstance(m.quantized, GGUFWeight)
+    ]
+    if isinstance(model.lm_head_quantized, GGUFWeight):
+        weights.append(model.lm_head_quantized)
+    regrouped = sum(w.nbytes() for w in weights if w.regroups_decode_rows())
+    return A8_ROWS if 2 * regrouped > sum(w.nbytes() for w in weights) else 1
 
 
 def weight_layouts(model: CausalLM) -> list[str]:

@@ -53,11 +53,13 @@ from sglite.runtime.scheduler.request import Req
 from sglite.runtime.scheduler.speculation import (
     DRAFT_MODEL_SOURCE,
     LOW_ACCEPTANCE,
+    UNGROUPED_ROWS,
     BreakEvens,
     DraftLength,
     KindAcceptance,
     Proposal,
     SourceFilter,
+    VerifyRows,
     draft_room,
     proposals_from,
 )
@@ -92,6 +94,7 @@ class DraftModelProposer:
         num_draft_tokens: int,
         capacity: int,
         vocab: DraftVocabulary | None = None,
+        rows: VerifyRows = UNGROUPED_ROWS,
     ) -> None:
         cfg = draft.config
         self.model: CausalLM = draft.model
@@ -107,6 +110,7 @@ class DraftModelProposer:
         self.cache = RadixCache(self.pool)
         self.context_len = context_len
         self.num_draft_tokens = num_draft_tokens
+        self.rows = rows  # how drafts are sized for the target's verification
         self.sequences: dict[str, DraftSequence] = {}
         self.forward_passes = 0
         self.steps = 0  # calls to propose_many (a probe gap counts them)
@@ -126,13 +130,20 @@ class DraftModelProposer:
 
     @classmethod
     def load(
-        cls, args: ServerArgs, target: LoadedModel, context_len: int, capacity: int
+        cls,
+        args: ServerArgs,
+        target: LoadedModel,
+        context_len: int,
+        capacity: int,
+        rows: VerifyRows = UNGROUPED_ROWS,
     ) -> DraftModelProposer:
-        """The proposer of `args.speculative_draft_model_path` (`draft_model_loading`)."""
+        """The proposer of `args.speculative_draft_model_path` (`draft_model_loading`), its
+        drafts sized by `rows` (the target's)."""
         from sglite.runtime.scheduler.draft_model_loading import load_draft_model
 
         draft, vocab = load_draft_model(args, target)
-        return cls(draft, context_len, args.speculative_num_draft_tokens, capacity, vocab)
+        num_draft_tokens = args.speculative_num_draft_tokens
+        return cls(draft, context_len, num_draft_tokens, capacity, vocab, rows)
 
     # ------------------------------------------------------------------ Speculator
     def propose(self, req: Req) -> list[int]:
@@ -328,6 +339,7 @@ class DraftModelProposer:
         cost = self.pass_cost
         return {
             "speculative_algorithm": "draft",
+            "speculative_verify_row_group": self.rows.group,
             "speculative_draft": {
                 "model_path": self.model_path,
                 "num_layers": self.model.config.num_layers,
@@ -362,7 +374,7 @@ class DraftModelProposer:
         match = self.cache.match_prefix(req.prompt_ids[:-1])
         self.cache.lock(match.node)
         cached = len(match.slots)
-        seq = DraftSequence(DraftLength(self.num_draft_tokens), match.node)
+        seq = DraftSequence(DraftLength(self.num_draft_tokens, self.rows), match.node)
         if self.vocab is not None:
             seq.extra = self.vocab.rows_for(req.prompt_ids)
         seq.tokens, seq.slots = list(req.prompt_ids[:cached]), list(match.slots)

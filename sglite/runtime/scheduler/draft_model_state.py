@@ -14,9 +14,9 @@ from sglite.runtime.cache.tree_node import TreeNode
 from sglite.runtime.scheduler.draft_vocabulary import RequestRows
 from sglite.runtime.scheduler.request import SlotMirror
 from sglite.runtime.scheduler.speculation import (
+    FIRST_DRAFT_TOKENS,
     KIND_DECAY,
     LOW_ACCEPTANCE,
-    START_DRAFT_TOKENS,
     DraftLength,
     DraftTally,
     TokenHistory,
@@ -131,7 +131,7 @@ class DraftPassCost:
 
     pass_seconds: float | None = None
     passes_per_token: dict[int, float] = field(default_factory=dict)  # by requests offered
-    tokens_per_draft: float = START_DRAFT_TOKENS  # of the drafts it made
+    tokens_per_draft: float = FIRST_DRAFT_TOKENS  # of the drafts it made
     catch_up_seconds: float | None = None  # per token, in passes over many tokens
 
     def add_pass(self, seconds: float) -> None:

@@ -26,8 +26,8 @@ proposer therefore follows its source: after a draft is rejected it keeps the po
 text just past the token the model wrote in place of the first unaccepted one (a substitution
 of one token), and when no match of `STRONG_MATCH` tokens or more exists, it drafts what
 follows that position before trying shorter matches (which often point at the wrong one of
-several similar lines). Its first draft is `POINTER_DRAFT_TOKENS` long, each next one's rows
-twice the last's while they are accepted whole (`grown_draft`: a copy running on between
+several similar lines). Its first draft is `POINTER_DRAFT_TOKENS` long, each next one about
+twice the last while they are accepted whole (`VerifyRows.grown`: a copy running on between
 edits). A pointer whose own draft is rejected at its first token is dropped. After an n-gram
 draft accepted whole the model's own next token decides: the source's token means the copy
 goes on, which the lookup follows; another token is an edit just past the copied run (or the
@@ -83,6 +83,7 @@ from sglite.runtime.scheduler.request import Req
 from sglite.runtime.scheduler.speculation import (
     LOW_ACCEPTANCE,
     NGRAM_SOURCE,
+    UNGROUPED_ROWS,
     BreakEvens,
     DraftLength,
     DraftTally,
@@ -90,8 +91,8 @@ from sglite.runtime.scheduler.speculation import (
     Proposal,
     SourceFilter,
     TokenHistory,
+    VerifyRows,
     draft_room,
-    grown_draft,
     proposals_from,
 )
 
@@ -110,7 +111,7 @@ STRONG_MATCH = 4
 DRAFT_KINDS = ("cache", "strong", "pointer", "rejoin", "weak")
 # A draft from the source pointer is a guess about an edit's extent: it starts short, so that a
 # wrong one costs a verification of a few rows (about a plain step) rather than of a long draft,
-# and grows (`grown_draft`) while the copy runs on.
+# and grows (`VerifyRows.grown`) while the copy runs on.
 POINTER_DRAFT_TOKENS = 2
 
 
@@ -164,6 +165,7 @@ class NgramProposer:
         min_match: int,
         max_match: int,
         cache: RadixCache | None = None,
+        rows: VerifyRows = UNGROUPED_ROWS,
     ) -> None:
         if not 1 <= min_match <= max_match:
             raise ValueError(f"n-gram match windows must satisfy 1 <= {min_match} <= {max_match}")
@@ -172,6 +174,7 @@ class NgramProposer:
         self.num_draft_tokens = num_draft_tokens
         self.min_match = min_match
         self.max_match = max_match
+        self.rows = rows  # how drafts are sized for the target's verification
         self.states: dict[str, NgramState] = {}
         self.kinds = {kind: KindAcceptance() for kind in DRAFT_KINDS}
         self.needed = LOW_ACCEPTANCE  # a long draft's break-even in this step (`price`)
@@ -187,7 +190,8 @@ class NgramProposer:
         state = self.states.get(req.rid)
         if state is None:
             index = SuffixIndex(self.min_match, self.max_match)
-            state = self.states[req.rid] = NgramState(DraftLength(self.num_draft_tokens), index)
+            sizes = DraftLength(self.num_draft_tokens, self.rows)
+            state = self.states[req.rid] = NgramState(sizes, index)
         length = state.length.next(draft_room(req, self.context_len))
         if length <= 0:
             return []
@@ -203,7 +207,7 @@ class NgramProposer:
             state.pointer = None
         if self.cache is not None:
             room = min(draft_room(req, self.context_len), MAX_DRAFT_TOKENS)
-            longest = CACHE_DRAFT_SCALE * (length + 1) - 1  # its rows CACHE_DRAFT_SCALE times
+            longest = self.rows.scaled(length, CACHE_DRAFT_SCALE)
             cached = _tokens_only(cached_continuation(self.cache, tokens, min(room, longest)))
             if cached:
                 if self._pays(state, "cache", len(cached)):
@@ -297,7 +301,7 @@ class NgramProposer:
         note_replacement(state, drafted, accepted)
         whole = accepted == drafted
         if state.from_pointer:  # a copy past an edit that goes on is drafted further each time
-            longer = grown_draft(state.pointer_length, self.num_draft_tokens)
+            longer = self.rows.grown(state.pointer_length, self.num_draft_tokens)
             state.pointer_length = longer if whole else POINTER_DRAFT_TOKENS
         failed = state.from_pointer and accepted == 0
         if state.draft_start is None or failed:
@@ -352,6 +356,7 @@ class NgramProposer:
             "speculative_algorithm": "ngram",
             "speculative_ngram_match_window": [self.min_match, self.max_match],
             "speculative_ngram_from_radix_cache": self.cache is not None,
+            "speculative_verify_row_group": self.rows.group,
             "speculative_ngram_drafts": {kind: tally.info() for kind, tally in self.kinds.items()},
         }
 

@@ -147,28 +147,53 @@ class Speculator(Protocol):
         ...
 
 
-# A request's first draft, and its first after a pause, is at most this long: a long draft
-# that is rejected costs a long verification (most rows when the text does not copy), and one
-# that is accepted grows at once. Its verification is four rows (the draft and the model's own
-# token): the quantized products take x rows in groups of four, so a fifth row costs a group
-# of its own (every weight block decoded again for one row).
-START_DRAFT_TOKENS = 3
+# A request's first draft, and its first after a pause, is about this long (`VerifyRows.first`):
+# a long draft that is rejected costs a long verification (most rows when the text does not
+# copy), and one that is accepted grows at once.
+FIRST_DRAFT_TOKENS = 4
 
 
-def grown_draft(length: int, maximum: int) -> int:
-    """The next length of a draft of `length` tokens accepted whole (at most `maximum`): its
-    verification's rows doubled (3, 7, 15, 31 tokens: 4, 8, 16, 32 rows), so that a long draft
-    stays whole groups of four rows as a first draft of START_DRAFT_TOKENS is."""
-    return min(maximum, 2 * length + 1)
+@dataclass(frozen=True)
+class VerifyRows:
+    """How the target's kernels price a draft's verification rows (its tokens and the model's
+    own next one), by which drafts are sized: `group` rows cost about as one where the int8
+    GEMV takes x rows in groups and no GEMM takes more (`weight_policy.verification_row_group`:
+    AVX2 builds, where a fifth row decodes every weight block again), 1 where each further row
+    costs about alike (a GEMM takes larger batches: VNNI-512, AMX). Decided at load."""
+
+    group: int = 1
+
+    def first(self, maximum: int) -> int:
+        """A first draft's length (at most `maximum`): FIRST_DRAFT_TOKENS, cut to whole groups
+        of rows (3 tokens in groups of four)."""
+        rows = FIRST_DRAFT_TOKENS + 1
+        return max(1, min(maximum, rows - rows % self.group - 1))
+
+    def grown(self, length: int, maximum: int) -> int:
+        """The next length of a draft of `length` tokens accepted whole (at most `maximum`):
+        in groups its rows doubled (3, 7, 15, 31 tokens: whole groups of four, as a first
+        draft's), else its tokens doubled (4, 8, 16)."""
+        return min(maximum, 2 * length + (1 if self.group > 1 else 0))
+
+    def scaled(self, length: int, times: int) -> int:
+        """A draft `times` as long as one of `length` tokens: in groups, its rows `times` as
+        many (whole groups stay whole)."""
+        return times * (length + 1) - 1 if self.group > 1 else times * length
+
+
+# Drafts sized where every verification row costs about alike (the default of the classes that
+# take a `VerifyRows`).
+UNGROUPED_ROWS = VerifyRows()
 
 
 @dataclass
 class DraftLength:
-    """One request's draft length: it starts at `START_DRAFT_TOKENS` (at most `maximum`),
-    grows from a draft accepted whole (`grown_draft` of its length), shrinks to just past what
-    was accepted, and drafting pauses for a while when most drafts are rejected."""
+    """One request's draft length: it starts at `rows.first` (at most `maximum`), grows from
+    a draft accepted whole (`rows.grown` of its length), shrinks to just past what was
+    accepted, and drafting pauses for a while when most drafts are rejected."""
 
     maximum: int
+    rows: VerifyRows = UNGROUPED_ROWS
     current: int = 0
     drafted: int = 0  # over the current acceptance window
     accepted: int = 0
@@ -182,7 +207,7 @@ class DraftLength:
     @property
     def start(self) -> int:
         """The length of a first draft, and of the first after a pause."""
-        return min(START_DRAFT_TOKENS, self.maximum)
+        return self.rows.first(self.maximum)
 
     def next(self, room: int) -> int:
         """Tokens to draft now (0 while paused), at most `room`."""
@@ -195,7 +220,7 @@ class DraftLength:
         """A draft of `tokens` would have been kept whole where another source's draft was
         verified instead (the target wrote those tokens): the length grows as if it had been,
         so that a source passed over on a copy is not held to its first short drafts."""
-        self.current = max(self.current, grown_draft(tokens, self.maximum))
+        self.current = max(self.current, self.rows.grown(tokens, self.maximum))
 
     def record(self, drafted: int, accepted: int, shares: BreakEvens) -> None:
         """Adapt to a verification's result; drafting pauses when the tokens accepted over the
@@ -208,7 +233,7 @@ class DraftLength:
             return
         if accepted == drafted:
             # grown from what was shown: a short match kept whole says little of a long draft
-            self.current = grown_draft(drafted, self.maximum)
+            self.current = self.rows.grown(drafted, self.maximum)
         else:
             self.current = max(1, accepted + 1)
         self.drafted += drafted

@@ -14,6 +14,7 @@ from sglite.runtime.scheduler.speculation import (
     Proposal,
     SourceFilter,
     Speculator,
+    VerifyRows,
 )
 
 if TYPE_CHECKING:
@@ -127,21 +128,25 @@ def build_speculator(
     """The speculator `args` ask for (None when speculation is off). A draft model is loaded
     here, its KV pool sized to `capacity` tokens like the target's; n-gram drafts also read the
     target's radix `cache` (None when it is disabled); with a draft model they come first
-    (`NgramBeforeDraft`) unless `speculative_draft_ngram` is off."""
+    (`NgramBeforeDraft`) unless `speculative_draft_ngram` is off. Drafts of both are sized for
+    the target's verification rows (`VerifyRows`, from its kernels)."""
+    from sglite.runtime.model.weight_policy import verification_row_group
     from sglite.runtime.scheduler.ngram import NgramProposer
 
+    rows = VerifyRows(verification_row_group(target.model))
     ngram = NgramProposer(
         context_len,
         args.speculative_num_draft_tokens,
         args.speculative_ngram_min_match_window_size,
         args.speculative_ngram_max_match_window_size,
         cache,
+        rows,
     )
     if args.speculative_algorithm == "ngram":
         return ngram
     if args.speculative_algorithm == "draft":
         from sglite.runtime.scheduler.draft_model import DraftModelProposer
 
-        model = DraftModelProposer.load(args, target, context_len, capacity)
+        model = DraftModelProposer.load(args, target, context_len, capacity, rows)
         return NgramBeforeDraft(ngram, model) if args.speculative_draft_ngram else model
     return None

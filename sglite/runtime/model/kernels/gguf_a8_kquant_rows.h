@@ -16,9 +16,6 @@
 #define QK 32
 #define QK_K 256
 
-/* Rows of x a kernel call takes together (each weight block decoded once for all of them). */
-#define A8_ROWS 4
-
 #if defined(__AVX2__) && defined(__FMA__)
 /* How far ahead of the block being computed its row's bytes are prefetched (a stream's weight
  * rows are contiguous, so this runs into its next rows): far enough that the loads of a block

@@ -43,6 +43,9 @@ enum { SHORT_ROW_VALUES = 4096 };
  * KERNEL_OFF_ROWS) and the prefill scratch GEMM runs in float32. KERNEL_OFF_ROWS: a row count
  * no batch reaches, the threshold of a kernel that does not serve a weight here. */
 enum { BF16_DOT_PAYS_PERCENT = 50, KERNEL_OFF_ROWS = 1073741824 };
+/* Rows of x the int8 GEMV (gguf_a8.c) takes together: each weight block is decoded once for
+ * a group of them, so a product of A8_ROWS + 1 rows decodes every block twice. */
+enum { A8_ROWS = 4 };
 /* Rows from which a batch rounding activations takes gguf_gemm_a8 instead of gguf_gemv_a8
  * (where the tile GEMM does not take it first; never in deterministic mode, whose products keep
  * one kernel for every row count): A8_GEMM_MIN_ROWS_Q6_K for a weight mostly of Q6_K blocks,
