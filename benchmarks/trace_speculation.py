@@ -2,7 +2,8 @@
 listed.
 
 Runs `--batch` copies of a bench_spec workload's prompt (`--workload`, by name; optionally after
-`--after`, another workload run once, whose drafts the speculator's state then carries), greedy,
+`--after`, other workloads run once each in the order named, whose drafts the speculator's state
+then carries, as bench_spec's order leaves it), greedy,
 `--tokens` new tokens, `--rounds` times from a flushed cache with the prompt cached. Per decode
 step: the requests running, the speculative tokens drafted and their source, the tokens
 accepted, the draft model's passes and the step's milliseconds; then per round the steps, the
@@ -10,7 +11,7 @@ seconds, and the steps that drafted. A step without drafts is a plain step (the 
 must beat; steps that mixed sources or lost requests show no source).
 
 Run: python -m benchmarks.trace_speculation [--model M] [--draft-model-path P | --ngram]
-     [--workload NAME] [--after NAME] [--batch 4] [--tokens 96] [--rounds 2]
+     [--workload NAME] [--after NAME ...] [--batch 4] [--tokens 96] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -100,13 +101,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--draft-model-path", default="qwen2.5-coder-0.5b")
     parser.add_argument("--ngram", action="store_true", help="n-gram drafts, no draft model")
     parser.add_argument("--workload", default="copy: JSON record from a document")
-    parser.add_argument("--after", default=None, help="a workload run once before")
+    parser.add_argument("--after", nargs="*", default=[], help="workloads run once before")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=96)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args(argv)
-    for name in (args.workload, args.after):
-        if name is not None and name not in WORKLOADS:
+    for name in (args.workload, *args.after):
+        if name not in WORKLOADS:
             parser.error(f"unknown workload {name!r}; one of: {', '.join(WORKLOADS)}")
     return args
 
@@ -124,8 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     sched = settled_scheduler(server_args, loaded)
     tracer = StepTracer(sched)
     encode = loaded.tokenizer.encode
-    if args.after is not None:
-        run_batch(sched, encode(WORKLOADS[args.after]), args.batch, args.tokens, "after")
+    for i, name in enumerate(args.after):
+        run_batch(sched, encode(WORKLOADS[name]), args.batch, args.tokens, f"after{i}")
     prompt = encode(WORKLOADS[args.workload])
     print(f"{args.workload!r}, {args.batch} at once, {args.tokens} tokens, {speculation}")
     for r in range(args.rounds):

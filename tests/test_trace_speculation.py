@@ -37,6 +37,9 @@ def test_an_unknown_workload_is_refused(capsys):
     with pytest.raises(SystemExit):
         trace_speculation.main(["--workload", "no such workload"])
     assert "unknown workload 'no such workload'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # each workload run before is checked too
+        trace_speculation.main(["--after", "copy: repeat a passage", "no such workload"])
+    assert "unknown workload 'no such workload'" in capsys.readouterr().err
 
 
 def test_priced_speedup_charges_each_verification_row_and_draft_pass():

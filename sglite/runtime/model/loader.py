@@ -359,7 +359,9 @@ def load_model(
             activations = resolve_gguf_activations(gguf_activations)
             arena = None if mmap_weights else WeightArena.for_file(gguf_file)
             rounds = activations == "int8"
-            round_float32_extend = rounds and (dtype == "auto" or gguf_tiles)
+            # float32 as auto's choice (a CPU without bf16) rounds its EXTEND products as bf16's do
+            float32_rounds = torch_dtype == torch.float32 and (dtype == "auto" or gguf_tiles)
+            round_float32_extend = rounds and float32_rounds
             every_product_rounds = torch_dtype == torch.bfloat16 or round_float32_extend
             blocks = gguf_block_weights(
                 gguf_file,
