@@ -559,6 +559,7 @@ int64_t tile_gemm_available(void) { return 0; }
 #endif
 
 int64_t gguf_amx_min_rows(const gguf_part_t *parts, int64_t n_out, int64_t k) {
+  if (gguf_has_quads(parts, n_out)) return KERNEL_OFF_ROWS; /* gemm_amx declines them */
   const int q6k = q6k_mostly(parts, n_out);
   if (amx_gemm_available()) return q6k ? AMX_MIN_ROWS_Q6_K : AMX_MIN_ROWS;
   if (!tile_gemm_available() || !bf16_dot_pays()) return KERNEL_OFF_ROWS;
