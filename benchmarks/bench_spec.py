@@ -175,6 +175,12 @@ def main() -> None:
     info = spec.get_server_info()
     print(f"model {info['model_path']}, {info['dtype']}, weights {info['weight_layouts']}, ")
     print(f"kernels {info['kernel_isa'] or 'portable C'}, torch threads {torch.get_num_threads()}")
+    group = info["speculative_verify_row_group"]
+    print(
+        f"drafts sized for verification rows in groups of {group}"
+        if group > 1
+        else "drafts sized for verification rows that each cost about alike (group 1)"
+    )
     if args.algorithm == "draft":
         draft = info["speculative_draft"]
         print(

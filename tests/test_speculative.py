@@ -384,6 +384,7 @@ def test_the_targets_kernels_decide_how_drafts_are_sized():
     args = ServerArgs(model_path=loaded.model_path, speculative_algorithm="ngram")
     speculator = build_speculator(args, loaded, 1000, 1000, cache=None)
     assert speculator is not None and speculator.rows == GROUPS_OF_FOUR
+    assert speculator.info()["speculative_verify_row_group"] == 4  # get_server_info's
     assert with_thresholds(4) == with_thresholds(5) == 1  # a GEMM from the fifth row at most
     assert with_thresholds(6) == 4
     for w in weights:
