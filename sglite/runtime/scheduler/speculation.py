@@ -171,9 +171,9 @@ class VerifyRows:
 
     def grown(self, length: int, maximum: int) -> int:
         """The next length of a draft of `length` tokens accepted whole (at most `maximum`):
-        in groups its rows doubled (3, 7, 15, 31 tokens: whole groups of four, as a first
-        draft's), else its tokens doubled (4, 8, 16)."""
-        return min(maximum, 2 * length + (1 if self.group > 1 else 0))
+        twice as long (`scaled`: in groups 3, 7, 15, 31 tokens, whole groups of four as a
+        first draft's; else 4, 8, 16)."""
+        return min(maximum, self.scaled(length, 2))
 
     def scaled(self, length: int, times: int) -> int:
         """A draft `times` as long as one of `length` tokens: in groups, its rows `times` as
