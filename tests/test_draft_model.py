@@ -14,8 +14,6 @@ import torch
 from test_loader import PROMPT, make_hf_model
 
 import sglite
-from sglite.runtime.model.gguf_weight import GGUFWeight
-from sglite.runtime.scheduler.draft_vocabulary import DraftVocabulary
 from sglite.runtime.scheduler.speculation import EVERY_REQUEST, FIRST_DRAFT_TOKENS, BreakEvens
 from sglite.runtime.server_args import ServerArgs
 
@@ -572,50 +570,6 @@ def test_a_draft_stops_where_the_target_would_likely_reject_it(tiny):
     assert len(proposer.propose(req)) == FIRST_DRAFT_TOKENS
     proposer.forget(set())
     proposer.check_invariants()
-
-
-def _q8_head(rows: int, k: int, seed: int) -> GGUFWeight:
-    import gguf
-    import numpy as np
-
-    from sglite.runtime.model.gguf_weight import GGUFPart
-
-    weights = np.random.default_rng(seed).standard_normal((rows, k)).astype(np.float32)
-    blocks = gguf.quants.quantize(weights, gguf.GGMLQuantizationType.Q8_0)
-    return GGUFWeight([GGUFPart("Q8_0", blocks)], k, None, True)
-
-
-def test_the_draft_vocabulary_picks_the_heads_argmax_over_its_allowed_ids():
-    """The draft's token is what the whole head's logits pick among the first `size` ids, the
-    added tokens and the prompt's own: the same blocks through the same kernel, bit for bit;
-    and it is really restricted (hidden states whose unrestricted argmax lies elsewhere)."""
-    head = _q8_head(300, 64, seed=3)
-    vocab = DraftVocabulary(head, 100, added_ids=[290, 295, 5000])
-    request = vocab.rows_for([5, 150, 150, 299, 40, 7000])
-    assert request.ids == [150, 290, 295, 299]  # past the prefix, within the head, once each
-    allowed = torch.tensor(vocab.allowed_for(request))
-    restricted = 0
-    for seed in range(40):
-        hidden = torch.randn(1, 64, generator=torch.Generator().manual_seed(seed))
-        logits = head.matmul_decode(hidden.to(torch.bfloat16))[0]
-        masked = torch.full_like(logits, float("-inf"))
-        masked[allowed] = logits[allowed]
-        got, probability = vocab.choose_many(hidden, [request], torch.bfloat16)[0]
-        assert got == int(torch.argmax(masked)), seed
-        assert probability == pytest.approx(float(torch.softmax(masked.float(), 0)[got]))
-        restricted += int(torch.argmax(logits)) != got
-    assert restricted > 10
-    assert vocab.rows_for([1, 2, 3]).ids == [290, 295]
-
-
-def test_the_draft_vocabulary_is_off_where_it_cannot_help():
-    head = _q8_head(64, 32, seed=4)
-    assert DraftVocabulary.for_model(head, 0, []) is None  # the flag's "whole vocabulary"
-    assert DraftVocabulary.for_model(head, 64, []) is None  # no smaller than the head
-    assert DraftVocabulary.for_model(torch.zeros(64, 32), 16, []) is None  # not GGUF blocks
-    assert DraftVocabulary.for_model(head, 16, []).size == 16
-    with pytest.raises(ValueError, match="speculative_draft_vocab_size"):
-        ServerArgs(speculative_draft_vocab_size=-1).validate()
 
 
 def test_a_draft_model_choosing_among_a_few_ids_leaves_outputs_unchanged(tmp_path):

@@ -248,6 +248,8 @@ class DraftModelProposer:
         if length <= 0:
             return None
         target = seq.history.sync(req)
+        if self.vocab is not None and seq.extra is not None:  # what it wrote, a candidate
+            seq.extra = self.vocab.with_written(seq.extra, target)
         held = seq.held(target)
         behind = len(target) - held
         paying = self._pays_for(seq)

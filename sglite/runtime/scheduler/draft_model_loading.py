@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sglite.runtime.scheduler.draft_vocabulary import DraftVocabulary
+from sglite.runtime.scheduler.draft_vocabulary import DraftVocabulary, SpaceVariants
 
 if TYPE_CHECKING:
     from sglite.runtime.model.loader import LoadedModel
@@ -60,6 +60,9 @@ def load_draft_model(
         draft.config = draft.model.config
     added = list(target.tokenizer.backend.get_added_tokens_decoder())
     vocab = DraftVocabulary.for_model(
-        draft.model.output_projection(), args.speculative_draft_vocab_size, added
+        draft.model.output_projection(),
+        args.speculative_draft_vocab_size,
+        added,
+        SpaceVariants.for_tokenizer(target.tokenizer),
     )
     return draft, vocab
