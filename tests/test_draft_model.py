@@ -251,17 +251,42 @@ def test_the_draft_model_reads_a_prompt_as_the_target_prefills_it(tiny, plain):
     proposer.check_invariants()
 
 
-def _request(rid: str, prompt: list[int]):
-    """A scheduler request of 16 new tokens at most."""
+def _request(rid: str, prompt: list[int], max_new_tokens: int = 16):
+    """A scheduler request of 16 new tokens at most (or `max_new_tokens`)."""
     import time
 
     from sglite.runtime.sampling.params import SamplingParams
     from sglite.runtime.sampling.request_state import SamplingInfo
     from sglite.runtime.scheduler.request import Req
 
-    params = SamplingParams.from_dict({"max_new_tokens": 16})
+    params = SamplingParams.from_dict({"max_new_tokens": max_new_tokens})
     sampling = SamplingInfo.create(params, prompt)
     return Req(rid, prompt, params, sampling, None, None, time.time())  # type: ignore[arg-type]
+
+
+def test_one_long_draft_missed_at_its_first_token_does_not_pause_a_paying_request(tiny):
+    """A request whose drafts pay (most of their tokens kept) goes on drafting after a long
+    draft the target rejected at its first token: the draft model judges it by its tallies,
+    not by a window of its last drafts (`DraftLength.pauses` off), whose verdict here would
+    have paused it for PAUSE_STEPS steps while the draft model fell behind on its text."""
+    from sglite.runtime.model.loader import load_model
+    from sglite.runtime.scheduler.draft_model import DraftModelProposer
+    from sglite.runtime.scheduler.speculation import PAUSE_AFTER, DraftLength
+
+    proposer = DraftModelProposer(load_model(tiny["small"], progress=False), 256, 15, 256)
+    req = _request("r", PROMPT, max_new_tokens=200)
+    shares = BreakEvens(0.5, 0.5)
+    kept = [(4, 4), (8, 8), (4, 4), (3, 3)]  # 19 of 19 kept, then 0 of 15: a window of 18
+    window = DraftLength(15)  # tokens (after one of 16) with 3 kept where 9 were needed
+    for drafted, accepted in [*kept, (15, 0)]:
+        assert proposer.propose(req)
+        proposer.record(req, drafted, accepted, shares)
+        window.record(drafted, accepted, shares)
+        req.output_ids.extend((PROMPT * 2)[: accepted + 1])
+    assert kept[-1][0] + 15 >= PAUSE_AFTER and window.paused
+    assert proposer.propose(req)
+    proposer.forget(set())
+    proposer.check_invariants()
 
 
 def test_a_draft_model_below_its_break_even_stops_drafting_for_new_requests_too(tiny):

@@ -376,7 +376,9 @@ class DraftModelProposer:
         match = self.cache.match_prefix(req.prompt_ids[:-1])
         self.cache.lock(match.node)
         cached = len(match.slots)
-        seq = DraftSequence(DraftLength(self.num_draft_tokens, self.rows), match.node)
+        # its requests drafted by their tallies (`_pays_for`, probes), not DraftLength's windows
+        sizes = DraftLength(self.num_draft_tokens, self.rows, pauses=False)
+        seq = DraftSequence(sizes, match.node)
         if self.vocab is not None:
             seq.extra = self.vocab.rows_for(req.prompt_ids)
         seq.tokens, seq.slots = list(req.prompt_ids[:cached]), list(match.slots)

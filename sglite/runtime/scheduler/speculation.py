@@ -190,10 +190,14 @@ UNGROUPED_ROWS = VerifyRows()
 class DraftLength:
     """One request's draft length: it starts at `rows.first` (at most `maximum`), grows from
     a draft accepted whole (`rows.grown` of its length), shrinks to just past what was
-    accepted, and drafting pauses for a while when most drafts are rejected."""
+    accepted, and, where it `pauses`, drafting pauses for a while when most of a window's
+    drafts are rejected (a source that judges its requests by tallies of its own, as the draft
+    model does, sizes drafts here and nothing more: a window's verdict rests on its last few
+    drafts, where one long draft missed at its first token outweighs a run of kept ones)."""
 
     maximum: int
     rows: VerifyRows = UNGROUPED_ROWS
+    pauses: bool = True
     current: int = 0
     drafted: int = 0  # over the current acceptance window
     accepted: int = 0
@@ -236,6 +240,8 @@ class DraftLength:
             self.current = self.rows.grown(drafted, self.maximum)
         else:
             self.current = max(1, accepted + 1)
+        if not self.pauses:
+            return
         self.drafted += drafted
         self.accepted += accepted
         self.needed += max(shares.needed, LOW_ACCEPTANCE) * drafted
