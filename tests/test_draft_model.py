@@ -289,6 +289,33 @@ def test_one_long_draft_missed_at_its_first_token_does_not_pause_a_paying_reques
     proposer.check_invariants()
 
 
+def test_a_fresh_servers_first_drafts_are_not_judged_on_one_draft(tiny):
+    """On a fresh server, a first draft that kept 2 of 4 tokens (with the prior's 2 of 4, a
+    share of a half, below a long draft's break-even) does not stop the request's drafts:
+    while neither the workload's drafts nor the request's hold MIN_EVIDENCE_TOKENS tokens, the
+    draft model drafts on to learn (a draft not made teaches nothing), and judges once they
+    do."""
+    from sglite.runtime.model.loader import load_model
+    from sglite.runtime.scheduler.draft_model import DraftModelProposer
+    from sglite.runtime.scheduler.speculation import MIN_EVIDENCE_TOKENS
+
+    proposer = DraftModelProposer(load_model(tiny["small"], progress=False), 256, 4, 256)
+    proposer.pass_cost.pass_seconds, proposer.pass_cost.passes_per_token[1] = 0.012, 1.0
+    shares = BreakEvens(0.72, 0.72, 0.03)  # a plain step of 30 ms: a pass and a row cost 72%
+    proposer.price(lambda source: shares)
+    req = _request("r", PROMPT, max_new_tokens=200)
+    drafted = []
+    while draft := proposer.propose(req):  # every other draft kept whole: half the tokens
+        kept = len(draft) * (len(drafted) % 2)
+        proposer.record(req, len(draft), kept, shares)
+        req.output_ids.extend((PROMPT * 20)[len(req.output_ids) :][: kept + 1])
+        drafted.append(len(draft))
+        assert len(drafted) < 60, "half kept never judged"
+    assert sum(drafted) >= MIN_EVIDENCE_TOKENS  # judged once there is evidence: half is short
+    proposer.forget(set())
+    proposer.check_invariants()
+
+
 def test_a_draft_model_below_its_break_even_stops_drafting_for_new_requests_too(tiny):
     """Its drafts' accepted share is kept over all requests: after verifications that kept
     too little for the measured break-even, a new request gets no draft model draft but the
