@@ -199,8 +199,23 @@ class DraftModelProposer:
         against their share of the pass (a pass for fewer requests than usual costs each of
         them more)."""
         needed = self.pass_cost.needed(self.needed, self.saved_seconds, count, offered)
-        shares = [self.acceptance.expected_share_for(d.seq.drafts) for d in paid]
+        shares = [self._likely_kept(d.seq) for d in paid]
         return sum(shares) / len(shares) >= needed
+
+    def _likely_kept(self, seq: DraftSequence) -> float:
+        """The share of the next draft for the request of `seq` likely kept: its own recent
+        drafts' with the workload's as prior (`KindAcceptance.expected_share_for`), or 1 while
+        both are too few to tell (`_unknown`)."""
+        if self._unknown(seq):
+            return 1.0
+        return self.acceptance.expected_share_for(seq.drafts)
+
+    def _unknown(self, seq: DraftSequence) -> bool:
+        """Whether the drafts of all requests and of this one are too few to judge by
+        (`KindAcceptance.unknown_for`; a fresh server's first): drafting is how they learn,
+        where the prior's share and one draft (2 of 4 kept: a half) would stop the request's
+        drafts for good, a draft not made teaching nothing."""
+        return self.acceptance.unknown_for(seq.drafts)
 
     def gain(self, batch_size: int) -> float:
         """The tokens its next draft for one request of a step of `batch_size` likely saves
@@ -236,7 +251,7 @@ class DraftModelProposer:
     def _pays_for(self, seq: DraftSequence) -> bool:
         """Whether drafts for the request of `seq` pay now: its own recent drafts with the
         recent ones of all requests as their prior (`KindAcceptance.covers_cost_for`)."""
-        return self.acceptance.covers_cost_for(seq.drafts)
+        return self._unknown(seq) or self.acceptance.covers_cost_for(seq.drafts)
 
     def _begin(self, req: Req, offered: int) -> GrowingDraft | None:
         """The request's draft about to grow (its sequence brought to the request's tokens),

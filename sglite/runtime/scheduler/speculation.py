@@ -372,28 +372,21 @@ class KindAcceptance(DraftTally):
         """`covers_cost` for one request: its own recent drafts (`own`) with this kind's counted
         as at most REQUEST_PRIOR_TOKENS tokens (a request whose text the drafts do not fit stops
         after a few, though the workload's drafts before it paid; one they fit goes on though
-        they did not). True while both are too few to tell (`_unknown_for`)."""
-        if self._unknown_for(own):
-            return True
+        they did not)."""
         weight = self._prior_weight()
         return self.accepted * weight + own.accepted > self.cost * weight + own.cost
 
     def expected_share_for(self, own: DraftTally) -> float:
         """`expected_share` for one request: its own recent share with this kind's counted as at
-        most REQUEST_PRIOR_TOKENS tokens; the kind's alone while the request drafted nothing;
-        1 while both are too few to tell (`_unknown_for`)."""
+        most REQUEST_PRIOR_TOKENS tokens; the kind's alone while the request drafted nothing."""
         if own.drafted <= 0.0:
             return self.expected_share
-        if self._unknown_for(own):
-            return 1.0
         weight = self._prior_weight()
         return (self.accepted * weight + own.accepted) / (self.drafted * weight + own.drafted)
 
-    def _unknown_for(self, own: DraftTally) -> bool:
-        """Whether neither this kind's recent tokens nor the request's own reach
-        MIN_EVIDENCE_TOKENS (a fresh server's first drafts): drafting is how they learn, where
-        a share of the prior and one draft (2 of 4 kept: a half) would stop the request's
-        drafts for good (a draft not made teaches nothing)."""
+    def unknown_for(self, own: DraftTally) -> bool:
+        """Whether neither this kind's recent tokens nor the request's own (`own`) reach
+        MIN_EVIDENCE_TOKENS (a fresh server's first drafts)."""
         return self.drafted < MIN_EVIDENCE_TOKENS and own.drafted < MIN_EVIDENCE_TOKENS
 
     def _prior_weight(self) -> float:
