@@ -290,11 +290,11 @@ def test_one_long_draft_missed_at_its_first_token_does_not_pause_a_paying_reques
 
 
 def test_a_fresh_servers_first_drafts_are_not_judged_on_one_draft(tiny):
-    """On a fresh server, a first draft that kept 2 of 4 tokens (with the prior's 2 of 4, a
-    share of a half, below a long draft's break-even) does not stop the request's drafts:
-    while neither the workload's drafts nor the request's hold MIN_EVIDENCE_TOKENS tokens, the
-    draft model drafts on to learn (a draft not made teaches nothing), and judges once they
-    do."""
+    """On a fresh server, a first draft rejected (with the prior's 2 of 4, a share below a
+    long draft's break-even of 0.72) does not stop the request's drafts: while neither the
+    workload's drafts nor the request's hold MIN_EVIDENCE_TOKENS tokens, the draft model
+    drafts on to learn (a draft not made teaches nothing); every other draft kept whole, it
+    judges them once they do, and half kept does not pay."""
     from sglite.runtime.model.loader import load_model
     from sglite.runtime.scheduler.draft_model import DraftModelProposer
     from sglite.runtime.scheduler.speculation import MIN_EVIDENCE_TOKENS
@@ -312,6 +312,13 @@ def test_a_fresh_servers_first_drafts_are_not_judged_on_one_draft(tiny):
         drafted.append(len(draft))
         assert len(drafted) < 60, "half kept never judged"
     assert sum(drafted) >= MIN_EVIDENCE_TOKENS  # judged once there is evidence: half is short
+    for _ in range(200):  # n-gram drafts preferred for long: the tally ages, its verdict stays
+        proposer.passed_over()
+    assert proposer.acceptance.drafted < MIN_EVIDENCE_TOKENS
+    fresh = _request("s", PROMPT[1:], max_new_tokens=200)
+    proposer.read_prompt(fresh)
+    fresh.output_ids.append(PROMPT[0])
+    assert proposer.propose(fresh) == []
     proposer.forget(set())
     proposer.check_invariants()
 

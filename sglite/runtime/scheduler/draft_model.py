@@ -263,8 +263,6 @@ class DraftModelProposer:
         if length <= 0:
             return None
         target = seq.history.sync(req)
-        if self.vocab is not None and seq.extra is not None:  # what it wrote, a candidate
-            seq.extra = self.vocab.with_written(seq.extra, target)
         held = seq.held(target)
         behind = len(target) - held
         paying = self._pays_for(seq)
@@ -275,6 +273,8 @@ class DraftModelProposer:
         if not self.acceptance.admit(paying, self.steps, cheap=cheap):
             return None
         self.probe_prompt_for = None
+        if self.vocab is not None and seq.extra is not None:  # what it wrote, a candidate
+            seq.extra = self.vocab.with_written(seq.extra, target)
         self._rewind(seq, target, held)
         seq.probabilities = []
         reads_prompt = len(seq.tokens) < len(req.prompt_ids)

@@ -12,7 +12,8 @@ them (what a copying answer needs), each with its other spelling as to a leading
 prompt's " seller" is a JSON record's "seller": `SpaceVariants`), and the tokens past the prefix
 the request has written (an edit's new name, a closing code fence: what it wrote once it tends
 to write again). A request's extra rows are copied, as blocks, into a weight of their own, again
-only when its output brings a new id (a few times per request).
+when its output brings a new id (a few times per request in the benchmarks' answers; text of
+rare tokens brings more, each a copy of the request's extra rows).
 
 Invariant: `choose_many` returns the argmax of the logits the whole head would give over the ids
 `allowed_for` the request: both weights are the head's own blocks through the same kernel,
@@ -44,6 +45,10 @@ class RequestRows:
     ids: list[int]
     weight: GGUFWeight | None  # rows `ids` of the head, as its blocks (None: no extra id)
     read: int = 0  # how many of the request's tokens `with_written` has looked at
+    held: frozenset[int] = frozenset()  # `ids`, for lookups
+
+    def __post_init__(self) -> None:
+        self.held = frozenset(self.ids)
 
 
 # The marks that byte-level BPE ("Ġ") and SentencePiece ("▁") vocabularies write a leading
@@ -129,20 +134,20 @@ class DraftVocabulary:
         """`request`'s candidates once the request's tokens are `tokens` (its prompt and
         output): its own, and the ids past the prefix (and their other spellings) among the
         tokens it has not looked at; `request` itself where those bring none."""
-        new = self._past_prefix(set(tokens[request.read :])) - set(request.ids)
-        if not new:
-            request.read = len(tokens)
-            return request
-        return self._rows(set(request.ids) | new, len(tokens))
+        unread = tokens[request.read :]
+        request.read = len(tokens)
+        new = self._past_prefix(set(unread)) - request.held if unread else set()
+        return self._rows(request.held | new, len(tokens)) if new else request
 
     def _past_prefix(self, tokens: Iterable[int]) -> set[int]:
-        """Of `tokens` and their other spellings, the ids past the prefix, within the head."""
-        spelled = set(tokens)
+        """Of `tokens` and their other spellings, the ids past the prefix, within the head
+        (no negative id, such as an image's pad, is looked up)."""
+        spelled = {t for t in tokens if t >= 0}
         if self.variants is not None:
-            spelled |= {v for t in tokens if (v := self.variants.of(t)) is not None}
+            spelled |= {v for t in list(spelled) if (v := self.variants.of(t)) is not None}
         return {t for t in spelled if self.size <= t < self.head.out_features}
 
-    def _rows(self, ids: set[int], read: int) -> RequestRows:
+    def _rows(self, ids: set[int] | frozenset[int], read: int) -> RequestRows:
         if not ids:
             return RequestRows([], None, read)
         ordered = sorted(ids)

@@ -385,9 +385,10 @@ class KindAcceptance(DraftTally):
         return (self.accepted * weight + own.accepted) / (self.drafted * weight + own.drafted)
 
     def unknown_for(self, own: DraftTally) -> bool:
-        """Whether neither this kind's recent tokens nor the request's own (`own`) reach
-        MIN_EVIDENCE_TOKENS (a fresh server's first drafts)."""
-        return self.drafted < MIN_EVIDENCE_TOKENS and own.drafted < MIN_EVIDENCE_TOKENS
+        """Whether neither this kind's tokens ever verified nor the request's own recent ones
+        (`own`) reach MIN_EVIDENCE_TOKENS: a fresh server's first drafts (the kind's count is
+        not decayed, so a tally aged while other drafts were preferred stays judged)."""
+        return self.total_drafted < MIN_EVIDENCE_TOKENS and own.drafted < MIN_EVIDENCE_TOKENS
 
     def _prior_weight(self) -> float:
         """The factor that scales this kind's recent counts to REQUEST_PRIOR_TOKENS tokens."""
