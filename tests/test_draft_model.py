@@ -394,8 +394,11 @@ def test_a_request_whose_own_drafts_fail_stops_drafting_though_earlier_ones_paid
 
 def test_a_probe_waits_for_a_request_the_draft_model_is_in_step_with(tiny):
     """A probe of a non-paying draft model would first catch up on every token a request
-    emitted since the draft model last followed it: the probe that falls due there is
-    deferred to the next request the draft model holds all but a few tokens of."""
+    emitted since the draft model last followed it: where the request's remaining tokens would
+    not repay that (priced as `_catch_up_pays` prices it), the probe that falls due there is
+    deferred to the next request the draft model holds all but a few tokens of; a long request
+    whose prompt went unread gets it, its catch-up included (else no probe comes while it
+    runs)."""
     from sglite.runtime.model.loader import load_model
     from sglite.runtime.scheduler.draft_model import (
         PROBE_MAX_BEHIND,
@@ -411,6 +414,7 @@ def test_a_probe_waits_for_a_request_the_draft_model_is_in_step_with(tiny):
     for _ in range(6):
         proposer.record(first, 4, 0, BreakEvens(0.9, 0.9))
     proposer.forget(set())
+    proposer.pass_cost.catch_up_seconds, proposer.saved_seconds = 0.010, 0.030
     behind = _request("behind", PROMPT[:4])
     proposer.read_prompt(behind)
     behind.output_ids = list(PROMPT[4 : 4 + PROBE_MAX_BEHIND + 2])  # emitted while refused
@@ -423,6 +427,15 @@ def test_a_probe_waits_for_a_request_the_draft_model_is_in_step_with(tiny):
     proposer.read_prompt(in_step)
     in_step.output_ids = [PROMPT[0]]  # its first decode step: one token behind
     assert proposer.propose(in_step)  # the deferred probe
+    proposer.forget(set())
+    long_request = _request("long", PROMPT[2:], max_new_tokens=400)
+    passes = proposer.forward_passes
+    proposer.read_prompt(long_request)
+    assert proposer.forward_passes == passes  # not read: no probe was due
+    long_request.output_ids = [PROMPT[0]]
+    tally.refused = tally.probe_gap
+    assert proposer.propose(long_request)  # the probe, its prompt read first
+    assert len(proposer.sequences["long"].tokens) > len(long_request.prompt_ids)
     proposer.forget(set())
     proposer.check_invariants()
 
@@ -830,6 +843,9 @@ def test_a_draft_model_that_does_not_pay_probes_a_request_its_ngram_match_serves
     for _ in range(6):  # drafts of 4 that kept nothing, where 90% was needed
         model.record(_request("x", PROMPT), 4, 0, BreakEvens(0.9, 0.9))
     assert KIND_PROBE_EVERY == PROMPT_READ_EVERY_UNPAID == 8  # the steps below count on it
+    # a catch-up of a prompt at 10 ms a token, 30 ms saved per token kept: a request's last 14
+    # tokens do not repay reading its prompt for a probe
+    model.pass_cost.catch_up_seconds, model.saved_seconds = 0.010, 0.030
     sources, prompts_read = [], []
     for i in range(5):  # each matches only its last token, seen once in the prompt
         req = _request(f"r{i}", [*PROMPT, 60])

@@ -268,8 +268,11 @@ class DraftModelProposer:
         paying = self._pays_for(seq)
         if behind > PROBE_MAX_BEHIND and paying and not self._catch_up_pays(req, behind, offered):
             return None
-        # a probe is worth its pass where the request is in step and a draft kept whole pays
-        cheap = behind <= PROBE_MAX_BEHIND and (paying or self.gain(offered) > 0)
+        # a probe is worth its pass where a draft kept whole pays and the request is in step,
+        # or its remaining tokens would repay the catch-up should drafts pay (a long request
+        # whose prompt went unread while they did not: else no probe comes while it runs)
+        in_step = behind <= PROBE_MAX_BEHIND or self._catch_up_pays(req, behind, offered)
+        cheap = in_step and (paying or self.gain(offered) > 0)
         if not self.acceptance.admit(paying, self.steps, cheap=cheap):
             return None
         self.probe_prompt_for = None
