@@ -205,17 +205,10 @@ class DraftModelProposer:
     def _likely_kept(self, seq: DraftSequence) -> float:
         """The share of the next draft for the request of `seq` likely kept: its own recent
         drafts' with the workload's as prior (`KindAcceptance.expected_share_for`), or 1 while
-        both are too few to tell (`_unknown`)."""
-        if self._unknown(seq):
+        both are too few to tell (`KindAcceptance.unknown_for`: drafting is how they learn)."""
+        if self.acceptance.unknown_for(seq.drafts):
             return 1.0
         return self.acceptance.expected_share_for(seq.drafts)
-
-    def _unknown(self, seq: DraftSequence) -> bool:
-        """Whether the drafts of all requests and of this one are too few to judge by
-        (`KindAcceptance.unknown_for`; a fresh server's first): drafting is how they learn,
-        where the prior's share and one draft (2 of 4 kept: a half) would stop the request's
-        drafts for good, a draft not made teaching nothing."""
-        return self.acceptance.unknown_for(seq.drafts)
 
     def gain(self, batch_size: int) -> float:
         """The tokens its next draft for one request of a step of `batch_size` likely saves
@@ -250,8 +243,10 @@ class DraftModelProposer:
 
     def _pays_for(self, seq: DraftSequence) -> bool:
         """Whether drafts for the request of `seq` pay now: its own recent drafts with the
-        recent ones of all requests as their prior (`KindAcceptance.covers_cost_for`)."""
-        return self._unknown(seq) or self.acceptance.covers_cost_for(seq.drafts)
+        recent ones of all requests as their prior (`KindAcceptance.covers_cost_for`); so
+        they do while both are too few to tell (`KindAcceptance.unknown_for`)."""
+        tally = self.acceptance
+        return tally.unknown_for(seq.drafts) or tally.covers_cost_for(seq.drafts)
 
     def _begin(self, req: Req, offered: int) -> GrowingDraft | None:
         """The request's draft about to grow (its sequence brought to the request's tokens),
@@ -266,12 +261,13 @@ class DraftModelProposer:
         held = seq.held(target)
         behind = len(target) - held
         paying = self._pays_for(seq)
-        if behind > PROBE_MAX_BEHIND and paying and not self._catch_up_pays(req, behind, offered):
-            return None
-        # a probe is worth its pass where a draft kept whole pays and the request is in step,
-        # or its remaining tokens would repay the catch-up should drafts pay (a long request
-        # whose prompt went unread while they did not: else no probe comes while it runs)
+        # in step, or its remaining tokens would repay the catch-up should drafts pay (for a
+        # probe: a long request whose prompt went unread while they did not, else no probe
+        # comes while it runs)
         in_step = behind <= PROBE_MAX_BEHIND or self._catch_up_pays(req, behind, offered)
+        if paying and not in_step:
+            return None
+        # a probe is worth its pass there, where a draft kept whole pays
         cheap = in_step and (paying or self.gain(offered) > 0)
         if not self.acceptance.admit(paying, self.steps, cheap=cheap):
             return None

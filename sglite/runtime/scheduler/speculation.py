@@ -387,7 +387,9 @@ class KindAcceptance(DraftTally):
     def unknown_for(self, own: DraftTally) -> bool:
         """Whether neither this kind's tokens ever verified nor the request's own recent ones
         (`own`) reach MIN_EVIDENCE_TOKENS: a fresh server's first drafts (the kind's count is
-        not decayed, so a tally aged while other drafts were preferred stays judged)."""
+        not decayed, so a tally aged while other drafts were preferred stays judged). There a
+        draft model drafts to learn: the prior's share and one draft (2 of 4 kept) would stop
+        a request's drafts for good, and a draft not made teaches nothing."""
         return self.total_drafted < MIN_EVIDENCE_TOKENS and own.drafted < MIN_EVIDENCE_TOKENS
 
     def _prior_weight(self) -> float:
