@@ -570,8 +570,8 @@ def test_the_draft_model_drafts_for_several_requests_in_one_pass_per_token(tiny)
 
 def test_a_catch_up_of_several_tokens_runs_as_decode_rows_with_the_same_draft(tiny, monkeypatch):
     """A request the draft model fell behind on (tokens emitted while it did not draft) is
-    caught up in its next pass, one DECODE row per token: the draft is the one an EXTEND of
-    those tokens gives, and the draft model holds the same tokens after it."""
+    caught up in its next pass, one DECODE row per token (25 of them here): the draft is the
+    one an EXTEND of those tokens gives, and the draft model holds the same tokens after it."""
     from sglite.runtime.model.forward_batch import ForwardMode
     from sglite.runtime.model.loader import load_model
     from sglite.runtime.scheduler import draft_model
@@ -585,8 +585,9 @@ def test_a_catch_up_of_several_tokens_runs_as_decode_rows_with_the_same_draft(ti
 
     def behind(proposer: DraftModelProposer, name: str):
         proposer.read_prompt(_request("r", PROMPT))
-        req = _request("r", PROMPT)
-        req.output_ids.extend([5, 9, 11, 6, 8])  # emitted since the prompt: caught up next
+        req = _request("r", PROMPT, max_new_tokens=64)
+        # emitted since the prompt (more than a long draft's rows): caught up next
+        req.output_ids.extend([5, 9, 11, 6, 8] * 5)
         forward = proposer.model.forward
         proposer.model.forward = lambda batch, pool: (  # type: ignore[method-assign]
             modes[name].append(batch.mode) or forward(batch, pool)

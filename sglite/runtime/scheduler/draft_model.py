@@ -76,7 +76,7 @@ if TYPE_CHECKING:
 PROBE_MAX_BEHIND = 4
 # A pass of at most this many tokens (a draft's next tokens, a request's catch-up on the tokens
 # since its last draft) runs as DECODE rows, one per token; longer ones (a prompt) as an EXTEND.
-DECODE_ROWS_MAX = 16
+DECODE_ROWS_MAX = 32
 # While the draft model does not pay, one prompt in this many is read as the target prefills
 # it (the rest when a draft needs them): a prompt's pass costs the draft model a prefill, which
 # drafts that are not taken never repay (at batch 4 on the Qwen pair, a tenth of the
