@@ -83,7 +83,7 @@ class StepTracer:
 
     @staticmethod
     def _passes(model: DraftModelProposer | None) -> int:
-        return 0 if model is None else model.forward_passes
+        return 0 if model is None else model.kv.forward_passes
 
 
 def run_batch(sched: Scheduler, prompt_ids: list[int], batch: int, tokens: int, tag: str) -> None:

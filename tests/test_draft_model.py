@@ -242,10 +242,10 @@ def test_the_draft_model_reads_a_prompt_as_the_target_prefills_it(tiny, plain):
     proposer.needed = 0.0  # drafts as long as the draft length
     req = _request("r", PROMPT * 4)
     proposer.read_prompt(req)
-    assert proposer.forward_passes == 1
+    assert proposer.kv.forward_passes == 1
     req.output_ids.append(PROMPT[0])
     assert len(proposer.propose(req)) == FIRST_DRAFT_TOKENS
-    assert proposer.forward_passes == 1 + FIRST_DRAFT_TOKENS
+    assert proposer.kv.forward_passes == 1 + FIRST_DRAFT_TOKENS
     assert proposer.take_prompt_seconds() == 0.0
     proposer.forget(set())
     proposer.check_invariants()
@@ -420,8 +420,8 @@ def test_a_probe_waits_for_a_request_the_draft_model_is_in_step_with(tiny):
     behind.output_ids = list(PROMPT[4 : 4 + PROBE_MAX_BEHIND + 2])  # emitted while refused
     tally = proposer.acceptance
     tally.refused = tally.probe_gap  # a probe is due
-    passes = proposer.forward_passes
-    assert proposer.propose(behind) == [] and proposer.forward_passes == passes
+    passes = proposer.kv.forward_passes
+    assert proposer.propose(behind) == [] and proposer.kv.forward_passes == passes
     in_step = _request("in-step", PROMPT[1:])
     proposer.prompts_unread = PROMPT_READ_EVERY_UNPAID - 1  # this prompt is the one read
     proposer.read_prompt(in_step)
@@ -429,9 +429,9 @@ def test_a_probe_waits_for_a_request_the_draft_model_is_in_step_with(tiny):
     assert proposer.propose(in_step)  # the deferred probe
     proposer.forget(set())
     long_request = _request("long", PROMPT[2:], max_new_tokens=400)
-    passes = proposer.forward_passes
+    passes = proposer.kv.forward_passes
     proposer.read_prompt(long_request)
-    assert proposer.forward_passes == passes  # not read: no probe was due
+    assert proposer.kv.forward_passes == passes  # not read: no probe was due
     long_request.output_ids = [PROMPT[0]]
     tally.refused = tally.probe_gap
     assert proposer.propose(long_request)  # the probe, its prompt read first
@@ -454,12 +454,12 @@ def test_a_draft_model_catches_up_on_a_request_only_where_its_drafts_can_repay_t
     proposer.saved_seconds = 0.040  # what an accepted token saves (a plain step at batch 1)
     ending = _request("ending", PROMPT)
     ending.output_ids = list(PROMPT[:14])  # 2 of its 16 tokens left, all of it unread
-    passes = proposer.forward_passes
-    assert proposer.propose(ending) == [] and proposer.forward_passes == passes
+    passes = proposer.kv.forward_passes
+    assert proposer.propose(ending) == [] and proposer.kv.forward_passes == passes
     going = _request("going", PROMPT)
     going.params = SamplingParams.from_dict({"max_new_tokens": 200})
     going.output_ids = list(PROMPT[:14])
-    assert proposer.propose(going) and proposer.forward_passes > passes
+    assert proposer.propose(going) and proposer.kv.forward_passes > passes
     proposer.forget(set())
     proposer.check_invariants()
 
@@ -477,15 +477,15 @@ def test_a_draft_model_that_does_not_pay_reads_few_prompts(tiny):
     paying = [_request(f"p{i}", PROMPT[i:]) for i in range(3)]
     for req in paying:
         proposer.read_prompt(req)
-    assert proposer.forward_passes == len(paying)
+    assert proposer.kv.forward_passes == len(paying)
     for _ in range(6):  # drafts of 4 that kept nothing, where 90% was needed
         proposer.record(paying[0], 4, 0, BreakEvens(0.9, 0.9))
     unpaid = [_request(f"u{i}", PROMPT[i % 4 :]) for i in range(2 * PROMPT_READ_EVERY_UNPAID)]
     read = []
     for req in unpaid:
-        passes = proposer.forward_passes
+        passes = proposer.kv.forward_passes
         proposer.read_prompt(req)
-        read.append(proposer.forward_passes > passes)
+        read.append(proposer.kv.forward_passes > passes)
     one_in_n = [False] * (PROMPT_READ_EVERY_UNPAID - 1) + [True]
     assert read == one_in_n * 2
     proposer.acceptance, proposer.needed = KindAcceptance(), 0.0  # drafts pay again
@@ -557,10 +557,10 @@ def test_the_draft_model_drafts_for_several_requests_in_one_pass_per_token(tiny)
         req.output_ids.append(5 + i)
         return req
 
-    passes = together.forward_passes
+    passes = together.kv.forward_passes
     drafts = together.propose_many([decoding(i) for i in range(3)])
     assert len(drafts) == 3 and all(drafts.values())
-    assert together.forward_passes - passes == max(len(d) for d in drafts.values())
+    assert together.kv.forward_passes - passes == max(len(d) for d in drafts.values())
     for i in range(3):
         assert alone.propose(decoding(i)) == drafts[f"r{i}"]
     for proposer in (together, alone):
@@ -574,7 +574,7 @@ def test_a_catch_up_of_several_tokens_runs_as_decode_rows_with_the_same_draft(ti
     one an EXTEND of those tokens gives, and the draft model holds the same tokens after it."""
     from sglite.runtime.model.forward_batch import ForwardMode
     from sglite.runtime.model.loader import load_model
-    from sglite.runtime.scheduler import draft_model
+    from sglite.runtime.scheduler import draft_model_kv
     from sglite.runtime.scheduler.draft_model import DraftModelProposer
 
     rows, extend = (
@@ -588,14 +588,14 @@ def test_a_catch_up_of_several_tokens_runs_as_decode_rows_with_the_same_draft(ti
         req = _request("r", PROMPT, max_new_tokens=64)
         # emitted since the prompt (more than a long draft's rows): caught up next
         req.output_ids.extend([5, 9, 11, 6, 8] * 5)
-        forward = proposer.model.forward
-        proposer.model.forward = lambda batch, pool: (  # type: ignore[method-assign]
+        forward = proposer.kv.model.forward
+        proposer.kv.model.forward = lambda batch, pool: (  # type: ignore[method-assign]
             modes[name].append(batch.mode) or forward(batch, pool)
         )
         return req
 
     drafted = rows.propose(behind(rows, "rows"))
-    monkeypatch.setattr(draft_model, "DECODE_ROWS_MAX", 0)
+    monkeypatch.setattr(draft_model_kv, "DECODE_ROWS_MAX", 0)
     assert extend.propose(behind(extend, "extend")) == drafted and drafted
     assert modes["rows"][0] is ForwardMode.DECODE and modes["extend"][0] is ForwardMode.EXTEND
     assert rows.sequences["r"].tokens == extend.sequences["r"].tokens
@@ -734,9 +734,9 @@ def test_a_request_does_not_start_a_draft_alone_where_a_pass_for_it_cannot_pay(t
     lone = _request("lone", PROMPT)
     proposer.read_prompt(lone)
     lone.output_ids.append(5)
-    passes = proposer.forward_passes
+    passes = proposer.kv.forward_passes
     assert proposer.propose_many([lone]) == {}
-    assert proposer.forward_passes == passes
+    assert proposer.kv.forward_passes == passes
     reqs = [_request(f"r{i}", PROMPT[i:]) for i in range(4)]
     for req in reqs:
         proposer.read_prompt(req)
@@ -850,9 +850,9 @@ def test_a_draft_model_that_does_not_pay_probes_a_request_its_ngram_match_serves
     sources, prompts_read = [], []
     for i in range(5):  # each matches only its last token, seen once in the prompt
         req = _request(f"r{i}", [*PROMPT, 60])
-        passes = model.forward_passes
+        passes = model.kv.forward_passes
         both.read_prompt(req)  # as the target prefills it
-        prompts_read.append(model.forward_passes > passes)
+        prompts_read.append(model.kv.forward_passes > passes)
         for token in (33, 21):
             req.output_ids.append(token)
             proposals = both.speculate([req], lambda source: EVERY_REQUEST)
@@ -868,23 +868,23 @@ def test_a_draft_model_that_does_not_pay_probes_a_request_its_ngram_match_serves
     model.pass_cost = DraftPassCost(pass_seconds=0.02, passes_per_token={1: 0.25})
     model.record(req, 4, 0, BreakEvens(0.9, 0.9, 0.02))
     model.acceptance.refused = model.acceptance.probe_gap  # a probe due
-    passes = model.forward_passes
+    passes = model.kv.forward_passes
     both.read_prompt(_request("late", [*PROMPT, 60]))
-    assert model.forward_passes == passes
+    assert model.kv.forward_passes == passes
     # where a lone draft can pay again (50 ms saved per token), a due probe has one prompt read
     # for it, not each of a batch's prompts arriving together
     model.record(req, 4, 0, BreakEvens(0.3, 0.3, 0.05))
     model.acceptance.refused = model.acceptance.probe_gap  # a probe due
     reads = []
     for name, tokens in (("a", [7, 8]), ("b", [9, 10])):
-        passes = model.forward_passes
+        passes = model.kv.forward_passes
         both.read_prompt(_request(name, [*PROMPT, *tokens]))
-        reads.append(model.forward_passes > passes)
+        reads.append(model.kv.forward_passes > passes)
     assert reads == [True, False]
     model.forget({"b"})  # "a" ended before the probe came: the next due probe reads again
-    passes = model.forward_passes
+    passes = model.kv.forward_passes
     both.read_prompt(_request("c", [*PROMPT, 11, 12]))
-    assert model.forward_passes > passes
+    assert model.kv.forward_passes > passes
     model.forget(set())
     model.check_invariants()
 

@@ -3,10 +3,11 @@
 `--speculative-algorithm draft --speculative-draft-model-path P` loads P as a second model in
 the scheduler process. Per running request it keeps the draft model's K/V of the request's
 tokens (`DraftSequence`) in its own `KVPool`, under its own `RadixCache`, so a prompt prefix
-the draft model has seen before costs it nothing. Each decode step the draft model catches up
-on the tokens the target emitted since (usually one), then proposes its greedy continuation
-token by token, one pass per token for all the step's requests it drafts for; the target
-verifies the drafts in its next forward (`drafts.DraftVerifier`).
+the draft model has seen before costs it nothing (`draft_model_kv.DraftKV` owns them and runs
+the passes; this module decides when and how far to draft). Each decode step the draft model
+catches up on the tokens the target emitted since (usually one), then proposes its greedy
+continuation token by token, one pass per token for all the step's requests it drafts for; the
+target verifies the drafts in its next forward (`drafts.DraftVerifier`).
 After a rejection the draft sequence is cut back to the tokens the target kept: its K/V follows
 the target's accepted tokens, never the rejected ones.
 
@@ -31,24 +32,18 @@ N` (its first N layers, then its final norm and output projection: an early exit
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import torch
-
-from sglite.runtime.cache.kv_pool import KVPool
-from sglite.runtime.cache.radix_cache import RadixCache
-from sglite.runtime.model.causal_lm import CausalLM
-from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode, build_decode_rows
+from sglite.runtime.scheduler.draft_model_kv import DraftKV
 from sglite.runtime.scheduler.draft_model_state import (
     ConfidenceCalibration,
     DraftPassCost,
     DraftSequence,
     GrowingDraft,
 )
-from sglite.runtime.scheduler.draft_vocabulary import DraftVocabulary, greedy_choice
+from sglite.runtime.scheduler.draft_vocabulary import DraftVocabulary
 from sglite.runtime.scheduler.request import Req
 from sglite.runtime.scheduler.speculation import (
     DRAFT_MODEL_SOURCE,
@@ -74,9 +69,6 @@ if TYPE_CHECKING:
 # decode (its prompt read as the target prefilled it): a probe of a request it fell behind on
 # would first pass over every token emitted since, a cost no acceptance repays.
 PROBE_MAX_BEHIND = 4
-# A pass of at most this many tokens (a draft's next tokens, a request's catch-up on the tokens
-# since its last draft) runs as DECODE rows, one per token; longer ones (a prompt) as an EXTEND.
-DECODE_ROWS_MAX = 32
 # While the draft model does not pay, one prompt in this many is read as the target prefills
 # it (the rest when a draft needs them): a prompt's pass costs the draft model a prefill, which
 # drafts that are not taken never repay (at batch 4 on the Qwen pair, a tenth of the
@@ -96,23 +88,13 @@ class DraftModelProposer:
         vocab: DraftVocabulary | None = None,
         rows: VerifyRows = UNGROUPED_ROWS,
     ) -> None:
-        cfg = draft.config
-        self.model: CausalLM = draft.model
-        self.dtype = draft.dtype
-        self.vocab = vocab  # None: drafts chosen over the whole head
+        self.kv = DraftKV(draft, context_len, capacity, vocab)
         self.model_path = draft.model_path
         self.quantization = draft.quantization
-        self.device = draft.device
-        self.vocab_size = cfg.vocab_size
-        self.pool = KVPool(
-            capacity, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, draft.dtype, draft.device
-        )
-        self.cache = RadixCache(self.pool)
         self.context_len = context_len
         self.num_draft_tokens = num_draft_tokens
         self.rows = rows  # how drafts are sized for the target's verification
         self.sequences: dict[str, DraftSequence] = {}
-        self.forward_passes = 0
         self.steps = 0  # calls to propose_many (a probe gap counts them)
         self.prompt_seconds = 0.0  # catch-up passes over prompt tokens, until taken
         # Its recent drafts over all requests (a new request would otherwise spend its first
@@ -164,7 +146,7 @@ class DraftModelProposer:
         passes, first = 0, True
         while drafting:
             start = time.perf_counter()
-            choices = self._extend_many([(d.seq, d.feed) for d in drafting])
+            choices = self.kv.extend_many([(d.seq, d.feed) for d in drafting])
             seconds = time.perf_counter() - start
             passes += 1
             if first:
@@ -176,7 +158,7 @@ class DraftModelProposer:
             first = False
             growing = []
             for d, choice in zip(drafting, choices, strict=True):
-                if choice is None or choice[0] >= self.vocab_size:
+                if choice is None or choice[0] >= self.kv.vocab_size:
                     continue
                 d.tokens.append(choice[0])
                 d.seq.probabilities.append(choice[1])
@@ -272,9 +254,10 @@ class DraftModelProposer:
         if not self.acceptance.admit(paying, self.steps, cheap=cheap):
             return None
         self.probe_prompt_for = None
-        if self.vocab is not None and seq.extra is not None:  # what it wrote, a candidate
-            seq.extra = self.vocab.with_written(seq.extra, target)
-        self._rewind(seq, target, held)
+        vocab = self.kv.vocab
+        if vocab is not None and seq.extra is not None:  # what it wrote, a candidate
+            seq.extra = vocab.with_written(seq.extra, target)
+        self.kv.rewind(seq, target, held)
         seq.probabilities = []
         reads_prompt = len(seq.tokens) < len(req.prompt_ids)
         feed = target[len(seq.tokens) :]
@@ -303,7 +286,7 @@ class DraftModelProposer:
         seq = self.sequences[req.rid] = self._start(req)
         feed = req.prompt_ids[len(seq.tokens) :]
         start = time.perf_counter()
-        if feed and self._extend(seq, feed) is not None:
+        if feed and self.kv.extend(seq, feed) is not None:
             seq.verified = len(seq.tokens)
             self.pass_cost.add_catch_up(time.perf_counter() - start, len(feed))
 
@@ -340,7 +323,7 @@ class DraftModelProposer:
         """Cache the verified tokens of requests not in `live` (so a later request with the
         same prefix reuses them) and release the rest of their slots."""
         for rid in [rid for rid in self.sequences if rid not in live]:
-            self._release(self.sequences.pop(rid))
+            self.kv.release(self.sequences.pop(rid))
         if self.probe_prompt_for not in live:  # it ended before the probe came
             self.probe_prompt_for = None
 
@@ -348,22 +331,22 @@ class DraftModelProposer:
         """Empty the draft cache; called with no request in flight, so every sequence (an
         aborted request's may linger until the next decode step) is released first."""
         self.forget(set())
-        self.cache.flush()
+        self.kv.cache.flush()
 
     def info(self) -> dict[str, Any]:
         """The draft model, its pool and cache, for get_server_info."""
-        cost = self.pass_cost
+        cost, kv = self.pass_cost, self.kv
         return {
             "speculative_algorithm": "draft",
             "speculative_verify_row_group": self.rows.group,
             "speculative_draft": {
                 "model_path": self.model_path,
-                "num_layers": self.model.config.num_layers,
+                "num_layers": kv.model.config.num_layers,
                 "quantization": self.quantization,
-                "pool_tokens": self.pool.capacity,
-                "cached_tokens": self.cache.total_size(),
-                "forward_passes": self.forward_passes,
-                "vocab_size": self.vocab_size if self.vocab is None else self.vocab.size,
+                "pool_tokens": kv.pool.capacity,
+                "cached_tokens": kv.cache.total_size(),
+                "forward_passes": kv.forward_passes,
+                "vocab_size": kv.vocab_size if kv.vocab is None else kv.vocab.size,
                 "drafts": self.acceptance.info(),
                 "agreement_per_probability": self.calibration.factor,
                 "pass_ms": None if cost.pass_seconds is None else 1e3 * cost.pass_seconds,
@@ -375,103 +358,12 @@ class DraftModelProposer:
 
     # ------------------------------------------------------------------ bookkeeping
     def check_invariants(self) -> None:
-        """Free + cached + held by sequences == the draft pool's capacity; raises otherwise."""
-        self.cache.check_invariants()
-        held = sum(len(seq.slots) - seq.cached_len for seq in self.sequences.values())
-        total = self.pool.num_free + self.cache.total_size() + held
-        assert total == self.pool.capacity, (
-            f"draft pool: {self.pool.num_free} free + {self.cache.total_size()} cached + "
-            f"{held} held != {self.pool.capacity}"
-        )
+        """The draft pool's slots are each free, cached or held by one sequence
+        (`DraftKV.check_invariants`); raises otherwise."""
+        self.kv.check_invariants(self.sequences.values())
 
     def _start(self, req: Req) -> DraftSequence:
-        """A new sequence holding the draft cache's longest match of the prompt (all but its
-        last token, whose logits the first proposal needs)."""
-        match = self.cache.match_prefix(req.prompt_ids[:-1])
-        self.cache.lock(match.node)
-        cached = len(match.slots)
-        # its requests drafted by their tallies (`_pays_for`, probes), not DraftLength's windows
+        """A new sequence for `req` (`DraftKV.start`): its requests drafted by their tallies
+        (`_pays_for`, probes), not DraftLength's windows."""
         sizes = DraftLength(self.num_draft_tokens, self.rows, pauses=False)
-        seq = DraftSequence(sizes, match.node)
-        if self.vocab is not None:
-            seq.extra = self.vocab.rows_for(req.prompt_ids)
-        seq.tokens, seq.slots = list(req.prompt_ids[:cached]), list(match.slots)
-        seq.cached_len = seq.verified = cached
-        return seq
-
-    def _rewind(self, seq: DraftSequence, target: list[int], keep: int) -> None:
-        """Cut `seq` back to the `keep` tokens of it that are in `target` (the request's
-        tokens; `DraftSequence.held`)."""
-        self.pool.free(seq.slots[keep:])
-        seq.cut(keep)
-        seq.verified = len(target)  # the tokens fed next are the request's own
-
-    def _extend(self, seq: DraftSequence, feed: list[int]) -> tuple[int, float] | None:
-        """`_extend_many` of one sequence."""
-        return self._extend_many([(seq, feed)])[0]
-
-    def _extend_many(
-        self, items: list[tuple[DraftSequence, list[int]]]
-    ) -> list[tuple[int, float] | None]:
-        """Run the draft model over each `feed` after its sequence's tokens, all in one pass;
-        per item its greedy next token and that token's probability, None where the pool has
-        no room for `feed` or the context is full (that item is left out of the pass)."""
-        runs = [(seq, feed, self._append(seq, feed)) for seq, feed in items]
-        batch_items = [(seq, feed, start) for seq, feed, start in runs if start is not None]
-        if not batch_items:
-            return [None] * len(items)
-        feeds = [feed for _, feed, _ in batch_items]
-        ends = list(itertools.accumulate(len(feed) for feed in feeds))
-        last = [end - 1 for end in ends]
-        logit_rows = [] if self.vocab is not None else last
-        if ends[-1] <= DECODE_ROWS_MAX:  # on the decode path, one row per token
-            feeds_at = [
-                (feed, start, seq.slots, seq.slot_mirror.view(seq.slots))
-                for seq, feed, start in batch_items
-            ]
-            batch = build_decode_rows(feeds_at, logit_rows, self.device)
-        else:
-            starts = [start for _, _, start in batch_items]
-            slots = [seq.slots for seq, _, _ in batch_items]
-            batch = ForwardBatch.build(
-                ForwardMode.EXTEND, feeds, starts, slots, logit_rows, self.device
-            )
-        if self.vocab is not None:  # the final hidden states, for the draft vocabulary's rows
-            batch.hidden_rows = torch.tensor(last, dtype=torch.long, device=self.device)
-        self.forward_passes += 1
-        try:
-            logits = self.model(batch, self.pool)
-        except BaseException:  # the K/V of the feeds was not (fully) written: never keep it
-            for seq, _, start in batch_items:
-                self.pool.free(seq.slots[start:])
-                seq.cut(start)
-            raise
-        if self.vocab is None:
-            chosen = [greedy_choice(row) for row in logits]
-        else:
-            assert batch.hidden is not None
-            extras = [seq.extra for seq, _, _ in batch_items]
-            chosen = self.vocab.choose_many(batch.hidden, extras, self.dtype)  # type: ignore[arg-type]
-        found = iter(chosen)
-        return [next(found) if start is not None else None for _, _, start in runs]
-
-    def _append(self, seq: DraftSequence, feed: list[int]) -> int | None:
-        """Slots for `feed` after `seq`'s tokens (the cache evicted for room), `feed` appended;
-        the position it starts at, or None (nothing changed) when it does not fit."""
-        if not feed or len(seq.tokens) + len(feed) > self.context_len:
-            return None
-        if self.pool.num_free < len(feed):
-            self.cache.evict(len(feed) - self.pool.num_free)
-            if self.pool.num_free < len(feed):
-                return None
-        start = len(seq.tokens)
-        seq.tokens.extend(feed)
-        seq.slots.extend(self.pool.alloc(len(feed)))
-        return start
-
-    def _release(self, seq: DraftSequence) -> None:
-        verified = min(seq.verified, len(seq.tokens))
-        already = self.cache.insert(seq.tokens[:verified], seq.slots[:verified])
-        self.pool.free(seq.slots[seq.cached_len : already])
-        self.pool.free(seq.slots[verified:])
-        self.cache.unlock(seq.node)
+        return self.kv.start(req, sizes)
