@@ -331,7 +331,7 @@ class DraftModelProposer:
         """Empty the draft cache; called with no request in flight, so every sequence (an
         aborted request's may linger until the next decode step) is released first."""
         self.forget(set())
-        self.kv.cache.flush()
+        self.kv.flush()
 
     def info(self) -> dict[str, Any]:
         """The draft model, its pool and cache, for get_server_info."""

@@ -150,6 +150,10 @@ class DraftKV:
         self.pool.free(seq.slots[verified:])
         self.cache.unlock(seq.node)
 
+    def flush(self) -> None:
+        """Empty the cache (every sequence released first: the caller's to ensure)."""
+        self.cache.flush()
+
     def check_invariants(self, sequences: Iterable[DraftSequence]) -> None:
         """Free + cached + held by `sequences` (every live one) == the pool's capacity; raises
         otherwise."""
