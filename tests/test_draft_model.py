@@ -297,7 +297,7 @@ def test_a_fresh_servers_first_drafts_are_not_judged_on_one_draft(tiny):
     judges them once they do, and half kept does not pay."""
     from sglite.runtime.model.loader import load_model
     from sglite.runtime.scheduler.draft_model import DraftModelProposer
-    from sglite.runtime.scheduler.speculation import MIN_EVIDENCE_TOKENS
+    from sglite.runtime.scheduler.draft_tally import MIN_EVIDENCE_TOKENS
 
     proposer = DraftModelProposer(load_model(tiny["small"], progress=False), 256, 4, 256)
     proposer.pass_cost.pass_seconds, proposer.pass_cost.passes_per_token[1] = 0.012, 1.0
@@ -329,7 +329,7 @@ def test_a_draft_model_below_its_break_even_stops_drafting_for_new_requests_too(
     rare probe (`KindAcceptance`), instead of relearning from its own first drafts."""
     from sglite.runtime.model.loader import load_model
     from sglite.runtime.scheduler.draft_model import DraftModelProposer
-    from sglite.runtime.scheduler.speculation import KIND_PROBE_EVERY
+    from sglite.runtime.scheduler.draft_tally import KIND_PROBE_EVERY
 
     proposer = DraftModelProposer(load_model(tiny["small"], progress=False), 256, 4, 256)
     first = _request("a", PROMPT)
@@ -471,7 +471,7 @@ def test_a_draft_model_that_does_not_pay_reads_few_prompts(tiny):
     request's first draft if drafts pay again."""
     from sglite.runtime.model.loader import load_model
     from sglite.runtime.scheduler.draft_model import PROMPT_READ_EVERY_UNPAID, DraftModelProposer
-    from sglite.runtime.scheduler.speculation import KindAcceptance
+    from sglite.runtime.scheduler.draft_tally import KindAcceptance
 
     proposer = DraftModelProposer(load_model(tiny["small"], progress=False), 256, 4, 256)
     paying = [_request(f"p{i}", PROMPT[i:]) for i in range(3)]
@@ -505,7 +505,7 @@ def test_a_draft_model_drafts_while_its_drafts_as_made_pay_for_their_cost(tiny):
     otherwise kept whole go on, though their first tokens alone would not pay."""
     from sglite.runtime.model.loader import load_model
     from sglite.runtime.scheduler.draft_model import DraftModelProposer
-    from sglite.runtime.scheduler.speculation import KIND_PROBE_EVERY
+    from sglite.runtime.scheduler.draft_tally import KIND_PROBE_EVERY
 
     def fresh_drafts(proposer: DraftModelProposer, tag: str) -> list[bool]:
         reqs = [_request(f"{tag}{i}", PROMPT[i:]) for i in range(KIND_PROBE_EVERY)]
@@ -756,8 +756,8 @@ def test_the_draft_model_takes_the_requests_whose_ngram_match_it_beats(tiny):
     model passed over ages its tally until it is tried again (`expected_share` 1)."""
     from sglite.runtime.model.loader import load_model
     from sglite.runtime.scheduler.draft_model import DraftModelProposer
+    from sglite.runtime.scheduler.draft_tally import MIN_EVIDENCE_TOKENS
     from sglite.runtime.scheduler.ngram import NgramProposer
-    from sglite.runtime.scheduler.speculation import MIN_EVIDENCE_TOKENS
     from sglite.runtime.scheduler.speculators import NgramBeforeDraft
 
     model = DraftModelProposer(load_model(tiny["small"], progress=False), 256, 4, 1024)
@@ -832,8 +832,8 @@ def test_a_draft_model_that_does_not_pay_probes_a_request_its_ngram_match_serves
     from sglite.runtime.model.loader import load_model
     from sglite.runtime.scheduler.draft_model import PROMPT_READ_EVERY_UNPAID, DraftModelProposer
     from sglite.runtime.scheduler.draft_model_state import DraftPassCost
+    from sglite.runtime.scheduler.draft_tally import KIND_PROBE_EVERY
     from sglite.runtime.scheduler.ngram import NgramProposer
-    from sglite.runtime.scheduler.speculation import KIND_PROBE_EVERY
     from sglite.runtime.scheduler.speculators import NgramBeforeDraft
 
     model = DraftModelProposer(load_model(tiny["small"], progress=False), 256, 4, 1024)

@@ -17,6 +17,13 @@ import torch
 from sglite.runtime.cache.continuation import cached_continuation
 from sglite.runtime.cache.kv_pool import KVPool
 from sglite.runtime.cache.radix_cache import RadixCache
+from sglite.runtime.scheduler.draft_tally import (
+    KIND_PROBE_EVERY,
+    KIND_PROBE_MAX,
+    REQUEST_PRIOR_TOKENS,
+    DraftTally,
+    KindAcceptance,
+)
 from sglite.runtime.scheduler.ngram import POINTER_DRAFT_TOKENS, NgramProposer
 from sglite.runtime.scheduler.ngram_evidence import (
     CheckedDraft,
@@ -29,17 +36,12 @@ from sglite.runtime.scheduler.ngram_evidence import (
 from sglite.runtime.scheduler.speculation import (
     EVERY_REQUEST,
     FIRST_DRAFT_TOKENS,
-    KIND_PROBE_EVERY,
-    KIND_PROBE_MAX,
     LOW_ACCEPTANCE,
     MAX_BACKOFF,
     PAUSE_STEPS,
-    REQUEST_PRIOR_TOKENS,
     UNGROUPED_ROWS,
     BreakEvens,
     DraftLength,
-    DraftTally,
-    KindAcceptance,
     Proposal,
     VerifyRows,
     proposals_from,

@@ -43,6 +43,7 @@ from sglite.runtime.scheduler.draft_model_state import (
     DraftSequence,
     GrowingDraft,
 )
+from sglite.runtime.scheduler.draft_tally import KindAcceptance
 from sglite.runtime.scheduler.draft_vocabulary import DraftVocabulary
 from sglite.runtime.scheduler.request import Req
 from sglite.runtime.scheduler.speculation import (
@@ -51,7 +52,6 @@ from sglite.runtime.scheduler.speculation import (
     UNGROUPED_ROWS,
     BreakEvens,
     DraftLength,
-    KindAcceptance,
     Proposal,
     SourceFilter,
     VerifyRows,

@@ -11,14 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sglite.runtime.cache.tree_node import TreeNode
+from sglite.runtime.scheduler.draft_tally import KIND_DECAY, DraftTally
 from sglite.runtime.scheduler.draft_vocabulary import RequestRows
 from sglite.runtime.scheduler.request import SlotMirror
 from sglite.runtime.scheduler.speculation import (
     FIRST_DRAFT_TOKENS,
-    KIND_DECAY,
     LOW_ACCEPTANCE,
     DraftLength,
-    DraftTally,
     TokenHistory,
 )
 from sglite.runtime.scheduler.speculation_costs import smooth

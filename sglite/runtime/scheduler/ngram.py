@@ -65,6 +65,7 @@ from typing import Any
 from sglite.runtime.cache.continuation import cached_continuation
 from sglite.runtime.cache.radix_cache import RadixCache
 from sglite.runtime.multimodal.processor import is_pad
+from sglite.runtime.scheduler.draft_tally import DraftTally, KindAcceptance
 from sglite.runtime.scheduler.drafts import MAX_DRAFT_TOKENS
 from sglite.runtime.scheduler.ngram_evidence import (
     OwnDrafts,
@@ -86,8 +87,6 @@ from sglite.runtime.scheduler.speculation import (
     UNGROUPED_ROWS,
     BreakEvens,
     DraftLength,
-    DraftTally,
-    KindAcceptance,
     Proposal,
     SourceFilter,
     TokenHistory,

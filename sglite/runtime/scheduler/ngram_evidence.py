@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sglite.runtime.scheduler.speculation import DraftTally
+from sglite.runtime.scheduler.draft_tally import DraftTally
 
 
 @dataclass(frozen=True)
