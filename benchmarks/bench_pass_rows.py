@@ -13,6 +13,12 @@ Per row count the two alternate, `--rounds` passes each; the table prints their 
 the ratio. These are the data behind the `A8_GEMM_MIN_ROWS` families in kernels.h, next to
 bench_products'.
 
+`--against extend`: the same rows as DECODE rows (as built) and as one EXTEND pass, the choice
+a draft model makes per pass by its row count (`draft_model_kv.DECODE_ROWS_MAX`); with
+`--as-draft` the model is loaded as a draft model is (`draft_model_loading`: tiled, no GEMM
+packing) and its passes return hidden states, not logits (a draft chooses among its draft
+vocabulary's rows apart).
+
 `--against file-rows`: the weights as the model holds them (the file's rows, unless tiled or in
 quads) against the other layout (tiled for the VNNI GEMM where it can serve them:
 kernels/gguf_tiles.h, the GEMM then their one kernel; or the file's rows where the model holds
@@ -22,7 +28,8 @@ block types the tiled layout tiles (all it can, by default). The data behind whi
 tiled (`loader._tiled_types`) and which hold Q5_0 in quads (`kernels.gguf_quads_pay`).
 
 Run: python -m benchmarks.bench_pass_rows [--model qwen2.5-coder-1.5b] [--rows 3,4,5,6,8]
-[--rounds 11] [--against 5:8 | --against file-rows [--tile-types Q4_K,Q6_K]]
+[--rounds 11] [--against 5:8 | --against file-rows [--tile-types Q4_K,Q6_K] | --against extend
+[--as-draft]]
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ from benchmarks.common import command_line, make_parser, markdown_table
 from benchmarks.host import cpu_line
 from sglite.runtime.cache.kv_pool import KVPool
 from sglite.runtime.model.catalog import resolve_model_path
-from sglite.runtime.model.forward_batch import build_decode_rows
+from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode, build_decode_rows
 from sglite.runtime.model.gguf_block_weights import tiled_parts
 from sglite.runtime.model.gguf_index import open_gguf
 from sglite.runtime.model.gguf_weight import TILED_TYPES, GGUFPart, GGUFWeight
@@ -159,9 +166,11 @@ def _placed(part: GGUFPart, arena: WeightArena) -> GGUFPart:
 
 
 class Passes:
-    """Decode passes of a given number of rows over one cached sequence of a model."""
+    """Decode passes of a given number of rows over one cached sequence of a model (with
+    logits for every row, as a verification has, or none: `hidden_only`)."""
 
-    def __init__(self, loaded: LoadedModel) -> None:
+    def __init__(self, loaded: LoadedModel, hidden_only: bool = False) -> None:
+        self.hidden_only = hidden_only
         cfg = loaded.config
         self.model = loaded.model
         self.pool = KVPool(
@@ -176,13 +185,42 @@ class Passes:
         self.table = torch.tensor(self.slots, dtype=torch.int64)
 
     def ms(self, rows: int) -> float:
-        """One pass of `rows` DECODE rows (logits for every row, as a verification has)."""
+        """One pass of `rows` DECODE rows."""
         end = CONTEXT_TOKENS + rows
         feed = [(list(range(100, 100 + rows)), CONTEXT_TOKENS, self.slots[:end], self.table[:end])]
-        batch = build_decode_rows(feed, list(range(rows)), "cpu")
+        return self._timed(build_decode_rows(feed, self._logit_rows(rows), "cpu"))
+
+    def extend_ms(self, rows: int) -> float:
+        """One EXTEND pass over the same `rows` tokens."""
+        tokens, slots = list(range(100, 100 + rows)), self.slots[: CONTEXT_TOKENS + rows]
+        mode, rows_out = ForwardMode.EXTEND, self._logit_rows(rows)
+        return self._timed(ForwardBatch.build(mode, [tokens], [CONTEXT_TOKENS], [slots], rows_out))
+
+    def _logit_rows(self, rows: int) -> list[int]:
+        return [] if self.hidden_only else list(range(rows))
+
+    def _timed(self, batch: ForwardBatch) -> float:
         start = time.perf_counter()
         self.model(batch, self.pool)
         return (time.perf_counter() - start) * 1e3
+
+
+class ExtendSwitch:
+    """DECODE rows ("built") against one EXTEND pass ("other") of the same tokens."""
+
+    def __init__(self, passes: Passes) -> None:
+        self.passes = passes
+        self.name = "built"
+
+    def use(self, name: str) -> None:
+        """Time the passes that follow as DECODE rows ("built") or as an EXTEND ("other")."""
+        self.name = name
+
+    def ms(self, rows: int) -> float:
+        """One pass of `rows` tokens, the way `use` chose."""
+        if self.name == "built":
+            return self.passes.ms(rows)
+        return self.passes.extend_ms(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -196,24 +234,43 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(sorted(TILED_TYPES)),
         help="with --against file-rows: the block types the tiled layout tiles (e.g. Q4_K)",
     )
+    parser.add_argument(
+        "--as-draft",
+        action="store_true",
+        help="with --against extend: the model loaded and run as a draft model",
+    )
     args = parser.parse_args(argv)
     tile_types = frozenset(args.tile_types.split(","))
     if not tile_types <= frozenset(TILED_TYPES):
         parser.error(f"--tile-types takes some of {sorted(TILED_TYPES)}, got {args.tile_types}")
     layouts = args.against == ["file-rows"]
+    extend = args.against == ["extend"]
+    if args.as_draft and not extend:
+        parser.error("--as-draft goes with --against extend")
     moves: dict[int, int] = {}
-    if not layouts:
+    if not layouts and not extend:
         try:
             moves = dict(tuple(int(n) for n in move.split(":")) for move in args.against)
         except ValueError:
             parser.error(f"--against takes FROM:TO row counts or file-rows, got {args.against}")
     rows_list = [int(r) for r in args.rows.split(",")]
     path = resolve_model_path(args.model)
-    loaded = load_model(path, quantization="auto", progress=False)
-    switch = LayoutSwitch(loaded, tile_types) if layouts else ThresholdSwitch(loaded, moves)
-    passes = Passes(loaded)
+    as_draft = {"gemm_packing": "off", "gguf_tiles": True} if args.as_draft else {}
+    loaded = load_model(path, quantization="auto", progress=False, **as_draft)
+    passes = Passes(loaded, hidden_only=args.as_draft)
+    switch: LayoutSwitch | ThresholdSwitch | ExtendSwitch
+    if extend:
+        switch = ExtendSwitch(passes)
+    elif layouts:
+        switch = LayoutSwitch(loaded, tile_types)
+    else:
+        switch = ThresholdSwitch(loaded, moves)
+    timed = switch.ms if isinstance(switch, ExtendSwitch) else passes.ms
     print(command_line("benchmarks.bench_pass_rows"))
-    if isinstance(switch, LayoutSwitch):
+    if isinstance(switch, ExtendSwitch):
+        loaded_as = "as a draft model (hidden states only)" if args.as_draft else "as served"
+        print(f"host: {cpu_line()}; the model {loaded_as}; DECODE rows against one EXTEND")
+    elif isinstance(switch, LayoutSwitch):
         print(
             f"host: {cpu_line()}; weights as held: {_held(switch.weights)}; {switch.changed} "
             "in the other layout"
@@ -225,18 +282,19 @@ def main(argv: list[str] | None = None) -> int:
         for rows in rows_list:  # warm-up
             for name in ("built", "other"):
                 switch.use(name)
-                passes.ms(rows)
+                timed(rows)
         for i in range(args.rounds):
             order = ("built", "other") if i % 2 == 0 else ("other", "built")
             for rows in rows_list:
                 for name in order:
                     switch.use(name)
-                    times.setdefault((name, rows), []).append(passes.ms(rows))
+                    times.setdefault((name, rows), []).append(timed(rows))
     table = []
     for rows in rows_list:
         a, b = (statistics.median(times[(name, rows)]) for name in ("built", "other"))
         table.append([str(rows), f"{a:.1f}", f"{b:.1f}", f"{b / a:.3f}x"])
     other = "other layout" if layouts else f"against {' '.join(args.against)}"
+    other = "one EXTEND" if extend else other
     heads = ["rows", "as built (ms)", f"{other} (ms)", "other / built"]
     print(markdown_table(heads, table, right={0, 1, 2, 3}))
     return 0

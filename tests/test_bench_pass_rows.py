@@ -1,8 +1,8 @@
 """benchmarks/bench_pass_rows.py on the default model: under the other thresholds the weights
 asked for (and only those) take the VNNI GEMM from the row counts given, each native decode step
 holding its own; the other layout holds the weights the VNNI GEMM serves tiled (or in the
-file's rows where they are held tiled), the same products; and the table has one row of
-positive timings per row count."""
+file's rows where they are held tiled), the same products; DECODE rows are timed against one
+EXTEND pass; and the table has one row of positive timings per row count."""
 
 from __future__ import annotations
 
@@ -49,6 +49,26 @@ def test_the_table_has_a_row_per_row_count(capsys):
     for _, built_ms, other_ms, ratio in cells:
         assert float(built_ms) > 0 and float(other_ms) > 0 and ratio.endswith("x")
     assert "weights moved (4:8)" in out
+
+
+def test_decode_rows_against_one_extend_as_a_draft_model(capsys):
+    """`--against extend --as-draft`: the model loaded as a draft model is, the same rows timed
+    as DECODE rows and as one EXTEND, a table row per row count."""
+    argv = ["--model", "smollm2-135m", "--rows", "1,24", "--rounds", "1", "--against", "extend"]
+    assert bench_pass_rows.main([*argv, "--as-draft"]) == 0
+    out = capsys.readouterr().out
+    assert "as a draft model (hidden states only); DECODE rows against one EXTEND" in out
+    assert "| one EXTEND (ms) |" in out
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| ")][1:]
+    assert [row[0].strip() for row in rows] == ["1", "24"]
+    assert all(float(row[1]) > 0 and float(row[2]) > 0 for row in rows)
+
+
+def test_as_draft_without_extend_is_refused(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        bench_pass_rows.main(["--model", "smollm2-135m", "--as-draft"])
+    assert exit_.value.code == 2
+    assert "--as-draft goes with --against extend" in capsys.readouterr().err
 
 
 def test_a_malformed_move_is_refused(capsys):
