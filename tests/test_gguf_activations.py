@@ -18,7 +18,7 @@ import sglite as sgl
 from sglite.runtime.model import kernels
 from sglite.runtime.model.gguf_weight import GGUFPart, GGUFWeight
 from sglite.runtime.model.kernels.abi import ABI
-from sglite.runtime.model.loader import resolve_gguf_activations
+from sglite.runtime.model.load_options import resolve_gguf_activations
 from sglite.runtime.server_args import ServerArgs
 
 pytestmark = pytest.mark.skipif(not kernels.native_available(), reason="needs the native kernels")

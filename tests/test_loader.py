@@ -15,14 +15,10 @@ import pytest
 import torch
 
 from sglite.runtime.cache.kv_pool import KVPool
-from sglite.runtime.model import loader
+from sglite.runtime.model import load_options
 from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
-from sglite.runtime.model.loader import (
-    default_model_path,
-    load_model,
-    load_tokenizer,
-    resolve_dtype,
-)
+from sglite.runtime.model.load_options import resolve_dtype
+from sglite.runtime.model.loader import default_model_path, load_model, load_tokenizer
 
 VOCAB = 64
 WORDS = ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(VOCAB - 3)]
@@ -202,9 +198,9 @@ def test_default_model_missing_explains_install(monkeypatch):
 
 
 def test_resolve_dtype(monkeypatch):
-    monkeypatch.setattr(loader, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(load_options, "cpu_has_native_bf16", lambda: True)
     assert resolve_dtype("auto") == torch.bfloat16
-    monkeypatch.setattr(loader, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(load_options, "cpu_has_native_bf16", lambda: False)
     assert resolve_dtype("auto") == torch.float32
     assert resolve_dtype("float32") == torch.float32
     assert resolve_dtype("bf16") == torch.bfloat16
@@ -218,7 +214,7 @@ def test_cpu_bf16_detection_reads_cpuinfo():
     with open("/proc/cpuinfo") as f:
         flags = f.read()
     expected = "avx512_bf16" in flags or "amx_bf16" in flags
-    assert loader.cpu_has_native_bf16() == expected
+    assert load_options.cpu_has_native_bf16() == expected
 
 
 # ------------------------------------------------------------------------------ HF directories

@@ -11,7 +11,8 @@ import torch
 
 from sglite.runtime.cache.kv_pool import KVPool
 from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode
-from sglite.runtime.model.loader import LoadedModel, cpu_has_native_bf16, load_model
+from sglite.runtime.model.load_options import cpu_has_native_bf16
+from sglite.runtime.model.loader import LoadedModel, load_model
 
 VOCAB = 320
 WORDS = ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(VOCAB - 3)]

@@ -366,7 +366,8 @@ def test_auto_quantization_follows_the_gguf_projections(tmp_path, engine):
 
     from sglite.runtime.model.gguf_auto_quantization import auto_quantization
     from sglite.runtime.model.gguf_index import open_gguf
-    from sglite.runtime.model.loader import default_model_path, resolve_quantization
+    from sglite.runtime.model.load_options import resolve_quantization
+    from sglite.runtime.model.loader import default_model_path
 
     cpu, f32 = torch.device("cpu"), torch.float32
     default = open_gguf(default_model_path())

@@ -147,7 +147,7 @@ def test_float32_prefill_rounds_activations_only_as_dtype_autos_choice(path):
     """On a CPU without bf16, `dtype=auto` is float32 and its prefill products round x through
     the VNNI GEMM as decode's do (`round_float32_extend`); an explicit float32 keeps them
     exact. Where the CPU has bf16, auto is bf16 and the flag is off."""
-    from sglite.runtime.model.loader import cpu_has_native_bf16
+    from sglite.runtime.model.load_options import cpu_has_native_bf16
 
     auto = load_model(path, "auto", progress=False, quantization="auto")
     asked = load_model(path, "float32", progress=False, quantization="auto")

@@ -296,11 +296,8 @@ class HFSystem(System):
         import torch
         from transformers import AutoModelForCausalLM
 
-        from sglite.runtime.model.loader import (
-            cpu_has_native_bf16,
-            default_model_path,
-            load_tokenizer,
-        )
+        from sglite.runtime.model.load_options import cpu_has_native_bf16
+        from sglite.runtime.model.loader import default_model_path, load_tokenizer
 
         torch.set_num_threads(self.threads)
         dtype = self.dtype

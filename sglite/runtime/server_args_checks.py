@@ -17,10 +17,10 @@ JUMP_FORWARD_MODES = ("exact", "retokenize")
 SPECULATIVE_ALGORITHMS = ("ngram", "draft")
 # SGLang names a separate draft model STANDALONE.
 SPECULATIVE_ALIASES = {"standalone": "draft"}
-# auto: the model file's own quantization (see `loader.resolve_quantization`).
+# auto: the model file's own quantization (see `load_options.resolve_quantization`).
 QUANTIZATIONS = ("auto", "none", "int8", "int4", "w4a8")
 GEMM_PACKING = ("auto", "on", "off")
-# How a GGUF's own blocks take activations (see `loader.resolve_gguf_activations`).
+# How a GGUF's own blocks take activations (see `load_options.resolve_gguf_activations`).
 GGUF_ACTIVATIONS = ("auto", "int8", "float")
 DP_POLICIES = ("cache_aware", "round_robin", "least_load")
 HICACHE_WRITE_POLICIES = ("write_through", "write_back")

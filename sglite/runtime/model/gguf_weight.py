@@ -22,7 +22,7 @@ products measured too slow, `kernels/bf16_probe.c`) no weight takes it, and the 
 of a large bfloat16 batch runs in float32.
 
 With `round_activations` (the loader's choice where the CPU has integer dot products: see
-`loader.resolve_gguf_activations`), DECODE batches (the decode step's `LINEAR_GGUF_A8` and
+`load_options.resolve_gguf_activations`), DECODE batches (the decode step's `LINEAR_GGUF_A8` and
 `matmul_decode`, the output projection's) instead round each x row to int8 as llama.cpp does
 (`kernels/gguf_a8.c`: integer dot products over the blocks' own integers; from
 `a8_gemm_min_rows` rows (all block types but Q5_K) `kernels/gguf_a8_gemm.c`, the same product with

@@ -18,10 +18,15 @@ from sglite.runtime.model import weight_policy
 from sglite.runtime.model.catalog import default_model_path  # noqa: F401 (re-exported)
 from sglite.runtime.model.causal_lm import CausalLM
 from sglite.runtime.model.config import ModelConfig
-from sglite.runtime.model.cpu_features import cpu_flags
 from sglite.runtime.model.linear import Linear
+from sglite.runtime.model.load_options import (
+    check_quantization,
+    resolve_dtype,
+    resolve_gguf_activations,
+    resolve_quantization,
+    serves_gguf_blocks,
+)
 from sglite.runtime.model.models.base import ModelFamily
-from sglite.runtime.model.quantization import QUANTIZATIONS
 from sglite.runtime.model.tokenizer_files import (
     is_gguf,
     load_gguf_tokenizer,
@@ -40,18 +45,6 @@ if TYPE_CHECKING:
     from sglite.runtime.model.weight_arena import HugePageMove
 
 logger = logging.getLogger(__name__)
-
-
-_DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
-}
 
 
 @dataclass
@@ -84,25 +77,6 @@ class LoadedModel:
         return self.quantization + ("/a8" if self.activations == "int8" else "")
 
 
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX), read from /proc/cpuinfo."""
-    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
-
-
-def resolve_dtype(dtype: str | torch.dtype, device: torch.device | str = "cpu") -> torch.dtype:
-    """Map a dtype name to torch; "auto" is bfloat16 where the hardware has it, else float32."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    name = dtype.lower().removeprefix("torch.")
-    if name == "auto":
-        if torch.device(device).type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
-        return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
-    if name not in _DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; use auto, {', '.join(_DTYPES)}")
-    return _DTYPES[name]
-
-
 def _quantize_when_loaded(
     model: CausalLM,
     kind_for: KindFor,
@@ -124,59 +98,6 @@ def _quantize_when_loaded(
             weight_policy.quantize_projection(model, name, kind_for, max_rows, source)
 
     return on_loaded
-
-
-def resolve_quantization(
-    kind: str, gguf_file: GGUFFile | None, dtype: torch.dtype, device: torch.device
-) -> str:
-    """`kind` as given, or for "auto" the file's own: a GGUF whose projections are quantized
-    runs each quantized as its tensors are (`gguf_auto_quantization.auto_quantization`: int4,
-    int8 or both, joined by "+") on a CPU with the native kernels, in float32 or bfloat16;
-    anything else (safetensors, float GGUFs, CUDA) runs dense."""
-    from sglite.runtime.model import kernels
-    from sglite.runtime.model.gguf_auto_quantization import auto_quantization
-
-    if kind != "auto":
-        return kind
-    if gguf_file is None or device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
-        return "none"
-    if not kernels.native_available():  # without them quantized weights run slower than dense
-        return "none"
-    return auto_quantization(gguf_file)
-
-
-GGUF_ACTIVATIONS = ("auto", "int8", "float")
-
-
-def resolve_gguf_activations(choice: str, isa: list[str] | None = None) -> str:
-    """`choice` as given; "auto" is int8 where the kernels were built with an integer dot
-    product (`isa`, default the loaded library's: AVX2 `vpmaddubsw`, which AVX-512 hosts have
-    too), else float (the portable C path decodes each weight row to float for int8 anyway)."""
-    from sglite.runtime.model.kernels import native
-
-    if choice not in GGUF_ACTIVATIONS:
-        raise ValueError(f"gguf_activations must be one of {GGUF_ACTIVATIONS}, got {choice!r}")
-    if choice != "auto":
-        return choice
-    return "int8" if "avx2_fma" in (native.isa() if isa is None else isa) else "float"
-
-
-def _serves_gguf_blocks(resolved: str, device: torch.device) -> bool:
-    """Whether a GGUF's quantized tensors are held as its own blocks (`GGUFWeight`): with
-    `--quantization auto` resolved to a quantized format (the native kernels, on the CPU)."""
-    return resolved != "none" and device.type == "cpu"
-
-
-def _check_quantization(kind: str, dtype: torch.dtype, device: torch.device) -> None:
-    if kind not in QUANTIZATIONS:
-        choices = ", ".join(("auto", *QUANTIZATIONS))
-        raise ValueError(f"unknown quantization {kind!r}; use one of {choices}")
-    if kind == "none":
-        return
-    if device.type != "cpu":
-        raise ValueError(f"quantization {kind} uses PyTorch's CPU kernels; it needs device=cpu")
-    if dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(f"quantization {kind} needs dtype float32 or bfloat16, not {dtype}")
 
 
 def _resolve_path(model_path: str | None) -> str:
@@ -345,7 +266,7 @@ def load_model(
     tokenizer_job = loader.submit(_tokenizer_for, path, tokenizer_path, gguf_file)
     loader.shutdown(wait=False)
     if quantization != "auto":
-        _check_quantization(quantization, torch_dtype, dev)
+        check_quantization(quantization, torch_dtype, dev)
     resolved = resolve_quantization(quantization, gguf_file, torch_dtype, dev)
     kind_for = _kind_for(quantization, resolved, gguf_file)
     plan = TensorParallelPlan.create(config, tp.rank, tp.size) if tp.enabled else None
@@ -355,7 +276,7 @@ def load_model(
     arena = None
     if gguf_file is not None:
         consumed: frozenset[str] = frozenset()
-        if quantization == "auto" and _serves_gguf_blocks(resolved, dev):
+        if quantization == "auto" and serves_gguf_blocks(resolved, dev):
             activations = resolve_gguf_activations(gguf_activations)
             arena = None if mmap_weights else WeightArena.for_file(gguf_file)
             rounds = activations == "int8"

@@ -98,7 +98,8 @@ def _load(args: ServerArgs, rank: int) -> tuple[Any, Any]:
 
     from sglite.runtime.distributed.parallel import init_tensor_parallel
     from sglite.runtime.model.host_memory import keep_freed_memory
-    from sglite.runtime.model.loader import load_model, resolve_dtype
+    from sglite.runtime.model.load_options import resolve_dtype
+    from sglite.runtime.model.loader import load_model
 
     keep_freed_memory()
     torch.set_num_threads(args.resolved_num_threads())
