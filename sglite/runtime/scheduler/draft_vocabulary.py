@@ -45,7 +45,7 @@ class RequestRows:
     ids: list[int]
     weight: GGUFWeight | None  # rows `ids` of the head, as its blocks (None: no extra id)
     read: int = 0  # how many of the request's tokens `with_written` has looked at
-    held: frozenset[int] = frozenset()  # `ids`, for lookups
+    held: frozenset[int] = field(init=False)  # `ids`, for lookups
 
     def __post_init__(self) -> None:
         self.held = frozenset(self.ids)
