@@ -53,8 +53,10 @@ from sglite.runtime.model.gguf_weight import TILED_TYPES, GGUFPart, GGUFWeight
 from sglite.runtime.model.loader import LoadedModel, load_model
 from sglite.runtime.model.weight_arena import WeightArena
 
-# The sequence the passes extend: this many tokens already in the KV pool.
+# The sequence the passes extend: this many tokens already in the KV pool, and room for at most
+# MAX_ROWS rows after them.
 CONTEXT_TOKENS = 200
+MAX_ROWS = 64
 
 
 def gguf_weights(loaded: LoadedModel) -> list[GGUFWeight]:
@@ -174,14 +176,14 @@ class Passes:
         cfg = loaded.config
         self.model = loaded.model
         self.pool = KVPool(
-            CONTEXT_TOKENS + 64,
+            CONTEXT_TOKENS + MAX_ROWS,
             cfg.num_layers,
             cfg.num_kv_heads,
             cfg.head_dim,
             loaded.dtype,
             loaded.device,
         )
-        self.slots = list(range(CONTEXT_TOKENS + 64))
+        self.slots = list(range(CONTEXT_TOKENS + MAX_ROWS))
         self.table = torch.tensor(self.slots, dtype=torch.int64)
 
     def ms(self, rows: int) -> float:
@@ -254,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError:
             parser.error(f"--against takes FROM:TO row counts or file-rows, got {args.against}")
     rows_list = [int(r) for r in args.rows.split(",")]
+    if not all(1 <= rows <= MAX_ROWS for rows in rows_list):
+        parser.error(f"--rows takes counts from 1 to {MAX_ROWS}, got {args.rows}")
     path = resolve_model_path(args.model)
     as_draft = {"gemm_packing": "off", "gguf_tiles": True} if args.as_draft else {}
     loaded = load_model(path, quantization="auto", progress=False, **as_draft)

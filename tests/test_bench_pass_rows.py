@@ -71,6 +71,13 @@ def test_as_draft_without_extend_is_refused(capsys):
     assert "--as-draft goes with --against extend" in capsys.readouterr().err
 
 
+def test_more_rows_than_the_pool_holds_are_refused(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        bench_pass_rows.main(["--model", "smollm2-135m", "--rows", "4,96"])
+    assert exit_.value.code == 2
+    assert "--rows takes counts from 1 to 64, got 4,96" in capsys.readouterr().err
+
+
 def test_a_malformed_move_is_refused(capsys):
     with pytest.raises(SystemExit) as exit_:
         bench_pass_rows.main(["--model", "smollm2-135m", "--against", "five"])

@@ -109,8 +109,9 @@ def test_a_tiled_weight_gives_the_untiled_gemms_product_bit_for_bit(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_tiled_k_quants_give_the_untiled_gemms_product_bit_for_bit(dtype):
     """A fused weight of tiled Q4_K and Q6_K parts (a Q4_K_M model's q/k/v): every entry point
-    at 1 to 37 rows is the untiled weight's VNNI GEMM bit for bit (so one row's values are
-    the same alone or in any batch), and its rows are the untiled weight's."""
+    at 1 to 37 rows (each count of the six rows multiplied as the integers are built, and
+    the tails) and at a prefill's 600 is the untiled weight's VNNI GEMM bit for bit (so one
+    row's values are the same alone or in any batch), and its rows are the untiled weight's."""
     rng = np.random.default_rng(8)
     q, v = _blocks("Q4_K", 48, 512, rng), _blocks("Q6_K", 16, 512, rng)
     plain = GGUFWeight([GGUFPart("Q4_K", q), GGUFPart("Q6_K", v)], 512, round_activations=True)
@@ -125,12 +126,16 @@ def test_tiled_k_quants_give_the_untiled_gemms_product_bit_for_bit(dtype):
     assert tiled.kind == "q4_kx16+q6_kx16" and tiled.a8_gemm_min_rows == 1
     x = torch.randn(37, 512).to(dtype)
     alone = [kernels.gguf_gemm_a8(x[m : m + 1].contiguous(), plain.address, 64) for m in range(37)]
-    for rows in (1, 2, 3, 5, 8, 37):
+    for rows in (1, 2, 3, 4, 5, 6, 7, 8, 13, 37):
         want = kernels.gguf_gemm_a8(x[:rows].contiguous(), plain.address, 64)
         assert torch.equal(want, torch.cat(alone[:rows])), rows
         for product in (tiled.matmul, tiled.matmul_decode, tiled.matmul_rows):
             got = product(x[:rows])
             assert got is not None and torch.equal(got, want), (rows, product.__name__)
+    # past a chunk of x rows (a prefill) the tiled super-blocks are decoded once into a buffer
+    many = torch.randn(600, 512).to(dtype)
+    want = kernels.gguf_gemm_a8(many, plain.address, 64)
+    assert want is not None and torch.equal(tiled.matmul(many), want)
     ids = torch.tensor([0, 15, 16, 47, 48, 63])
     for out_dtype in (torch.float32, torch.bfloat16):
         assert torch.equal(tiled.rows(ids, out_dtype), plain.rows(ids, out_dtype))

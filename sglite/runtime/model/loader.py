@@ -165,6 +165,8 @@ def _tokenizer_for(path: str, tokenizer_path: str | None, gguf_file: Any) -> Tok
 
 # The block types tiled by default where the VNNI GEMM serves every product (`_tiled_types`).
 TILED_BLOCKS_OF_32 = frozenset({"Q5_0", "Q8_0"})
+# The block types tiled where 512-bit operations run as two halves and every product rounds.
+TILED_ON_SPLIT_UNITS = frozenset({"Q4_K"})
 
 
 def _tiled_types(every_product_rounds: bool, draft: bool, batch_invariant: bool) -> frozenset[str]:
@@ -175,16 +177,23 @@ def _tiled_types(every_product_rounds: bool, draft: bool, batch_invariant: bool)
     tiles (rows independent; cheaper than the GEMV for batches, 6-10% dearer at one row), else
     the blocks of 32 (`TILED_BLOCKS_OF_32`: as fast as their GEMV at one row, far faster at two
     to eight, where the file's rows take a GEMM that decodes them row by row; tiled k-quants
-    lose a little at one row). Else a draft model's Q5_0 (1.1x its GEMV at one row, 1.3x at
-    four), or none."""
+    lose a little at one row). Where they run as two halves (AMD Zen 4), Q4_K
+    (`TILED_ON_SPLIT_UNITS`: a tiled Q4_K super-block multiplied as its nibbles are split reads
+    as fast as the GEMV at one row and takes 0.7-0.8x its time at three to six; Q6_K's stays
+    dearer at one row), and a draft model's Q5_0 (1.1x its GEMV at one row, 1.3x at four);
+    else a draft model's Q5_0, or none."""
     from sglite.runtime.model import kernels
     from sglite.runtime.model.gguf_weight import TILED_TYPES
 
     if kernels.amx_available():
         return frozenset()
-    if every_product_rounds and not kernels.vectors_512_split():
+    split = kernels.vectors_512_split()
+    if every_product_rounds and not split:
         return frozenset(TILED_TYPES) if batch_invariant else TILED_BLOCKS_OF_32
-    return frozenset({"Q5_0"}) if draft else frozenset()
+    tiled = frozenset({"Q5_0"}) if draft else frozenset()
+    if every_product_rounds and split and not batch_invariant:
+        tiled |= TILED_ON_SPLIT_UNITS
+    return tiled
 
 
 def default_tiled_types() -> frozenset[str]:

@@ -18,7 +18,11 @@
  * super-block is decoded once for all x rows. Blocks of 32
  * are decoded 64 values (two blocks) at a time the same way, their unsigned integers as stored
  * (Q8_0's signed ones plus 128, taken back through its offset) and each group's products scaled
- * by its block's d and x's group scale (dx32: x's span may be 32 values there).
+ * by its block's d and x's group scale (dx32: x's span may be 32 values there). A tiled k-quant
+ * super-block (gguf_tiles.h: the 16 rows' words already in lane order) is not decoded into a
+ * buffer while the x rows fit a chunk: its integers are built in registers as they are
+ * multiplied, six x rows at a time (q4k_tiled_rows, q6k_tiled_rows), which spares the decoded
+ * vectors' stores and loads (at one row those cost about what the products do).
  *
  * Values: the dequantized weight times the rounded x, as gguf_a8.c computes it, to float
  * rounding (the sums' order differs from the GEMV's). A row's result depends on that x row
@@ -87,12 +91,9 @@ static inline __m512 byte_floats(__m512i w, int j) {
                                              _mm512_set1_epi32(0xff)));
 }
 
-/* A Q4_K super-block of 16 rows from its words (head: d, dmin and the 12 scale bytes as 4 word
- * vectors; p: the 128 nibble bytes as 32, each lane a row's 4 bytes): the nibbles of 4 bytes
- * hold 4 values of two groups, split here, and the scales of all 16 rows are unpacked at once
- * as k_scales8 unpacks one row's. */
-static inline void q4k_from_words(const __m512i head[4], const __m512i p[32],
-                                  decoded_block *out) {
+/* A Q4_K super-block's scales of 16 rows from its head's words (d, dmin and the 12 scale bytes
+ * as 4 word vectors): all 16 rows' unpacked at once, as k_scales8 unpacks one row's. */
+static inline void q4k_scales(const __m512i head[4], decoded_block *out) {
   const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head[0]));
   const __m512 dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head[0], 16)));
   const __m512i low6 = _mm512_set1_epi32(0x3f3f3f3f), four = _mm512_set1_epi32(0x0f0f0f0f);
@@ -115,6 +116,14 @@ static inline void q4k_from_words(const __m512i head[4], const __m512i p[32],
         _mm512_and_si512(two, _mm512_set1_epi32(0xff)),
         _mm512_slli_epi32(_mm512_and_si512(two, _mm512_set1_epi32(0xff00)), 8));
   }
+}
+
+/* A Q4_K super-block of 16 rows from its words (head: as q4k_scales; p: the 128 nibble bytes as
+ * 32, each lane a row's 4 bytes): the nibbles of 4 bytes hold 4 values of two groups, split
+ * here. */
+static inline void q4k_from_words(const __m512i head[4], const __m512i p[32],
+                                  decoded_block *out) {
+  q4k_scales(head, out);
   const __m512i nibble = _mm512_set1_epi8(0x0f);
   for (int c = 0; c < 4; c++)
     for (int t = 0; t < 8; t++) {
@@ -134,13 +143,18 @@ static void decode_q4k(const uint8_t *const rows[WROWS], int64_t sb, decoded_blo
   q4k_from_words(head, p, out);
 }
 
-/* Bytes ahead of a tiled block's loads that each load prefetches into L1: a tiled weight is one
- * contiguous run per range of blocks, which the hardware prefetchers alone leave behind. */
+/* Bytes ahead of a tiled block's loads that each load prefetches into L1 (TILED_AHEAD) and into
+ * L2 (TILED_AHEAD_L2): a tiled weight is one contiguous run per range of blocks, which the
+ * hardware prefetchers alone leave behind; L1 alone cannot hold enough lines in flight to read
+ * at the memory's rate, so lines further on are asked of L2 first. */
 #define TILED_AHEAD 4096
+#define TILED_AHEAD_L2 16384
 
-/* A tiled super-block's vector at `at`, the line TILED_AHEAD bytes further prefetched. */
+/* A tiled super-block's vector at `at`, the lines TILED_AHEAD and TILED_AHEAD_L2 bytes further
+ * prefetched. */
 static inline __m512i load_ahead(const uint8_t *at) {
   _mm_prefetch((const char *)(at + TILED_AHEAD), _MM_HINT_T0);
+  _mm_prefetch((const char *)(at + TILED_AHEAD_L2), _MM_HINT_T1);
   return _mm512_loadu_si512((const void *)at);
 }
 
@@ -152,15 +166,21 @@ static void decode_q4k_tiled(const uint8_t *tiled, decoded_block *out) {
   q4k_from_words(head, p, out);
 }
 
+/* A Q6_K super-block's 16 group scales of 16 rows (d: the rows' scales; scales: the int8 group
+ * scales as 4 word vectors). */
+static inline void q6k_scales(__m512 d, const __m512i scales[4], decoded_block *out) {
+  for (int j = 0; j < 16; j++) {
+    const __m512i byte = _mm512_srai_epi32(_mm512_slli_epi32(scales[j >> 2], 24 - 8 * (j & 3)), 24);
+    _mm512_store_ps(out->scale[j], _mm512_mul_ps(d, _mm512_cvtepi32_ps(byte)));
+  }
+}
+
 /* A Q6_K super-block of 16 rows from its words (d: the rows' scales; scales: the 16 int8 group
  * scales as 4 word vectors; ql: the low 4 bits as 32, qh: the high 2 as 16): values q in 0..63
  * (the block's -32 is in the offset). */
 static inline void q6k_from_words(__m512 d, const __m512i scales[4], const __m512i ql[32],
                                   const __m512i qh[16], decoded_block *out) {
-  for (int j = 0; j < 16; j++) {
-    const __m512i byte = _mm512_srai_epi32(_mm512_slli_epi32(scales[j >> 2], 24 - 8 * (j & 3)), 24);
-    _mm512_store_ps(out->scale[j], _mm512_mul_ps(d, _mm512_cvtepi32_ps(byte)));
-  }
+  q6k_scales(d, scales, out);
   const __m512i nibble = _mm512_set1_epi8(0x0f), two = _mm512_set1_epi8(0x30);
   for (int h = 0; h < 2; h++)
     for (int s = 0; s < 4; s++)
@@ -282,6 +302,139 @@ static inline __attribute__((always_inline)) void block_rows(const int R, const 
   }
 }
 
+/* The x rows a tiled super-block's integers are multiplied with as they are built (FUSED_ROWS at
+ * a time; fewer: the tail's count). */
+#define FUSED_ROWS 6
+
+/* sums[m] (products) += x rows m0..m0+R-1 times the tiled Q4_K super-block at `tiled`
+ * (super-block sb of x), its nibbles split as they are multiplied: no decoded vector is stored
+ * and loaded back (for a few rows those stores and loads would cost about as much as the
+ * products). Equal bit for bit to decode_q4k_tiled then block_rows(R, 32): the same integer
+ * sums, scaled and added in the same order. One x row sums each group as two chains. */
+static inline __attribute__((always_inline)) void q4k_tiled_rows(const int R,
+                                                                 const uint8_t *tiled,
+                                                                 const rounded_x *x, int64_t m0,
+                                                                 int64_t sb, decoded_block *blk,
+                                                                 float *sums) {
+  const int64_t k = x->k, blocks = k / QK_K;
+  const int chains = R == 1 ? 2 : 1;
+  __m512i head[4];
+  for (int j = 0; j < 4; j++) head[j] = load_ahead(tiled + 64 * j);
+  q4k_scales(head, blk);
+  const __m512i nibble = _mm512_set1_epi8(0x0f);
+  __m512 total[FUSED_ROWS];
+  for (int m = 0; m < R; m++) total[m] = _mm512_setzero_ps();
+  for (int c = 0; c < 4; c++) {
+    /* groups 2c (low nibbles) and 2c + 1 (high) */
+    __m512i low[FUSED_ROWS][2], high[FUSED_ROWS][2];
+    for (int m = 0; m < R; m++)
+      for (int i = 0; i < chains; i++) low[m][i] = high[m][i] = _mm512_setzero_si512();
+    for (int t = 0; t < 8; t++) {
+      const __m512i w = load_ahead(tiled + 256 + 64 * (8 * c + t));
+      const __m512i lo = _mm512_and_si512(w, nibble);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(w, 4), nibble);
+      for (int m = 0; m < R; m++) {
+        const int8_t *xq = x->q + (m0 + m) * k + sb * QK_K + 64 * c + 4 * t;
+        int32_t lo4, hi4;
+        memcpy(&lo4, xq, 4);
+        memcpy(&hi4, xq + 32, 4);
+        low[m][t % chains] = _mm512_dpbusd_epi32(low[m][t % chains], lo, _mm512_set1_epi32(lo4));
+        high[m][t % chains] =
+            _mm512_dpbusd_epi32(high[m][t % chains], hi, _mm512_set1_epi32(hi4));
+      }
+    }
+    for (int m = 0; m < R; m++) {
+      if (chains == 2) {
+        low[m][0] = _mm512_add_epi32(low[m][0], low[m][1]);
+        high[m][0] = _mm512_add_epi32(high[m][0], high[m][1]);
+      }
+      total[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(low[m][0]),
+                                 _mm512_load_ps(blk->scale[2 * c]), total[m]);
+      total[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(high[m][0]),
+                                 _mm512_load_ps(blk->scale[2 * c + 1]), total[m]);
+    }
+  }
+  for (int m = 0; m < R; m++) {
+    const int16_t *xsums = x->sum32 + (m0 + m) * (k / 32) + sb * 8;
+    __m512i mins = _mm512_setzero_si512();
+    for (int p = 0; p < 4; p++) {
+      int32_t two;
+      memcpy(&two, xsums + 2 * p, 4);
+      mins = _mm512_dpwssd_epi32(mins, blk->min_pairs[p], _mm512_set1_epi32(two));
+    }
+    total[m] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mins), _mm512_load_ps(blk->dmin), total[m]);
+    float *acc = sums + 2 * (m0 + m) * WROWS;
+    const __m512 dx = _mm512_set1_ps(x->dx[(m0 + m) * blocks + sb]);
+    _mm512_store_ps(acc, _mm512_fmadd_ps(total[m], dx, _mm512_load_ps(acc)));
+  }
+}
+
+/* sums[m] (products) += x rows m0..m0+R-1 times the tiled Q6_K super-block at `tiled`
+ * (super-block sb of x; starts: q6k_group_starts), its integers built as they are multiplied,
+ * as q4k_tiled_rows does for Q4_K. Equal bit for bit to decode_q6k_tiled then
+ * block_rows(R, 16). */
+static inline __attribute__((always_inline)) void q6k_tiled_rows(const int R,
+                                                                 const uint8_t *tiled,
+                                                                 const rounded_x *x,
+                                                                 const int32_t *starts, int64_t m0,
+                                                                 int64_t sb, decoded_block *blk,
+                                                                 float *sums) {
+  const int64_t k = x->k, blocks = k / QK_K;
+  const int chains = R == 1 ? 2 : 1;
+  for (int64_t at = 0; at < TILED_Q6_K_SB_BYTES; at += 64) {
+    _mm_prefetch((const char *)(tiled + at + TILED_AHEAD), _MM_HINT_T0);
+    _mm_prefetch((const char *)(tiled + at + TILED_AHEAD_L2), _MM_HINT_T1);
+  }
+  __m512i scales[4];
+  for (int j = 0; j < 4; j++) scales[j] = _mm512_loadu_si512((const void *)(tiled + 32 + 64 * j));
+  q6k_scales(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tiled)), scales, blk);
+  const uint8_t *ql = tiled + 288, *qh = tiled + 2336;
+  const __m512i nibble = _mm512_set1_epi8(0x0f), two = _mm512_set1_epi8(0x30);
+  __m512 total[FUSED_ROWS];
+  for (int m = 0; m < R; m++) total[m] = _mm512_setzero_ps();
+  /* unrolled whole: the shifts below then take their counts as immediates */
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; h++)
+#pragma GCC unroll 4
+    for (int s = 0; s < 4; s++) {
+      /* groups g (t < 4) and g + 1 */
+      const int g = 8 * h + 2 * s;
+      __m512i dot[FUSED_ROWS][2][2];
+      for (int m = 0; m < R; m++)
+        for (int i = 0; i < 2; i++) {
+          dot[m][i][0] = _mm512_set1_epi32(starts[(m0 + m) * (k / 16) + sb * 16 + g + i]);
+          if (chains == 2) dot[m][i][1] = _mm512_setzero_si512();
+        }
+      for (int t = 0; t < 8; t++) {
+        const __m512i low =
+            _mm512_loadu_si512((const void *)(ql + 64 * (16 * h + 8 * (s & 1) + t)));
+        const __m512i high = _mm512_loadu_si512((const void *)(qh + 64 * (8 * h + t)));
+        const __m512i lo4 = _mm512_and_si512(_mm512_srli_epi32(low, 4 * (s >> 1)), nibble);
+        const __m512i hi2 = s < 2 ? _mm512_slli_epi32(high, 4 - 2 * s)
+                                  : _mm512_srli_epi32(high, 2 * s - 4);
+        const __m512i w = _mm512_or_si512(lo4, _mm512_and_si512(hi2, two));
+        for (int m = 0; m < R; m++) {
+          int32_t four;
+          memcpy(&four, x->q + (m0 + m) * k + sb * QK_K + 128 * h + 32 * s + 4 * t, 4);
+          __m512i *chain = &dot[m][t >> 2][t % chains];
+          *chain = _mm512_dpbusd_epi32(*chain, w, _mm512_set1_epi32(four));
+        }
+      }
+      for (int m = 0; m < R; m++)
+        for (int i = 0; i < 2; i++) {
+          const __m512i sum =
+              chains == 2 ? _mm512_add_epi32(dot[m][i][0], dot[m][i][1]) : dot[m][i][0];
+          total[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_load_ps(blk->scale[g + i]),
+                                     total[m]);
+        }
+    }
+  for (int m = 0; m < R; m++) {
+    float *acc = sums + 2 * (m0 + m) * WROWS;
+    const __m512 dx = _mm512_set1_ps(x->dx[(m0 + m) * blocks + sb]);
+    _mm512_store_ps(acc, _mm512_fmadd_ps(total[m], dx, _mm512_load_ps(acc)));
+  }
+}
+
 /* X rows a pass takes against a decoded pair of blocks of 32: fewer than GEMM_ROWS, with two
  * chains of sums each (its groups are half a super-block's, so fewer products per scaling). */
 #define PAIR_ROWS 4
@@ -362,7 +515,8 @@ static inline __attribute__((always_inline)) void pair_rows(const int R, const d
   TAIL_CASES_3(call)      \
   case 4: call(4); break; \
   case 5: call(5); break;
-_Static_assert(GEMM_ROWS == 6 && PAIR_ROWS == 4, "the tail cases cover a pass's rows but one");
+_Static_assert(GEMM_ROWS == 6 && PAIR_ROWS == 4 && FUSED_ROWS == 6,
+               "the tail cases cover a pass's rows but one");
 
 /* pair_rows for x rows [m0, m1). */
 static void pair_row_range(const decoded_pair *blk, const rounded_x *x, int64_t p, int64_t m0,
@@ -395,6 +549,24 @@ static void block_row_range(int64_t type, const decoded_block *blk, const rounde
     block_range(32, blk, x, NULL, sb, m0, m1, sums);
   else
     block_range(16, blk, x, q6k_starts, sb, m0, m1, sums);
+}
+
+/* A tiled k-quant super-block (`type`: GGUF_TILED_Q4_K or _Q6_K) times x rows [m0, m1): its
+ * integers built as they are multiplied, FUSED_ROWS rows at a time; R compiled per count. */
+static void tiled_rows(int64_t type, const uint8_t *tiled, const rounded_x *x,
+                       const int32_t *starts, int64_t sb, int64_t m0, int64_t m1,
+                       decoded_block *blk, float *sums) {
+#define Q4K(R) q4k_tiled_rows(R, tiled, x, m0, sb, blk, sums)
+#define Q6K(R) q6k_tiled_rows(R, tiled, x, starts, m0, sb, blk, sums)
+  if (type == GGUF_TILED_Q4_K) {
+    for (; m0 + FUSED_ROWS <= m1; m0 += FUSED_ROWS) Q4K(FUSED_ROWS);
+    switch (m1 - m0) { TAIL_CASES_5(Q4K) default: break; }
+  } else {
+    for (; m0 + FUSED_ROWS <= m1; m0 += FUSED_ROWS) Q6K(FUSED_ROWS);
+    switch (m1 - m0) { TAIL_CASES_5(Q6K) default: break; }
+  }
+#undef Q4K
+#undef Q6K
 }
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -464,6 +636,13 @@ static void gemm_block(int64_t type, const uint8_t *const rows[WROWS],
     /* a tiled block prefetches as it loads (load_ahead), the file's rows the next block's */
     const int64_t sb_bytes = type_block_bytes(untiled_type(type));
     const uint8_t *const *ahead = type == untiled_type(type) ? next : NULL;
+    if (x->rows <= chunk && type != untiled_type(type)) { /* multiplied as it is built */
+      const int64_t tiled_bytes =
+          type == GGUF_TILED_Q4_K ? TILED_Q4_K_SB_BYTES : TILED_Q6_K_SB_BYTES;
+      for (int64_t sb = 0; sb < k / QK_K; sb++)
+        tiled_rows(type, rows[0] + sb * tiled_bytes, x, q6k_starts, sb, 0, x->rows, blk, sums);
+      return;
+    }
     if (x->rows <= chunk) { /* each super-block multiplied as it is decoded, still in L1 */
       for (int64_t sb = 0; sb < k / QK_K; sb++) {
         prefetch_next(ahead, sb * sb_bytes, sb_bytes);
