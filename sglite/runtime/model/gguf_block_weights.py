@@ -167,11 +167,21 @@ def tiled_parts(
 
 
 def _tiled(part: GGUFPart, k: int, arena: WeightArena | None) -> GGUFPart:
-    """A part tiled (into `arena` when given)."""
-    out = np.empty_like(part.data) if arena is None else arena.reserve(part.data.shape)
-    if not kernels.gguf_tile(BLOCK_TYPES[part.type_name], part.data, out, k):
-        raise RuntimeError(f"the native library could not tile a {part.type_name} part")
-    return GGUFPart(part.type_name, out, tiled=True)
+    """A part tiled: into `arena` when given, on its reading threads as each piece of whole
+    tiles is read (the file's pages are then read once, by `preadv`, not faulted in through
+    its mapping on the loading thread); else now."""
+    type_id = BLOCK_TYPES[part.type_name]
+
+    def tile(rows: np.ndarray, out: np.ndarray) -> None:
+        if not kernels.gguf_tile(type_id, rows, out, k):
+            raise RuntimeError(f"the native library could not tile a {part.type_name} part")
+
+    if arena is None:
+        out = np.empty_like(part.data)
+        tile(part.data, out)
+        return GGUFPart(part.type_name, out, tiled=True)
+    placed = arena.place(part.data, lambda rows: tile(rows.copy(), rows), TILE_ROWS)
+    return GGUFPart(part.type_name, placed, tiled=True)
 
 
 def _quadded(part: GGUFPart) -> bool:

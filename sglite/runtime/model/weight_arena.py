@@ -88,12 +88,16 @@ class WeightArena:
         return self._free[begin : begin + n].reshape(shape)
 
     def place(
-        self, rows: np.ndarray, relayout: Callable[[np.ndarray], None] | None = None
+        self,
+        rows: np.ndarray,
+        relayout: Callable[[np.ndarray], None] | None = None,
+        row_multiple: int = 1,
     ) -> np.ndarray:
         """An array in the region that will hold `rows` (uint8, 2D) once `wait` returns: read
         from the file when `rows` is a range of its mapping, else copied now; with `relayout`,
         rearranged in place by it, whole rows at a time (on the reading threads, each piece as
-        it is read). Raises ValueError when it does not fit."""
+        it is read), a multiple of `row_multiple` rows but for the last piece. Raises
+        ValueError when it does not fit."""
         target = self.reserve(rows.shape)
         offset = self.gf.file_offset(rows)
         if offset is None:
@@ -102,7 +106,8 @@ class WeightArena:
                 relayout(target)
             return target
         row_bytes = rows.shape[1]
-        step = max(1, READ_PIECE // row_bytes)  # rows per piece: whole rows for `relayout`
+        # rows per piece: whole rows (and whole multiples) for `relayout`
+        step = max(1, READ_PIECE // row_bytes // row_multiple) * row_multiple
         for first in range(0, rows.shape[0], step):
             piece = target[first : first + step]
             at = offset + first * row_bytes

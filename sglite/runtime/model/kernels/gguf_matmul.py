@@ -158,9 +158,12 @@ def bf16_matmul_pays() -> bool:
 def gguf_tile(type_id: int, rows: np.ndarray, out: np.ndarray, k: int) -> bool:
     """Rows of ggml block type `type_id` (Q5_0, Q4_K or Q6_K; uint8 `[n, row_bytes]`, n a
     multiple of 16, k values a row) tiled into `out` (the same shape) for `gguf_gemm_a8`
-    (kernels/gguf_tiles.h); False where the native library is missing or refuses the type or
-    shape."""
-    return _relaid(rows, out, lambda lib, src, dst: lib.gguf_tile(type_id, src, dst, len(rows), k))
+    (kernels/gguf_tiles.h), on torch's threads; False where the native library is missing or
+    refuses the type or shape."""
+    threads = torch.get_num_threads()
+    return _relaid(
+        rows, out, lambda lib, src, dst: lib.gguf_tile(type_id, src, dst, len(rows), k, threads)
+    )
 
 
 def gguf_quad_q5_0(rows: np.ndarray, out: np.ndarray, k: int) -> bool:

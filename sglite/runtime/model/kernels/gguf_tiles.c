@@ -1,6 +1,7 @@
 /* Tiling a weight's rows for gguf_a8_gemm.c, and reading a tiled row back (the layouts:
  * gguf_tiles.h). */
 #include "gguf_tiles.h"
+#include "threadpool.h"
 
 /* A run of 4-byte words of each row's block stored as word vectors (gguf_tiles.h). */
 typedef struct {
@@ -38,22 +39,22 @@ static const word_tiling *word_tiling_of(int64_t type) {
   }
 }
 
-static void tile_q5_0(const uint8_t *in, uint8_t *out, int64_t rows, int64_t k) {
+/* Tile t (rows 16t..16t+15) of Q5_0 rows of k values. */
+static void tile_q5_0(const uint8_t *in, uint8_t *out, int64_t t, int64_t k) {
   const int64_t blocks = k / 32, row_bytes = blocks * 22;
-  for (int64_t t = 0; t < rows / TILE_WROWS; t++)
-    for (int64_t j = 0; j < blocks; j++) {
-      uint8_t *tile_block = out + (t * blocks + j) * TILED_Q5_0_BLOCK_BYTES;
-      uint64_t masks[8] = {0};
-      for (int64_t r = 0; r < TILE_WROWS; r++) {
-        const uint8_t *b = in + (t * TILE_WROWS + r) * row_bytes + j * 22;
-        uint32_t qh;
-        memcpy(&qh, b + 2, 4);
-        memcpy(tile_block + 2 * r, b, 2);
-        for (int g = 0; g < 8; g++) masks[g] |= (uint64_t)((qh >> (4 * g)) & 0xf) << (4 * r);
-        for (int c = 0; c < 4; c++) memcpy(tile_block + 96 + 64 * c + 4 * r, b + 6 + 4 * c, 4);
-      }
-      memcpy(tile_block + 32, masks, sizeof(masks));
+  for (int64_t j = 0; j < blocks; j++) {
+    uint8_t *tile_block = out + (t * blocks + j) * TILED_Q5_0_BLOCK_BYTES;
+    uint64_t masks[8] = {0};
+    for (int64_t r = 0; r < TILE_WROWS; r++) {
+      const uint8_t *b = in + (t * TILE_WROWS + r) * row_bytes + j * 22;
+      uint32_t qh;
+      memcpy(&qh, b + 2, 4);
+      memcpy(tile_block + 2 * r, b, 2);
+      for (int g = 0; g < 8; g++) masks[g] |= (uint64_t)((qh >> (4 * g)) & 0xf) << (4 * r);
+      for (int c = 0; c < 4; c++) memcpy(tile_block + 96 + 64 * c + 4 * r, b + 6 + 4 * c, 4);
     }
+    memcpy(tile_block + 32, masks, sizeof(masks));
+  }
 }
 
 /* Row r of a tile's block (`row`: its bytes in the file's layout) into the tiled block `tiled`,
@@ -73,23 +74,38 @@ static void row_words(const word_tiling *wt, uint8_t *row, uint8_t *tiled, int64
   }
 }
 
-int gguf_tile(int64_t type, const void *src, void *dst, int64_t rows, int64_t k) {
+/* What gguf_tile's threads share. */
+typedef struct {
+  int64_t type, k;
+  const word_tiling *wt; /* NULL for Q5_0 */
+  const uint8_t *src;
+  uint8_t *dst;
+} tile_job;
+
+/* Tile t of the job's rows (a parallel_chunks chunk). */
+static void tile_one(void *ctx, int64_t t) {
+  const tile_job *job = ctx;
+  if (job->wt == NULL) {
+    tile_q5_0(job->src, job->dst, t, job->k);
+    return;
+  }
+  const word_tiling *wt = job->wt;
+  const int64_t blocks = job->k / wt->values, row_bytes = blocks * wt->bytes;
+  for (int64_t b = 0; b < blocks; b++) {
+    uint8_t *tiled = job->dst + (t * blocks + b) * TILE_WROWS * wt->bytes;
+    for (int64_t r = 0; r < TILE_WROWS; r++) {
+      uint8_t *row = (uint8_t *)job->src + (t * TILE_WROWS + r) * row_bytes + b * wt->bytes;
+      row_words(wt, row, tiled, r, 1);
+    }
+  }
+}
+
+int gguf_tile(int64_t type, const void *src, void *dst, int64_t rows, int64_t k, int threads) {
   const word_tiling *wt = word_tiling_of(type);
   const int64_t values = type == GGML_TYPE_Q5_0 ? 32 : wt != NULL ? wt->values : 0;
   if (values == 0 || rows < 1 || rows % TILE_WROWS || k < values || k % values) return -1;
-  if (type == GGML_TYPE_Q5_0) {
-    tile_q5_0(src, dst, rows, k);
-    return 0;
-  }
-  const int64_t blocks = k / values, row_bytes = blocks * wt->bytes;
-  for (int64_t t = 0; t < rows / TILE_WROWS; t++)
-    for (int64_t b = 0; b < blocks; b++) {
-      uint8_t *tiled = (uint8_t *)dst + (t * blocks + b) * TILE_WROWS * wt->bytes;
-      for (int64_t r = 0; r < TILE_WROWS; r++) {
-        uint8_t *row = (uint8_t *)src + (t * TILE_WROWS + r) * row_bytes + b * wt->bytes;
-        row_words(wt, row, tiled, r, 1);
-      }
-    }
+  tile_job job = {type, k, wt, src, dst};
+  parallel_chunks(tile_one, &job, rows / TILE_WROWS, threads);
   return 0;
 }
 

@@ -241,9 +241,10 @@ int gguf_gemm_a8(int dtype, const void *x, const gguf_part_t *parts, void *y, in
 int gguf_gemm_a8_glu(int dtype, int act, const void *x, const gguf_part_t *parts, void *y,
                      int64_t rows, int64_t n_out, int64_t k, int threads);
 /* gguf_tiles.c: rows [rows, k] of `type` blocks (Q5_0, Q8_0, Q4_K or Q6_K) at src tiled into dst (the
- * same bytes) for gguf_gemm_a8 as a part of type GGUF_TILED_BASE + type. -1 for another type,
- * unless rows is a multiple of 16 and k of the type's block. */
-int gguf_tile(int64_t type, const void *src, void *dst, int64_t rows, int64_t k);
+ * same bytes) for gguf_gemm_a8 as a part of type GGUF_TILED_BASE + type, 16 rows at a time on
+ * up to `threads` threads. -1 for another type, unless rows is a multiple of 16 and k of the
+ * type's block. */
+int gguf_tile(int64_t type, const void *src, void *dst, int64_t rows, int64_t k, int threads);
 /* gguf_quads.c: rows [rows, k] of Q5_0 blocks at src in quads into dst (the same bytes; dst may
  * be src: the weight arena lays each piece out as it reads it, on its own threads). -1 unless k
  * is a multiple of 128. */
