@@ -59,7 +59,7 @@ static void tile_q5_0(const uint8_t *in, uint8_t *out, int64_t t, int64_t k) {
 
 /* Row r of a tile's block (`row`: its bytes in the file's layout) into the tiled block `tiled`,
  * or back (to_tile = 0). */
-static void row_words(const word_tiling *wt, uint8_t *row, uint8_t *tiled, int64_t r,
+static void block_words(const word_tiling *wt, uint8_t *row, uint8_t *tiled, int64_t r,
                       int to_tile) {
   for (int64_t s = 0; s < wt->segments; s++) {
     const word_segment *seg = &wt->segment[s];
@@ -82,6 +82,29 @@ typedef struct {
   uint8_t *dst;
 } tile_job;
 
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__) && \
+    defined(__AVX2__) && defined(__FMA__)
+#include "gguf_a8_gemm_decode.h"
+
+/* Tile t of Q4_K rows through the 512-bit transposes the VNNI GEMM decodes the file's rows
+ * with (row_words4, row_words: the same word vectors the tile holds), each stored whole: a
+ * tenth of the word-by-word copy's time. */
+static void tile_q4k_vectors(const tile_job *job, int64_t t) {
+  const int64_t blocks = job->k / QK_K, row_bytes = blocks * 144;
+  const uint8_t *rows[WROWS];
+  for (int r = 0; r < WROWS; r++) rows[r] = job->src + (t * WROWS + r) * row_bytes;
+  for (int64_t b = 0; b < blocks; b++) {
+    uint8_t *tiled = job->dst + (t * blocks + b) * TILED_Q4_K_SB_BYTES;
+    __m512i head[4], p[32];
+    row_words4(rows, b * 144, head);
+    row_words(rows, b * 144 + 16, 2, p);
+    for (int j = 0; j < 4; j++) _mm512_storeu_si512((void *)(tiled + 64 * j), head[j]);
+    for (int i = 0; i < 32; i++) _mm512_storeu_si512((void *)(tiled + 256 + 64 * i), p[i]);
+  }
+}
+#define TILE_Q4K_VECTORS 1
+#endif
+
 /* Tile t of the job's rows (a parallel_chunks chunk). */
 static void tile_one(void *ctx, int64_t t) {
   const tile_job *job = ctx;
@@ -89,13 +112,19 @@ static void tile_one(void *ctx, int64_t t) {
     tile_q5_0(job->src, job->dst, t, job->k);
     return;
   }
+#ifdef TILE_Q4K_VECTORS
+  if (job->type == GGML_TYPE_Q4_K) {
+    tile_q4k_vectors(job, t);
+    return;
+  }
+#endif
   const word_tiling *wt = job->wt;
   const int64_t blocks = job->k / wt->values, row_bytes = blocks * wt->bytes;
   for (int64_t b = 0; b < blocks; b++) {
     uint8_t *tiled = job->dst + (t * blocks + b) * TILE_WROWS * wt->bytes;
     for (int64_t r = 0; r < TILE_WROWS; r++) {
       uint8_t *row = (uint8_t *)job->src + (t * TILE_WROWS + r) * row_bytes + b * wt->bytes;
-      row_words(wt, row, tiled, r, 1);
+      block_words(wt, row, tiled, r, 1);
     }
   }
 }
@@ -130,9 +159,9 @@ void gguf_untile_row(int64_t type, const void *data, int64_t n, int64_t k, uint8
   const word_tiling *wt = word_tiling_of(stored);
   const int64_t blocks = k / wt->values;
   for (int64_t b = 0; b < blocks; b++) {
-    /* read only: row_words copies from `tiled` when untiling */
+    /* read only: block_words copies from `tiled` when untiling */
     uint8_t *tiled = (uint8_t *)data + (t * blocks + b) * TILE_WROWS * wt->bytes;
-    row_words(wt, out + b * wt->bytes, tiled, r, 0);
+    block_words(wt, out + b * wt->bytes, tiled, r, 0);
   }
 }
 
