@@ -66,7 +66,7 @@ static inline __attribute__((always_inline)) void block_rows(const int R, const 
                                                              const rounded_x *x,
                                                              const int32_t *q6k_starts,
                                                              int64_t m0, int64_t sb, float *sums) {
-  const int64_t k = x->k, blocks = k / QK_K;
+  const int64_t k = x->k;
   __m512 total[GEMM_ROWS];
   for (int m = 0; m < R; m++) total[m] = _mm512_setzero_ps();
   /* Few x rows: a row's group sum as `chains` independent chains of `vpdpbusd` (its latency
@@ -93,21 +93,7 @@ static inline __attribute__((always_inline)) void block_rows(const int R, const 
     for (int m = 0; m < R; m++)
       total[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[m][0]), scale, total[m]);
   }
-  for (int m = 0; m < R; m++) {
-    if (size == 32) {
-      const int16_t *xsums = x->sum32 + (m0 + m) * (k / 32) + sb * 8;
-      __m512i mins = _mm512_setzero_si512();
-      for (int p = 0; p < 4; p++) {
-        int32_t two;
-        memcpy(&two, xsums + 2 * p, 4);
-        mins = _mm512_dpwssd_epi32(mins, blk->min_pairs[p], _mm512_set1_epi32(two));
-      }
-      total[m] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mins), _mm512_load_ps(blk->dmin), total[m]);
-    }
-    float *acc = sums + 2 * (m0 + m) * WROWS;
-    const __m512 dx = _mm512_set1_ps(x->dx[(m0 + m) * blocks + sb]);
-    _mm512_store_ps(acc, _mm512_fmadd_ps(total[m], dx, _mm512_load_ps(acc)));
-  }
+  for (int m = 0; m < R; m++) add_row_total(size == 32, blk, x, m0 + m, sb, total[m], sums);
 }
 
 #include "gguf_a8_tiled_rows.h"

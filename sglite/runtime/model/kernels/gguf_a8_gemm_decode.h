@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "a8_rounding.h"
 #include "gguf_bits.h"
 #include "gguf_tiles.h"
 #include "transpose16.h"
@@ -190,6 +191,30 @@ static void decode_q6k_tiled(const uint8_t *tiled, decoded_block *out) {
   for (int i = 0; i < 16; i++) qh[i] = load_ahead(tiled + 2336 + 64 * i);
   q6k_from_words(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tiled)), scales, ql, qh,
                  out);
+}
+
+/* sums[m] (a row's products, 16 lanes) += `total` (x row m's products with the decoded
+ * super-block sb before x's scale) less Q4_K's mins times x's group sums where `q4k` (one
+ * `vpdpwssd` per two groups, scaled by dmin), scaled by x's dx for the super-block. */
+static inline __attribute__((always_inline)) void add_row_total(const int q4k,
+                                                                const decoded_block *blk,
+                                                                const rounded_x *x, int64_t m,
+                                                                int64_t sb, __m512 total,
+                                                                float *sums) {
+  const int64_t k = x->k;
+  if (q4k) {
+    const int16_t *xsums = x->sum32 + m * (k / 32) + sb * 8;
+    __m512i mins = _mm512_setzero_si512();
+    for (int p = 0; p < 4; p++) {
+      int32_t two;
+      memcpy(&two, xsums + 2 * p, 4);
+      mins = _mm512_dpwssd_epi32(mins, blk->min_pairs[p], _mm512_set1_epi32(two));
+    }
+    total = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mins), _mm512_load_ps(blk->dmin), total);
+  }
+  float *acc = sums + 2 * m * WROWS;
+  const __m512 dx = _mm512_set1_ps(x->dx[m * (k / QK_K) + sb]);
+  _mm512_store_ps(acc, _mm512_fmadd_ps(total, dx, _mm512_load_ps(acc)));
 }
 
 /* Super-block sb of the 16 weight rows at rows[r] (Q4_K or Q6_K: `type`, or tiled: rows[0] is

@@ -26,7 +26,7 @@ static inline __attribute__((always_inline)) void q4k_tiled_rows(const int R,
                                                                  const rounded_x *x, int64_t m0,
                                                                  int64_t sb, decoded_block *blk,
                                                                  float *sums) {
-  const int64_t k = x->k, blocks = k / QK_K;
+  const int64_t k = x->k;
   const int chains = R == 1 ? 2 : 1;
   __m512i head[4];
   for (int j = 0; j < 4; j++) head[j] = load_ahead(tiled + 64 * j);
@@ -64,19 +64,7 @@ static inline __attribute__((always_inline)) void q4k_tiled_rows(const int R,
                                  _mm512_load_ps(blk->scale[2 * c + 1]), total[m]);
     }
   }
-  for (int m = 0; m < R; m++) {
-    const int16_t *xsums = x->sum32 + (m0 + m) * (k / 32) + sb * 8;
-    __m512i mins = _mm512_setzero_si512();
-    for (int p = 0; p < 4; p++) {
-      int32_t two;
-      memcpy(&two, xsums + 2 * p, 4);
-      mins = _mm512_dpwssd_epi32(mins, blk->min_pairs[p], _mm512_set1_epi32(two));
-    }
-    total[m] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mins), _mm512_load_ps(blk->dmin), total[m]);
-    float *acc = sums + 2 * (m0 + m) * WROWS;
-    const __m512 dx = _mm512_set1_ps(x->dx[(m0 + m) * blocks + sb]);
-    _mm512_store_ps(acc, _mm512_fmadd_ps(total[m], dx, _mm512_load_ps(acc)));
-  }
+  for (int m = 0; m < R; m++) add_row_total(1, blk, x, m0 + m, sb, total[m], sums);
 }
 
 /* sums[m] (products) += x rows m0..m0+R-1 times the tiled Q6_K super-block at `tiled`
@@ -89,7 +77,7 @@ static inline __attribute__((always_inline)) void q6k_tiled_rows(const int R,
                                                                  const int32_t *starts, int64_t m0,
                                                                  int64_t sb, decoded_block *blk,
                                                                  float *sums) {
-  const int64_t k = x->k, blocks = k / QK_K;
+  const int64_t k = x->k;
   const int chains = R == 1 ? 2 : 1;
   for (int64_t at = 0; at < TILED_Q6_K_SB_BYTES; at += 64) {
     _mm_prefetch((const char *)(tiled + at + TILED_AHEAD), _MM_HINT_T0);
@@ -138,11 +126,7 @@ static inline __attribute__((always_inline)) void q6k_tiled_rows(const int R,
                                      total[m]);
         }
     }
-  for (int m = 0; m < R; m++) {
-    float *acc = sums + 2 * (m0 + m) * WROWS;
-    const __m512 dx = _mm512_set1_ps(x->dx[(m0 + m) * blocks + sb]);
-    _mm512_store_ps(acc, _mm512_fmadd_ps(total[m], dx, _mm512_load_ps(acc)));
-  }
+  for (int m = 0; m < R; m++) add_row_total(0, blk, x, m0 + m, sb, total[m], sums);
 }
 
 #endif
