@@ -3,7 +3,8 @@
  * read from the file's rows (their bytes transposed as stored) or from a tile (gguf_tiles.h:
  * already in lane order), decoded into 64 vectors whose 32-bit lane r holds 4 consecutive
  * integers of weight row r, with the 16 rows' group scales (and Q4_K's mins) unpacked as
- * vectors. Included by gguf_a8_gemm.c alone, inside its VNNI-512 section.
+ * vectors. Included inside a VNNI-512 section by gguf_a8_gemm.c, and by gguf_tiles.c for the
+ * transposes (row_words4, row_words) that write Q4_K tiles.
  */
 #ifndef SGLITE_KERNELS_GGUF_A8_GEMM_DECODE_H
 #define SGLITE_KERNELS_GGUF_A8_GEMM_DECODE_H
@@ -219,8 +220,8 @@ static inline __attribute__((always_inline)) void add_row_total(const int q4k,
 
 /* Super-block sb of the 16 weight rows at rows[r] (Q4_K or Q6_K: `type`, or tiled: rows[0] is
  * the tile, its super-blocks one after another). */
-static void decode_block(int64_t type, const uint8_t *const rows[WROWS], int64_t sb,
-                         decoded_block *out) {
+static __attribute__((unused)) void decode_block(int64_t type, const uint8_t *const rows[WROWS],
+                                                 int64_t sb, decoded_block *out) {
   switch (type) {
     case GGML_TYPE_Q4_K:
       decode_q4k(rows, sb, out);
