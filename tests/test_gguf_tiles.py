@@ -4,7 +4,12 @@ as the file's, and no other product kernel misreading them."""
 
 from __future__ import annotations
 
+import ast
 import ctypes
+import os
+import platform
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -257,3 +262,26 @@ def test_deterministic_inference_tiles_a_target_and_verifies_drafts_as_it_decode
     meta = out["meta_info"]
     assert meta["spec_accepted_tokens"] >= 10, meta  # drafts of several tokens were verified
     assert answer(out) == want
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="CPUID's split rule is x86's")
+def test_split_512_bit_units_tile_q4_k_by_default():
+    """Where 512-bit operations run as two halves (forced by SGLITE_VECTORS_512_SPLIT, AMX
+    off), a served model whose products round x tiles its Q4_K (a draft model its Q5_0 too;
+    deterministic inference none); where they run whole, the blocks of 32 (deterministic
+    inference every type)."""
+    code = (
+        "from sglite.runtime.model.loader import _tiled_types as t\n"
+        "print([sorted(t(True, False, False)), sorted(t(True, True, False)), "
+        "sorted(t(True, False, True)), sorted(t(False, False, False))])"
+    )
+    want = {
+        "1": [["Q4_K"], ["Q4_K", "Q5_0"], [], []],
+        "0": [["Q5_0", "Q8_0"], ["Q5_0", "Q8_0"], ["Q4_K", "Q5_0", "Q6_K", "Q8_0"], []],
+    }
+    for split, expected in want.items():
+        env = {**os.environ, "SGLITE_VECTORS_512_SPLIT": split, "SGLITE_AMX": "0"}
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        )
+        assert ast.literal_eval(out.stdout.strip()) == expected, split
