@@ -151,24 +151,27 @@ static inline void q6k_scales(__m512 d, const __m512i scales[4], decoded_block *
   }
 }
 
+/* Q6_K's values 128h + 32s + 4t.. of each row (0..63) from the word vectors holding their low 4
+ * bits (`low`: ql bytes 64h + 32(s & 1) + 4t.., nibble s >> 1) and high 2 (`high`: qh bytes
+ * 32h + 4t.., bits 2s and 2s + 1). */
+static inline __m512i q6k_values(__m512i low, __m512i high, int s) {
+  const __m512i nibble = _mm512_set1_epi8(0x0f), two = _mm512_set1_epi8(0x30);
+  const __m512i lo4 = _mm512_and_si512(_mm512_srli_epi32(low, 4 * (s >> 1)), nibble);
+  const __m512i hi2 =
+      s < 2 ? _mm512_slli_epi32(high, 4 - 2 * s) : _mm512_srli_epi32(high, 2 * s - 4);
+  return _mm512_or_si512(lo4, _mm512_and_si512(hi2, two));
+}
+
 /* A Q6_K super-block of 16 rows from its words (d: the rows' scales; scales: the 16 int8 group
  * scales as 4 word vectors; ql: the low 4 bits as 32, qh: the high 2 as 16): values q in 0..63
  * (the block's -32 is in the offset). */
 static inline void q6k_from_words(__m512 d, const __m512i scales[4], const __m512i ql[32],
                                   const __m512i qh[16], decoded_block *out) {
   q6k_scales(d, scales, out);
-  const __m512i nibble = _mm512_set1_epi8(0x0f), two = _mm512_set1_epi8(0x30);
   for (int h = 0; h < 2; h++)
     for (int s = 0; s < 4; s++)
-      for (int t = 0; t < 8; t++) {
-        /* values 128h + 32s + 4t..: ql bytes 64h + 32(s & 1) + 4t.. (nibble s >> 1), qh bytes
-         * 32h + 4t.. (bits 2s, 2s + 1) */
-        const __m512i low = ql[16 * h + 8 * (s & 1) + t], high = qh[8 * h + t];
-        const __m512i lo4 = _mm512_and_si512(_mm512_srli_epi32(low, 4 * (s >> 1)), nibble);
-        const __m512i hi2 = s < 2 ? _mm512_slli_epi32(high, 4 - 2 * s)
-                                  : _mm512_srli_epi32(high, 2 * s - 4);
-        out->w[32 * h + 8 * s + t] = _mm512_or_si512(lo4, _mm512_and_si512(hi2, two));
-      }
+      for (int t = 0; t < 8; t++)
+        out->w[32 * h + 8 * s + t] = q6k_values(ql[16 * h + 8 * (s & 1) + t], qh[8 * h + t], s);
 }
 
 /* Super-block sb of the 16 Q6_K rows at rows[r], as decode_q4k. */

@@ -87,7 +87,6 @@ static inline __attribute__((always_inline)) void q6k_tiled_rows(const int R,
   for (int j = 0; j < 4; j++) scales[j] = _mm512_loadu_si512((const void *)(tiled + 32 + 64 * j));
   q6k_scales(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tiled)), scales, blk);
   const uint8_t *ql = tiled + 288, *qh = tiled + 2336;
-  const __m512i nibble = _mm512_set1_epi8(0x0f), two = _mm512_set1_epi8(0x30);
   __m512 total[FUSED_ROWS];
   for (int m = 0; m < R; m++) total[m] = _mm512_setzero_ps();
   /* unrolled whole: the shifts below then take their counts as immediates */
@@ -107,10 +106,7 @@ static inline __attribute__((always_inline)) void q6k_tiled_rows(const int R,
         const __m512i low =
             _mm512_loadu_si512((const void *)(ql + 64 * (16 * h + 8 * (s & 1) + t)));
         const __m512i high = _mm512_loadu_si512((const void *)(qh + 64 * (8 * h + t)));
-        const __m512i lo4 = _mm512_and_si512(_mm512_srli_epi32(low, 4 * (s >> 1)), nibble);
-        const __m512i hi2 = s < 2 ? _mm512_slli_epi32(high, 4 - 2 * s)
-                                  : _mm512_srli_epi32(high, 2 * s - 4);
-        const __m512i w = _mm512_or_si512(lo4, _mm512_and_si512(hi2, two));
+        const __m512i w = q6k_values(low, high, s);
         for (int m = 0; m < R; m++) {
           int32_t four;
           memcpy(&four, x->q + (m0 + m) * k + sb * QK_K + 128 * h + 32 * s + 4 * t, 4);
