@@ -568,6 +568,43 @@ def test_the_draft_model_drafts_for_several_requests_in_one_pass_per_token(tiny)
         proposer.check_invariants()
 
 
+def test_requests_running_together_with_one_prompt_read_it_once(tiny):
+    """A batch of requests sharing a prompt (one document, one system prompt): the draft model
+    reads it for the first and caches it at once, so the others' reads pass over their last
+    token only; their drafts are those a proposer gets that read each prompt alone, and the
+    pool's slots stay accounted while they run and after they end."""
+    from sglite.runtime.model.loader import load_model
+    from sglite.runtime.scheduler.draft_model import DraftModelProposer
+
+    loaded = load_model(tiny["small"], dtype="float32", progress=False)
+    shared, alone = (DraftModelProposer(loaded, 256, 4, 1024) for _ in range(2))
+    prompt = PROMPT * 4
+    fed: list[int] = []
+    forward = shared.kv.model.forward
+    shared.kv.model.forward = lambda batch, pool: (  # type: ignore[method-assign]
+        fed.append(batch.input_ids.numel()) or forward(batch, pool)
+    )
+    for i in range(3):
+        shared.read_prompt(_request(f"r{i}", prompt))
+        shared.check_invariants()
+    assert fed == [len(prompt), 1, 1]
+    assert shared.kv.cache.total_size() >= len(prompt)
+
+    def decoding(rid: str):  # the target has emitted one token since the prefill
+        req = _request(rid, prompt)
+        req.output_ids.append(5)
+        return req
+
+    drafts = shared.propose_many([decoding(f"r{i}") for i in range(3)])
+    shared.check_invariants()
+    alone.read_prompt(_request("a", prompt))
+    own = alone.propose(decoding("a"))
+    assert own and drafts == {f"r{i}": own for i in range(3)}
+    for proposer in (shared, alone):
+        proposer.forget(set())
+        proposer.check_invariants()
+
+
 def test_a_catch_up_of_several_tokens_runs_as_decode_rows_with_the_same_draft(tiny, monkeypatch):
     """A request the draft model fell behind on (tokens emitted while it did not draft) is
     caught up in its next pass, one DECODE row per token (25 of them here): the draft is the

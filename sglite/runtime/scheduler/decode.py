@@ -108,14 +108,16 @@ class DecodeManager:
         # not its drafts': counted, it would price the draft model out for a thousand steps.
         prompt_seconds = self.speculator.take_prompt_seconds()  # type: ignore[union-attr]
         if measured is not None:
-            size, drafted, source = measured
+            size, drafted, source, accepted = measured
             seconds = time.perf_counter() - start - prompt_seconds
-            self.spec_costs.observe(size, drafted, seconds, source)
+            self.spec_costs.observe(size, drafted, seconds, source, accepted)
 
-    def _step(self) -> tuple[int, int, str] | None:
+    def _step(self) -> tuple[int, int, str, int] | None:
         """The decode step; returns (its batch size, its speculative draft tokens, their
-        source) when its cost says what one source's speculation costs: None when it also
-        verified jump-forward drafts or drafts of two sources, or lost requests to retraction."""
+        source, the tokens of them accepted) when its cost says what one source's speculation
+        costs: None when it also verified jump-forward drafts or drafts of two sources, or
+        lost requests to retraction."""
+        accepted_before = self.stats.spec_accepted_tokens
         drafts = self._plan_drafts()
         planned = self.table.count(ReqStatus.RUNNING)
         self._make_room(drafts)
@@ -137,7 +139,10 @@ class DecodeManager:
         if self.speculator is not None:  # finished, retracted or aborted requests' state goes
             self.speculator.forget({req.rid for req in self.running()})
         self.budget.decode_step_done()
-        return (planned, speculative, min(sources, default="")) if comparable else None
+        if not comparable:
+            return None
+        accepted = self.stats.spec_accepted_tokens - accepted_before
+        return planned, speculative, min(sources, default=""), accepted
 
     def _run_plain(self, reqs: list[Req]) -> None:
         """A DECODE of one token per request."""

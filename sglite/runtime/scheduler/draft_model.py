@@ -153,6 +153,9 @@ class DraftModelProposer:
                 self.pass_cost.add_catch_up(seconds, sum(len(d.feed) for d in drafting))
             if any(d.reads_prompt for d in drafting):  # a first pass over a prompt
                 self.prompt_seconds += seconds
+                for d in drafting:
+                    if d.reads_prompt:
+                        self.kv.share(d.seq)
             elif not first:  # a first pass also catches up on the target's new tokens
                 self.pass_cost.add_pass(seconds)
             first = False
@@ -289,6 +292,7 @@ class DraftModelProposer:
         if feed and self.kv.extend(seq, feed) is not None:
             seq.verified = len(seq.tokens)
             self.pass_cost.add_catch_up(time.perf_counter() - start, len(feed))
+            self.kv.share(seq)
 
     def speculate(self, reqs: list[Req], allowed: SourceFilter) -> dict[str, Proposal]:
         """`propose_many`'s drafts as the DRAFT_MODEL_SOURCE's."""

@@ -3,7 +3,8 @@
 `DraftKV` owns the draft model, its `KVPool` and its `RadixCache`: a `DraftSequence` per
 request holds the K/V of the request's tokens (and of the last draft's, until the next draft
 cuts them back to the tokens the target kept); a request that ends leaves its verified tokens in
-the cache, so a later prompt with the same prefix costs the draft model nothing.
+the cache, so a later prompt with the same prefix costs the draft model nothing, and a prompt
+just read is cached at once (`share`) for the requests running beside it.
 `draft_model.DraftModelProposer` decides when and how far to draft; this module runs the passes.
 
 Invariant (`check_invariants`): every slot of the pool is free, cached, or held by exactly one
@@ -141,6 +142,23 @@ class DraftKV:
         seq.tokens.extend(feed)
         seq.slots.extend(self.pool.alloc(len(feed)))
         return start
+
+    def share(self, seq: DraftSequence) -> None:
+        """Cache the verified tokens of `seq` now (a prompt just read), so that requests
+        running beside it with the same prefix (a batch of one system prompt or document)
+        read it from the cache instead of each passing over it: `seq` then holds them through
+        the cache (its lock moved to their node), its own duplicates of tokens another request
+        cached meanwhile freed."""
+        verified = min(seq.verified, len(seq.tokens))
+        if verified <= seq.cached_len:
+            return
+        already = self.cache.insert(seq.tokens[:verified], seq.slots[:verified])
+        self.pool.free(seq.slots[seq.cached_len : already])
+        match = self.cache.match_prefix(seq.tokens[:verified])
+        self.cache.lock(match.node)
+        self.cache.unlock(seq.node)
+        seq.slots = list(match.slots) + seq.slots[verified:]  # a new list: the mirror resyncs
+        seq.node, seq.cached_len = match.node, verified
 
     def release(self, seq: DraftSequence) -> None:
         """Cache the verified tokens of `seq` (a request that ended) and free its other slots."""

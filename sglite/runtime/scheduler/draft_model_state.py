@@ -30,8 +30,9 @@ class DraftSequence:
     Invariants: `tokens[:verified]` are the request's own tokens (prompt and output); any
     tokens after them are the last draft's, not yet checked. `slots[:cached_len]` belong to the
     draft cache and are locked through `node`; the rest belong to this sequence. `slots`
-    changes only by appending and by cutting its tail, each cut told to `slot_mirror` (its
-    tensor copy for decode batches).
+    changes only by appending, by cutting its tail, each cut told to `slot_mirror` (its
+    tensor copy for decode batches), and by being replaced by a new list when its prefix
+    moves into the cache (`DraftKV.share`; the mirror copies a new list afresh).
     """
 
     length: DraftLength
