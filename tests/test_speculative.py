@@ -49,10 +49,8 @@ from sglite.runtime.scheduler.speculation import (
 from sglite.runtime.scheduler.speculation_costs import (
     HOPELESS_PROBE_FIRST,
     HOPELESS_PROBE_MAX,
-    LOSING_PROBE_MAX,
     PLAIN_PROBE_EVERY,
     PLAIN_WARMUP_STEPS,
-    REALIZED_EVIDENCE,
     DraftCostFit,
     SpeculationCosts,
 )
@@ -746,44 +744,6 @@ def test_ngram_drafts_measured_nowhere_are_measured_on_one_requests_draft():
     costs.observe(4, drafted=3, seconds=0.078 + 3 * 0.015, source="ngram")
     assert costs.drafting_requests(4, "ngram") == EVERY_REQUEST
     assert costs.drafting_requests(2, "ngram") == EVERY_REQUEST  # priced from batch 4's
-
-
-def test_a_source_whose_drafting_steps_deliver_less_than_plain_ones_stops_drafting():
-    """Drafts priced to pay (each token 6 ms against 10 ms saved at a batch of four) whose
-    steps still emit fewer tokens per second than plain steps (the batch's requests drafting
-    the same wrong text) stop at that batch size from REALIZED_EVIDENCE steps' worth, but for
-    probes at gaps up to LOSING_PROBE_MAX steps; the other source and other batch sizes draft
-    on, and drafting steps that deliver more than plain ones resume every step."""
-    costs = SpeculationCosts()
-    plain = 0.040
-    for size in (1, 4):
-        for _ in range(PLAIN_WARMUP_STEPS):
-            costs.allows_drafts(size)
-            costs.observe(size, drafted=0, seconds=plain, source="")
-    costs.allows_drafts(4)
-    # 4 plain tokens in 40 ms: 100 tok/s; 16 drafted (6 ms each), 4 kept: 8 tokens in 136 ms
-    while not costs.losing(4, "ngram"):
-        assert costs.pays(4, "ngram")
-        costs.observe(4, drafted=16, seconds=plain + 16 * 0.006, source="ngram", accepted=4)
-        costs.allows_drafts(4)
-    assert costs.realized[(4, "ngram")].steps >= REALIZED_EVIDENCE
-    assert costs.marginal(4, "ngram") < 1.0  # priced, each token pays at 60% kept
-    assert costs.pays(1, "ngram") and costs.pays(4, "draft")
-    drafting_steps = []
-    for step in range(4 * LOSING_PROBE_MAX):
-        if costs.allows_drafts(4) and costs.pays(4, "ngram"):
-            drafting_steps.append(step)
-            costs.observe(4, drafted=16, seconds=plain + 16 * 0.006, source="ngram", accepted=4)
-    gaps = [b - a for a, b in zip(drafting_steps, drafting_steps[1:])]
-    assert drafting_steps[0] >= HOPELESS_PROBE_FIRST - 1 and max(gaps) <= LOSING_PROBE_MAX + 1
-    assert len(drafting_steps) <= 10 and costs.losing(4, "ngram")
-    # A probe that finds the next requests' drafts kept (16 kept: 20 tokens in 136 ms)
-    while costs.losing(4, "ngram"):
-        if costs.allows_drafts(4) and costs.pays(4, "ngram"):
-            costs.observe(4, drafted=16, seconds=plain + 16 * 0.006, source="ngram", accepted=16)
-    for _ in range(8):
-        if costs.allows_drafts(4):  # (not on a plain step measuring the plain cost)
-            assert costs.pays(4, "ngram")
 
 
 def test_match_windows_are_checked():

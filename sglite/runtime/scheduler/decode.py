@@ -108,16 +108,14 @@ class DecodeManager:
         # not its drafts': counted, it would price the draft model out for a thousand steps.
         prompt_seconds = self.speculator.take_prompt_seconds()  # type: ignore[union-attr]
         if measured is not None:
-            size, drafted, source, accepted = measured
+            size, drafted, source = measured
             seconds = time.perf_counter() - start - prompt_seconds
-            self.spec_costs.observe(size, drafted, seconds, source, accepted)
+            self.spec_costs.observe(size, drafted, seconds, source)
 
-    def _step(self) -> tuple[int, int, str, int] | None:
+    def _step(self) -> tuple[int, int, str] | None:
         """The decode step; returns (its batch size, its speculative draft tokens, their
-        source, the tokens of them accepted) when its cost says what one source's speculation
-        costs: None when it also verified jump-forward drafts or drafts of two sources, or
-        lost requests to retraction."""
-        accepted_before = self.stats.spec_accepted_tokens
+        source) when its cost says what one source's speculation costs: None when it also
+        verified jump-forward drafts or drafts of two sources, or lost requests to retraction."""
         drafts = self._plan_drafts()
         planned = self.table.count(ReqStatus.RUNNING)
         self._make_room(drafts)
@@ -139,10 +137,7 @@ class DecodeManager:
         if self.speculator is not None:  # finished, retracted or aborted requests' state goes
             self.speculator.forget({req.rid for req in self.running()})
         self.budget.decode_step_done()
-        if not comparable:
-            return None
-        accepted = self.stats.spec_accepted_tokens - accepted_before
-        return planned, speculative, min(sources, default=""), accepted
+        return (planned, speculative, min(sources, default="")) if comparable else None
 
     def _run_plain(self, reqs: list[Req]) -> None:
         """A DECODE of one token per request."""

@@ -38,16 +38,6 @@ MIN_DRAFT_LENGTH_VARIANCE = 0.5
 # costs a draft model its catch-up on every token since the last one).
 HOPELESS_PROBE_FIRST = 16
 HOPELESS_PROBE_MAX = 1024
-# A source's drafting steps at a batch size are judged by what they deliver too: tokens per
-# second, decayed by REALIZED_DECAY per drafting step, against the plain steps' rate. From
-# REALIZED_EVIDENCE steps' worth, a source whose steps deliver less than plain steps stops
-# drafting there but for probes (`HopelessProbes`, gaps up to LOSING_PROBE_MAX steps: its
-# drafts may pay again on the next requests' text). The cost fit prices a drafted token on
-# average; this catches where its prices and the acceptance estimates together still lose
-# (rows that cost more past a few, the same text drafted for every request of a batch).
-REALIZED_DECAY = 0.875
-REALIZED_EVIDENCE = 4.0
-LOSING_PROBE_MAX = 128
 
 
 @dataclass
@@ -92,37 +82,13 @@ class DraftCostFit:
 
 
 @dataclass
-class RealizedRate:
-    """What one source's drafting steps at one batch size delivered: their emitted tokens
-    (each request's own plus the accepted drafts) and seconds, and how many steps, each
-    decayed by REALIZED_DECAY per later drafting step."""
-
-    tokens: float = 0.0
-    seconds: float = 0.0
-    steps: float = 0.0
-
-    def add(self, tokens: int, seconds: float) -> None:
-        """A drafting step emitted `tokens` in `seconds`."""
-        self.tokens = REALIZED_DECAY * self.tokens + tokens
-        self.seconds = REALIZED_DECAY * self.seconds + seconds
-        self.steps = REALIZED_DECAY * self.steps + 1.0
-
-    def below(self, plain_rate: float) -> bool:
-        """Whether, over REALIZED_EVIDENCE steps' worth or more, the steps emitted fewer tokens
-        per second than `plain_rate` (a plain step's)."""
-        return self.steps >= REALIZED_EVIDENCE and self.tokens < plain_rate * self.seconds
-
-
-@dataclass
 class HopelessProbes:
     """When a source whose drafts cannot pay is tried again: at step `due`, then after a gap
-    twice the last (up to `longest`). A probe fires once but answers every question asked at
-    its step."""
+    twice the last. A probe fires once but answers every question asked at its step."""
 
     due: int
     gap: int = HOPELESS_PROBE_FIRST
     fired: int = -1  # the step of the last probe
-    longest: int = HOPELESS_PROBE_MAX
 
     def fires(self, step: int) -> bool:
         """Whether `step` probes (the first asked at or after `due`, or the last probe's)."""
@@ -130,7 +96,7 @@ class HopelessProbes:
             return True
         if step < self.due:
             return False
-        self.gap = min(2 * self.gap, self.longest)
+        self.gap = min(2 * self.gap, HOPELESS_PROBE_MAX)
         self.fired, self.due = step, step + self.gap
         return True
 
@@ -152,7 +118,6 @@ class SpeculationCosts:
         self.fits: dict[tuple[int, str], DraftCostFit] = {}
         self.steps: dict[int, int] = {}
         self.probes: dict[tuple[int, str], HopelessProbes] = {}  # sources that cannot pay
-        self.realized: dict[tuple[int, str], RealizedRate] = {}
 
     def allows_drafts(self, batch_size: int) -> bool:
         """Whether this step may verify speculative drafts: not when it is due to measure the
@@ -178,28 +143,15 @@ class SpeculationCosts:
 
     def pays(self, batch_size: int, source: str) -> bool:
         """Whether `source`'s drafts can pay at some acceptance this step: not where a drafted
-        token costs a plain step or more however long the draft, nor where its drafting steps
-        deliver fewer tokens per second than plain steps (`losing`), except on the probes
-        that notice when that changes (`HopelessProbes`, from the step that first found it
-        so)."""
+        token costs a plain step or more however long the draft, except on the probes that
+        notice when that changes (`HopelessProbes`, from the step that first found it so)."""
         step = self._last_step(batch_size)
         key = (batch_size, source)
-        hopeless = self.marginal(batch_size, source) >= 1.0
-        if not hopeless and not self.losing(batch_size, source):
+        if self.marginal(batch_size, source) < 1.0:
             self.probes.pop(key, None)
             return True
-        longest = HOPELESS_PROBE_MAX if hopeless else LOSING_PROBE_MAX
-        due = step + HOPELESS_PROBE_FIRST
-        probes = self.probes.setdefault(key, HopelessProbes(due=due, longest=longest))
-        probes.longest = longest
+        probes = self.probes.setdefault(key, HopelessProbes(due=step + HOPELESS_PROBE_FIRST))
         return probes.fires(step)
-
-    def losing(self, batch_size: int, source: str) -> bool:
-        """Whether `source`'s recent drafting steps at this batch size emitted fewer tokens per
-        second than its plain steps do (`RealizedRate.below`)."""
-        realized = self.realized.get((batch_size, source))
-        plain = self.plain.get(batch_size)
-        return realized is not None and plain is not None and realized.below(batch_size / plain)
 
     def _last_step(self, batch_size: int) -> int:
         """The index of the step `allows_drafts` last counted at this batch size."""
@@ -249,21 +201,9 @@ class SpeculationCosts:
             return kept
         return {}
 
-    def observe(
-        self,
-        batch_size: int,
-        drafted: int,
-        seconds: float,
-        source: str,
-        accepted: int | None = None,
-    ) -> None:
+    def observe(self, batch_size: int, drafted: int, seconds: float, source: str) -> None:
         """A decode step of `batch_size` requests verified `drafted` speculative draft tokens,
-        all from `source` (proposing included), took `seconds` and kept `accepted` of them
-        (None: not known; the step then prices drafts but is not judged by what it
-        delivered, `losing`)."""
-        if drafted > 0 and accepted is not None:
-            rate = self.realized.setdefault((batch_size, source), RealizedRate())
-            rate.add(batch_size + accepted, seconds)
+        all from `source` (proposing included), and took `seconds`."""
         if drafted == 0:
             measured = self.plain_steps.get(batch_size, 0) + 1
             self.plain_steps[batch_size] = measured
