@@ -3,8 +3,9 @@
  * read from the file's rows (their bytes transposed as stored) or from a tile (gguf_tiles.h:
  * already in lane order), decoded into 64 vectors whose 32-bit lane r holds 4 consecutive
  * integers of weight row r, with the 16 rows' group scales (and Q4_K's mins) unpacked as
- * vectors. Included inside a VNNI-512 section by gguf_a8_gemm.c, and by gguf_tiles.c for the
- * transposes (row_words4, row_words) that write Q4_K tiles.
+ * vectors; the next block's rows prefetched into L2 as one decodes (prefetch_next). Included
+ * inside a VNNI-512 section by gguf_a8_gemm.c, and by gguf_tiles.c for the transposes
+ * (row_words4, row_words) that write Q4_K tiles.
  */
 #ifndef SGLITE_KERNELS_GGUF_A8_GEMM_DECODE_H
 #define SGLITE_KERNELS_GGUF_A8_GEMM_DECODE_H
@@ -20,6 +21,19 @@
 #define QK_K 256
 /* Weight rows a decoded block covers: one 32-bit lane each. */
 #define WROWS 16
+
+/* Bytes [from, from + bytes) of each of the next block's 16 rows (none when next is NULL),
+ * fetched into L2 while this block decodes: its 16 rows are 16 streams, more than the hardware
+ * prefetchers follow, and with few x rows a block's products are too short to hide its loads
+ * (into L1, the prefetched lines would evict the block being decoded). */
+static inline void prefetch_next(const uint8_t *const next[WROWS], int64_t from, int64_t bytes) {
+  if (next == NULL) return;
+  for (int r = 0; r < WROWS; r++) {
+    const uintptr_t first = ((uintptr_t)(next[r] + from)) & ~(uintptr_t)63;
+    for (uintptr_t line = first; line < (uintptr_t)(next[r] + from + bytes); line += 64)
+      _mm_prefetch((const char *)line, _MM_HINT_T1);
+  }
+}
 
 /* One super-block of 16 weight rows, decoded. */
 typedef struct {
