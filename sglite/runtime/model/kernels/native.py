@@ -62,6 +62,7 @@ HEADERS = [
     _HERE / "gguf_a8_gemm_decode.h",
     _HERE / "gguf_a8_tiled_rows.h",
     _HERE / "gguf_a8_gemm_pairs.h",
+    _HERE / "gguf_float_rows.h",
     _HERE / "attention_blocks.h",
     _HERE / "transpose16.h",
     _HERE / "gguf_tiles.h",
