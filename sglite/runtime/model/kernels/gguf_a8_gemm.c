@@ -185,6 +185,24 @@ typedef struct {
  * per block of 16 weight rows in a prefill's thousand rows. */
 #define X_CHUNK_BYTES (256 << 10)
 
+/* Pair p of the 16 rows at rows[r] decoded, the next block's (`next`, or NULL) prefetched: a
+ * tiled part's rows[r] = the tile + r times a sixteenth of a tiled pair's bytes, each row a
+ * slice of them. */
+static void decode_pair_at(int64_t type, const uint8_t *const rows[WROWS],
+                           const uint8_t *const next[WROWS], int64_t p, decoded_pair *out) {
+  if (type == GGUF_TILED_Q5_0) {
+    prefetch_next(next, p * 2 * TILED_Q5_0_BLOCK_BYTES, 44);
+    tiled_q5_0_pair(rows[0], p, out->w, out->scale, out->offset);
+  } else if (type == GGUF_TILED_Q8_0) {
+    prefetch_next(next, p * 2 * TILED_Q8_0_BLOCK_BYTES, 68);
+    tiled_q8_0_pair(rows[0], p, out->w, out->scale, out->offset);
+  } else {
+    const int64_t pair_bytes = 2 * type_block_bytes(type);
+    prefetch_next(next, p * pair_bytes, pair_bytes);
+    decode_pair(type, rows, p, out);
+  }
+}
+
 /* One block of 16 weight rows (n..n+15, block type `type`, at rows[r]) against every x row into
  * sums: its super-blocks (or pairs of blocks of 32) decoded once into `decoded`, then
  * multiplied by the x rows a chunk at a time; the next block's rows (`next`, of the same

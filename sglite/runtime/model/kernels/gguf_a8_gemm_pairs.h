@@ -1,10 +1,10 @@
 /*
  * gguf_a8_gemm.c's blocks of 32 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): two blocks (64 values) of 16
- * weight rows decoded into 16 vectors whose 32-bit lane r holds 4 consecutive integers of
- * weight row r, read from the file's rows (their bytes transposed as stored) or from a tile
- * (gguf_tiles.h), and their products with a few x rows, each group's integer sums scaled by its
- * block's d and x's group scale. Included by gguf_a8_gemm.c alone, inside its VNNI-512 section
- * (after gguf_a8_gemm_decode.h, within its loop-unrolled products).
+ * weight rows decoded from the file's rows (their bytes transposed as stored) into 16 vectors
+ * whose 32-bit lane r holds 4 consecutive integers of weight row r (a tile's pairs come in that
+ * order already: gguf_tiles.h), and their products with a few x rows, each group's integer sums
+ * scaled by its block's d and x's group scale. Included by gguf_a8_gemm.c alone, inside its
+ * VNNI-512 section (after gguf_a8_gemm_decode.h, within its loop-unrolled products).
  */
 #ifndef SGLITE_KERNELS_GGUF_A8_GEMM_PAIRS_H
 #define SGLITE_KERNELS_GGUF_A8_GEMM_PAIRS_H
@@ -42,24 +42,6 @@ static void decode_pair(int64_t type, const uint8_t *const rows[WROWS], int64_t 
   }
   transpose16(v);
   for (int g = 0; g < 16; g++) out->w[g] = v[g];
-}
-
-/* Pair p of the 16 rows at rows[r] decoded, the next block's (`next`, or NULL) prefetched: a
- * tiled part's rows[r] = the tile + r times a sixteenth of a tiled pair's bytes, each row a
- * slice of them. */
-static void decode_pair_at(int64_t type, const uint8_t *const rows[WROWS],
-                           const uint8_t *const next[WROWS], int64_t p, decoded_pair *out) {
-  if (type == GGUF_TILED_Q5_0) {
-    prefetch_next(next, p * 2 * TILED_Q5_0_BLOCK_BYTES, 44);
-    tiled_q5_0_pair(rows[0], p, out->w, out->scale, out->offset);
-  } else if (type == GGUF_TILED_Q8_0) {
-    prefetch_next(next, p * 2 * TILED_Q8_0_BLOCK_BYTES, 68);
-    tiled_q8_0_pair(rows[0], p, out->w, out->scale, out->offset);
-  } else {
-    const int64_t pair_bytes = 2 * type_block_bytes(type);
-    prefetch_next(next, p * pair_bytes, pair_bytes);
-    decode_pair(type, rows, p, out);
-  }
 }
 
 /* sums[m] (2 vectors: products, offsets) += the decoded pair p's products with x rows

@@ -64,6 +64,8 @@ HEADERS = [
     _HERE / "gguf_a8_gemm_pairs.h",
     _HERE / "gguf_float_rows.h",
     _HERE / "quant_gemv_int4_dot.h",
+    _HERE / "gguf_bf16_decode.h",
+    _HERE / "gguf_tile_products.h",
     _HERE / "attention_blocks.h",
     _HERE / "transpose16.h",
     _HERE / "gguf_tiles.h",
