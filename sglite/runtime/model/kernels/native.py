@@ -53,6 +53,7 @@ SOURCES = [
 HEADERS = [
     _HERE / "kernels.h",
     _HERE / "common.h",
+    _HERE / "vec.h",
     _HERE / "threadpool.h",
     _HERE / "gguf_bits.h",
     _HERE / "a8_rounding.h",
