@@ -59,6 +59,7 @@ HEADERS = [
     _HERE / "a8_rounding.h",
     _HERE / "gguf_a8_k4_block.h",
     _HERE / "gguf_a8_kquant_rows.h",
+    _HERE / "gguf_a8_k4_lanes.h",
     _HERE / "gguf_a8_b32_rows.h",
     _HERE / "gguf_a8_gemm_decode.h",
     _HERE / "gguf_a8_tiled_rows.h",
