@@ -49,7 +49,8 @@ from sglite.runtime.model.catalog import resolve_model_path
 from sglite.runtime.model.forward_batch import ForwardBatch, ForwardMode, build_decode_rows
 from sglite.runtime.model.gguf_block_weights import tiled_parts
 from sglite.runtime.model.gguf_index import open_gguf
-from sglite.runtime.model.gguf_weight import TILED_TYPES, GGUFPart, GGUFWeight
+from sglite.runtime.model.gguf_part import TILED_TYPES, GGUFPart
+from sglite.runtime.model.gguf_weight import GGUFWeight
 from sglite.runtime.model.loader import LoadedModel, load_model
 from sglite.runtime.model.weight_arena import WeightArena
 

@@ -39,7 +39,8 @@ from benchmarks.host import cpu_line
 from sglite.runtime.model import kernels
 from sglite.runtime.model.catalog import resolve_model_path
 from sglite.runtime.model.gguf_block_weights import tiled_parts
-from sglite.runtime.model.gguf_weight import TILED_TYPES, GGUFWeight
+from sglite.runtime.model.gguf_part import TILED_TYPES
+from sglite.runtime.model.gguf_weight import GGUFWeight
 from sglite.runtime.model.kernels.abi import ABI
 from sglite.runtime.model.kernels.gguf_matmul import _call_gguf as call_gguf
 from sglite.runtime.model.kernels.native import load as load_kernels

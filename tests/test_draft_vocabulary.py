@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from sglite.runtime.model.gguf_weight import GGUFPart, GGUFWeight
+from sglite.runtime.model.gguf_part import GGUFPart
+from sglite.runtime.model.gguf_weight import GGUFWeight
 from sglite.runtime.model.loader import load_tokenizer
 from sglite.runtime.scheduler.draft_vocabulary import DraftVocabulary, SpaceVariants
 from sglite.runtime.server_args import ServerArgs

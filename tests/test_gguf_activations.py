@@ -16,7 +16,8 @@ import torch
 
 import sglite as sgl
 from sglite.runtime.model import kernels
-from sglite.runtime.model.gguf_weight import GGUFPart, GGUFWeight
+from sglite.runtime.model.gguf_part import GGUFPart
+from sglite.runtime.model.gguf_weight import GGUFWeight
 from sglite.runtime.model.kernels.abi import ABI
 from sglite.runtime.model.load_options import resolve_gguf_activations
 from sglite.runtime.server_args import ServerArgs
@@ -295,7 +296,8 @@ import sys, numpy as np, torch
 sys.path.insert(0, sys.argv[1])
 from test_gguf_activations import _blocks
 from sglite.runtime.model import kernels
-from sglite.runtime.model.gguf_weight import GGUFPart, GGUFWeight
+from sglite.runtime.model.gguf_part import GGUFPart
+from sglite.runtime.model.gguf_weight import GGUFWeight
 rng = np.random.default_rng(47)
 x = torch.from_numpy(rng.standard_normal((3, 1024)).astype(np.float32))
 out = [str(int(kernels.vectors_512_split()))]

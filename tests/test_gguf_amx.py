@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from sglite.runtime.model import kernels
-from sglite.runtime.model.gguf_weight import GGUFPart, GGUFWeight
+from sglite.runtime.model.gguf_part import GGUFPart
+from sglite.runtime.model.gguf_weight import GGUFWeight
 from sglite.runtime.model.kernels.abi import ABI
 from tests.test_gguf_activations import _blocks
 
@@ -170,7 +171,8 @@ def test_the_gated_product_is_the_unfused_ones_bit_for_bit(act):
 VECTOR_CHECK = """
 import numpy as np, torch, torch.nn.functional as F
 from sglite.runtime.model import kernels
-from sglite.runtime.model.gguf_weight import GGUFPart, GGUFWeight
+from sglite.runtime.model.gguf_part import GGUFPart
+from sglite.runtime.model.gguf_weight import GGUFWeight
 from tests.test_gguf_activations import _blocks
 assert not kernels.amx_available() and kernels.tile_gemm_available()
 rng = np.random.default_rng(16)
@@ -222,7 +224,8 @@ def test_dispatch_where_bf16_dot_products_are_taken():
 DECISION_CHECK = """
 import numpy as np, torch, torch.nn.functional as F
 from sglite.runtime.model import gguf_weight, kernels
-from sglite.runtime.model.gguf_weight import GGUFPart, GGUFWeight
+from sglite.runtime.model.gguf_part import GGUFPart
+from sglite.runtime.model.gguf_weight import GGUFWeight
 from sglite.runtime.model.kernels.abi import ABI
 from tests.test_gguf_activations import _blocks
 assert not kernels.amx_available() and kernels.bf16_dot_speed_percent() > 0

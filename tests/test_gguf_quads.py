@@ -12,7 +12,8 @@ from test_gguf_activations import _blocks, _rounded
 
 from sglite.runtime.model import kernels
 from sglite.runtime.model.gguf_layouts import unquad_q5_0
-from sglite.runtime.model.gguf_weight import KERNEL_OFF_ROWS, GGUFPart, GGUFWeight
+from sglite.runtime.model.gguf_part import GGUFPart
+from sglite.runtime.model.gguf_weight import KERNEL_OFF_ROWS, GGUFWeight
 
 pytestmark = pytest.mark.skipif(not kernels.native_available(), reason="needs the native kernels")
 

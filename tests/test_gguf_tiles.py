@@ -17,7 +17,8 @@ import torch
 from test_gguf_activations import VNNI_GEMM, _blocks
 
 from sglite.runtime.model import kernels
-from sglite.runtime.model.gguf_weight import BLOCK_TYPES, GGUFPart, GGUFWeight, untile
+from sglite.runtime.model.gguf_part import BLOCK_TYPES, GGUFPart
+from sglite.runtime.model.gguf_weight import GGUFWeight, untile
 from sglite.runtime.model.kernels.abi import ABI
 
 pytestmark = pytest.mark.skipif(not kernels.native_available(), reason="needs the native kernels")

@@ -17,8 +17,8 @@ from typing import Any
 
 from sglite.runtime.model.gguf_index import GGUFFile
 from sglite.runtime.model.gguf_loader import hf_name
+from sglite.runtime.model.gguf_part import BLOCK_TYPES
 from sglite.runtime.model.gguf_quants import GGUF_INT4_TYPES
-from sglite.runtime.model.gguf_weight import BLOCK_TYPES
 
 _UNQUANTIZED_TYPES = ("F32", "F16", "BF16", "F64")
 _FUSED_PART = re.compile(r"\.(?:(q|k|v)|(gate|up))_proj\.")

@@ -1,7 +1,7 @@
 """The GGUF tensors a model holds as the file's blocks (`GGUFWeight`), found per projection.
 
 `gguf_block_weights` walks the model's `Linear`s and takes every one whose GGUF tensors are all
-of a block type the kernels read (`gguf_weight.BLOCK_TYPES`), plus the embedding and the output
+of a block type the kernels read (`gguf_part.BLOCK_TYPES`), plus the embedding and the output
 projection; the dense load then skips the tensors it took (`BlockWeights.consumed`).
 
 Invariants: a `GGUFWeight` built here has exactly the shape of the projection it replaces, its
@@ -27,14 +27,8 @@ from sglite.runtime.model.config import ModelConfig
 from sglite.runtime.model.gguf_index import GGUFFile
 from sglite.runtime.model.gguf_layouts import QUAD_VALUES
 from sglite.runtime.model.gguf_loader import gguf_family, hf_name, unpermute_rows
-from sglite.runtime.model.gguf_weight import (
-    BLOCK_TYPES,
-    KERNEL_OFF_ROWS,
-    TILE_ROWS,
-    DecodeScratch,
-    GGUFPart,
-    GGUFWeight,
-)
+from sglite.runtime.model.gguf_part import BLOCK_TYPES, GGUFPart
+from sglite.runtime.model.gguf_weight import KERNEL_OFF_ROWS, TILE_ROWS, DecodeScratch, GGUFWeight
 from sglite.runtime.model.models.base import rename_parts
 from sglite.runtime.model.weight_arena import WeightArena
 

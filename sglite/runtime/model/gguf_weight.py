@@ -57,7 +57,6 @@ with x as gguf_a8.c rounds it.
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -65,16 +64,11 @@ import torch.nn.functional as F
 
 from sglite.runtime.model import kernels
 from sglite.runtime.model.gguf_layouts import QUAD_VALUES, TILE_ROWS, unquad_q5_0, untile
+from sglite.runtime.model.gguf_part import BLOCK_TYPES, GGUFPart, kind_name, row_bytes, type_id
 from sglite.runtime.model.kernels.abi import ABI
 from sglite.runtime.model.linear_weight import NATIVE_MAX_ROWS, QGEMV_MAX_ROWS, c_linear
 from sglite.runtime.model.quantized_weight import QuantizedWeight
 
-# ggml type names -> ids of the block types the kernels read (kernels.h GGML_TYPE_*).
-BLOCK_TYPES = {
-    name.removeprefix("GGML_TYPE_"): value
-    for name, value in ABI.constants.items()
-    if name.startswith("GGML_TYPE_")
-}
 GGUF_MAX_PARTS = ABI.constants["GGUF_MAX_PARTS"]
 GGUF_FLOAT_GEMV_MAX_ROWS = ABI.constants["GGUF_FLOAT_GEMV_MAX_ROWS"]
 KERNEL_OFF_ROWS = ABI.constants["KERNEL_OFF_ROWS"]
@@ -86,37 +80,6 @@ BF16_QUANT_GEMM_MAX_ROWS = 16
 # Bytes of a weight decoded to float32 at a time where bf16 batches multiply in float32
 # (`GGUFWeight._float32_scratch_matmul`): an output head's 0.9 GB would double the scratch.
 FLOAT32_SCRATCH_BYTES = 256 << 20
-
-
-GGUF_TILED_BASE = ABI.constants["GGUF_TILED_BASE"]  # a tiled part's type: this + ggml's
-GGUF_QUADS_Q5_0 = ABI.constants["GGUF_QUADS_Q5_0"]  # a Q5_0 part in quads: its type
-TILED_TYPES = ("Q5_0", "Q8_0", "Q4_K", "Q6_K")  # the block types a part may be tiled in
-
-
-@dataclass(frozen=True)
-class GGUFPart:
-    """`rows` rows of one GGUF tensor of block type `type_name`: `data` is uint8
-    `[rows, row_bytes]` (a view of the mapped file, or a reordered copy); `tiled`: rows (of a
-    `TILED_TYPES` type) tiled 16 at a time for the VNNI GEMM (`kernels/gguf_tiles.h`, the same
-    bytes), which is then the weight's only product kernel; `quads`: Q5_0 rows four blocks at a
-    time for the int8 GEMV on AVX2 builds without VNNI (`kernels/gguf_quads.h`, the same bytes;
-    the other kernels read each row back in the file's layout, the VNNI and tile GEMMs refuse
-    it)."""
-
-    type_name: str
-    data: np.ndarray
-    tiled: bool = False
-    quads: bool = False
-
-    @property
-    def rows(self) -> int:
-        return int(self.data.shape[0])
-
-    def as_stored(self) -> GGUFPart:
-        """The part with its rows as the file stores them (a tiled or quads one a copy)."""
-        if self.tiled:
-            return GGUFPart(self.type_name, untile(self.type_name, self.data))
-        return GGUFPart(self.type_name, unquad_q5_0(self.data)) if self.quads else self
 
 
 class DecodeScratch:
@@ -155,7 +118,7 @@ class GGUFWeight(QuantizedWeight):
                     f"only Q5_0 parts of rows of a multiple of {QUAD_VALUES} values are held "
                     f"in quads, not {part.type_name} of {in_features}"
                 )
-            expected = _row_bytes(part.type_name, in_features)
+            expected = row_bytes(part.type_name, in_features)
             if part.data.dtype != np.uint8 or part.data.shape[1:] != (expected,):
                 raise ValueError(
                     f"{part.type_name} part of shape {part.data.shape} is not rows of "
@@ -168,9 +131,9 @@ class GGUFWeight(QuantizedWeight):
         self.round_activations = round_activations
         self.round_float32_extend = round_float32_extend
         self.tiled = any(p.tiled for p in parts)
-        self.kind = "+".join(sorted({_kind_name(p) for p in parts}))
+        self.kind = "+".join(sorted({kind_name(p) for p in parts}))
         self._table = (_PART * len(parts))(
-            *(_PART(_type_id(p), p.rows, p.data.ctypes.data) for p in parts)
+            *(_PART(type_id(p), p.rows, p.data.ctypes.data) for p in parts)
         )
         self.address = ctypes.addressof(self._table)
         self.amx_min_rows = kernels.gguf_amx_min_rows(
@@ -418,34 +381,3 @@ class GGUFWeight(QuantizedWeight):
         if self.round_activations or dtype == torch.float32 or kernels.bf16_matmul_pays():
             return NATIVE_MAX_ROWS
         return QGEMV_MAX_ROWS
-
-
-def _kind_name(part: GGUFPart) -> str:
-    """The part's format as the model describes it: q4_k, q4_k x16 tiled (q4_kx16), or q5_0 in
-    quads (q5_0x4)."""
-    return part.type_name.lower() + ("x16" if part.tiled else "x4" if part.quads else "")
-
-
-def _type_id(part: GGUFPart) -> int:
-    """The part's type as the kernels name it (kernels.h): ggml's id, plus GGUF_TILED_BASE
-    tiled, or GGUF_QUADS_Q5_0."""
-    if part.quads:
-        return GGUF_QUADS_Q5_0
-    if not part.tiled:
-        return BLOCK_TYPES[part.type_name]
-    if part.type_name not in TILED_TYPES or part.rows % TILE_ROWS:
-        raise ValueError(
-            f"only {', '.join(TILED_TYPES)} parts of whole {TILE_ROWS}-row tiles are tiled"
-        )
-    return GGUF_TILED_BASE + BLOCK_TYPES[part.type_name]
-
-
-def _row_bytes(type_name: str, k: int) -> int:
-    """Bytes of one row of `k` values of a block type (ValueError when k is not whole blocks)."""
-    import gguf
-
-    kind = gguf.GGMLQuantizationType[type_name]
-    block, size = gguf.GGML_QUANT_SIZES[kind]
-    if k % block:
-        raise ValueError(f"{k} values are not whole {type_name} blocks of {block}")
-    return k // block * size

@@ -183,7 +183,7 @@ def _tiled_types(every_product_rounds: bool, draft: bool, batch_invariant: bool)
     dearer at one row), and a draft model's Q5_0 (1.1x its GEMV at one row, 1.3x at four);
     else a draft model's Q5_0, or none."""
     from sglite.runtime.model import kernels
-    from sglite.runtime.model.gguf_weight import TILED_TYPES
+    from sglite.runtime.model.gguf_part import TILED_TYPES
 
     if kernels.amx_available():
         return frozenset()

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from sglite.runtime.model.gguf_weight import GGUFPart, GGUFWeight
+from sglite.runtime.model.gguf_part import GGUFPart
+from sglite.runtime.model.gguf_weight import GGUFWeight
 
 
 def greedy_choice(logits: torch.Tensor) -> tuple[int, float]:
