@@ -17,8 +17,9 @@ import torch
 from test_gguf_activations import VNNI_GEMM, _blocks
 
 from sglite.runtime.model import kernels
+from sglite.runtime.model.gguf_layouts import untile
 from sglite.runtime.model.gguf_part import BLOCK_TYPES, GGUFPart
-from sglite.runtime.model.gguf_weight import GGUFWeight, untile
+from sglite.runtime.model.gguf_weight import GGUFWeight
 from sglite.runtime.model.kernels.abi import ABI
 
 pytestmark = pytest.mark.skipif(not kernels.native_available(), reason="needs the native kernels")

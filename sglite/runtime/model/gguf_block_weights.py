@@ -25,10 +25,10 @@ from sglite.runtime.model import kernels
 from sglite.runtime.model.checkpoint import checkpoint_names
 from sglite.runtime.model.config import ModelConfig
 from sglite.runtime.model.gguf_index import GGUFFile
-from sglite.runtime.model.gguf_layouts import QUAD_VALUES
+from sglite.runtime.model.gguf_layouts import QUAD_VALUES, TILE_ROWS
 from sglite.runtime.model.gguf_loader import gguf_family, hf_name, unpermute_rows
 from sglite.runtime.model.gguf_part import BLOCK_TYPES, GGUFPart
-from sglite.runtime.model.gguf_weight import KERNEL_OFF_ROWS, TILE_ROWS, DecodeScratch, GGUFWeight
+from sglite.runtime.model.gguf_weight import KERNEL_OFF_ROWS, DecodeScratch, GGUFWeight
 from sglite.runtime.model.models.base import rename_parts
 from sglite.runtime.model.weight_arena import WeightArena
 
